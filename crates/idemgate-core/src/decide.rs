@@ -1,0 +1,125 @@
+//! The pure decision over an existing record (PROTOCOL §6.3).
+//!
+//! No I/O and no clock of its own: the store's snapshot carries its `now`, so the
+//! rules are unit-tested here and behave the same over every backend.
+
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{RecordStatus, StoredResponse};
+use crate::store::Snapshot;
+
+/// What to answer a request whose claim found an existing record.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision<'a> {
+    /// Same key, other request: 422.
+    Mismatch,
+    /// The first request still runs: 409 with `Retry-After`, or wait.
+    InProgress {
+        /// Time left on the holder's lease, at least one second.
+        retry_after: Duration,
+    },
+    /// A final response is stored: replay it.
+    Replay(&'a StoredResponse),
+    /// Released, or its lease lapsed, since it was read: claim again.
+    Claimable,
+}
+
+/// Decides what a request with `fingerprint` gets, in the order PROTOCOL §6.3 gives:
+/// a fingerprint mismatch wins over everything, even while the first request runs.
+pub fn decide<'a>(snapshot: &'a Snapshot, fingerprint: &Fingerprint) -> Decision<'a> {
+    let record = &snapshot.record;
+    if record.fingerprint != *fingerprint {
+        return Decision::Mismatch;
+    }
+    match (record.status, &record.response) {
+        (RecordStatus::Completed | RecordStatus::Failed, Some(response)) => Decision::Replay(response),
+        _ if record.lease_is_live(snapshot.now) => {
+            let left = record
+                .locked_until
+                .map_or(Duration::ZERO, |until| until.duration_since(snapshot.now));
+            Decision::InProgress {
+                retry_after: left.max(Duration::from_secs(1)),
+            }
+        }
+        _ => Decision::Claimable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{FencingToken, OperationId, Record, StoredBody};
+    use crate::time::Timestamp;
+    use http::StatusCode;
+
+    fn fp(n: u8) -> Fingerprint {
+        Fingerprint::from_bytes([n; 32])
+    }
+
+    fn snapshot(status: RecordStatus, locked_until: Option<i64>, now: i64) -> Snapshot {
+        let response = status.is_final().then(|| StoredResponse {
+            status: StatusCode::CREATED,
+            headers: vec![],
+            body: StoredBody::Retained("done".into()),
+        });
+        Snapshot {
+            record: Record {
+                fingerprint: fp(1),
+                format_version: 1,
+                operation_id: OperationId::random(),
+                token: FencingToken(1),
+                status,
+                locked_until: locked_until.map(Timestamp::from_millis),
+                response,
+                created_at: Timestamp::from_millis(0),
+                expires_at: Timestamp::from_millis(1_000_000),
+            },
+            now: Timestamp::from_millis(now),
+        }
+    }
+
+    #[test]
+    fn mismatch_wins_in_every_state() {
+        for status in [
+            RecordStatus::Processing,
+            RecordStatus::Completed,
+            RecordStatus::Failed,
+            RecordStatus::Released,
+        ] {
+            let s = snapshot(status, Some(10_000), 0);
+            assert_eq!(decide(&s, &fp(2)), Decision::Mismatch, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn live_lease_is_in_progress_with_retry_after_at_least_one_second() {
+        let s = snapshot(RecordStatus::Processing, Some(7_400), 1_000);
+        assert_eq!(
+            decide(&s, &fp(1)),
+            Decision::InProgress { retry_after: Duration::from_millis(6_400) }
+        );
+        let s = snapshot(RecordStatus::Processing, Some(1_200), 1_000);
+        assert_eq!(
+            decide(&s, &fp(1)),
+            Decision::InProgress { retry_after: Duration::from_secs(1) }
+        );
+    }
+
+    #[test]
+    fn final_records_replay() {
+        for status in [RecordStatus::Completed, RecordStatus::Failed] {
+            let s = snapshot(status, None, 0);
+            assert!(matches!(decide(&s, &fp(1)), Decision::Replay(r) if r.status == StatusCode::CREATED));
+        }
+    }
+
+    #[test]
+    fn released_and_lapsed_records_are_claimable() {
+        assert_eq!(decide(&snapshot(RecordStatus::Released, None, 0), &fp(1)), Decision::Claimable);
+        assert_eq!(
+            decide(&snapshot(RecordStatus::Processing, Some(1_000), 1_000), &fp(1)),
+            Decision::Claimable
+        );
+    }
+}

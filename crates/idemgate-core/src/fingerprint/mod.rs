@@ -1,0 +1,194 @@
+//! What a request asked for (PROTOCOL §4): same key + other fingerprint = 422.
+
+mod canonical;
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+/// SHA-256 over method, path, query, selected headers and the (canonicalized) body.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+/// The parts of a request that make up its fingerprint.
+#[derive(Debug, Clone, Copy)]
+pub struct FingerprintInput<'a> {
+    /// Request method.
+    pub method: &'a str,
+    /// Normalized path.
+    pub path: &'a str,
+    /// Query string, without `?`; empty when absent.
+    pub query: &'a str,
+    /// `Content-Type`, if any: decides whether the body is canonicalized as JSON.
+    pub content_type: Option<&'a str>,
+    /// Headers configured to join the fingerprint, as (name, value) pairs in a
+    /// fixed order.
+    pub headers: &'a [(&'a str, &'a [u8])],
+    /// The request body.
+    pub body: &'a [u8],
+}
+
+impl Fingerprint {
+    /// The fingerprint of a request.
+    ///
+    /// ```
+    /// use idemgate_core::fingerprint::{Fingerprint, FingerprintInput};
+    ///
+    /// let input = |body: &'static str| FingerprintInput {
+    ///     method: "POST", path: "/orders", query: "",
+    ///     content_type: Some("application/json"), headers: &[], body: body.as_bytes(),
+    /// };
+    /// assert_eq!(
+    ///     Fingerprint::of(input(r#"{"amount": 1.50, "currency": "RUB"}"#)),
+    ///     Fingerprint::of(input(r#"{"currency":"RUB","amount":1.5}"#)),
+    /// );
+    /// ```
+    pub fn of(input: FingerprintInput<'_>) -> Self {
+        let mut hasher = Sha256::new();
+        let mut field = |bytes: &[u8]| {
+            hasher.update((bytes.len() as u64).to_be_bytes());
+            hasher.update(bytes);
+        };
+        field(b"idemgate/fingerprint/v1");
+        field(input.method.as_bytes());
+        field(input.path.as_bytes());
+        field(input.query.as_bytes());
+        for (name, value) in input.headers {
+            field(name.as_bytes());
+            field(value);
+        }
+        let canonical = input
+            .content_type
+            .filter(|ct| is_json(ct))
+            .and_then(|_| canonical::canonicalize(input.body).ok());
+        match &canonical {
+            Some(json) => {
+                field(b"json");
+                field(json);
+            }
+            None => {
+                field(b"raw");
+                field(input.body);
+            }
+        }
+        Self(hasher.finalize().into())
+    }
+
+    /// A fingerprint from its 32 bytes (as a store read them back).
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The 32 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({}…)", hex::encode(&self.0[..6]))
+    }
+}
+
+/// `application/json` or any `*/*+json`, parameters ignored, case-insensitive.
+pub fn is_json(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .split_once('/')
+            .is_some_and(|(_, subtype)| subtype.ends_with("+json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(body: &str) -> Fingerprint {
+        Fingerprint::of(FingerprintInput {
+            method: "POST",
+            path: "/orders",
+            query: "",
+            content_type: Some("application/json; charset=utf-8"),
+            headers: &[],
+            body: body.as_bytes(),
+        })
+    }
+
+    #[test]
+    fn equal_json_hashes_equal() {
+        assert_eq!(json(r#"{"a":1,"b":[true,null]}"#), json("{ \"b\": [true, null], \"a\": 1.0 }"));
+    }
+
+    #[test]
+    fn any_changed_value_changes_the_hash() {
+        let base = json(r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#);
+        for changed in [
+            r#"{"items":[{"id":42,"quantity":2}],"currency":"RUB","amount":1500}"#,
+            r#"{"items":[{"id":42,"quantity":1}],"currency":"USD","amount":1500}"#,
+            r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1501}"#,
+            r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":"1500"}"#,
+            r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB"}"#,
+            r#"{"items":[],"currency":"RUB","amount":1500}"#,
+        ] {
+            assert_ne!(base, json(changed), "{changed}");
+        }
+        assert_ne!(json("9007199254740993"), json("9007199254740992"));
+    }
+
+    #[test]
+    fn duplicate_members_are_hashed_raw() {
+        // Raw hashing: the same bytes match, a reordering of duplicates does not.
+        assert_eq!(json(r#"{"a":1,"a":2}"#), json(r#"{"a":1,"a":2}"#));
+        assert_ne!(json(r#"{"a":1,"a":2}"#), json(r#"{"a":2,"a":1}"#));
+    }
+
+    #[test]
+    fn non_json_bodies_are_hashed_raw() {
+        let text = |body: &str| {
+            Fingerprint::of(FingerprintInput {
+                method: "POST",
+                path: "/orders",
+                query: "",
+                content_type: Some("text/plain"),
+                headers: &[],
+                body: body.as_bytes(),
+            })
+        };
+        assert_ne!(text(r#"{"a":1}"#), text(r#"{ "a": 1 }"#));
+        assert_ne!(text(r#"{"a":1}"#), json(r#"{"a":1}"#), "content type is part of the hash");
+    }
+
+    #[test]
+    fn method_path_query_and_headers_count() {
+        let base = FingerprintInput {
+            method: "POST",
+            path: "/orders",
+            query: "a=1",
+            content_type: None,
+            headers: &[("x-tenant", b"7")],
+            body: b"",
+        };
+        let fp = Fingerprint::of(base);
+        assert_ne!(fp, Fingerprint::of(FingerprintInput { method: "PATCH", ..base }));
+        assert_ne!(fp, Fingerprint::of(FingerprintInput { path: "/other", ..base }));
+        assert_ne!(fp, Fingerprint::of(FingerprintInput { query: "a=2", ..base }));
+        assert_ne!(fp, Fingerprint::of(FingerprintInput { headers: &[("x-tenant", b"8")], ..base }));
+    }
+
+    #[test]
+    fn recognizes_json_media_types() {
+        assert!(is_json("application/json"));
+        assert!(is_json("Application/JSON; charset=utf-8"));
+        assert!(is_json("application/problem+json"));
+        assert!(is_json("application/vnd.api+json"));
+        assert!(!is_json("text/plain"));
+        assert!(!is_json("application/jsonx"));
+        assert!(!is_json(""));
+    }
+}

@@ -1,0 +1,284 @@
+//! `MemoryStore`: records in this process's memory.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordStatus};
+use crate::scope::IdentityDigest;
+use crate::signals::ChangeSignals;
+use crate::store::{
+    Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
+};
+use crate::time::Timestamp;
+
+const SHARDS: usize = 64;
+
+/// How often each shard drops its expired records while it is in use.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Records in this process's memory: the default for tests and single-process use.
+///
+/// Lock-striped over 64 shards by identity digest, so claims of different keys rarely
+/// contend; a claim is one map update under its shard's lock, hence atomic. Expired
+/// records are absent at once and their memory is freed by a sweep each shard runs at
+/// most once a second while in use (or on [`MemoryStore::purge_expired`]).
+///
+/// Records do not survive the process and are not shared between processes; use a
+/// SQL or Redis store for that.
+///
+/// ```
+/// use idemgate_core::MemoryStore;
+/// let store = MemoryStore::new().with_capacity(100_000);
+/// assert_eq!(store.len(), 0);
+/// ```
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    tokens: AtomicU64,
+    len: AtomicUsize,
+    capacity: Option<usize>,
+    signals: ChangeSignals,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    records: HashMap<IdentityDigest, Record>,
+    next_sweep: Option<Timestamp>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty, unbounded store.
+    pub fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            tokens: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+            capacity: None,
+            signals: ChangeSignals::new(),
+        }
+    }
+
+    /// Holds at most `records` records. A claim of a new identity beyond that is
+    /// refused with [`StoreError::Full`] (the layer's 503); a live record is never
+    /// evicted to make room, since that would let its key run twice.
+    ///
+    /// ```
+    /// let store = idemgate_core::MemoryStore::new().with_capacity(10_000);
+    /// ```
+    pub fn with_capacity(mut self, records: usize) -> Self {
+        self.capacity = Some(records);
+        self
+    }
+
+    /// Records held, expired ones not yet swept included.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired record now and returns how many went.
+    pub fn purge_expired(&self) -> usize {
+        let now = Timestamp::now();
+        (0..SHARDS).map(|i| self.sweep(&mut self.lock(i), now)).sum()
+    }
+
+    fn shard_of(identity: &IdentityDigest) -> usize {
+        identity.as_bytes()[0] as usize % SHARDS
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
+        // A panic elsewhere cannot leave a shard half-updated: every update below is
+        // a single assignment or map operation.
+        self.shards[shard].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sweep(&self, shard: &mut Shard, now: Timestamp) -> usize {
+        let before = shard.records.len();
+        shard.records.retain(|_, record| record.expires_at > now);
+        shard.records.shrink_to(shard.records.len() * 2);
+        shard.next_sweep = Some(now.saturating_add(SWEEP_INTERVAL));
+        let removed = before - shard.records.len();
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
+    fn sweep_if_due(&self, shard: &mut Shard, now: Timestamp) {
+        if shard.next_sweep.is_none_or(|due| now >= due) {
+            self.sweep(shard, now);
+        }
+    }
+
+    /// Counts one more record, unless that would pass the capacity.
+    fn reserve_slot(&self, locked_shard: usize, shard: &mut Shard, now: Timestamp) -> bool {
+        let Some(capacity) = self.capacity else {
+            self.len.fetch_add(1, Ordering::Relaxed);
+            return true;
+        };
+        let try_reserve = || {
+            self.len
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < capacity).then_some(n + 1))
+                .is_ok()
+        };
+        if try_reserve() {
+            return true;
+        }
+        // Full: expired records may still hold slots. Sweep this shard, then the
+        // others one at a time (never two locks at once, so no lock-order deadlock).
+        self.sweep(shard, now);
+        for other in (0..SHARDS).filter(|&i| i != locked_shard) {
+            if try_reserve() {
+                return true;
+            }
+            self.sweep(&mut self.lock(other), now);
+        }
+        try_reserve()
+    }
+
+    fn next_token(&self) -> FencingToken {
+        FencingToken(self.tokens.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Applies `write` if the record under the lease still holds it.
+    fn fenced(&self, lease: &Lease, write: impl FnOnce(&mut Shard, Timestamp)) -> FencedWrite {
+        let now = Timestamp::now();
+        let mut shard = self.lock(Self::shard_of(&lease.identity));
+        let holds = shard.records.get(&lease.identity).is_some_and(|record| {
+            record.expires_at > now
+                && record.status == RecordStatus::Processing
+                && record.operation_id == lease.operation_id
+                && record.token == lease.token
+        });
+        if !holds {
+            return FencedWrite::Refused;
+        }
+        write(&mut shard, now);
+        FencedWrite::Applied
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let now = Timestamp::now();
+        let digest = *request.identity.digest();
+        let index = Self::shard_of(&digest);
+        let mut shard = self.lock(index);
+        self.sweep_if_due(&mut shard, now);
+        let locked_until = now.saturating_add(request.lease);
+        if let Some(record) = shard.records.get_mut(&digest).filter(|r| r.expires_at > now) {
+            let origin = match record.status {
+                _ if record.fingerprint != request.fingerprint => None,
+                RecordStatus::Released => Some(LeaseOrigin::Released),
+                RecordStatus::Processing if !record.lease_is_live(now) => Some(LeaseOrigin::TakenOver),
+                _ => None,
+            };
+            let Some(origin) = origin else {
+                return Ok(Claim::Existing(Snapshot { record: record.clone(), now }));
+            };
+            record.status = RecordStatus::Processing;
+            record.token = self.next_token();
+            record.locked_until = Some(locked_until);
+            return Ok(Claim::Acquired(Lease {
+                identity: digest,
+                operation_id: record.operation_id,
+                token: record.token,
+                origin,
+                locked_until,
+            }));
+        }
+        let replaces_expired = shard.records.contains_key(&digest);
+        if !replaces_expired && !self.reserve_slot(index, &mut shard, now) {
+            return Err(StoreError::Full);
+        }
+        let record = Record {
+            fingerprint: request.fingerprint,
+            format_version: RECORD_FORMAT_VERSION,
+            operation_id: OperationId::random(),
+            token: self.next_token(),
+            status: RecordStatus::Processing,
+            locked_until: Some(locked_until),
+            response: None,
+            created_at: now,
+            expires_at: now.saturating_add(request.ttl),
+        };
+        let lease = Lease {
+            identity: digest,
+            operation_id: record.operation_id,
+            token: record.token,
+            origin: LeaseOrigin::New,
+            locked_until,
+        };
+        shard.records.insert(digest, record);
+        Ok(Claim::Acquired(lease))
+    }
+
+    async fn complete(&self, lease: &Lease, completion: &Completion) -> Result<FencedWrite, StoreError> {
+        let write = self.fenced(lease, |shard, now| {
+            if let Some(record) = shard.records.get_mut(&lease.identity) {
+                record.status = completion.status.into();
+                record.response = Some(completion.response.clone());
+                record.locked_until = None;
+                record.expires_at = now.saturating_add(completion.ttl);
+            }
+        });
+        self.signals.notify(&lease.identity);
+        Ok(write)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let write = self.fenced(lease, |shard, _| {
+            if let Some(record) = shard.records.get_mut(&lease.identity) {
+                record.status = RecordStatus::Released;
+                record.locked_until = None;
+            }
+        });
+        self.signals.notify(&lease.identity);
+        Ok(write)
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        Ok(self.fenced(lease, |shard, now| {
+            if let Some(record) = shard.records.get_mut(&lease.identity) {
+                record.locked_until = Some(now.saturating_add(lease_for));
+            }
+        }))
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let write = self.fenced(lease, |shard, _| {
+            if shard.records.remove(&lease.identity).is_some() {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+        });
+        self.signals.notify(&lease.identity);
+        Ok(write)
+    }
+
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        let now = Timestamp::now();
+        let shard = self.lock(Self::shard_of(identity));
+        Ok(shard
+            .records
+            .get(identity)
+            .filter(|record| record.expires_at > now)
+            .map(|record| Snapshot { record: record.clone(), now }))
+    }
+
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        self.signals.wait(identity, timeout).await;
+    }
+}

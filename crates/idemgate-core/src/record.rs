@@ -1,0 +1,335 @@
+//! The idempotency record (PROTOCOL §5) and its stored response.
+
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, StatusCode};
+
+use crate::fingerprint::Fingerprint;
+use crate::time::Timestamp;
+
+/// The record layout this build writes. Readers accept this version and older ones,
+/// so a rolling upgrade never answers false 422s for records an older build wrote.
+pub const RECORD_FORMAT_VERSION: u16 = 1;
+
+/// One operation's id: made at its first claim, kept through releases and takeovers,
+/// new once the record expired. Business writes and downstream keys derive from it
+/// (PROTOCOL §11).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OperationId(uuid::Uuid);
+
+impl OperationId {
+    /// A fresh random (v4) id.
+    pub fn random() -> Self {
+        Self(uuid::Uuid::new_v4())
+    }
+
+    /// An id from its 16 bytes.
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(uuid::Uuid::from_bytes(bytes))
+    }
+
+    /// The 16 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+
+    /// The id as a UUID.
+    pub const fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+}
+
+impl From<uuid::Uuid> for OperationId {
+    fn from(uuid: uuid::Uuid) -> Self {
+        Self(uuid)
+    }
+}
+
+impl fmt::Display for OperationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for OperationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OperationId({})", self.0)
+    }
+}
+
+impl FromStr for OperationId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        uuid::Uuid::parse_str(s).map(Self)
+    }
+}
+
+/// Changes at every claim and takeover of a record. Writes carry the token they
+/// claimed with, and the store refuses them once the token moved on, so a holder
+/// whose lease was taken over cannot overwrite the new holder (PITFALLS 3).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct FencingToken(pub u64);
+
+/// Where an operation stands.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum RecordStatus {
+    /// Claimed; a holder runs it until `locked_until`.
+    Processing,
+    /// A final result is stored.
+    Completed,
+    /// A 5xx stored under the `store` policy; replayed like `Completed`.
+    Failed,
+    /// A retryable failure: claimable again by the same fingerprint, with the same
+    /// operation id.
+    Released,
+}
+
+impl RecordStatus {
+    /// The name stores persist.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Processing => "PROCESSING",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Released => "RELEASED",
+        }
+    }
+
+    /// Whether a stored response is replayed.
+    pub const fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed)
+    }
+}
+
+impl FromStr for RecordStatus {
+    type Err = DecodeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "PROCESSING" => Ok(Self::Processing),
+            "COMPLETED" => Ok(Self::Completed),
+            "FAILED" => Ok(Self::Failed),
+            "RELEASED" => Ok(Self::Released),
+            _ => Err(DecodeError("unknown record status")),
+        }
+    }
+}
+
+/// A stored body, or the fact that it was too large to keep (PROTOCOL §8).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum StoredBody {
+    /// The body, byte for byte.
+    Retained(Bytes),
+    /// The response exceeded the stored-response limit; it was streamed to the first
+    /// client and replays as status + headers only.
+    NotRetained,
+}
+
+/// The response a replay gives back.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct StoredResponse {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Headers in the order the handler produced them, repeats kept.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body.
+    pub body: StoredBody,
+}
+
+/// A stored record that cannot be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("undecodable idempotency record: {0}")]
+pub struct DecodeError(pub &'static str);
+
+impl StoredResponse {
+    /// Encodes the header list: `count:u16`, then per header `name_len:u16 name
+    /// value_len:u32 value`. Values are bytes, so obs-text survives.
+    pub fn encode_headers(&self) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        self.put_headers(&mut out);
+        out.to_vec()
+    }
+
+    /// Reverses [`StoredResponse::encode_headers`].
+    pub fn decode_headers(mut bytes: &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, DecodeError> {
+        let headers = get_headers(&mut bytes)?;
+        if bytes.has_remaining() {
+            return Err(DecodeError("trailing bytes after headers"));
+        }
+        Ok(headers)
+    }
+
+    /// Encodes the whole response into one binary value (for key-value stores):
+    /// `version:u8 status:u16 headers body_tag:u8 [body]`.
+    pub fn encode(&self) -> Bytes {
+        let body_len = match &self.body {
+            StoredBody::Retained(body) => body.len(),
+            StoredBody::NotRetained => 0,
+        };
+        let mut out = BytesMut::with_capacity(8 + body_len + 64 * self.headers.len());
+        out.put_u8(1);
+        out.put_u16(self.status.as_u16());
+        self.put_headers(&mut out);
+        match &self.body {
+            StoredBody::Retained(body) => {
+                out.put_u8(1);
+                out.put_slice(body);
+            }
+            StoredBody::NotRetained => out.put_u8(0),
+        }
+        out.freeze()
+    }
+
+    /// Reverses [`StoredResponse::encode`]. The body shares `bytes`' buffer.
+    pub fn decode(mut bytes: Bytes) -> Result<Self, DecodeError> {
+        if bytes.remaining() < 3 || bytes.get_u8() != 1 {
+            return Err(DecodeError("unknown response encoding"));
+        }
+        let status =
+            StatusCode::from_u16(bytes.get_u16()).map_err(|_| DecodeError("invalid status"))?;
+        let mut cursor = &bytes[..];
+        let headers = get_headers(&mut cursor)?;
+        let consumed = bytes.len() - cursor.len();
+        bytes.advance(consumed);
+        if !bytes.has_remaining() {
+            return Err(DecodeError("missing body tag"));
+        }
+        let body = match bytes.get_u8() {
+            0 if !bytes.has_remaining() => StoredBody::NotRetained,
+            1 => StoredBody::Retained(bytes),
+            _ => return Err(DecodeError("invalid body tag")),
+        };
+        Ok(Self { status, headers, body })
+    }
+
+    fn put_headers(&self, out: &mut BytesMut) {
+        // HTTP/1 and h2 servers refuse far fewer headers than u16::MAX, and names
+        // are capped by `http` well below u16::MAX, so the casts cannot truncate.
+        out.put_u16(self.headers.len() as u16);
+        for (name, value) in &self.headers {
+            out.put_u16(name.as_str().len() as u16);
+            out.put_slice(name.as_str().as_bytes());
+            out.put_u32(value.as_bytes().len() as u32);
+            out.put_slice(value.as_bytes());
+        }
+    }
+}
+
+fn get_headers(bytes: &mut &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, DecodeError> {
+    let truncated = DecodeError("truncated headers");
+    if bytes.remaining() < 2 {
+        return Err(truncated);
+    }
+    let count = bytes.get_u16() as usize;
+    let mut headers = Vec::with_capacity(count);
+    for _ in 0..count {
+        if bytes.remaining() < 2 {
+            return Err(truncated);
+        }
+        let name_len = bytes.get_u16() as usize;
+        if bytes.remaining() < name_len + 4 {
+            return Err(truncated);
+        }
+        let name = HeaderName::from_bytes(&bytes[..name_len])
+            .map_err(|_| DecodeError("invalid header name"))?;
+        bytes.advance(name_len);
+        let value_len = bytes.get_u32() as usize;
+        if bytes.remaining() < value_len {
+            return Err(truncated);
+        }
+        let value = HeaderValue::from_bytes(&bytes[..value_len])
+            .map_err(|_| DecodeError("invalid header value"))?;
+        bytes.advance(value_len);
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+/// One operation as a store holds it (PROTOCOL §5). The identity is the key the
+/// store found it under, so it is not repeated here.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Record {
+    /// What the first request asked for.
+    pub fingerprint: Fingerprint,
+    /// The layout version the record was written with.
+    pub format_version: u16,
+    /// The operation's id.
+    pub operation_id: OperationId,
+    /// The current holder's token.
+    pub token: FencingToken,
+    /// Where it stands.
+    pub status: RecordStatus,
+    /// End of the current lease; `None` unless `Processing`.
+    pub locked_until: Option<Timestamp>,
+    /// The stored response; `Some` exactly when `status.is_final()`.
+    pub response: Option<StoredResponse>,
+    /// First claim.
+    pub created_at: Timestamp,
+    /// After this instant the record is absent, purged or not.
+    pub expires_at: Timestamp,
+}
+
+impl Record {
+    /// Whether a `Processing` record's holder may still be running it at `now`.
+    pub fn lease_is_live(&self, now: Timestamp) -> bool {
+        self.status == RecordStatus::Processing && self.locked_until.is_some_and(|until| until > now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(body: StoredBody) -> StoredResponse {
+        StoredResponse {
+            status: StatusCode::CREATED,
+            headers: vec![
+                (HeaderName::from_static("location"), HeaderValue::from_static("/orders/1")),
+                (HeaderName::from_static("x-a"), HeaderValue::from_static("1")),
+                (HeaderName::from_static("x-a"), HeaderValue::from_static("2")),
+                (HeaderName::from_static("x-bin"), HeaderValue::from_bytes(b"caf\xe9").unwrap()),
+            ],
+            body,
+        }
+    }
+
+    #[test]
+    fn responses_round_trip_byte_exact() {
+        for body in [
+            StoredBody::Retained(Bytes::from_static(b"\x00\x01\xffbinary\r\n")),
+            StoredBody::Retained(Bytes::new()),
+            StoredBody::NotRetained,
+        ] {
+            let response = sample(body);
+            assert_eq!(StoredResponse::decode(response.encode()).unwrap(), response);
+            assert_eq!(
+                StoredResponse::decode_headers(&response.encode_headers()).unwrap(),
+                response.headers
+            );
+        }
+    }
+
+    #[test]
+    fn corrupt_encodings_are_errors_not_panics() {
+        let encoded = sample(StoredBody::Retained(Bytes::from_static(b"body"))).encode();
+        for len in 0..encoded.len() - 4 {
+            assert!(StoredResponse::decode(encoded.slice(..len)).is_err(), "prefix of {len}");
+        }
+        assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00\x00")).is_err());
+        assert!(StoredResponse::decode_headers(b"\x00\x01\x00\x02a").is_err());
+    }
+
+    #[test]
+    fn statuses_round_trip() {
+        for status in [
+            RecordStatus::Processing,
+            RecordStatus::Completed,
+            RecordStatus::Failed,
+            RecordStatus::Released,
+        ] {
+            assert_eq!(status.as_str().parse::<RecordStatus>().unwrap(), status);
+        }
+        assert!("DONE".parse::<RecordStatus>().is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! Whose key it is: principal, scope and identity (PROTOCOL §3).
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::key::IdempotencyKey;
+
+/// Who sends the request: an opaque subject id chosen by the application
+/// (`"user:42"`, `"tenant:7/user:42"`, or an HMAC of a credential).
+///
+/// Put one in the request extensions from an authentication layer and the
+/// idempotency layer scopes keys by it. Never put a raw credential here: the
+/// principal is stored with every record.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Principal(String);
+
+impl Principal {
+    /// A principal from an application-chosen subject id.
+    pub fn new(subject: impl Into<String>) -> Self {
+        Self(subject.into())
+    }
+
+    /// The subject id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Principal + method + path: a key means something only inside its scope.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Scope {
+    /// Who sent the request.
+    pub principal: Principal,
+    /// The request method, upper case (`POST`).
+    pub method: String,
+    /// The normalized path (see [`normalize_path`]) or the matched route template.
+    pub path: String,
+}
+
+/// The SHA-256 of an [`Identity`]: what stores index records by.
+///
+/// Fixed-size, so long paths and keys never hit a database's index row limits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdentityDigest([u8; 32]);
+
+impl IdentityDigest {
+    /// A digest from its 32 bytes (as a store read them back).
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The 32 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Lower-case hex, 64 characters.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for IdentityDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdentityDigest({}…)", &self.to_hex()[..12])
+    }
+}
+
+/// Scope + key: one operation's name. Two requests share a record exactly when their
+/// identities are equal.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    scope: Scope,
+    key: IdempotencyKey,
+    digest: IdentityDigest,
+}
+
+impl Identity {
+    /// Names the operation `key` within `scope`.
+    pub fn new(scope: Scope, key: IdempotencyKey) -> Self {
+        let mut hasher = Sha256::new();
+        // Length-prefixed fields: ("a", "bc") and ("ab", "c") must not collide.
+        for part in [
+            b"idemgate/identity/v1".as_slice(),
+            scope.principal.as_str().as_bytes(),
+            scope.method.as_bytes(),
+            scope.path.as_bytes(),
+            key.as_str().as_bytes(),
+        ] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        let digest = IdentityDigest(hasher.finalize().into());
+        Self { scope, key, digest }
+    }
+
+    /// The scope.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The client's key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The digest stores index by.
+    pub fn digest(&self) -> &IdentityDigest {
+        &self.digest
+    }
+}
+
+/// Normalizes a request path so that one resource has one spelling (PROTOCOL §3):
+/// percent-escapes of unreserved characters are decoded (`%7E` → `~`), the hex digits
+/// of other escapes are upper-cased (`%2f` → `%2F`), and a trailing slash is dropped
+/// (`/orders/` → `/orders`). Nothing else changes: over-normalizing would merge
+/// distinct resources.
+///
+/// ```
+/// use idemgate_core::scope::normalize_path;
+/// assert_eq!(normalize_path("/api/%7Eorders/"), "/api/~orders");
+/// assert_eq!(normalize_path("/a%2fb"), "/a%2Fb");
+/// ```
+pub fn normalize_path(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let byte = bytes[i];
+        if byte == b'%'
+            && let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).and_then(|b| hex_value(*b)),
+                bytes.get(i + 2).and_then(|b| hex_value(*b)),
+            )
+        {
+            let decoded = hi << 4 | lo;
+            if decoded.is_ascii_alphanumeric() || b"-._~".contains(&decoded) {
+                out.push(char::from(decoded));
+            } else {
+                out.push('%');
+                out.push(char::from(bytes[i + 1].to_ascii_uppercase()));
+                out.push(char::from(bytes[i + 2].to_ascii_uppercase()));
+            }
+            i += 3;
+            continue;
+        }
+        // The path is a &str, so pushing byte by byte would split UTF-8 sequences;
+        // copy the whole character instead.
+        let ch_len = path[i..].chars().next().map_or(1, char::len_utf8);
+        out.push_str(&path[i..i + ch_len]);
+        i += ch_len;
+    }
+    while out.len() > 1 && out.ends_with('/') {
+        out.pop();
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+fn hex_value(byte: u8) -> Option<u8> {
+    char::from(byte).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(principal: &str, method: &str, path: &str, key: &str) -> Identity {
+        Identity::new(
+            Scope {
+                principal: Principal::new(principal),
+                method: method.into(),
+                path: path.into(),
+            },
+            IdempotencyKey::parse(key.as_bytes(), 255).unwrap(),
+        )
+    }
+
+    #[test]
+    fn every_part_of_the_identity_separates_operations() {
+        let base = identity("alice", "POST", "/orders", "k1");
+        assert_eq!(base.digest(), identity("alice", "POST", "/orders", "k1").digest());
+        for other in [
+            identity("bob", "POST", "/orders", "k1"),
+            identity("alice", "PATCH", "/orders", "k1"),
+            identity("alice", "POST", "/payments", "k1"),
+            identity("alice", "POST", "/orders", "k2"),
+        ] {
+            assert_ne!(base.digest(), other.digest());
+        }
+    }
+
+    #[test]
+    fn fields_are_length_prefixed() {
+        assert_ne!(
+            identity("ab", "POST", "/c", "k").digest(),
+            identity("a", "POST", "b/c", "k").digest()
+        );
+    }
+
+    #[test]
+    fn normalizes_paths() {
+        assert_eq!(normalize_path("/orders"), "/orders");
+        assert_eq!(normalize_path("/orders/"), "/orders");
+        assert_eq!(normalize_path("/orders//"), "/orders");
+        assert_eq!(normalize_path("/"), "/");
+        assert_eq!(normalize_path(""), "/");
+        assert_eq!(normalize_path("/%6Frders"), "/orders");
+        assert_eq!(normalize_path("/a%2fb%20c"), "/a%2Fb%20c");
+        assert_eq!(normalize_path("/bad%zz%4"), "/bad%zz%4");
+        assert_eq!(normalize_path("/заказы/"), "/заказы");
+    }
+}

@@ -1,0 +1,188 @@
+//! The `Store` trait: where records live (PROTOCOL §5, §6).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{OperationId, FencingToken, Record, RecordStatus, StoredResponse};
+use crate::scope::{Identity, IdentityDigest};
+use crate::time::Timestamp;
+
+/// A boxed error cause.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Where records live.
+///
+/// Every method is one atomic step in its backend (`INSERT … ON CONFLICT … RETURNING`,
+/// a Lua script, a map entry under a lock). There are no default methods that compose
+/// others: a claim built from a read and a write is the check-then-act race this
+/// crate exists to prevent (PITFALLS 1). The one default, [`Store::wait_for_change`],
+/// only decides how long a waiter sleeps before it looks again.
+///
+/// Writes after the claim carry the [`Lease`] and succeed only while the record still
+/// holds its (operation id, fencing token); otherwise they return
+/// [`FencedWrite::Refused`] and change nothing.
+///
+/// A record past its `expires_at` is absent to every method, whether or not a purge
+/// has removed it. `Arc<dyn Store>` works: the layer holds one.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Claims `request.identity` atomically:
+    /// - absent (or expired): insert `Processing` with a new operation id and token;
+    /// - same fingerprint and `Released`, or `Processing` with a lapsed lease: take it
+    ///   over, keeping the operation id, with a new token;
+    /// - otherwise return the record as it is.
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError>;
+
+    /// Stores the final response: status `Completed` or `Failed`,
+    /// `expires_at = now + completion.ttl`.
+    async fn complete(&self, lease: &Lease, completion: &Completion)
+    -> Result<FencedWrite, StoreError>;
+
+    /// Marks the record `Released`: claimable again, same operation id.
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError>;
+
+    /// Extends the lease to `now + lease_for`.
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError>;
+
+    /// Removes the record, so the key can be used again with another body (a request
+    /// rejected before the operation started).
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError>;
+
+    /// Reads the record without claiming it (wait mode polls with it).
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError>;
+
+    /// Returns when the record under `identity` may have changed, or after `timeout`.
+    /// A hint only: callers re-read with [`Store::get`]. The default sleeps, which
+    /// turns waiting into polling.
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        let _ = identity;
+        tokio::time::sleep(timeout).await;
+    }
+}
+
+/// What a claim asks for.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// Whose operation, and its name.
+    pub identity: Identity,
+    /// What the request asked for.
+    pub fingerprint: Fingerprint,
+    /// How long the claimant may run before others may take over.
+    pub lease: Duration,
+    /// How long the record lives; completion restarts it.
+    pub ttl: Duration,
+}
+
+/// A record as a store saw it, with the store's clock at that moment.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The record.
+    pub record: Record,
+    /// The store's `now` when it read the record: leases compare against it.
+    pub now: Timestamp,
+}
+
+/// The result of [`Store::try_claim`].
+#[derive(Clone, Debug)]
+pub enum Claim {
+    /// The caller holds the operation and must run it.
+    Acquired(Lease),
+    /// Someone else's record (or one with another fingerprint): decide with
+    /// [`crate::decide`].
+    Existing(Snapshot),
+}
+
+/// The right to run an operation, and the credentials its writes carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The record's identity.
+    pub identity: IdentityDigest,
+    /// The operation.
+    pub operation_id: OperationId,
+    /// This holder's token.
+    pub token: FencingToken,
+    /// How the claim came about.
+    pub origin: LeaseOrigin,
+    /// Until when the store will not let others take over (store clock).
+    pub locked_until: Timestamp,
+}
+
+/// How a claim came about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOrigin {
+    /// A new operation.
+    New,
+    /// A `Released` record claimed again.
+    Released,
+    /// A `Processing` record whose holder's lease lapsed.
+    TakenOver,
+}
+
+/// The final status of a completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalStatus {
+    /// A final result.
+    Completed,
+    /// A 5xx kept and replayed under the `store` policy.
+    Failed,
+}
+
+impl From<FinalStatus> for RecordStatus {
+    fn from(status: FinalStatus) -> Self {
+        match status {
+            FinalStatus::Completed => RecordStatus::Completed,
+            FinalStatus::Failed => RecordStatus::Failed,
+        }
+    }
+}
+
+/// What [`Store::complete`] writes.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// `Completed` or `Failed`.
+    pub status: FinalStatus,
+    /// The response to replay.
+    pub response: StoredResponse,
+    /// The record lives this long after completion.
+    pub ttl: Duration,
+}
+
+/// Whether a fenced write happened.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FencedWrite {
+    /// The record still held the caller's (operation id, token); the write is done.
+    Applied,
+    /// The record moved on (taken over, completed, expired or deleted); nothing
+    /// was written.
+    Refused,
+}
+
+/// Why a store could not answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Unreachable, timed out, or out of connections: retry later (503).
+    #[error("idempotency store unavailable")]
+    Unavailable(#[source] BoxError),
+    /// A capacity-bounded store refuses new claims rather than evict a live record (503).
+    #[error("idempotency store is full")]
+    Full,
+    /// A record that cannot be decoded (500).
+    #[error("corrupt idempotency record")]
+    Corrupt(#[source] BoxError),
+}
+
+impl StoreError {
+    /// An `Unavailable` error from any cause.
+    pub fn unavailable(cause: impl Into<BoxError>) -> Self {
+        Self::Unavailable(cause.into())
+    }
+
+    /// A `Corrupt` error from any cause.
+    pub fn corrupt(cause: impl Into<BoxError>) -> Self {
+        Self::Corrupt(cause.into())
+    }
+}

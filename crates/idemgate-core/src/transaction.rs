@@ -1,0 +1,157 @@
+//! The hand-over between a handler's business transaction and the layer's completion
+//! (the transactional mode of the SQL stores).
+//!
+//! The layer puts a [`TransactionSlot`] in every keyed request. A transactional store's
+//! extractor (`idemgate_postgres::Tx`, `idemgate_sqlite::Tx`) lends itself a database
+//! transaction from it; when the handler returns, the transaction comes back to the
+//! slot as a [`PendingTransaction`], and the layer adds the fenced completion to that
+//! same transaction and commits both — or rolls both back. The order row and the
+//! `COMPLETED` record therefore commit together or not at all.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+
+use crate::store::{Completion, FencedWrite, Lease, StoreError};
+
+/// An open business transaction waiting for the layer to finish it.
+#[async_trait]
+pub trait PendingTransaction: Send {
+    /// Runs the fenced completion inside the transaction and commits. When the fence
+    /// refuses (zero rows), rolls back and returns [`FencedWrite::Refused`]: the
+    /// business writes vanish with it.
+    async fn complete_and_commit(
+        self: Box<Self>,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError>;
+
+    /// Rolls the business writes back.
+    async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
+}
+
+/// What a slot holds when the layer looks at it after the handler.
+pub enum SlotContents {
+    /// The handler opened no transaction.
+    Unused,
+    /// The handler's transaction, back and uncommitted.
+    Returned(Box<dyn PendingTransaction>),
+    /// The handler took a transaction and has not given it back (it moved it into a
+    /// task that outlived the handler). Its writes will roll back when it is dropped,
+    /// so the operation must be treated as not done.
+    StillLent,
+}
+
+enum State {
+    Unused,
+    Lent,
+    Returned(Box<dyn PendingTransaction>),
+    Taken,
+}
+
+/// One request's transaction hand-over point. Cloning shares it.
+#[derive(Clone)]
+pub struct TransactionSlot(Arc<Mutex<State>>);
+
+impl Default for TransactionSlot {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(State::Unused)))
+    }
+}
+
+impl std::fmt::Debug for TransactionSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TransactionSlot")
+    }
+}
+
+/// Why a transaction cannot be lent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this request already took its transaction: one transactional extractor per handler")]
+pub struct AlreadyLent;
+
+impl TransactionSlot {
+    /// A fresh, unused slot.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Marks the slot lent, before the extractor begins its transaction. Fails if
+    /// the request already took one: two transactions could not commit atomically
+    /// with one completion.
+    pub fn lend(&self) -> Result<(), AlreadyLent> {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match *state {
+            State::Unused => {
+                *state = State::Lent;
+                Ok(())
+            }
+            _ => Err(AlreadyLent),
+        }
+    }
+
+    /// Gives the transaction back (the extractor does this when dropped).
+    pub fn give_back(&self, transaction: Box<dyn PendingTransaction>) {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(*state, State::Lent) {
+            *state = State::Returned(transaction);
+        }
+        // Otherwise the layer already decided without it; dropping the transaction
+        // here rolls it back.
+    }
+
+    /// Takes what the slot holds; later `give_back`s are rolled back by drop.
+    pub fn take(&self) -> SlotContents {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *state, State::Taken) {
+            State::Unused | State::Taken => SlotContents::Unused,
+            State::Lent => SlotContents::StillLent,
+            State::Returned(transaction) => SlotContents::Returned(transaction),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake;
+
+    #[async_trait]
+    impl PendingTransaction for Fake {
+        async fn complete_and_commit(
+            self: Box<Self>,
+            _: &Lease,
+            _: &Completion,
+        ) -> Result<FencedWrite, StoreError> {
+            Ok(FencedWrite::Applied)
+        }
+        async fn rollback(self: Box<Self>) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn one_lend_per_request() {
+        let slot = TransactionSlot::new();
+        assert!(slot.lend().is_ok());
+        assert_eq!(slot.lend(), Err(AlreadyLent));
+    }
+
+    #[test]
+    fn take_reports_each_state() {
+        let slot = TransactionSlot::new();
+        assert!(matches!(slot.take(), SlotContents::Unused));
+
+        let slot = TransactionSlot::new();
+        slot.lend().unwrap();
+        assert!(matches!(slot.take(), SlotContents::StillLent));
+        slot.give_back(Box::new(Fake)); // too late: dropped, not kept
+        assert!(matches!(slot.take(), SlotContents::Unused));
+
+        let slot = TransactionSlot::new();
+        slot.lend().unwrap();
+        slot.give_back(Box::new(Fake));
+        assert!(matches!(slot.take(), SlotContents::Returned(_)));
+    }
+}
