@@ -1,0 +1,71 @@
+//! `MemoryStore` against the shared conformance suite, plus what only it promises.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::{Claim, MemoryStore, Store, StoreError};
+use idemgate_testkit::conformance::fresh_request;
+
+async fn store() -> Arc<dyn Store> {
+    Arc::new(MemoryStore::new())
+}
+
+idemgate_testkit::store_conformance!(store);
+
+#[tokio::test]
+async fn capacity_refuses_new_claims_and_never_evicts_a_live_record() {
+    let store = MemoryStore::new().with_capacity(3);
+    let requests: Vec<_> = (0..3).map(|_| fresh_request()).collect();
+    for request in &requests {
+        assert!(matches!(store.try_claim(request).await.unwrap(), Claim::Acquired(_)));
+    }
+    let err = store.try_claim(&fresh_request()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Full), "{err:?}");
+    assert_eq!(store.len(), 3);
+    for request in &requests {
+        assert!(
+            matches!(store.try_claim(request).await.unwrap(), Claim::Existing(_)),
+            "a live record was evicted"
+        );
+    }
+}
+
+#[tokio::test]
+async fn capacity_is_freed_by_expired_records() {
+    let store = MemoryStore::new().with_capacity(2);
+    for _ in 0..2 {
+        let request = idemgate_core::ClaimRequest { ttl: Duration::from_millis(50), ..fresh_request() };
+        assert!(matches!(store.try_claim(&request).await.unwrap(), Claim::Acquired(_)));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(matches!(store.try_claim(&fresh_request()).await.unwrap(), Claim::Acquired(_)));
+    assert!(store.len() <= 2, "capacity exceeded: {}", store.len());
+}
+
+#[tokio::test]
+async fn expiry_frees_memory() {
+    let store = MemoryStore::new();
+    for _ in 0..1_000 {
+        let request = idemgate_core::ClaimRequest { ttl: Duration::from_millis(50), ..fresh_request() };
+        let _ = store.try_claim(&request).await.unwrap();
+    }
+    assert_eq!(store.len(), 1_000);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(store.purge_expired(), 1_000);
+    assert!(store.is_empty());
+}
+
+#[tokio::test]
+async fn shards_sweep_themselves_while_in_use() {
+    let store = MemoryStore::new();
+    for _ in 0..500 {
+        let request = idemgate_core::ClaimRequest { ttl: Duration::from_millis(50), ..fresh_request() };
+        let _ = store.try_claim(&request).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Enough fresh claims to touch every shard once; each sweeps on the way.
+    for _ in 0..2_000 {
+        let _ = store.try_claim(&fresh_request()).await.unwrap();
+    }
+    assert_eq!(store.len(), 2_000, "expired records should have been swept by normal traffic");
+}

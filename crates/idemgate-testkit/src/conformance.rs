@@ -1,0 +1,402 @@
+//! The store conformance suite: what every [`Store`] must do, as plain async
+//! functions. [`crate::store_conformance!`] instantiates all of them for one store.
+//!
+//! Each test makes fresh random identities, so the suite can share one database with
+//! other tests and run in parallel. Timing-based tests use leases and TTLs of a few
+//! hundred milliseconds and wait well past them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, StatusCode};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::key::IdempotencyKey;
+use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
+use idemgate_core::scope::{Identity, Principal, Scope};
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, LeaseOrigin, Snapshot, Store,
+};
+use tokio::sync::Barrier;
+
+/// How many tasks race for one identity.
+pub const RACERS: usize = 64;
+
+const LONG: Duration = Duration::from_secs(60);
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// A claim request for a fresh, random identity.
+pub fn fresh_request() -> ClaimRequest {
+    request_for(&uuid::Uuid::new_v4().to_string(), "POST", "/orders", "key-1", 1)
+}
+
+/// A claim request built from its parts; `body` picks the fingerprint.
+pub fn request_for(principal: &str, method: &str, path: &str, key: &str, body: u8) -> ClaimRequest {
+    let scope = Scope {
+        principal: Principal::new(principal),
+        method: method.into(),
+        path: path.into(),
+    };
+    ClaimRequest {
+        identity: Identity::new(scope, IdempotencyKey::parse(key.as_bytes(), 255).expect("valid key")),
+        fingerprint: Fingerprint::from_bytes([body; 32]),
+        lease: LONG,
+        ttl: DAY,
+    }
+}
+
+/// A response with repeated headers, a non-UTF-8 header value and every byte value in
+/// the body: what a store must give back exactly.
+pub fn awkward_response() -> StoredResponse {
+    StoredResponse {
+        status: StatusCode::CREATED,
+        headers: vec![
+            (HeaderName::from_static("location"), HeaderValue::from_static("/orders/7")),
+            (HeaderName::from_static("x-tag"), HeaderValue::from_static("b")),
+            (HeaderName::from_static("content-type"), HeaderValue::from_static("application/octet-stream")),
+            (HeaderName::from_static("x-tag"), HeaderValue::from_static("a")),
+            (HeaderName::from_static("x-latin1"), HeaderValue::from_bytes(b"caf\xe9").expect("obs-text")),
+        ],
+        body: StoredBody::Retained(Bytes::from((0..=255u8).chain((0..=255u8).rev()).collect::<Vec<_>>())),
+    }
+}
+
+fn completion(response: StoredResponse) -> Completion {
+    Completion {
+        status: FinalStatus::Completed,
+        response,
+        ttl: DAY,
+    }
+}
+
+async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
+    match store.try_claim(request).await.expect("claim") {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing(snapshot) => panic!("expected to acquire, found {:?}", snapshot.record.status),
+    }
+}
+
+async fn existing(store: &dyn Store, request: &ClaimRequest) -> Snapshot {
+    match store.try_claim(request).await.expect("claim") {
+        Claim::Existing(snapshot) => snapshot,
+        Claim::Acquired(lease) => panic!("expected an existing record, acquired {lease:?}"),
+    }
+}
+
+async fn get(store: &dyn Store, request: &ClaimRequest) -> Option<Snapshot> {
+    store.get(request.identity.digest()).await.expect("get")
+}
+
+/// N ≥ 64 real tasks claim one identity at once: exactly one wins, every other sees
+/// the winner's `Processing` record.
+pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
+    let request = Arc::new(fresh_request());
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|_| {
+            let (store, request, barrier) = (Arc::clone(&store), Arc::clone(&request), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.try_claim(&request).await.expect("claim")
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut losers = Vec::new();
+    for task in tasks {
+        match task.await.expect("task") {
+            Claim::Acquired(lease) => winners.push(lease),
+            Claim::Existing(snapshot) => losers.push(snapshot),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{} of {RACERS} concurrent claims won; exactly one may", winners.len());
+    let winner = &winners[0];
+    assert_eq!(winner.origin, LeaseOrigin::New);
+    for loser in &losers {
+        assert_eq!(loser.record.status, RecordStatus::Processing);
+        assert_eq!(loser.record.operation_id, winner.operation_id);
+        assert_eq!(loser.record.token, winner.token);
+        assert!(loser.record.lease_is_live(loser.now));
+    }
+}
+
+/// Complete, then claim again: the stored response comes back, byte for byte, with
+/// the same operation id; `get` sees the same.
+pub async fn complete_then_claim_replays(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let lease = acquire(&*store, &request).await;
+    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    let snapshot = existing(&*store, &request).await;
+    assert_eq!(snapshot.record.status, RecordStatus::Completed);
+    assert_eq!(snapshot.record.operation_id, lease.operation_id);
+    assert_eq!(snapshot.record.response, Some(awkward_response()));
+    assert_eq!(snapshot.record.locked_until, None);
+    assert_eq!(snapshot.record.fingerprint, request.fingerprint);
+    let read = get(&*store, &request).await.expect("record present");
+    assert_eq!(read.record.response, Some(awkward_response()));
+}
+
+/// A `Failed` completion is stored and replayed like a `Completed` one.
+pub async fn failed_completion_is_stored(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let lease = acquire(&*store, &request).await;
+    let response = StoredResponse {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        headers: vec![],
+        body: StoredBody::Retained(Bytes::from_static(b"boom")),
+    };
+    let failed = Completion { status: FinalStatus::Failed, response: response.clone(), ttl: DAY };
+    assert_eq!(store.complete(&lease, &failed).await.expect("complete"), FencedWrite::Applied);
+    let snapshot = existing(&*store, &request).await;
+    assert_eq!(snapshot.record.status, RecordStatus::Failed);
+    assert_eq!(snapshot.record.response, Some(response));
+}
+
+/// Same key, other fingerprint: the existing record is returned untouched, in every
+/// state, and never taken over (not even when released or lapsed).
+pub async fn fingerprint_mismatch_is_visible(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let other = ClaimRequest { fingerprint: Fingerprint::from_bytes([2; 32]), ..request.clone() };
+    let lease = acquire(&*store, &request).await;
+    let seen = existing(&*store, &other).await;
+    assert_eq!(seen.record.fingerprint, request.fingerprint);
+    assert_eq!(seen.record.status, RecordStatus::Processing);
+
+    assert_eq!(store.release(&lease).await.expect("release"), FencedWrite::Applied);
+    let seen = existing(&*store, &other).await;
+    assert_eq!(seen.record.status, RecordStatus::Released, "a released record is not taken over by another fingerprint");
+    assert_eq!(seen.record.operation_id, lease.operation_id);
+
+    let lease = acquire(&*store, &request).await;
+    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    let seen = existing(&*store, &other).await;
+    assert_eq!(seen.record.status, RecordStatus::Completed);
+    assert_eq!(seen.record.fingerprint, request.fingerprint);
+}
+
+/// Release, then claim: acquired again with the same operation id and a new token.
+pub async fn release_makes_the_record_claimable(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let first = acquire(&*store, &request).await;
+    assert_eq!(store.release(&first).await.expect("release"), FencedWrite::Applied);
+    let read = get(&*store, &request).await.expect("released record is kept");
+    assert_eq!(read.record.status, RecordStatus::Released);
+    let second = acquire(&*store, &request).await;
+    assert_eq!(second.origin, LeaseOrigin::Released);
+    assert_eq!(second.operation_id, first.operation_id, "a release keeps the operation id");
+    assert_ne!(second.token, first.token, "every claim gets a new token");
+    assert_eq!(store.complete(&first, &completion(awkward_response())).await.expect("complete"), FencedWrite::Refused);
+    assert_eq!(store.complete(&second, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+}
+
+/// A live lease is never taken over; once it lapses, exactly one of many concurrent
+/// claimants takes it over, with the same operation id and a new token.
+pub async fn lapsed_lease_has_exactly_one_takeover(store: Arc<dyn Store>) {
+    let request = ClaimRequest { lease: Duration::from_millis(300), ..fresh_request() };
+    let first = acquire(&*store, &request).await;
+    let live = existing(&*store, &request).await;
+    assert_eq!(live.record.status, RecordStatus::Processing, "a live lease is not taken over");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let request = Arc::new(ClaimRequest { lease: LONG, ..request });
+    let barrier = Arc::new(Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, request, barrier) = (Arc::clone(&store), Arc::clone(&request), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.try_claim(&request).await.expect("claim")
+            })
+        })
+        .collect();
+    let mut takeovers = Vec::new();
+    for task in tasks {
+        if let Claim::Acquired(lease) = task.await.expect("task") {
+            takeovers.push(lease);
+        }
+    }
+    assert_eq!(takeovers.len(), 1, "{} concurrent takeovers of one lapsed lease; exactly one may", takeovers.len());
+    assert_eq!(takeovers[0].origin, LeaseOrigin::TakenOver);
+    assert_eq!(takeovers[0].operation_id, first.operation_id, "a takeover keeps the operation id");
+    assert_ne!(takeovers[0].token, first.token);
+}
+
+/// After a takeover the old holder's (operation id, token) writes nothing: not
+/// complete, release, renew nor delete; nor does a lease with the right operation id
+/// and a wrong token, or the reverse.
+pub async fn stale_lease_cannot_write(store: Arc<dyn Store>) {
+    let request = ClaimRequest { lease: Duration::from_millis(200), ..fresh_request() };
+    let stale = acquire(&*store, &request).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let current = acquire(&*store, &ClaimRequest { lease: LONG, ..request.clone() }).await;
+    assert_eq!(current.origin, LeaseOrigin::TakenOver);
+
+    let wrong_token = Lease { token: stale.token, ..current.clone() };
+    let wrong_operation = Lease { operation_id: idemgate_core::record::OperationId::random(), ..current.clone() };
+    for lease in [&stale, &wrong_token, &wrong_operation] {
+        assert_eq!(store.complete(lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Refused);
+        assert_eq!(store.release(lease).await.expect("release"), FencedWrite::Refused);
+        assert_eq!(store.renew(lease, LONG).await.expect("renew"), FencedWrite::Refused);
+        assert_eq!(store.delete(lease).await.expect("delete"), FencedWrite::Refused);
+    }
+    let read = get(&*store, &request).await.expect("record untouched");
+    assert_eq!(read.record.status, RecordStatus::Processing);
+    assert_eq!(read.record.token, current.token);
+    assert!(read.record.lease_is_live(read.now));
+    assert_eq!(store.complete(&current, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+}
+
+/// A lease from an expired earlier incarnation of the same identity cannot write to
+/// the new one, which is a new operation.
+pub async fn expired_incarnation_cannot_write(store: Arc<dyn Store>) {
+    let request = ClaimRequest { lease: Duration::from_millis(200), ttl: Duration::from_millis(400), ..fresh_request() };
+    let old = acquire(&*store, &request).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let new = acquire(&*store, &ClaimRequest { lease: LONG, ttl: DAY, ..request.clone() }).await;
+    assert_eq!(new.origin, LeaseOrigin::New, "an expired record is absent");
+    assert_ne!(new.operation_id, old.operation_id, "an expired key starts a new operation");
+    assert_eq!(store.complete(&old, &completion(awkward_response())).await.expect("complete"), FencedWrite::Refused);
+    assert_eq!(store.release(&old).await.expect("release"), FencedWrite::Refused);
+    assert_eq!(store.renew(&old, LONG).await.expect("renew"), FencedWrite::Refused);
+    assert_eq!(store.delete(&old).await.expect("delete"), FencedWrite::Refused);
+    assert_eq!(store.complete(&new, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+}
+
+/// A completed record expires `ttl` after completion without any purge: `get` no
+/// longer sees it and a claim starts a new operation.
+pub async fn ttl_expiry_without_purge(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let first = acquire(&*store, &request).await;
+    let short = Completion { ttl: Duration::from_millis(400), ..completion(awkward_response()) };
+    assert_eq!(store.complete(&first, &short).await.expect("complete"), FencedWrite::Applied);
+    assert!(get(&*store, &request).await.is_some());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(get(&*store, &request).await.is_none(), "an expired record is absent to get");
+    let second = acquire(&*store, &request).await;
+    assert_eq!(second.origin, LeaseOrigin::New);
+    assert_ne!(second.operation_id, first.operation_id);
+}
+
+/// Completion restarts the TTL: a record claimed with a short TTL lives `ttl` after
+/// it completes.
+pub async fn completion_restarts_the_ttl(store: Arc<dyn Store>) {
+    let request = ClaimRequest { ttl: Duration::from_millis(500), ..fresh_request() };
+    let lease = acquire(&*store, &request).await;
+    let long = Completion { ttl: DAY, ..completion(awkward_response()) };
+    assert_eq!(store.complete(&lease, &long).await.expect("complete"), FencedWrite::Applied);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let read = get(&*store, &request).await.expect("completion set expires_at = now + ttl");
+    assert_eq!(read.record.status, RecordStatus::Completed);
+}
+
+/// Renewal pushes `locked_until` out, so a live holder is not taken over.
+pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
+    let request = ClaimRequest { lease: Duration::from_millis(400), ..fresh_request() };
+    let lease = acquire(&*store, &request).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(store.renew(&lease, Duration::from_secs(5)).await.expect("renew"), FencedWrite::Applied);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = existing(&*store, &request).await;
+    assert_eq!(seen.record.token, lease.token, "a renewed lease was taken over");
+    assert!(seen.record.lease_is_live(seen.now));
+}
+
+/// Delete frees the key: the next claim, even with another body, is a new operation.
+pub async fn delete_frees_the_key(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let first = acquire(&*store, &request).await;
+    assert_eq!(store.delete(&first).await.expect("delete"), FencedWrite::Applied);
+    assert!(get(&*store, &request).await.is_none());
+    let corrected = ClaimRequest { fingerprint: Fingerprint::from_bytes([9; 32]), ..request };
+    let second = acquire(&*store, &corrected).await;
+    assert_eq!(second.origin, LeaseOrigin::New);
+    assert_ne!(second.operation_id, first.operation_id);
+}
+
+/// Writes after completion are refused: a record completes once.
+pub async fn completed_record_refuses_further_writes(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let lease = acquire(&*store, &request).await;
+    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    let other = StoredResponse { status: StatusCode::OK, headers: vec![], body: StoredBody::NotRetained };
+    assert_eq!(store.complete(&lease, &completion(other)).await.expect("complete"), FencedWrite::Refused);
+    assert_eq!(store.release(&lease).await.expect("release"), FencedWrite::Refused);
+    assert_eq!(store.delete(&lease).await.expect("delete"), FencedWrite::Refused);
+    let read = get(&*store, &request).await.expect("kept");
+    assert_eq!(read.record.response, Some(awkward_response()));
+}
+
+/// Same key under another principal, method or path is an independent operation.
+pub async fn scopes_are_isolated(store: Arc<dyn Store>) {
+    let principal = uuid::Uuid::new_v4().to_string();
+    let other_principal = uuid::Uuid::new_v4().to_string();
+    let base = request_for(&principal, "POST", "/orders", "shared-key", 1);
+    let lease = acquire(&*store, &base).await;
+    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    for other in [
+        request_for(&other_principal, "POST", "/orders", "shared-key", 1),
+        request_for(&principal, "PATCH", "/orders", "shared-key", 1),
+        request_for(&principal, "POST", "/payments", "shared-key", 1),
+    ] {
+        let lease = acquire(&*store, &other).await;
+        assert_eq!(lease.origin, LeaseOrigin::New);
+        assert!(get(&*store, &other).await.expect("own record").record.response.is_none());
+    }
+    assert_eq!(existing(&*store, &base).await.record.response, Some(awkward_response()));
+}
+
+/// Headers keep their order and repeats, values their bytes, bodies every byte; a
+/// "not retained" body stays distinct from an empty one.
+pub async fn responses_round_trip_byte_exact(store: Arc<dyn Store>) {
+    let big = StoredResponse {
+        body: StoredBody::Retained(Bytes::from((0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>())),
+        ..awkward_response()
+    };
+    let empty = StoredResponse { body: StoredBody::Retained(Bytes::new()), headers: vec![], ..awkward_response() };
+    let not_retained = StoredResponse { body: StoredBody::NotRetained, ..awkward_response() };
+    for response in [awkward_response(), big, empty, not_retained] {
+        let request = fresh_request();
+        let lease = acquire(&*store, &request).await;
+        assert_eq!(store.complete(&lease, &completion(response.clone())).await.expect("complete"), FencedWrite::Applied);
+        let replayed = existing(&*store, &request).await.record.response.expect("stored response");
+        assert_eq!(replayed, response);
+    }
+}
+
+/// Reading an identity nobody claimed finds nothing, and waiting on it returns
+/// within its timeout.
+pub async fn absent_records_and_bounded_waits(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    assert!(get(&*store, &request).await.is_none());
+    let waited = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.wait_for_change(request.identity.digest(), Duration::from_millis(50)),
+    )
+    .await;
+    assert!(waited.is_ok(), "wait_for_change ignored its timeout");
+}
+
+/// A waiter on a record learns of its completion well before its timeout when the
+/// change happens through the same store handle.
+pub async fn waiters_wake_on_completion(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let lease = acquire(&*store, &request).await;
+    let digest = *request.identity.digest();
+    let waiter = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            loop {
+                store.wait_for_change(&digest, Duration::from_secs(2)).await;
+                let done = store.get(&digest).await.expect("get").is_some_and(|s| s.record.status.is_final());
+                if done || start.elapsed() > Duration::from_secs(20) {
+                    return start.elapsed();
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    let waited = waiter.await.expect("waiter");
+    assert!(waited < Duration::from_secs(10), "waiter saw the completion only after {waited:?}");
+}

@@ -1,0 +1,53 @@
+//! Test support for idemgate: the one store conformance suite.
+//!
+//! A store proves itself with one line in its tests:
+//!
+//! ```ignore
+//! async fn store() -> std::sync::Arc<dyn idemgate_core::Store> {
+//!     std::sync::Arc::new(idemgate_core::MemoryStore::new())
+//! }
+//! idemgate_testkit::store_conformance!(store);
+//! ```
+//!
+//! There is exactly one copy of the suite, so backends cannot drift apart.
+
+pub mod conformance;
+
+/// Instantiates every test of [`conformance`] for one store, as `#[tokio::test]`s on a
+/// multi-threaded runtime. `$factory` is an async fn returning `Arc<dyn Store>`;
+/// it is called once per test.
+///
+/// The calling crate needs `tokio` (with `macros` and `rt-multi-thread`) among its
+/// dev-dependencies.
+#[macro_export]
+macro_rules! store_conformance {
+    ($factory:path) => {
+        $crate::store_conformance!(@tests $factory;
+            concurrent_claims_have_exactly_one_winner,
+            complete_then_claim_replays,
+            failed_completion_is_stored,
+            fingerprint_mismatch_is_visible,
+            release_makes_the_record_claimable,
+            lapsed_lease_has_exactly_one_takeover,
+            stale_lease_cannot_write,
+            expired_incarnation_cannot_write,
+            ttl_expiry_without_purge,
+            completion_restarts_the_ttl,
+            renew_extends_the_lease,
+            delete_frees_the_key,
+            completed_record_refuses_further_writes,
+            scopes_are_isolated,
+            responses_round_trip_byte_exact,
+            absent_records_and_bounded_waits,
+            waiters_wake_on_completion,
+        );
+    };
+    (@tests $factory:path; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                $crate::conformance::$name($factory().await).await;
+            }
+        )*
+    };
+}
