@@ -7,6 +7,9 @@
 //! slot as a [`PendingTransaction`], and the layer adds the fenced completion to that
 //! same transaction and commits both — or rolls both back. The order row and the
 //! `COMPLETED` record therefore commit together or not at all.
+//!
+//! Requests without a key get a slot too, on the methods the layer covers: their
+//! transaction is committed when the response is not a 5xx, rolled back otherwise.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -25,6 +28,10 @@ pub trait PendingTransaction: Send {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError>;
+
+    /// Commits the business writes alone: for requests without an idempotency key,
+    /// which have no record to complete.
+    async fn commit(self: Box<Self>) -> Result<(), StoreError>;
 
     /// Rolls the business writes back.
     async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
@@ -125,6 +132,9 @@ mod tests {
             _: &Completion,
         ) -> Result<FencedWrite, StoreError> {
             Ok(FencedWrite::Applied)
+        }
+        async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+            Ok(())
         }
         async fn rollback(self: Box<Self>) -> Result<(), StoreError> {
             Ok(())

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Makes sure the servers the tests talk to are running: PostgreSQL on 127.0.0.1:5432
+# (database `test`, trust auth) and Redis on 127.0.0.1:6379. Starts them when they are
+# down; on a bare Debian machine (as root) installs them first. Fails loudly when it
+# cannot: a test suite that silently skips its backends proves nothing.
+set -euo pipefail
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
+
+apt_install() {
+  [ "$(id -u)" = 0 ] || die "$* missing and not root: install it (apt-get install $*)"
+  command -v apt-get >/dev/null || die "$* missing and no apt-get to install it with"
+  log "installing $* from Debian's packages"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; } \
+    || die "could not install $*"
+}
+
+pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
+
+ensure_postgres() {
+  if ! command -v pg_isready >/dev/null || ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    apt_install postgresql postgresql-client
+    fresh_install=1
+  fi
+  if ! pg_up; then
+    log "PostgreSQL is down; starting it"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n 1)" main start \
+      || die "pg_ctlcluster could not start PostgreSQL"
+    for _ in $(seq 1 60); do pg_up && break; sleep 0.5; done
+    pg_up || die "PostgreSQL did not accept connections on 127.0.0.1:5432 within 30 s"
+  fi
+  if [ "${fresh_install:-0}" = 1 ]; then
+    # A fresh Debian cluster asks for passwords over TCP; the tests use trust auth on
+    # loopback, as the CI machine does.
+    local hba
+    hba=$(ls /etc/postgresql/*/main/pg_hba.conf | sort -V | tail -n 1)
+    sed -i -E 's/^(host\s+all\s+all\s+127\.0\.0\.1\/32\s+)\S+/\1trust/' "$hba"
+    su postgres -c "psql -q -c 'SELECT pg_reload_conf()'" >/dev/null
+  fi
+  if ! psql -h 127.0.0.1 -U postgres -d test -Atqc 'SELECT 1' >/dev/null 2>&1; then
+    psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test' >/dev/null 2>&1 \
+      || su postgres -c "psql -qc 'CREATE DATABASE test'" >/dev/null 2>&1 || true
+    psql -h 127.0.0.1 -U postgres -d test -Atqc 'SELECT 1' >/dev/null \
+      || die "cannot connect to postgres://postgres@127.0.0.1:5432/test"
+  fi
+  log "PostgreSQL ready on 127.0.0.1:5432"
+}
+
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
+
+ensure_redis() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  if ! redis_up; then
+    log "Redis is down; starting it"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null \
+      || die "redis-server could not start"
+    for _ in $(seq 1 40); do redis_up && break; sleep 0.25; done
+    redis_up || die "Redis did not answer PING on 127.0.0.1:6379 within 10 s"
+  fi
+  log "Redis ready on 127.0.0.1:6379"
+}
+
+case "${1:-all}" in
+  postgres) ensure_postgres ;;
+  redis) ensure_redis ;;
+  all) ensure_postgres; ensure_redis ;;
+  *) die "usage: $0 [postgres|redis|all]" ;;
+esac

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: starts what the tests need, then runs every test of the workspace.
+#   scripts/test.sh            # all tests
+#   scripts/test.sh -p idemgate # extra arguments go to `cargo test`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/services.sh all
+
+export IDEMGATE_TEST_POSTGRES_URL="${IDEMGATE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export IDEMGATE_TEST_REDIS_URL="${IDEMGATE_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+
+cargo test --workspace --all-targets "$@"
+cargo test --workspace --doc "$@"
