@@ -33,7 +33,9 @@ pub fn decide<'a>(snapshot: &'a Snapshot, fingerprint: &Fingerprint) -> Decision
         return Decision::Mismatch;
     }
     match (record.status, &record.response) {
-        (RecordStatus::Completed | RecordStatus::Failed, Some(response)) => Decision::Replay(response),
+        (RecordStatus::Completed | RecordStatus::Failed, Some(response)) => {
+            Decision::Replay(response)
+        }
         _ if record.lease_is_live(snapshot.now) => {
             let left = record
                 .locked_until
@@ -97,12 +99,16 @@ mod tests {
         let s = snapshot(RecordStatus::Processing, Some(7_400), 1_000);
         assert_eq!(
             decide(&s, &fp(1)),
-            Decision::InProgress { retry_after: Duration::from_millis(6_400) }
+            Decision::InProgress {
+                retry_after: Duration::from_millis(6_400)
+            }
         );
         let s = snapshot(RecordStatus::Processing, Some(1_200), 1_000);
         assert_eq!(
             decide(&s, &fp(1)),
-            Decision::InProgress { retry_after: Duration::from_secs(1) }
+            Decision::InProgress {
+                retry_after: Duration::from_secs(1)
+            }
         );
     }
 
@@ -110,15 +116,23 @@ mod tests {
     fn final_records_replay() {
         for status in [RecordStatus::Completed, RecordStatus::Failed] {
             let s = snapshot(status, None, 0);
-            assert!(matches!(decide(&s, &fp(1)), Decision::Replay(r) if r.status == StatusCode::CREATED));
+            assert!(
+                matches!(decide(&s, &fp(1)), Decision::Replay(r) if r.status == StatusCode::CREATED)
+            );
         }
     }
 
     #[test]
     fn released_and_lapsed_records_are_claimable() {
-        assert_eq!(decide(&snapshot(RecordStatus::Released, None, 0), &fp(1)), Decision::Claimable);
         assert_eq!(
-            decide(&snapshot(RecordStatus::Processing, Some(1_000), 1_000), &fp(1)),
+            decide(&snapshot(RecordStatus::Released, None, 0), &fp(1)),
+            Decision::Claimable
+        );
+        assert_eq!(
+            decide(
+                &snapshot(RecordStatus::Processing, Some(1_000), 1_000),
+                &fp(1)
+            ),
             Decision::Claimable
         );
     }

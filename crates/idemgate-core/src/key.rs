@@ -182,13 +182,20 @@ mod tests {
         assert_eq!(parse(uuid.as_bytes()).unwrap(), uuid);
         assert_eq!(parse(format!("\"{uuid}\"").as_bytes()).unwrap(), uuid);
         assert_eq!(parse(b"  abc\t").unwrap(), "abc");
-        assert_eq!(parse(b"a;b=c").unwrap(), "a;b=c", "';' is printable ASCII in the bare form");
+        assert_eq!(
+            parse(b"a;b=c").unwrap(),
+            "a;b=c",
+            "';' is printable ASCII in the bare form"
+        );
     }
 
     #[test]
     fn quoted_form_allows_commas_spaces_and_escapes() {
         assert_eq!(parse(br#""a, b""#).unwrap(), "a, b");
-        assert_eq!(parse(br#""say \"hi\" \\ bye""#).unwrap(), r#"say "hi" \ bye"#);
+        assert_eq!(
+            parse(br#""say \"hi\" \\ bye""#).unwrap(),
+            r#"say "hi" \ bye"#
+        );
     }
 
     #[test]
@@ -232,11 +239,17 @@ mod tests {
         assert_eq!(IdempotencyKey::from_headers(&headers, 255), Ok(None));
         headers.append(&IDEMPOTENCY_KEY, HeaderValue::from_static("one"));
         assert_eq!(
-            IdempotencyKey::from_headers(&headers, 255).unwrap().unwrap().as_str(),
+            IdempotencyKey::from_headers(&headers, 255)
+                .unwrap()
+                .unwrap()
+                .as_str(),
             "one"
         );
         headers.append(&IDEMPOTENCY_KEY, HeaderValue::from_static("one"));
-        assert_eq!(IdempotencyKey::from_headers(&headers, 255), Err(KeyError::Repeated));
+        assert_eq!(
+            IdempotencyKey::from_headers(&headers, 255),
+            Err(KeyError::Repeated)
+        );
     }
 
     #[test]

@@ -93,7 +93,9 @@ impl MemoryStore {
     /// Drops every expired record now and returns how many went.
     pub fn purge_expired(&self) -> usize {
         let now = Timestamp::now();
-        (0..SHARDS).map(|i| self.sweep(&mut self.lock(i), now)).sum()
+        (0..SHARDS)
+            .map(|i| self.sweep(&mut self.lock(i), now))
+            .sum()
     }
 
     fn shard_of(identity: &IdentityDigest) -> usize {
@@ -103,7 +105,9 @@ impl MemoryStore {
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         // A panic elsewhere cannot leave a shard half-updated: every update below is
         // a single assignment or map operation.
-        self.shards[shard].lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn sweep(&self, shard: &mut Shard, now: Timestamp) -> usize {
@@ -130,7 +134,9 @@ impl MemoryStore {
         };
         let try_reserve = || {
             self.len
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < capacity).then_some(n + 1))
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < capacity).then_some(n + 1)
+                })
                 .is_ok()
         };
         if try_reserve() {
@@ -179,15 +185,24 @@ impl Store for MemoryStore {
         let mut shard = self.lock(index);
         self.sweep_if_due(&mut shard, now);
         let locked_until = now.saturating_add(request.lease);
-        if let Some(record) = shard.records.get_mut(&digest).filter(|r| r.expires_at > now) {
+        if let Some(record) = shard
+            .records
+            .get_mut(&digest)
+            .filter(|r| r.expires_at > now)
+        {
             let origin = match record.status {
                 _ if record.fingerprint != request.fingerprint => None,
                 RecordStatus::Released => Some(LeaseOrigin::Released),
-                RecordStatus::Processing if !record.lease_is_live(now) => Some(LeaseOrigin::TakenOver),
+                RecordStatus::Processing if !record.lease_is_live(now) => {
+                    Some(LeaseOrigin::TakenOver)
+                }
                 _ => None,
             };
             let Some(origin) = origin else {
-                return Ok(Claim::Existing(Snapshot { record: record.clone(), now }));
+                return Ok(Claim::Existing(Snapshot {
+                    record: record.clone(),
+                    now,
+                }));
             };
             record.status = RecordStatus::Processing;
             record.token = self.next_token();
@@ -226,7 +241,11 @@ impl Store for MemoryStore {
         Ok(Claim::Acquired(lease))
     }
 
-    async fn complete(&self, lease: &Lease, completion: &Completion) -> Result<FencedWrite, StoreError> {
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
         let write = self.fenced(lease, |shard, now| {
             if let Some(record) = shard.records.get_mut(&lease.identity) {
                 record.status = completion.status.into();
@@ -275,7 +294,10 @@ impl Store for MemoryStore {
             .records
             .get(identity)
             .filter(|record| record.expires_at > now)
-            .map(|record| Snapshot { record: record.clone(), now }))
+            .map(|record| Snapshot {
+                record: record.clone(),
+                now,
+            }))
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {

@@ -200,7 +200,11 @@ impl StoredResponse {
             1 => StoredBody::Retained(bytes),
             _ => return Err(DecodeError("invalid body tag")),
         };
-        Ok(Self { status, headers, body })
+        Ok(Self {
+            status,
+            headers,
+            body,
+        })
     }
 
     fn put_headers(&self, out: &mut BytesMut) {
@@ -273,7 +277,8 @@ pub struct Record {
 impl Record {
     /// Whether a `Processing` record's holder may still be running it at `now`.
     pub fn lease_is_live(&self, now: Timestamp) -> bool {
-        self.status == RecordStatus::Processing && self.locked_until.is_some_and(|until| until > now)
+        self.status == RecordStatus::Processing
+            && self.locked_until.is_some_and(|until| until > now)
     }
 }
 
@@ -285,10 +290,22 @@ mod tests {
         StoredResponse {
             status: StatusCode::CREATED,
             headers: vec![
-                (HeaderName::from_static("location"), HeaderValue::from_static("/orders/1")),
-                (HeaderName::from_static("x-a"), HeaderValue::from_static("1")),
-                (HeaderName::from_static("x-a"), HeaderValue::from_static("2")),
-                (HeaderName::from_static("x-bin"), HeaderValue::from_bytes(b"caf\xe9").unwrap()),
+                (
+                    HeaderName::from_static("location"),
+                    HeaderValue::from_static("/orders/1"),
+                ),
+                (
+                    HeaderName::from_static("x-a"),
+                    HeaderValue::from_static("1"),
+                ),
+                (
+                    HeaderName::from_static("x-a"),
+                    HeaderValue::from_static("2"),
+                ),
+                (
+                    HeaderName::from_static("x-bin"),
+                    HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+                ),
             ],
             body,
         }
@@ -314,7 +331,10 @@ mod tests {
     fn corrupt_encodings_are_errors_not_panics() {
         let encoded = sample(StoredBody::Retained(Bytes::from_static(b"body"))).encode();
         for len in 0..encoded.len() - 4 {
-            assert!(StoredResponse::decode(encoded.slice(..len)).is_err(), "prefix of {len}");
+            assert!(
+                StoredResponse::decode(encoded.slice(..len)).is_err(),
+                "prefix of {len}"
+            );
         }
         assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00\x00")).is_err());
         assert!(StoredResponse::decode_headers(b"\x00\x01\x00\x02a").is_err());

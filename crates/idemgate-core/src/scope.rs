@@ -182,7 +182,10 @@ mod tests {
     #[test]
     fn every_part_of_the_identity_separates_operations() {
         let base = identity("alice", "POST", "/orders", "k1");
-        assert_eq!(base.digest(), identity("alice", "POST", "/orders", "k1").digest());
+        assert_eq!(
+            base.digest(),
+            identity("alice", "POST", "/orders", "k1").digest()
+        );
         for other in [
             identity("bob", "POST", "/orders", "k1"),
             identity("alice", "PATCH", "/orders", "k1"),

@@ -53,7 +53,10 @@ impl ChangeSignals {
 
     /// How many identities have waiters (for tests and metrics).
     pub fn waiting_identities(&self) -> usize {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 
@@ -87,7 +90,12 @@ mod tests {
     async fn wait_is_bounded_by_its_timeout() {
         let signals = ChangeSignals::new();
         let start = Instant::now();
-        signals.wait(&IdentityDigest::from_bytes([1; 32]), Duration::from_millis(20)).await;
+        signals
+            .wait(
+                &IdentityDigest::from_bytes([1; 32]),
+                Duration::from_millis(20),
+            )
+            .await;
         assert!(start.elapsed() >= Duration::from_millis(20));
         assert_eq!(signals.waiting_identities(), 0);
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::fingerprint::Fingerprint;
-use crate::record::{OperationId, FencingToken, Record, RecordStatus, StoredResponse};
+use crate::record::{FencingToken, OperationId, Record, RecordStatus, StoredResponse};
 use crate::scope::{Identity, IdentityDigest};
 use crate::time::Timestamp;
 
@@ -37,8 +37,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores the final response: status `Completed` or `Failed`,
     /// `expires_at = now + completion.ttl`.
-    async fn complete(&self, lease: &Lease, completion: &Completion)
-    -> Result<FencedWrite, StoreError>;
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError>;
 
     /// Marks the record `Released`: claimable again, same operation id.
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError>;

@@ -49,9 +49,23 @@ mod tests {
     #[test]
     fn arithmetic_saturates() {
         let t = Timestamp::from_millis(1_000);
-        assert_eq!(t.saturating_add(Duration::from_millis(500)).as_millis(), 1_500);
-        assert_eq!(t.duration_since(Timestamp::from_millis(400)), Duration::from_millis(600));
-        assert_eq!(t.duration_since(Timestamp::from_millis(4_000)), Duration::ZERO);
-        assert_eq!(Timestamp::from_millis(i64::MAX).saturating_add(Duration::MAX).as_millis(), i64::MAX);
+        assert_eq!(
+            t.saturating_add(Duration::from_millis(500)).as_millis(),
+            1_500
+        );
+        assert_eq!(
+            t.duration_since(Timestamp::from_millis(400)),
+            Duration::from_millis(600)
+        );
+        assert_eq!(
+            t.duration_since(Timestamp::from_millis(4_000)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            Timestamp::from_millis(i64::MAX)
+                .saturating_add(Duration::MAX)
+                .as_millis(),
+            i64::MAX
+        );
     }
 }

@@ -17,7 +17,10 @@ async fn capacity_refuses_new_claims_and_never_evicts_a_live_record() {
     let store = MemoryStore::new().with_capacity(3);
     let requests: Vec<_> = (0..3).map(|_| fresh_request()).collect();
     for request in &requests {
-        assert!(matches!(store.try_claim(request).await.unwrap(), Claim::Acquired(_)));
+        assert!(matches!(
+            store.try_claim(request).await.unwrap(),
+            Claim::Acquired(_)
+        ));
     }
     let err = store.try_claim(&fresh_request()).await.unwrap_err();
     assert!(matches!(err, StoreError::Full), "{err:?}");
@@ -34,11 +37,20 @@ async fn capacity_refuses_new_claims_and_never_evicts_a_live_record() {
 async fn capacity_is_freed_by_expired_records() {
     let store = MemoryStore::new().with_capacity(2);
     for _ in 0..2 {
-        let request = idemgate_core::ClaimRequest { ttl: Duration::from_millis(50), ..fresh_request() };
-        assert!(matches!(store.try_claim(&request).await.unwrap(), Claim::Acquired(_)));
+        let request = idemgate_core::ClaimRequest {
+            ttl: Duration::from_millis(50),
+            ..fresh_request()
+        };
+        assert!(matches!(
+            store.try_claim(&request).await.unwrap(),
+            Claim::Acquired(_)
+        ));
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(matches!(store.try_claim(&fresh_request()).await.unwrap(), Claim::Acquired(_)));
+    assert!(matches!(
+        store.try_claim(&fresh_request()).await.unwrap(),
+        Claim::Acquired(_)
+    ));
     assert!(store.len() <= 2, "capacity exceeded: {}", store.len());
 }
 
@@ -46,7 +58,10 @@ async fn capacity_is_freed_by_expired_records() {
 async fn expiry_frees_memory() {
     let store = MemoryStore::new();
     for _ in 0..1_000 {
-        let request = idemgate_core::ClaimRequest { ttl: Duration::from_millis(50), ..fresh_request() };
+        let request = idemgate_core::ClaimRequest {
+            ttl: Duration::from_millis(50),
+            ..fresh_request()
+        };
         let _ = store.try_claim(&request).await.unwrap();
     }
     assert_eq!(store.len(), 1_000);
@@ -59,7 +74,10 @@ async fn expiry_frees_memory() {
 async fn shards_sweep_themselves_while_in_use() {
     let store = MemoryStore::new();
     for _ in 0..500 {
-        let request = idemgate_core::ClaimRequest { ttl: Duration::from_millis(50), ..fresh_request() };
+        let request = idemgate_core::ClaimRequest {
+            ttl: Duration::from_millis(50),
+            ..fresh_request()
+        };
         let _ = store.try_claim(&request).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(1_100)).await;
@@ -67,5 +85,9 @@ async fn shards_sweep_themselves_while_in_use() {
     for _ in 0..2_000 {
         let _ = store.try_claim(&fresh_request()).await.unwrap();
     }
-    assert_eq!(store.len(), 2_000, "expired records should have been swept by normal traffic");
+    assert_eq!(
+        store.len(),
+        2_000,
+        "expired records should have been swept by normal traffic"
+    );
 }

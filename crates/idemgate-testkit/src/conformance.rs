@@ -27,7 +27,13 @@ const DAY: Duration = Duration::from_secs(86_400);
 
 /// A claim request for a fresh, random identity.
 pub fn fresh_request() -> ClaimRequest {
-    request_for(&uuid::Uuid::new_v4().to_string(), "POST", "/orders", "key-1", 1)
+    request_for(
+        &uuid::Uuid::new_v4().to_string(),
+        "POST",
+        "/orders",
+        "key-1",
+        1,
+    )
 }
 
 /// A claim request built from its parts; `body` picks the fingerprint.
@@ -38,7 +44,10 @@ pub fn request_for(principal: &str, method: &str, path: &str, key: &str, body: u
         path: path.into(),
     };
     ClaimRequest {
-        identity: Identity::new(scope, IdempotencyKey::parse(key.as_bytes(), 255).expect("valid key")),
+        identity: Identity::new(
+            scope,
+            IdempotencyKey::parse(key.as_bytes(), 255).expect("valid key"),
+        ),
         fingerprint: Fingerprint::from_bytes([body; 32]),
         lease: LONG,
         ttl: DAY,
@@ -51,13 +60,30 @@ pub fn awkward_response() -> StoredResponse {
     StoredResponse {
         status: StatusCode::CREATED,
         headers: vec![
-            (HeaderName::from_static("location"), HeaderValue::from_static("/orders/7")),
-            (HeaderName::from_static("x-tag"), HeaderValue::from_static("b")),
-            (HeaderName::from_static("content-type"), HeaderValue::from_static("application/octet-stream")),
-            (HeaderName::from_static("x-tag"), HeaderValue::from_static("a")),
-            (HeaderName::from_static("x-latin1"), HeaderValue::from_bytes(b"caf\xe9").expect("obs-text")),
+            (
+                HeaderName::from_static("location"),
+                HeaderValue::from_static("/orders/7"),
+            ),
+            (
+                HeaderName::from_static("x-tag"),
+                HeaderValue::from_static("b"),
+            ),
+            (
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (
+                HeaderName::from_static("x-tag"),
+                HeaderValue::from_static("a"),
+            ),
+            (
+                HeaderName::from_static("x-latin1"),
+                HeaderValue::from_bytes(b"caf\xe9").expect("obs-text"),
+            ),
         ],
-        body: StoredBody::Retained(Bytes::from((0..=255u8).chain((0..=255u8).rev()).collect::<Vec<_>>())),
+        body: StoredBody::Retained(Bytes::from(
+            (0..=255u8).chain((0..=255u8).rev()).collect::<Vec<_>>(),
+        )),
     }
 }
 
@@ -72,7 +98,9 @@ fn completion(response: StoredResponse) -> Completion {
 async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
     match store.try_claim(request).await.expect("claim") {
         Claim::Acquired(lease) => lease,
-        Claim::Existing(snapshot) => panic!("expected to acquire, found {:?}", snapshot.record.status),
+        Claim::Existing(snapshot) => {
+            panic!("expected to acquire, found {:?}", snapshot.record.status)
+        }
     }
 }
 
@@ -94,7 +122,11 @@ pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
     let barrier = Arc::new(Barrier::new(RACERS));
     let tasks: Vec<_> = (0..RACERS)
         .map(|_| {
-            let (store, request, barrier) = (Arc::clone(&store), Arc::clone(&request), Arc::clone(&barrier));
+            let (store, request, barrier) = (
+                Arc::clone(&store),
+                Arc::clone(&request),
+                Arc::clone(&barrier),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 store.try_claim(&request).await.expect("claim")
@@ -109,7 +141,12 @@ pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
             Claim::Existing(snapshot) => losers.push(snapshot),
         }
     }
-    assert_eq!(winners.len(), 1, "{} of {RACERS} concurrent claims won; exactly one may", winners.len());
+    assert_eq!(
+        winners.len(),
+        1,
+        "{} of {RACERS} concurrent claims won; exactly one may",
+        winners.len()
+    );
     let winner = &winners[0];
     assert_eq!(winner.origin, LeaseOrigin::New);
     for loser in &losers {
@@ -125,7 +162,13 @@ pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
 pub async fn complete_then_claim_replays(store: Arc<dyn Store>) {
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
-    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    assert_eq!(
+        store
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
     let snapshot = existing(&*store, &request).await;
     assert_eq!(snapshot.record.status, RecordStatus::Completed);
     assert_eq!(snapshot.record.operation_id, lease.operation_id);
@@ -145,8 +188,15 @@ pub async fn failed_completion_is_stored(store: Arc<dyn Store>) {
         headers: vec![],
         body: StoredBody::Retained(Bytes::from_static(b"boom")),
     };
-    let failed = Completion { status: FinalStatus::Failed, response: response.clone(), ttl: DAY };
-    assert_eq!(store.complete(&lease, &failed).await.expect("complete"), FencedWrite::Applied);
+    let failed = Completion {
+        status: FinalStatus::Failed,
+        response: response.clone(),
+        ttl: DAY,
+    };
+    assert_eq!(
+        store.complete(&lease, &failed).await.expect("complete"),
+        FencedWrite::Applied
+    );
     let snapshot = existing(&*store, &request).await;
     assert_eq!(snapshot.record.status, RecordStatus::Failed);
     assert_eq!(snapshot.record.response, Some(response));
@@ -156,19 +206,35 @@ pub async fn failed_completion_is_stored(store: Arc<dyn Store>) {
 /// state, and never taken over (not even when released or lapsed).
 pub async fn fingerprint_mismatch_is_visible(store: Arc<dyn Store>) {
     let request = fresh_request();
-    let other = ClaimRequest { fingerprint: Fingerprint::from_bytes([2; 32]), ..request.clone() };
+    let other = ClaimRequest {
+        fingerprint: Fingerprint::from_bytes([2; 32]),
+        ..request.clone()
+    };
     let lease = acquire(&*store, &request).await;
     let seen = existing(&*store, &other).await;
     assert_eq!(seen.record.fingerprint, request.fingerprint);
     assert_eq!(seen.record.status, RecordStatus::Processing);
 
-    assert_eq!(store.release(&lease).await.expect("release"), FencedWrite::Applied);
+    assert_eq!(
+        store.release(&lease).await.expect("release"),
+        FencedWrite::Applied
+    );
     let seen = existing(&*store, &other).await;
-    assert_eq!(seen.record.status, RecordStatus::Released, "a released record is not taken over by another fingerprint");
+    assert_eq!(
+        seen.record.status,
+        RecordStatus::Released,
+        "a released record is not taken over by another fingerprint"
+    );
     assert_eq!(seen.record.operation_id, lease.operation_id);
 
     let lease = acquire(&*store, &request).await;
-    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    assert_eq!(
+        store
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
     let seen = existing(&*store, &other).await;
     assert_eq!(seen.record.status, RecordStatus::Completed);
     assert_eq!(seen.record.fingerprint, request.fingerprint);
@@ -178,31 +244,65 @@ pub async fn fingerprint_mismatch_is_visible(store: Arc<dyn Store>) {
 pub async fn release_makes_the_record_claimable(store: Arc<dyn Store>) {
     let request = fresh_request();
     let first = acquire(&*store, &request).await;
-    assert_eq!(store.release(&first).await.expect("release"), FencedWrite::Applied);
-    let read = get(&*store, &request).await.expect("released record is kept");
+    assert_eq!(
+        store.release(&first).await.expect("release"),
+        FencedWrite::Applied
+    );
+    let read = get(&*store, &request)
+        .await
+        .expect("released record is kept");
     assert_eq!(read.record.status, RecordStatus::Released);
     let second = acquire(&*store, &request).await;
     assert_eq!(second.origin, LeaseOrigin::Released);
-    assert_eq!(second.operation_id, first.operation_id, "a release keeps the operation id");
+    assert_eq!(
+        second.operation_id, first.operation_id,
+        "a release keeps the operation id"
+    );
     assert_ne!(second.token, first.token, "every claim gets a new token");
-    assert_eq!(store.complete(&first, &completion(awkward_response())).await.expect("complete"), FencedWrite::Refused);
-    assert_eq!(store.complete(&second, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    assert_eq!(
+        store
+            .complete(&first, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        store
+            .complete(&second, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
 }
 
 /// A live lease is never taken over; once it lapses, exactly one of many concurrent
 /// claimants takes it over, with the same operation id and a new token.
 pub async fn lapsed_lease_has_exactly_one_takeover(store: Arc<dyn Store>) {
-    let request = ClaimRequest { lease: Duration::from_millis(300), ..fresh_request() };
+    let request = ClaimRequest {
+        lease: Duration::from_millis(300),
+        ..fresh_request()
+    };
     let first = acquire(&*store, &request).await;
     let live = existing(&*store, &request).await;
-    assert_eq!(live.record.status, RecordStatus::Processing, "a live lease is not taken over");
+    assert_eq!(
+        live.record.status,
+        RecordStatus::Processing,
+        "a live lease is not taken over"
+    );
     tokio::time::sleep(Duration::from_millis(600)).await;
 
-    let request = Arc::new(ClaimRequest { lease: LONG, ..request });
+    let request = Arc::new(ClaimRequest {
+        lease: LONG,
+        ..request
+    });
     let barrier = Arc::new(Barrier::new(16));
     let tasks: Vec<_> = (0..16)
         .map(|_| {
-            let (store, request, barrier) = (Arc::clone(&store), Arc::clone(&request), Arc::clone(&barrier));
+            let (store, request, barrier) = (
+                Arc::clone(&store),
+                Arc::clone(&request),
+                Arc::clone(&barrier),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 store.try_claim(&request).await.expect("claim")
@@ -215,9 +315,17 @@ pub async fn lapsed_lease_has_exactly_one_takeover(store: Arc<dyn Store>) {
             takeovers.push(lease);
         }
     }
-    assert_eq!(takeovers.len(), 1, "{} concurrent takeovers of one lapsed lease; exactly one may", takeovers.len());
+    assert_eq!(
+        takeovers.len(),
+        1,
+        "{} concurrent takeovers of one lapsed lease; exactly one may",
+        takeovers.len()
+    );
     assert_eq!(takeovers[0].origin, LeaseOrigin::TakenOver);
-    assert_eq!(takeovers[0].operation_id, first.operation_id, "a takeover keeps the operation id");
+    assert_eq!(
+        takeovers[0].operation_id, first.operation_id,
+        "a takeover keeps the operation id"
+    );
     assert_ne!(takeovers[0].token, first.token);
 }
 
@@ -225,41 +333,114 @@ pub async fn lapsed_lease_has_exactly_one_takeover(store: Arc<dyn Store>) {
 /// complete, release, renew nor delete; nor does a lease with the right operation id
 /// and a wrong token, or the reverse.
 pub async fn stale_lease_cannot_write(store: Arc<dyn Store>) {
-    let request = ClaimRequest { lease: Duration::from_millis(200), ..fresh_request() };
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    };
     let stale = acquire(&*store, &request).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let current = acquire(&*store, &ClaimRequest { lease: LONG, ..request.clone() }).await;
+    let current = acquire(
+        &*store,
+        &ClaimRequest {
+            lease: LONG,
+            ..request.clone()
+        },
+    )
+    .await;
     assert_eq!(current.origin, LeaseOrigin::TakenOver);
 
-    let wrong_token = Lease { token: stale.token, ..current.clone() };
-    let wrong_operation = Lease { operation_id: idemgate_core::record::OperationId::random(), ..current.clone() };
+    let wrong_token = Lease {
+        token: stale.token,
+        ..current.clone()
+    };
+    let wrong_operation = Lease {
+        operation_id: idemgate_core::record::OperationId::random(),
+        ..current.clone()
+    };
     for lease in [&stale, &wrong_token, &wrong_operation] {
-        assert_eq!(store.complete(lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Refused);
-        assert_eq!(store.release(lease).await.expect("release"), FencedWrite::Refused);
-        assert_eq!(store.renew(lease, LONG).await.expect("renew"), FencedWrite::Refused);
-        assert_eq!(store.delete(lease).await.expect("delete"), FencedWrite::Refused);
+        assert_eq!(
+            store
+                .complete(lease, &completion(awkward_response()))
+                .await
+                .expect("complete"),
+            FencedWrite::Refused
+        );
+        assert_eq!(
+            store.release(lease).await.expect("release"),
+            FencedWrite::Refused
+        );
+        assert_eq!(
+            store.renew(lease, LONG).await.expect("renew"),
+            FencedWrite::Refused
+        );
+        assert_eq!(
+            store.delete(lease).await.expect("delete"),
+            FencedWrite::Refused
+        );
     }
     let read = get(&*store, &request).await.expect("record untouched");
     assert_eq!(read.record.status, RecordStatus::Processing);
     assert_eq!(read.record.token, current.token);
     assert!(read.record.lease_is_live(read.now));
-    assert_eq!(store.complete(&current, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    assert_eq!(
+        store
+            .complete(&current, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
 }
 
 /// A lease from an expired earlier incarnation of the same identity cannot write to
 /// the new one, which is a new operation.
 pub async fn expired_incarnation_cannot_write(store: Arc<dyn Store>) {
-    let request = ClaimRequest { lease: Duration::from_millis(200), ttl: Duration::from_millis(400), ..fresh_request() };
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ttl: Duration::from_millis(400),
+        ..fresh_request()
+    };
     let old = acquire(&*store, &request).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let new = acquire(&*store, &ClaimRequest { lease: LONG, ttl: DAY, ..request.clone() }).await;
+    let new = acquire(
+        &*store,
+        &ClaimRequest {
+            lease: LONG,
+            ttl: DAY,
+            ..request.clone()
+        },
+    )
+    .await;
     assert_eq!(new.origin, LeaseOrigin::New, "an expired record is absent");
-    assert_ne!(new.operation_id, old.operation_id, "an expired key starts a new operation");
-    assert_eq!(store.complete(&old, &completion(awkward_response())).await.expect("complete"), FencedWrite::Refused);
-    assert_eq!(store.release(&old).await.expect("release"), FencedWrite::Refused);
-    assert_eq!(store.renew(&old, LONG).await.expect("renew"), FencedWrite::Refused);
-    assert_eq!(store.delete(&old).await.expect("delete"), FencedWrite::Refused);
-    assert_eq!(store.complete(&new, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    assert_ne!(
+        new.operation_id, old.operation_id,
+        "an expired key starts a new operation"
+    );
+    assert_eq!(
+        store
+            .complete(&old, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        store.release(&old).await.expect("release"),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        store.renew(&old, LONG).await.expect("renew"),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        store.delete(&old).await.expect("delete"),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        store
+            .complete(&new, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
 }
 
 /// A completed record expires `ttl` after completion without any purge: `get` no
@@ -267,11 +448,20 @@ pub async fn expired_incarnation_cannot_write(store: Arc<dyn Store>) {
 pub async fn ttl_expiry_without_purge(store: Arc<dyn Store>) {
     let request = fresh_request();
     let first = acquire(&*store, &request).await;
-    let short = Completion { ttl: Duration::from_millis(400), ..completion(awkward_response()) };
-    assert_eq!(store.complete(&first, &short).await.expect("complete"), FencedWrite::Applied);
+    let short = Completion {
+        ttl: Duration::from_millis(400),
+        ..completion(awkward_response())
+    };
+    assert_eq!(
+        store.complete(&first, &short).await.expect("complete"),
+        FencedWrite::Applied
+    );
     assert!(get(&*store, &request).await.is_some());
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(get(&*store, &request).await.is_none(), "an expired record is absent to get");
+    assert!(
+        get(&*store, &request).await.is_none(),
+        "an expired record is absent to get"
+    );
     let second = acquire(&*store, &request).await;
     assert_eq!(second.origin, LeaseOrigin::New);
     assert_ne!(second.operation_id, first.operation_id);
@@ -280,24 +470,47 @@ pub async fn ttl_expiry_without_purge(store: Arc<dyn Store>) {
 /// Completion restarts the TTL: a record claimed with a short TTL lives `ttl` after
 /// it completes.
 pub async fn completion_restarts_the_ttl(store: Arc<dyn Store>) {
-    let request = ClaimRequest { ttl: Duration::from_millis(500), ..fresh_request() };
+    let request = ClaimRequest {
+        ttl: Duration::from_millis(500),
+        ..fresh_request()
+    };
     let lease = acquire(&*store, &request).await;
-    let long = Completion { ttl: DAY, ..completion(awkward_response()) };
-    assert_eq!(store.complete(&lease, &long).await.expect("complete"), FencedWrite::Applied);
+    let long = Completion {
+        ttl: DAY,
+        ..completion(awkward_response())
+    };
+    assert_eq!(
+        store.complete(&lease, &long).await.expect("complete"),
+        FencedWrite::Applied
+    );
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let read = get(&*store, &request).await.expect("completion set expires_at = now + ttl");
+    let read = get(&*store, &request)
+        .await
+        .expect("completion set expires_at = now + ttl");
     assert_eq!(read.record.status, RecordStatus::Completed);
 }
 
 /// Renewal pushes `locked_until` out, so a live holder is not taken over.
 pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
-    let request = ClaimRequest { lease: Duration::from_millis(400), ..fresh_request() };
+    let request = ClaimRequest {
+        lease: Duration::from_millis(400),
+        ..fresh_request()
+    };
     let lease = acquire(&*store, &request).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert_eq!(store.renew(&lease, Duration::from_secs(5)).await.expect("renew"), FencedWrite::Applied);
+    assert_eq!(
+        store
+            .renew(&lease, Duration::from_secs(5))
+            .await
+            .expect("renew"),
+        FencedWrite::Applied
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let seen = existing(&*store, &request).await;
-    assert_eq!(seen.record.token, lease.token, "a renewed lease was taken over");
+    assert_eq!(
+        seen.record.token, lease.token,
+        "a renewed lease was taken over"
+    );
     assert!(seen.record.lease_is_live(seen.now));
 }
 
@@ -305,9 +518,15 @@ pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
 pub async fn delete_frees_the_key(store: Arc<dyn Store>) {
     let request = fresh_request();
     let first = acquire(&*store, &request).await;
-    assert_eq!(store.delete(&first).await.expect("delete"), FencedWrite::Applied);
+    assert_eq!(
+        store.delete(&first).await.expect("delete"),
+        FencedWrite::Applied
+    );
     assert!(get(&*store, &request).await.is_none());
-    let corrected = ClaimRequest { fingerprint: Fingerprint::from_bytes([9; 32]), ..request };
+    let corrected = ClaimRequest {
+        fingerprint: Fingerprint::from_bytes([9; 32]),
+        ..request
+    };
     let second = acquire(&*store, &corrected).await;
     assert_eq!(second.origin, LeaseOrigin::New);
     assert_ne!(second.operation_id, first.operation_id);
@@ -317,11 +536,33 @@ pub async fn delete_frees_the_key(store: Arc<dyn Store>) {
 pub async fn completed_record_refuses_further_writes(store: Arc<dyn Store>) {
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
-    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
-    let other = StoredResponse { status: StatusCode::OK, headers: vec![], body: StoredBody::NotRetained };
-    assert_eq!(store.complete(&lease, &completion(other)).await.expect("complete"), FencedWrite::Refused);
-    assert_eq!(store.release(&lease).await.expect("release"), FencedWrite::Refused);
-    assert_eq!(store.delete(&lease).await.expect("delete"), FencedWrite::Refused);
+    assert_eq!(
+        store
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
+    let other = StoredResponse {
+        status: StatusCode::OK,
+        headers: vec![],
+        body: StoredBody::NotRetained,
+    };
+    assert_eq!(
+        store
+            .complete(&lease, &completion(other))
+            .await
+            .expect("complete"),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        store.release(&lease).await.expect("release"),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        store.delete(&lease).await.expect("delete"),
+        FencedWrite::Refused
+    );
     let read = get(&*store, &request).await.expect("kept");
     assert_eq!(read.record.response, Some(awkward_response()));
 }
@@ -332,7 +573,13 @@ pub async fn scopes_are_isolated(store: Arc<dyn Store>) {
     let other_principal = uuid::Uuid::new_v4().to_string();
     let base = request_for(&principal, "POST", "/orders", "shared-key", 1);
     let lease = acquire(&*store, &base).await;
-    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    assert_eq!(
+        store
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
     for other in [
         request_for(&other_principal, "POST", "/orders", "shared-key", 1),
         request_for(&principal, "PATCH", "/orders", "shared-key", 1),
@@ -340,25 +587,54 @@ pub async fn scopes_are_isolated(store: Arc<dyn Store>) {
     ] {
         let lease = acquire(&*store, &other).await;
         assert_eq!(lease.origin, LeaseOrigin::New);
-        assert!(get(&*store, &other).await.expect("own record").record.response.is_none());
+        assert!(
+            get(&*store, &other)
+                .await
+                .expect("own record")
+                .record
+                .response
+                .is_none()
+        );
     }
-    assert_eq!(existing(&*store, &base).await.record.response, Some(awkward_response()));
+    assert_eq!(
+        existing(&*store, &base).await.record.response,
+        Some(awkward_response())
+    );
 }
 
 /// Headers keep their order and repeats, values their bytes, bodies every byte; a
 /// "not retained" body stays distinct from an empty one.
 pub async fn responses_round_trip_byte_exact(store: Arc<dyn Store>) {
     let big = StoredResponse {
-        body: StoredBody::Retained(Bytes::from((0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>())),
+        body: StoredBody::Retained(Bytes::from(
+            (0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
+        )),
         ..awkward_response()
     };
-    let empty = StoredResponse { body: StoredBody::Retained(Bytes::new()), headers: vec![], ..awkward_response() };
-    let not_retained = StoredResponse { body: StoredBody::NotRetained, ..awkward_response() };
+    let empty = StoredResponse {
+        body: StoredBody::Retained(Bytes::new()),
+        headers: vec![],
+        ..awkward_response()
+    };
+    let not_retained = StoredResponse {
+        body: StoredBody::NotRetained,
+        ..awkward_response()
+    };
     for response in [awkward_response(), big, empty, not_retained] {
         let request = fresh_request();
         let lease = acquire(&*store, &request).await;
-        assert_eq!(store.complete(&lease, &completion(response.clone())).await.expect("complete"), FencedWrite::Applied);
-        let replayed = existing(&*store, &request).await.record.response.expect("stored response");
+        assert_eq!(
+            store
+                .complete(&lease, &completion(response.clone()))
+                .await
+                .expect("complete"),
+            FencedWrite::Applied
+        );
+        let replayed = existing(&*store, &request)
+            .await
+            .record
+            .response
+            .expect("stored response");
         assert_eq!(replayed, response);
     }
 }
@@ -388,7 +664,11 @@ pub async fn waiters_wake_on_completion(store: Arc<dyn Store>) {
             let start = std::time::Instant::now();
             loop {
                 store.wait_for_change(&digest, Duration::from_secs(2)).await;
-                let done = store.get(&digest).await.expect("get").is_some_and(|s| s.record.status.is_final());
+                let done = store
+                    .get(&digest)
+                    .await
+                    .expect("get")
+                    .is_some_and(|s| s.record.status.is_final());
                 if done || start.elapsed() > Duration::from_secs(20) {
                     return start.elapsed();
                 }
@@ -396,7 +676,16 @@ pub async fn waiters_wake_on_completion(store: Arc<dyn Store>) {
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(store.complete(&lease, &completion(awkward_response())).await.expect("complete"), FencedWrite::Applied);
+    assert_eq!(
+        store
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
     let waited = waiter.await.expect("waiter");
-    assert!(waited < Duration::from_secs(10), "waiter saw the completion only after {waited:?}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "waiter saw the completion only after {waited:?}"
+    );
 }

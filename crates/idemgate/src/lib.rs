@@ -1,2 +1,23 @@
-//! Idempotency-Key middleware for tower and axum (work in progress).
+#![doc = include_str!("../README.md")]
+
+pub mod context;
+mod execution;
+pub mod finality;
+mod layer;
+pub mod principal;
+pub mod problem;
+mod response;
+mod service;
+mod tasks;
+pub mod telemetry;
+
 pub use idemgate_core::*;
+
+pub use context::OperationContext;
+pub use finality::{Finality, ServerErrorPolicy};
+pub use layer::{IdempotencyLayer, PathSource};
+pub use principal::{DefaultPrincipal, Principal, PrincipalError, PrincipalExtractor};
+pub use problem::ProblemDetails;
+pub use response::{IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED};
+pub use service::Idempotency;
+pub use tasks::DetachedTasks;

@@ -430,15 +430,23 @@ mod tests {
         assert_ne!(canon("1"), canon("-1"));
         assert_eq!(canon("333333333.33333329"), "333333333.33333329");
         assert_eq!(canon("1e400"), "1e+400", "beyond f64 range is still exact");
-        assert_eq!(canon("123456789012345678901234567890"), "1.2345678901234567890123456789e+29");
+        assert_eq!(
+            canon("123456789012345678901234567890"),
+            "1.2345678901234567890123456789e+29"
+        );
     }
 
     #[test]
     fn whitespace_and_member_order_do_not_matter() {
         let a = canon(r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#);
-        let b = canon("{ \"amount\" : 1500 ,\n \"currency\":\"RUB\", \"items\" : [ { \"quantity\":1, \"id\":42 } ] }");
+        let b = canon(
+            "{ \"amount\" : 1500 ,\n \"currency\":\"RUB\", \"items\" : [ { \"quantity\":1, \"id\":42 } ] }",
+        );
         assert_eq!(a, b);
-        assert_eq!(a, r#"{"amount":1500,"currency":"RUB","items":[{"id":42,"quantity":1}]}"#);
+        assert_eq!(
+            a,
+            r#"{"amount":1500,"currency":"RUB","items":[{"id":42,"quantity":1}]}"#
+        );
     }
 
     #[test]
@@ -450,13 +458,38 @@ mod tests {
 
     #[test]
     fn refuses_what_has_no_canonical_form() {
-        assert_eq!(canonicalize(br#"{"a":1,"a":2}"#), Err(NotCanonical::DuplicateMember));
-        assert_eq!(canonicalize(br#"{"a":1,"\u0061":2}"#), Err(NotCanonical::DuplicateMember));
+        assert_eq!(
+            canonicalize(br#"{"a":1,"a":2}"#),
+            Err(NotCanonical::DuplicateMember)
+        );
+        assert_eq!(
+            canonicalize(br#"{"a":1,"\u0061":2}"#),
+            Err(NotCanonical::DuplicateMember)
+        );
         for bad in [
-            "", "{", "[1,]", "{\"a\"}", "01", "1.", ".5", "1e", "+1", "tru", "\"a", "[1] x",
-            "\"\\ud800\"", "\"\\x\"", "\"a\u{1}\"", "NaN", "1e9999999999999999999",
+            "",
+            "{",
+            "[1,]",
+            "{\"a\"}",
+            "01",
+            "1.",
+            ".5",
+            "1e",
+            "+1",
+            "tru",
+            "\"a",
+            "[1] x",
+            "\"\\ud800\"",
+            "\"\\x\"",
+            "\"a\u{1}\"",
+            "NaN",
+            "1e9999999999999999999",
         ] {
-            assert_eq!(canonicalize(bad.as_bytes()), Err(NotCanonical::Syntax), "input {bad:?}");
+            assert_eq!(
+                canonicalize(bad.as_bytes()),
+                Err(NotCanonical::Syntax),
+                "input {bad:?}"
+            );
         }
         assert_eq!(canonicalize(&[b'"', 0xff, b'"']), Err(NotCanonical::Syntax));
         let deep = "[".repeat(MAX_DEPTH + 2) + &"]".repeat(MAX_DEPTH + 2);

@@ -122,7 +122,10 @@ mod tests {
 
     #[test]
     fn equal_json_hashes_equal() {
-        assert_eq!(json(r#"{"a":1,"b":[true,null]}"#), json("{ \"b\": [true, null], \"a\": 1.0 }"));
+        assert_eq!(
+            json(r#"{"a":1,"b":[true,null]}"#),
+            json("{ \"b\": [true, null], \"a\": 1.0 }")
+        );
     }
 
     #[test]
@@ -161,7 +164,11 @@ mod tests {
             })
         };
         assert_ne!(text(r#"{"a":1}"#), text(r#"{ "a": 1 }"#));
-        assert_ne!(text(r#"{"a":1}"#), json(r#"{"a":1}"#), "content type is part of the hash");
+        assert_ne!(
+            text(r#"{"a":1}"#),
+            json(r#"{"a":1}"#),
+            "content type is part of the hash"
+        );
     }
 
     #[test]
@@ -175,10 +182,34 @@ mod tests {
             body: b"",
         };
         let fp = Fingerprint::of(base);
-        assert_ne!(fp, Fingerprint::of(FingerprintInput { method: "PATCH", ..base }));
-        assert_ne!(fp, Fingerprint::of(FingerprintInput { path: "/other", ..base }));
-        assert_ne!(fp, Fingerprint::of(FingerprintInput { query: "a=2", ..base }));
-        assert_ne!(fp, Fingerprint::of(FingerprintInput { headers: &[("x-tenant", b"8")], ..base }));
+        assert_ne!(
+            fp,
+            Fingerprint::of(FingerprintInput {
+                method: "PATCH",
+                ..base
+            })
+        );
+        assert_ne!(
+            fp,
+            Fingerprint::of(FingerprintInput {
+                path: "/other",
+                ..base
+            })
+        );
+        assert_ne!(
+            fp,
+            Fingerprint::of(FingerprintInput {
+                query: "a=2",
+                ..base
+            })
+        );
+        assert_ne!(
+            fp,
+            Fingerprint::of(FingerprintInput {
+                headers: &[("x-tenant", b"8")],
+                ..base
+            })
+        );
     }
 
     #[test]

@@ -1,0 +1,428 @@
+//! Running a claimed operation (PROTOCOL §8): detached from the client, with lease
+//! renewal, then the record settled by the finality rules under the fence.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use futures_util::{FutureExt, StreamExt};
+use http::response::Parts;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use tokio::sync::OwnedSemaphorePermit;
+use tower_service::Service;
+use tracing::Instrument;
+
+use idemgate_core::record::{StoredBody, StoredResponse};
+use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
+use idemgate_core::{BoxError, Completion, Decision, FencedWrite, Lease, StoreError, decide};
+
+use crate::context::OperationContext;
+use crate::finality::{Finality, Settlement, settle};
+use crate::layer::Config;
+use crate::problem::ProblemDetails;
+use crate::response::{replay, storable_headers};
+use crate::telemetry::{count, timed};
+
+/// One claimed operation, from spawn to settled record.
+pub(crate) struct Execution {
+    config: Arc<Config>,
+    lease: Lease,
+    /// When this process may stop trusting its lease: the start of the last
+    /// successful claim or renewal plus the lease length. Store writes are retried
+    /// until then.
+    lease_deadline: Arc<Mutex<Instant>>,
+}
+
+/// The handler's answer, its body read up to the stored-response limit.
+struct Handled {
+    parts: Parts,
+    body: CollectedBody,
+}
+
+enum CollectedBody {
+    /// The whole body, within the limit.
+    Complete(Bytes),
+    /// Over the limit: what was read, and the rest, still to stream.
+    Overflow { head: Bytes, rest: Body },
+}
+
+/// How a store write after the handler ended.
+enum Written {
+    Applied,
+    Refused,
+    /// The store stayed unavailable until the lease ran out.
+    GaveUp(StoreError),
+}
+
+impl Execution {
+    pub(crate) fn new(config: Arc<Config>, lease: Lease, claimed_at: Instant) -> Self {
+        let deadline = claimed_at + config.lease;
+        Self {
+            config,
+            lease,
+            lease_deadline: Arc::new(Mutex::new(deadline)),
+        }
+    }
+
+    /// Spawns the handler detached from the caller and waits for its answer. If
+    /// the caller goes away (the client disconnected), the task still finishes and
+    /// settles the record, so the retry replays (PITFALLS 5).
+    pub(crate) async fn spawn<S, ResBody>(
+        self,
+        inner: S,
+        mut request: Request<Body>,
+        permit: OwnedSemaphorePermit,
+    ) -> Response<Body>
+    where
+        S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError> + Send + 'static,
+        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let slot = TransactionSlot::new();
+        request.extensions_mut().insert(slot.clone());
+        request.extensions_mut().insert(OperationContext {
+            operation_id: self.lease.operation_id,
+            token: self.lease.token,
+            origin: self.lease.origin,
+        });
+        let tasks = self.config.tasks.clone();
+        let task = async move {
+            let _permit = permit;
+            let _in_flight = self.config.tasks.enter();
+            self.run(inner, request, slot).await
+        };
+        match tasks.spawn(task.in_current_span()).await {
+            Ok(response) => response,
+            Err(error) => {
+                // Only a runtime shutdown can cancel the task: the handler's own
+                // panics are caught inside it.
+                tracing::error!(%error, "detached handler task did not finish");
+                ProblemDetails::handler_failed().into_response()
+            }
+        }
+    }
+
+    async fn run<S, ResBody>(
+        self,
+        mut inner: S,
+        request: Request<Body>,
+        slot: TransactionSlot,
+    ) -> Response<Body>
+    where
+        S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError> + Send + 'static,
+        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let renewal = self.start_renewal();
+        let limit = self.config.response_limit;
+        let handler = async move {
+            let response = inner.call(request).await.map_err(Into::into)?;
+            collect(response.map(Body::new), limit).await
+        };
+        let handled = match AssertUnwindSafe(handler).catch_unwind().await {
+            Ok(Ok(handled)) => Some(handled),
+            Ok(Err(error)) => {
+                tracing::error!(%error, "handler failed");
+                None
+            }
+            Err(_) => {
+                tracing::error!("handler panicked");
+                None
+            }
+        };
+        let response = self.settle(handled, slot.take()).await;
+        renewal.abort();
+        response
+    }
+
+    /// Renews the lease every third of its length until aborted. A renewal the
+    /// store refuses means another holder took over; the handler keeps running and
+    /// its completion will be fenced.
+    fn start_renewal(&self) -> tokio::task::JoinHandle<()> {
+        let store = Arc::clone(&self.config.store);
+        let lease = self.lease.clone();
+        let length = self.config.lease;
+        let deadline = Arc::clone(&self.lease_deadline);
+        tokio::spawn(
+            async move {
+                let period = length / 3;
+                let mut ticker =
+                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticker.tick().await;
+                    let started = Instant::now();
+                    match timed("renew", store.renew(&lease, length)).await {
+                        Ok(FencedWrite::Applied) => {
+                            *deadline.lock().unwrap_or_else(PoisonError::into_inner) =
+                                started + length;
+                        }
+                        Ok(FencedWrite::Refused) => {
+                            count("idemgate_renewals_lost_total");
+                            tracing::warn!("lease lost: another request took the operation over");
+                            return;
+                        }
+                        Err(error) => tracing::warn!(%error, "lease renewal failed; retrying"),
+                    }
+                }
+            }
+            .in_current_span(),
+        )
+    }
+
+    fn lease_deadline(&self) -> Instant {
+        *self
+            .lease_deadline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Settles the record by PROTOCOL §8 and decides what the client gets.
+    async fn settle(&self, handled: Option<Handled>, slot: SlotContents) -> Response<Body> {
+        let (transaction, kept_transaction) = match slot {
+            SlotContents::Unused => (None, false),
+            SlotContents::Returned(transaction) => (Some(transaction), false),
+            SlotContents::StillLent => (None, true),
+        };
+        let Some(handled) = handled else {
+            // A panic or an error: 500, settled like an unmarked 5xx.
+            let answer = ProblemDetails::handler_failed();
+            let rolled_back = transaction.is_some() || kept_transaction;
+            let settlement = settle(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                self.config.server_error_policy,
+                rolled_back,
+            );
+            let (parts, body) = answer.into_response().into_parts();
+            let bytes = body
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            let response = Response::from_parts(parts, Body::from(bytes.clone()));
+            return self
+                .finish(
+                    settlement,
+                    transaction,
+                    response,
+                    StoredBody::Retained(bytes),
+                )
+                .await;
+        };
+        if kept_transaction {
+            // Its writes roll back when it is finally dropped: the operation did not
+            // happen, whatever the handler answered.
+            tracing::error!(
+                "the handler kept its transaction past its response; releasing the operation"
+            );
+            self.write_with_retry("release", || self.config.store.release(&self.lease))
+                .await;
+            return ProblemDetails::handler_failed().into_response();
+        }
+        let mark = handled.parts.extensions.get::<Finality>().copied();
+        let settlement = settle(
+            handled.parts.status,
+            mark,
+            self.config.server_error_policy,
+            transaction.is_some(),
+        );
+        let (response, stored_body) = match handled.body {
+            CollectedBody::Complete(bytes) => (
+                Response::from_parts(handled.parts, Body::from(bytes.clone())),
+                StoredBody::Retained(bytes),
+            ),
+            CollectedBody::Overflow { head, rest } => {
+                count("idemgate_not_retained_total");
+                (
+                    Response::from_parts(handled.parts, chain(head, rest)),
+                    StoredBody::NotRetained,
+                )
+            }
+        };
+        self.finish(settlement, transaction, response, stored_body)
+            .await
+    }
+
+    /// Writes the settlement and returns what the client gets: normally `response`
+    /// itself; the winner's outcome when our completion was fenced off.
+    async fn finish(
+        &self,
+        settlement: Settlement,
+        transaction: Option<Box<dyn PendingTransaction>>,
+        response: Response<Body>,
+        stored_body: StoredBody,
+    ) -> Response<Body> {
+        let store = &self.config.store;
+        let status = match settlement {
+            Settlement::Complete(status) => status,
+            Settlement::Release | Settlement::Delete => {
+                if let Some(transaction) = transaction
+                    && let Err(error) = transaction.rollback().await
+                {
+                    tracing::warn!(%error, "rolling back the handler's transaction failed; the database rolls it back on disconnect");
+                }
+                let written = if settlement == Settlement::Release {
+                    self.write_with_retry("release", || store.release(&self.lease))
+                        .await
+                } else {
+                    self.write_with_retry("delete", || store.delete(&self.lease))
+                        .await
+                };
+                if let Written::GaveUp(error) = written {
+                    tracing::error!(%error, "could not release the record; a retry takes it over once the lease lapses");
+                }
+                return response;
+            }
+        };
+        let completion = Completion {
+            status,
+            response: StoredResponse {
+                status: response.status(),
+                headers: storable_headers(response.headers(), self.config.replay_set_cookie),
+                body: stored_body,
+            },
+            ttl: self.config.ttl,
+        };
+        let written = match transaction {
+            Some(transaction) => self.commit_with_completion(transaction, &completion).await,
+            None => {
+                self.write_with_retry("complete", || store.complete(&self.lease, &completion))
+                    .await
+            }
+        };
+        match written {
+            Written::Applied => response,
+            Written::Refused => self.fenced_outcome().await,
+            Written::GaveUp(error) => {
+                tracing::error!(%error, "could not store the response; the client gets it, and a retry takes the operation over with the same operation id");
+                response
+            }
+        }
+    }
+
+    /// Commits the handler's transaction together with the completion. A commit
+    /// error is ambiguous (did it land?), so the record decides: completed under
+    /// our lease means it did.
+    async fn commit_with_completion(
+        &self,
+        transaction: Box<dyn PendingTransaction>,
+        completion: &Completion,
+    ) -> Written {
+        match timed(
+            "commit",
+            transaction.complete_and_commit(&self.lease, completion),
+        )
+        .await
+        {
+            Ok(FencedWrite::Applied) => Written::Applied,
+            Ok(FencedWrite::Refused) => Written::Refused,
+            Err(error) => {
+                let landed =
+                    self.config
+                        .store
+                        .get(&self.lease.identity)
+                        .await
+                        .is_ok_and(|snapshot| {
+                            snapshot.is_some_and(|s| {
+                                s.record.status.is_final()
+                                    && s.record.operation_id == self.lease.operation_id
+                                    && s.record.token == self.lease.token
+                            })
+                        });
+                if landed {
+                    Written::Applied
+                } else {
+                    let _ = self.config.store.release(&self.lease).await;
+                    Written::GaveUp(error)
+                }
+            }
+        }
+    }
+
+    /// Retries a fenced write on store errors while the lease holds.
+    async fn write_with_retry<F, Fut>(&self, op: &'static str, write: F) -> Written
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<FencedWrite, StoreError>>,
+    {
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            match timed(op, write()).await {
+                Ok(FencedWrite::Applied) => return Written::Applied,
+                Ok(FencedWrite::Refused) => return Written::Refused,
+                Err(error) if Instant::now() + backoff >= self.lease_deadline() => {
+                    return Written::GaveUp(error);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, op, "store write failed; retrying while the lease holds");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Our completion was refused: another request took the operation over. Give
+    /// this client the record's current outcome, so every client of one operation
+    /// sees one outcome.
+    async fn fenced_outcome(&self) -> Response<Body> {
+        count("idemgate_fenced_completions_total");
+        tracing::warn!(
+            "completion fenced off: another run of this operation holds the record; our result is discarded"
+        );
+        let snapshot = match self.config.store.get(&self.lease.identity).await {
+            Ok(Some(snapshot)) if snapshot.record.operation_id == self.lease.operation_id => {
+                snapshot
+            }
+            _ => return ProblemDetails::in_progress(Duration::from_secs(1)).into_response(),
+        };
+        match decide(&snapshot, &snapshot.record.fingerprint) {
+            Decision::Replay(stored) => replay(stored),
+            Decision::InProgress { retry_after } => {
+                ProblemDetails::in_progress(retry_after).into_response()
+            }
+            Decision::Mismatch | Decision::Claimable => {
+                ProblemDetails::in_progress(Duration::from_secs(1)).into_response()
+            }
+        }
+    }
+}
+
+/// Reads a response body up to `limit` bytes.
+async fn collect(response: Response<Body>, limit: usize) -> Result<Handled, BoxError> {
+    let (parts, mut body) = response.into_parts();
+    let mut head = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue; // trailers are not stored
+        };
+        head.extend_from_slice(&data);
+        if head.len() > limit {
+            let head = head.freeze();
+            return Ok(Handled {
+                parts,
+                body: CollectedBody::Overflow { head, rest: body },
+            });
+        }
+    }
+    Ok(Handled {
+        parts,
+        body: CollectedBody::Complete(head.freeze()),
+    })
+}
+
+/// `head` then the rest of `body`, as one streaming body.
+fn chain(head: Bytes, rest: Body) -> Body {
+    let head =
+        futures_util::stream::once(async move { Ok::<_, BoxError>(http_body::Frame::data(head)) });
+    let rest = BodyStream::new(rest).map(|frame| frame.map_err(BoxError::from));
+    Body::new(StreamBody::new(head.chain(rest)))
+}

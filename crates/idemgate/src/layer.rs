@@ -1,0 +1,317 @@
+//! `IdempotencyLayer`: configuration and the tower `Layer`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use tower_layer::Layer;
+
+use idemgate_core::Store;
+use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
+
+use crate::finality::ServerErrorPolicy;
+use crate::principal::{DefaultPrincipal, PrincipalExtractor};
+use crate::service::Idempotency;
+use crate::tasks::DetachedTasks;
+
+/// Which path names the scope and the fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathSource {
+    /// The normalized original request path (the full path, even under a nested
+    /// router). The default.
+    #[default]
+    Request,
+    /// axum's matched route template (`/orders/{id}`), so every id shares one scope.
+    RouteTemplate,
+}
+
+/// Settings shared by every request the layer sees.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) max_key_length: usize,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) lease: Duration,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Option<WaitMode>,
+    pub(crate) server_error_policy: ServerErrorPolicy,
+    pub(crate) principal: Arc<dyn PrincipalExtractor>,
+    pub(crate) path_source: PathSource,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) replay_set_cookie: bool,
+    pub(crate) unavailable_retry_after: Duration,
+    pub(crate) tasks: DetachedTasks,
+}
+
+/// How long a duplicate waits for the first request instead of getting 409.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WaitMode {
+    pub(crate) max: Duration,
+    pub(crate) poll: Duration,
+}
+
+/// Makes retries of `POST` and `PATCH` requests with an `Idempotency-Key` run once.
+///
+/// Add it to the routes that change things, after authentication (which puts a
+/// [`crate::Principal`] in the request extensions) and inside compression:
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use idemgate::{IdempotencyLayer, MemoryStore};
+///
+/// async fn create_order() -> &'static str { "created" }
+///
+/// let idempotency = IdempotencyLayer::new(MemoryStore::new());
+/// let app: Router = Router::new()
+///     .route("/orders", post(create_order))
+///     // A route layer: unknown routes (404) and wrong methods (405) are not stored.
+///     .route_layer(idempotency);
+///     // .layer(auth)         // outside: puts the Principal in the extensions
+///     // .layer(compression)  // outside: replays are encoded per request
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("methods", &self.config.methods)
+            .field("ttl", &self.config.ttl)
+            .field("lease", &self.config.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store` with the defaults of PROTOCOL.md: `POST` and `PATCH`,
+    /// key optional, keys up to 255 characters, 1 MiB request and stored-response
+    /// limits, 30 s lease, 24 h TTL, 409 without waiting, 5xx stored as `FAILED`,
+    /// principal from the request extensions.
+    pub fn new(store: impl Store) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// A layer over a shared store (when the backend is chosen at run time).
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        Self {
+            config: Arc::new(Config {
+                store,
+                methods: vec![Method::POST, Method::PATCH],
+                require_key: false,
+                max_key_length: DEFAULT_MAX_KEY_LENGTH,
+                body_limit: 1024 * 1024,
+                response_limit: 1024 * 1024,
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(24 * 60 * 60),
+                wait: None,
+                server_error_policy: ServerErrorPolicy::Store,
+                principal: Arc::new(DefaultPrincipal::new()),
+                path_source: PathSource::Request,
+                fingerprint_headers: Vec::new(),
+                replay_set_cookie: false,
+                unavailable_retry_after: Duration::from_secs(1),
+                tasks: DetachedTasks::new(1024),
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        // Clones of a layer share their config until one of them is configured.
+        change(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// The methods the layer covers; others pass through even with a key.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_methods([http::Method::POST, http::Method::PUT, http::Method::DELETE]);
+    /// ```
+    pub fn with_methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.with(|c| c.methods = methods)
+    }
+
+    /// Answer 400 to covered requests without a key, instead of passing them
+    /// through.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_require_key(true);
+    /// ```
+    pub fn with_require_key(self, require: bool) -> Self {
+        self.with(|c| c.require_key = require)
+    }
+
+    /// The longest key accepted, in characters (default 255).
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_max_key_length(64);
+    /// ```
+    pub fn with_max_key_length(self, characters: usize) -> Self {
+        self.with(|c| c.max_key_length = characters)
+    }
+
+    /// The largest request body buffered for fingerprinting (default 1 MiB);
+    /// larger requests get 413 before any claim.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_body_limit(64 * 1024);
+    /// ```
+    pub fn with_body_limit(self, bytes: usize) -> Self {
+        self.with(|c| c.body_limit = bytes)
+    }
+
+    /// The largest response body stored for replay (default 1 MiB). A larger one
+    /// is streamed to the client and recorded as "not retained"; its replay carries
+    /// status and headers only, with `Idempotency-Response: not-retained`. It never
+    /// makes the handler run again.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_response_limit(256 * 1024);
+    /// ```
+    pub fn with_response_limit(self, bytes: usize) -> Self {
+        self.with(|c| c.response_limit = bytes)
+    }
+
+    /// How long a claim holds the operation before another request may take it
+    /// over (default 30 s). Renewed every third of it while the handler runs, so
+    /// only a dead or stuck holder loses it.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_lease(std::time::Duration::from_secs(10));
+    /// ```
+    pub fn with_lease(self, lease: Duration) -> Self {
+        self.with(|c| c.lease = lease.max(Duration::from_millis(10)))
+    }
+
+    /// How long a completed record is kept (default 24 h). After it, the key is new.
+    /// Keep it much longer than the lease.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_ttl(std::time::Duration::from_secs(48 * 3600));
+    /// ```
+    pub fn with_ttl(self, ttl: Duration) -> Self {
+        self.with(|c| c.ttl = ttl)
+    }
+
+    /// Wait mode: a duplicate of a running request waits up to `max` for it, then
+    /// gets its replay (or runs, if it was released). A wait that times out answers
+    /// the usual 409. Waiters on the same instance wake on completion; across
+    /// instances they poll every 100 ms.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_wait(std::time::Duration::from_secs(5));
+    /// ```
+    pub fn with_wait(self, max: Duration) -> Self {
+        self.with(|c| {
+            c.wait = Some(WaitMode {
+                max,
+                poll: Duration::from_millis(100),
+            })
+        })
+    }
+
+    /// What happens to an unmarked 5xx or a panic: stored as `FAILED` (default)
+    /// or released.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_server_error_policy(idemgate::ServerErrorPolicy::Release);
+    /// ```
+    pub fn with_server_error_policy(self, policy: ServerErrorPolicy) -> Self {
+        self.with(|c| c.server_error_policy = policy)
+    }
+
+    /// How to find the principal; see [`PrincipalExtractor`] and
+    /// [`DefaultPrincipal`].
+    ///
+    /// ```
+    /// use idemgate::principal::DefaultPrincipal;
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_principal(DefaultPrincipal::with_authorization_secret(b"a stable secret"));
+    /// ```
+    pub fn with_principal(self, extractor: impl PrincipalExtractor) -> Self {
+        let extractor: Arc<dyn PrincipalExtractor> = Arc::new(extractor);
+        self.with(|c| c.principal = extractor)
+    }
+
+    /// Scope by axum's matched route template instead of the request path.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_path_source(idemgate::PathSource::RouteTemplate);
+    /// ```
+    pub fn with_path_source(self, source: PathSource) -> Self {
+        self.with(|c| c.path_source = source)
+    }
+
+    /// Request headers that join the fingerprint (a tenant header, say), so the
+    /// same body with another value is a 422.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_fingerprint_headers([http::HeaderName::from_static("x-account")]);
+    /// ```
+    pub fn with_fingerprint_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.with(|c| c.fingerprint_headers = names)
+    }
+
+    /// Store and replay `Set-Cookie` headers (off by default: replaying a session
+    /// cookie to whoever holds the key is rarely what you want).
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_replayed_set_cookie(true);
+    /// ```
+    pub fn with_replayed_set_cookie(self, replay: bool) -> Self {
+        self.with(|c| c.replay_set_cookie = replay)
+    }
+
+    /// The most keyed requests running at once (default 1024); beyond it, 503
+    /// before any claim.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_max_in_flight(256);
+    /// ```
+    pub fn with_max_in_flight(self, max: usize) -> Self {
+        let tasks = DetachedTasks::new(max.max(1));
+        self.with(|c| c.tasks = tasks)
+    }
+
+    /// The `Retry-After` sent with 503s for store failures (default 1 s).
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_unavailable_retry_after(std::time::Duration::from_secs(5));
+    /// ```
+    pub fn with_unavailable_retry_after(self, after: Duration) -> Self {
+        self.with(|c| c.unavailable_retry_after = after)
+    }
+
+    /// The handle on detached handler tasks, for graceful shutdown and gauges.
+    pub fn detached_tasks(&self) -> DetachedTasks {
+        self.config.tasks.clone()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, Arc::clone(&self.config))
+    }
+}

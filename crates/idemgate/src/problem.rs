@@ -1,0 +1,224 @@
+//! `application/problem+json` answers (RFC 9457, PROTOCOL §10).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+use serde::Serialize;
+
+use idemgate_core::key::KeyError;
+
+/// Where the problem types are documented; every `type` URI starts with it.
+pub const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
+
+/// An RFC 9457 problem: a stable `type` URI per error, a title, the status and a
+/// detail for this occurrence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProblemDetails {
+    /// `PROBLEM_BASE` + a slug, stable across releases.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// Short, the same for every occurrence of this type.
+    pub title: &'static str,
+    /// The HTTP status, repeated in the body as RFC 9457 asks.
+    pub status: u16,
+    /// What happened this time.
+    pub detail: String,
+    /// Seconds after which a retry may succeed; sent as `Retry-After`.
+    #[serde(skip)]
+    pub retry_after: Option<Duration>,
+}
+
+impl ProblemDetails {
+    /// A problem of type `PROBLEM_BASE` + `slug`.
+    pub fn new(
+        status: StatusCode,
+        slug: &str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_uri: format!("{PROBLEM_BASE}{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Adds a `Retry-After` (whole seconds, at least 1).
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The response: status, `Content-Type: application/problem+json`, the JSON body
+    /// and `Retry-After` when set.
+    pub fn into_response(self) -> Response<Body> {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = self.retry_after {
+            let seconds = after.as_secs_f64().ceil().max(1.0) as u64;
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+
+    /// 400: no `Idempotency-Key` where the layer requires one.
+    pub fn missing_key() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "missing-key",
+            "Idempotency-Key required",
+            "this endpoint requires an Idempotency-Key header; generate a UUID v4 once per user action and reuse it on every retry",
+        )
+    }
+
+    /// 400: a malformed key.
+    pub fn invalid_key(error: &KeyError) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-key",
+            "Invalid Idempotency-Key",
+            error.to_string(),
+        )
+    }
+
+    /// 401: no principal to scope the key by.
+    pub fn unauthenticated(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "Unauthenticated",
+            detail,
+        )
+    }
+
+    /// 413: request body over the limit.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            format!("the request body exceeds {limit} bytes"),
+        )
+    }
+
+    /// 400: the body could not be read (the client went away mid-upload, or sent a
+    /// broken encoding).
+    pub fn unreadable_body() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "unreadable-body",
+            "Unreadable request body",
+            "the request body could not be read",
+        )
+    }
+
+    /// 422: the key was used before with a different request.
+    pub fn key_reused() -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "key-reused",
+            "Idempotency-Key reused with a different request",
+            "this Idempotency-Key was already used with a different request body, method, path or query; use a new key for a new request",
+        )
+    }
+
+    /// 409: the first request with this key is still running.
+    pub fn in_progress(retry_after: Duration) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "in-progress",
+            "Request in progress",
+            "a request with this Idempotency-Key is still being processed; retry after the indicated delay",
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// 503: the idempotency store cannot be reached; nothing was run.
+    pub fn store_unavailable(retry_after: Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Idempotency store unavailable",
+            "the idempotency store could not be reached; the request was not processed and can be retried with the same key",
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// 503: a capacity-bounded store is full; nothing was run.
+    pub fn store_full(retry_after: Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-full",
+            "Idempotency store full",
+            "the idempotency store holds as many records as it may; the request was not processed",
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// 500: the stored record cannot be read back.
+    pub fn store_corrupt() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "store-corrupt",
+            "Corrupt idempotency record",
+            "the stored record for this key cannot be read; the request was not processed",
+        )
+    }
+
+    /// 503: too many requests are being processed at once.
+    pub fn overloaded(retry_after: Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "Too many requests in flight",
+            "the server is processing as many keyed requests as it may; nothing was run",
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// 500: the handler panicked or failed.
+    pub fn handler_failed() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "handler-failed",
+            "Internal error",
+            "the request handler failed",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn renders_rfc9457_json_with_retry_after() {
+        let response = ProblemDetails::in_progress(Duration::from_millis(2_300)).into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(response.headers()[RETRY_AFTER], "3");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], "https://idemgate.dev/problems/in-progress");
+        assert_eq!(json["status"], 409);
+        assert_eq!(json["title"], "Request in progress");
+        assert!(
+            json["detail"]
+                .as_str()
+                .unwrap()
+                .contains("still being processed")
+        );
+    }
+}

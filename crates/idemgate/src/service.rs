@@ -1,0 +1,390 @@
+//! `Idempotency<S>`: the request path up to the claim (PROTOCOL §1–§7).
+//!
+//! Order of checks, each answering before any store call when it fails: method
+//! covered → key well-formed → principal → body within the limit → a free slot
+//! for a detached handler. Then one atomic claim, and [`decide`] on what it found.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, OriginalUri};
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{Request, Response};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+use tracing::Instrument;
+
+use idemgate_core::fingerprint::{Fingerprint, FingerprintInput};
+use idemgate_core::key::IdempotencyKey;
+use idemgate_core::scope::{Identity, Scope, normalize_path};
+use idemgate_core::transaction::{SlotContents, TransactionSlot};
+use idemgate_core::{
+    BoxError, Claim, ClaimRequest, Decision, LeaseOrigin, Snapshot, StoreError, decide,
+};
+
+use crate::execution::Execution;
+use crate::layer::{Config, PathSource};
+use crate::problem::ProblemDetails;
+use crate::response::replay;
+use crate::telemetry::{Outcome, count, count_outcome, timed};
+
+/// How many times a claim is retried when the record it found became claimable
+/// (released, or its lease lapsed) before it could be taken.
+const MAX_CLAIM_ATTEMPTS: usize = 8;
+
+/// The service [`crate::IdempotencyLayer`] wraps around an inner service.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency").finish_non_exhaustive()
+    }
+}
+
+impl<S> Idempotency<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        Self { inner, config }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service that was polled ready is the one that must be called; leave
+        // a fresh clone behind for the next request.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        Box::pin(handle(config, inner, request))
+    }
+}
+
+async fn handle<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    if !config.methods.contains(request.method()) {
+        count_outcome(Outcome::PassedThrough);
+        let response = inner.call(request.map(Body::new)).await?;
+        return Ok(response.map(Body::new));
+    }
+    let key = match IdempotencyKey::from_headers(request.headers(), config.max_key_length) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.require_key => {
+            count_outcome(Outcome::MissingKey);
+            return Ok(ProblemDetails::missing_key().into_response());
+        }
+        Ok(None) => {
+            count_outcome(Outcome::PassedThrough);
+            return keyless(inner, request).await;
+        }
+        Err(error) => {
+            count_outcome(Outcome::InvalidKey);
+            return Ok(ProblemDetails::invalid_key(&error).into_response());
+        }
+    };
+    let span = tracing::info_span!(
+        "idempotency",
+        key = %key.digest_prefix(),
+        operation_id = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    Ok(keyed(config, inner, request, key).instrument(span).await)
+}
+
+/// A covered request without a key: plain processing, no claim and no spawn. A
+/// transaction the handler opened is committed unless the answer is a 5xx.
+async fn keyless<S, ReqBody, ResBody>(
+    mut inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let slot = TransactionSlot::new();
+    let mut request = request.map(Body::new);
+    request.extensions_mut().insert(slot.clone());
+    let response = inner.call(request).await?.map(Body::new);
+    let outcome = match slot.take() {
+        SlotContents::Unused => Ok(()),
+        SlotContents::Returned(transaction) if response.status().is_server_error() => {
+            transaction.rollback().await
+        }
+        SlotContents::Returned(transaction) => timed("commit", transaction.commit()).await,
+        SlotContents::StillLent => {
+            tracing::error!(
+                "the handler kept its transaction past its response; its writes are rolled back"
+            );
+            return Ok(ProblemDetails::handler_failed().into_response());
+        }
+    };
+    Ok(match outcome {
+        Ok(()) => response,
+        Err(error) => {
+            tracing::error!(%error, "committing the handler's transaction failed");
+            ProblemDetails::store_unavailable(Duration::from_secs(1)).into_response()
+        }
+    })
+}
+
+async fn keyed<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    inner: S,
+    request: Request<ReqBody>,
+    key: IdempotencyKey,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let principal = match config.principal.extract(&parts) {
+        Ok(principal) => principal,
+        Err(error) => {
+            count_outcome(Outcome::Unauthenticated);
+            return ProblemDetails::unauthenticated(error.to_string()).into_response();
+        }
+    };
+    let body = match read_body(&parts, body, config.body_limit).await {
+        Ok(body) => body,
+        Err(problem) => return problem.into_response(),
+    };
+    let (path, query) = request_path(&parts, config.path_source);
+    let header_values: Vec<(&str, &[u8])> = config
+        .fingerprint_headers
+        .iter()
+        .flat_map(|name| {
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .map(move |value| (name.as_str(), value.as_bytes()))
+        })
+        .collect();
+    let fingerprint = Fingerprint::of(FingerprintInput {
+        method: parts.method.as_str(),
+        path: &path,
+        query: &query,
+        content_type: parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        headers: &header_values,
+        body: &body,
+    });
+    let scope = Scope {
+        principal,
+        method: parts.method.as_str().to_owned(),
+        path,
+    };
+    let claim = ClaimRequest {
+        identity: Identity::new(scope, key),
+        fingerprint,
+        lease: config.lease,
+        ttl: config.ttl,
+    };
+    let Some(permit) = config.tasks.try_permit() else {
+        count_outcome(Outcome::Overloaded);
+        return ProblemDetails::overloaded(Duration::from_secs(1)).into_response();
+    };
+    match claim_or_answer(&config, &claim).await {
+        Claimed::Lease(lease, claimed_at) => {
+            tracing::Span::current()
+                .record("operation_id", tracing::field::display(lease.operation_id));
+            count_outcome(Outcome::Executed);
+            let request = Request::from_parts(parts, Body::from(body));
+            Execution::new(config, lease, claimed_at)
+                .spawn(inner, request, permit)
+                .await
+        }
+        Claimed::Answer(response) => response,
+    }
+}
+
+/// Buffers the body for the fingerprint, refusing more than `limit` bytes.
+async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, ProblemDetails>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        count_outcome(Outcome::TooLarge);
+        return Err(ProblemDetails::too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => {
+            count_outcome(Outcome::TooLarge);
+            Err(ProblemDetails::too_large(limit))
+        }
+        Err(error) => {
+            tracing::debug!(%error, "request body unreadable");
+            count_outcome(Outcome::Rejected);
+            Err(ProblemDetails::unreadable_body())
+        }
+    }
+}
+
+/// The scope path and the query string: from the original URI, so a nested router
+/// does not shorten it.
+fn request_path(parts: &Parts, source: PathSource) -> (String, String) {
+    let uri = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0);
+    let query = uri.query().unwrap_or_default().to_owned();
+    let template = match source {
+        PathSource::RouteTemplate => parts
+            .extensions
+            .get::<MatchedPath>()
+            .map(|m| m.as_str().to_owned()),
+        PathSource::Request => None,
+    };
+    (
+        template.unwrap_or_else(|| normalize_path(uri.path())),
+        query,
+    )
+}
+
+/// What a claim came to.
+enum Claimed {
+    /// Run the handler.
+    Lease(idemgate_core::Lease, Instant),
+    /// Answer without running it.
+    Answer(Response<Body>),
+}
+
+async fn claim_or_answer(config: &Config, request: &ClaimRequest) -> Claimed {
+    let wait_until = config.wait.map(|wait| Instant::now() + wait.max);
+    for _ in 0..MAX_CLAIM_ATTEMPTS {
+        let claimed_at = Instant::now();
+        let snapshot = match timed("claim", config.store.try_claim(request)).await {
+            Ok(Claim::Acquired(lease)) => {
+                if lease.origin == LeaseOrigin::TakenOver {
+                    count("idemgate_lease_takeovers_total");
+                    tracing::warn!(operation_id = %lease.operation_id, "took over a lapsed lease: an earlier run may have died mid-way");
+                }
+                return Claimed::Lease(lease, claimed_at);
+            }
+            Ok(Claim::Existing(snapshot)) => snapshot,
+            Err(error) => return Claimed::Answer(store_failure(config, &error)),
+        };
+        match settle_existing(config, request, snapshot, wait_until).await {
+            Some(response) => return Claimed::Answer(response),
+            None => continue,
+        }
+    }
+    count_outcome(Outcome::Conflict);
+    Claimed::Answer(ProblemDetails::in_progress(Duration::from_secs(1)).into_response())
+}
+
+/// Answers from an existing record, waiting for it first in wait mode. `None` when
+/// the record became claimable and the caller should claim again.
+async fn settle_existing(
+    config: &Config,
+    request: &ClaimRequest,
+    mut snapshot: Snapshot,
+    wait_until: Option<Instant>,
+) -> Option<Response<Body>> {
+    let identity = request.identity.digest();
+    loop {
+        let retry_after = match decide(&snapshot, &request.fingerprint) {
+            Decision::Mismatch => {
+                count_outcome(Outcome::Mismatch);
+                return Some(ProblemDetails::key_reused().into_response());
+            }
+            Decision::Replay(stored) => {
+                count_outcome(Outcome::Replayed);
+                return Some(replay(stored));
+            }
+            Decision::Claimable => return None,
+            Decision::InProgress { retry_after } => retry_after,
+        };
+        let now = Instant::now();
+        let (Some(wait), Some(until)) = (config.wait, wait_until.filter(|until| *until > now))
+        else {
+            count_outcome(Outcome::Conflict);
+            return Some(ProblemDetails::in_progress(retry_after).into_response());
+        };
+        config
+            .store
+            .wait_for_change(identity, wait.poll.min(until - now))
+            .await;
+        snapshot = match timed("get", config.store.get(identity)).await {
+            Ok(Some(snapshot)) => snapshot,
+            Ok(None) => return None,
+            Err(error) => return Some(store_failure(config, &error)),
+        };
+    }
+}
+
+/// The answer to a store error before anything ran: fail closed (PROTOCOL §9).
+pub(crate) fn store_failure(config: &Config, error: &StoreError) -> Response<Body> {
+    tracing::error!(error = %error, cause = ?std::error::Error::source(error), "idempotency store failed");
+    let problem = match error {
+        StoreError::Full => {
+            count_outcome(Outcome::StoreUnavailable);
+            ProblemDetails::store_full(config.unavailable_retry_after)
+        }
+        StoreError::Corrupt(_) => {
+            count_outcome(Outcome::Rejected);
+            ProblemDetails::store_corrupt()
+        }
+        _ => {
+            count_outcome(Outcome::StoreUnavailable);
+            ProblemDetails::store_unavailable(config.unavailable_retry_after)
+        }
+    };
+    problem.into_response()
+}
