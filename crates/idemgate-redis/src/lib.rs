@@ -1,0 +1,219 @@
+//! A Redis store for idemgate: idempotency records in one Redis server or a Redis
+//! Cluster, claimed and written by Lua scripts, so every operation is one atomic
+//! round trip, fenced by (operation id, fencing token).
+//!
+//! [`RedisStore`] implements [`idemgate_core::Store`]; hand it to the idemgate layer
+//! (`idemgate::IdempotencyLayer::new(store)`) like any other store. It passes the
+//! same conformance suite (`idemgate-testkit`) as every backend, against a real
+//! server and against a real three-primary cluster.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idemgate_core::fingerprint::Fingerprint;
+//! use idemgate_core::key::IdempotencyKey;
+//! use idemgate_core::scope::{Identity, Principal, Scope};
+//! use idemgate_core::{Claim, ClaimRequest, Store};
+//! use idemgate_redis::{EvictionCheck, RedisStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // One server (reconnects by itself) …
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! // … or a cluster, with settings:
+//! let _clustered = RedisStore::builder()
+//!     .with_key_prefix("shop:idem:")
+//!     .with_eviction_check(EvictionCheck::Refuse)
+//!     .connect_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+//!     .await?;
+//!
+//! let scope = Scope { principal: Principal::new("user:42"), method: "POST".into(), path: "/orders".into() };
+//! let request = ClaimRequest {
+//!     identity: Identity::new(scope, IdempotencyKey::parse(b"order-7", 255)?),
+//!     fingerprint: Fingerprint::from_bytes([0; 32]),
+//!     lease: Duration::from_secs(30),
+//!     ttl: Duration::from_secs(86_400),
+//! };
+//! match store.try_claim(&request).await? {
+//!     Claim::Acquired(lease) => println!("run operation {}", lease.operation_id),
+//!     Claim::Existing(snapshot) => println!("found {:?}", snapshot.record.status),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # How it works
+//!
+//! - **One round trip, atomic.** `try_claim`, `complete`, `release`, `renew`,
+//!   `delete` and `get` are each one `EVALSHA` of a Lua script (loaded with `SCRIPT
+//!   LOAD` when a server does not know it yet). The claim script creates the record
+//!   (with an operation id the client generated as a UUID v4 and passed in, used only
+//!   when creating), or — same fingerprint only — takes over a `RELEASED` record or a
+//!   `PROCESSING` one whose lease lapsed (same operation id, token + 1), or else
+//!   returns the record as it is. The write scripts compare (operation id, token,
+//!   status `PROCESSING`) before writing and answer applied or refused.
+//! - **The server's clock.** Every script reads Redis `TIME`; leases, `now` in
+//!   snapshots, `created_at` and `expires_at` are all server time, so application
+//!   instances with skewed clocks agree.
+//! - **Expiry is absence.** The key's `PEXPIREAT` is the record's `expires_at`
+//!   (claim + ttl, then completion + ttl), so an expired record is gone without any
+//!   purge. The lease is a field compared with `TIME` inside the script, never the
+//!   key's expiry: a dead holder's record keeps its operation id for the next
+//!   claimant.
+//! - **Only Redis 7.0 commands** (`HSET HGETALL HMGET HINCRBY HDEL PEXPIREAT DEL
+//!   PUBLISH TIME`), tested against 7.0.15. No `HEXPIRE` (7.4), no `WAITAOF` (7.2).
+//!
+//! # Key layout
+//!
+//! One hash per record, under `<prefix>{<identity digest, 64 hex>}` (default prefix
+//! `idemgate:`):
+//!
+//! | field | value |
+//! |---|---|
+//! | `v` | record format version (`1`) |
+//! | `fp` | request fingerprint, 32 raw bytes |
+//! | `op` | operation id, 16 raw bytes |
+//! | `tk` | fencing token: 1 at creation, +1 at every reclaim or takeover |
+//! | `st` | status: `P`rocessing, `C`ompleted, `F`ailed, `R`eleased |
+//! | `lu` | lease end (ms since the epoch, server time); only while `P` |
+//! | `ca`, `ea` | created at, expires at (ms); `ea` is also the key's `PEXPIREAT` |
+//! | `rs` | the response: a codec byte (0 raw, 1 zstd) + `StoredResponse::encode` |
+//!
+//! Responses whose encoding exceeds a threshold (1 KiB by default) are compressed
+//! with zstd when that makes them smaller (a 64 KiB JSON body typically shrinks
+//! ten-fold; see `benches/compression.rs`). Bodies and header values are stored as
+//! raw bytes, so replay is byte-exact.
+//!
+//! The `{…}` around the digest is a Redis Cluster hash tag: the slot is computed from
+//! the digest alone, so all keys of one record share a slot (scripts never fail with
+//! `CROSSSLOT`), while records, whose digests are uniformly random, spread over all
+//! 16384 slots. The same layout works unchanged on a single server and on a cluster.
+//! The prefix may not contain braces (the constructor refuses it).
+//!
+//! Completions, releases and deletions are announced on the pub/sub channel
+//! `<prefix>changes` (message: the 32-byte digest), published by the scripts
+//! themselves. See [`Store::wait_for_change`](idemgate_core::Store::wait_for_change)
+//! below.
+//!
+//! # Wait mode
+//!
+//! `wait_for_change` wakes on this store's own writes at once (an in-process
+//! [`ChangeSignals`](idemgate_core::signals::ChangeSignals)) and on other instances'
+//! writes through the pub/sub channel (subscribed at the first wait, resubscribed
+//! after failures; on a cluster through any node, since `PUBLISH` reaches them all).
+//! Both are hints: the wait's timeout is the floor, and callers re-read the record.
+//!
+//! # Failures
+//!
+//! Every call is bounded by the response timeout plus the connect timeout (1.5 s by
+//! default): while Redis is down calls fail with
+//! [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable) (the layer's
+//! 503), never hang or panic. Connections come back by themselves (redis-rs'
+//! `ConnectionManager`; the cluster connection reconnects nodes and refreshes slots).
+//! Errors are classified with redis-rs' predicates (`is_timeout`,
+//! `is_connection_dropped`, `is_connection_refusal`, `is_io_error`, cluster down /
+//! moved / try-again): `Unavailable`; `OOM` under `noeviction`:
+//! [`StoreError::Full`](idemgate_core::StoreError::Full) (503, no record evicted); a
+//! record that cannot be decoded, or a non-hash at a record key:
+//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt).
+//!
+//! A call that times out may still have run on the server (a claim may have created
+//! its record). That is the protocol's ordinary case: the client gets a 503, its
+//! retry sees the record, and once the lease lapses the retry takes it over with the
+//! same operation id.
+//!
+//! # Eviction
+//!
+//! Only `maxmemory-policy noeviction` is safe. `volatile-*` policies evict keys that
+//! have an expiry — every record has one — and `allkeys-*` policies evict anything;
+//! an evicted record is a key that runs twice. Under `noeviction`, a full Redis
+//! refuses writes (`OOM` → `Full` → 503) and keeps every live record. The
+//! constructors read the policy with `CONFIG GET` (on every primary of a cluster) and,
+//! per [`EvictionCheck`], refuse to start ([`RedisStoreError::EvictingPolicy`], the
+//! default) or log a warning. Where `CONFIG GET` is not allowed (managed services,
+//! ACLs), they warn that the policy is unknown: check it yourself. Give the store its
+//! own Redis, or a database where nothing else fills memory.
+//!
+//! # Persistence
+//!
+//! A record lost from Redis is a key that runs again as a new operation. What can
+//! lose one, and the settings against it:
+//!
+//! - **No persistence** (`save ""`, `appendonly no`): a restart loses every record.
+//!   Only for deployments where a duplicate is harmless.
+//! - **RDB snapshots** (`save 60 1000`): a crash loses the writes since the last
+//!   snapshot — minutes.
+//! - **AOF, `appendfsync everysec`** (the AOF default): each write reaches the
+//!   operating system before Redis replies, so a Redis crash loses nothing, but a
+//!   power loss or kernel crash loses up to about a second of acknowledged writes.
+//! - **AOF, `appendfsync always`**: fsync before the reply; survives power loss, at
+//!   the cost of one disk flush per write (batched across clients). This crate's
+//!   tests restart an `appendfsync always` server with `kill -9` and read every
+//!   completed record back unchanged.
+//! - **Replicas** are asynchronous: a failover may promote a replica that had not
+//!   yet received the last claims or completions. `WAIT <replicas> <timeout>` after a
+//!   write (Redis 7.0 has it; this store does not issue it, to stay at one round trip)
+//!   narrows that window but does not close it — Redis replication is not a consensus
+//!   protocol. `min-replicas-to-write` makes a primary cut off from its replicas stop
+//!   accepting writes (503s) instead of accepting writes it will lose.
+//!
+//! # Redis or PostgreSQL?
+//!
+//! The record in Redis and the application's business data (orders, payments) in its
+//! database are **two systems, written one after the other** (PITFALLS 7). The
+//! failure window: the handler commits the order, then the process dies (or Redis is
+//! unreachable) before `complete` stores the response. The record stays
+//! `PROCESSING`; when the lease lapses, the client's retry takes it over and runs the
+//! handler **again** — with the **same operation id**. Two things make that second
+//! run harmless (PROTOCOL §11):
+//!
+//! - business writes are keyed by the operation id (a unique column, `INSERT … ON
+//!   CONFLICT (operation_id) DO NOTHING`, then read the existing row), so the second
+//!   run finds the first run's order instead of writing another;
+//! - calls to other services (a payment gateway) carry an idempotency key derived
+//!   from the operation id, so the gateway folds the second run's charge into the
+//!   first.
+//!
+//! These close the window as long as the record survives (see Persistence and
+//! Eviction): a lost record gives the retry a new operation id, and then nothing
+//! links it to the first run.
+//!
+//! Choose the **PostgreSQL store** when the business data lives in that same
+//! database: its transactional mode commits the record and the business writes in
+//! one transaction, so there is no window at all. Choose **Redis** when the effects
+//! are spread over several services or external APIs anyway (the window exists
+//! whatever the store), when many application instances need a shared store with
+//! sub-millisecond claims, or when the record store should not load the business
+//! database — and then configure persistence and `noeviction` as above.
+//!
+//! # Why redis-rs (and not fred)
+//!
+//! redis-rs is the client maintained by the Redis project, and gives exactly what
+//! this store needs with a small dependency set chosen by features: a multiplexed
+//! connection with automatic reconnect (`ConnectionManager`), an async cluster client
+//! (slot routing, `MOVED`/`ASK`, topology refresh), `Script` (`EVALSHA` with the
+//! `NOSCRIPT` fallback, `SCRIPT LOAD` sent to every cluster node), per-attempt
+//! response and connect timeouts, and error predicates (`is_timeout`,
+//! `is_connection_dropped`, …) to classify failures without matching error text.
+//! fred is capable too (pools, sentinel, client-side caching), but larger — dozens of
+//! features — and by default queues commands while reconnecting, where an
+//! idempotency store must fail fast so the layer can answer 503. Fewer moving parts
+//! won.
+//!
+//! # Features of the redis dependency
+//!
+//! `tokio-comp`, `connection-manager`, `cluster-async` and `script`. TLS
+//! (`rediss://`) needs one of redis-rs' TLS features enabled in the application.
+
+mod codec;
+mod connection;
+mod error;
+mod eviction;
+mod scripts;
+mod store;
+mod subscriber;
+
+pub use codec::ResponseCodec;
+pub use error::RedisStoreError;
+pub use eviction::{EvictionCheck, EvictionPolicy};
+pub use store::{DEFAULT_KEY_PREFIX, RedisStore, RedisStoreBuilder};

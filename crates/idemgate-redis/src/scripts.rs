@@ -1,0 +1,135 @@
+//! The Lua scripts: each store operation is one `EVALSHA` of one of these, so it is
+//! one round trip and atomic (Redis runs a script to the end before anything else).
+//!
+//! Every script touches exactly one key, `KEYS[1]`, so it runs unchanged on Redis
+//! Cluster. Times come from the server's `TIME`, in milliseconds. Numbers are
+//! written with `%.0f`, which prints every integer below 2^53 exactly (Lua numbers
+//! are doubles; `tostring` could switch to exponent notation).
+//!
+//! Only Redis 7.0 commands: `HGETALL HMGET HSET HDEL HINCRBY PEXPIREAT DEL PUBLISH
+//! TIME`.
+
+use redis::Script;
+
+/// Shared helpers, prepended to every script.
+const PRELUDE: &str = r"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function num(n)
+  return string.format('%.0f', n)
+end
+local function holds(key, op, tk)
+  local h = redis.call('HMGET', key, 'op', 'tk', 'st')
+  return h[1] == op and h[2] == tk and h[3] == 'P'
+end
+";
+
+/// `KEYS[1]` record; `ARGV`: fingerprint, new operation id (used only when creating),
+/// lease ms, ttl ms, format version.
+///
+/// Returns `{origin, now, op, token, locked_until}` with origin `N` (created), `R`
+/// (released record claimed again) or `T` (lapsed lease taken over), or
+/// `{'E', now, {HGETALL…}}` for an existing record left as it was.
+const CLAIM: &str = r"
+local key = KEYS[1]
+local fp, op, lease, ttl, version = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local now = now_ms()
+local fields = redis.call('HGETALL', key)
+if #fields == 0 then
+  local until_ms, expires = now + lease, now + ttl
+  redis.call('HSET', key, 'v', version, 'fp', fp, 'op', op, 'tk', 1, 'st', 'P',
+    'lu', num(until_ms), 'ca', num(now), 'ea', num(expires))
+  redis.call('PEXPIREAT', key, num(expires))
+  return {'N', num(now), op, 1, num(until_ms)}
+end
+local h = {}
+for i = 1, #fields, 2 do h[fields[i]] = fields[i + 1] end
+if h.fp == fp and h.op then
+  local origin = false
+  local lu = tonumber(h.lu)
+  if h.st == 'R' then
+    origin = 'R'
+  elseif h.st == 'P' and lu ~= nil and lu <= now then
+    origin = 'T'
+  end
+  if origin then
+    local tk = redis.call('HINCRBY', key, 'tk', 1)
+    local until_ms = now + lease
+    redis.call('HSET', key, 'st', 'P', 'lu', num(until_ms))
+    return {origin, num(now), h.op, tk, num(until_ms)}
+  end
+end
+return {'E', num(now), fields}
+";
+
+/// `KEYS[1]` record; `ARGV`: operation id, token, `C` or `F`, encoded response,
+/// ttl ms, channel, identity digest. Returns 1 when applied, 0 when refused.
+const COMPLETE: &str = r"
+local key = KEYS[1]
+if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+local expires = now_ms() + tonumber(ARGV[5])
+redis.call('HSET', key, 'st', ARGV[3], 'rs', ARGV[4], 'ea', num(expires))
+redis.call('HDEL', key, 'lu')
+redis.call('PEXPIREAT', key, num(expires))
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return 1
+";
+
+/// `KEYS[1]` record; `ARGV`: operation id, token, channel, identity digest.
+const RELEASE: &str = r"
+local key = KEYS[1]
+if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+redis.call('HSET', key, 'st', 'R')
+redis.call('HDEL', key, 'lu')
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+";
+
+/// `KEYS[1]` record; `ARGV`: operation id, token, lease ms.
+const RENEW: &str = r"
+local key = KEYS[1]
+if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+redis.call('HSET', key, 'lu', num(now_ms() + tonumber(ARGV[3])))
+return 1
+";
+
+/// `KEYS[1]` record; `ARGV`: operation id, token, channel, identity digest.
+const DELETE: &str = r"
+local key = KEYS[1]
+if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+redis.call('DEL', key)
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+";
+
+/// `KEYS[1]` record. Returns `{now, {HGETALL…}}`: a read with the server's clock.
+const GET: &str = r"
+return {num(now_ms()), redis.call('HGETALL', KEYS[1])}
+";
+
+/// The scripts, hashed once per store.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) claim: Script,
+    pub(crate) complete: Script,
+    pub(crate) release: Script,
+    pub(crate) renew: Script,
+    pub(crate) delete: Script,
+    pub(crate) get: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        Self {
+            claim: script(CLAIM),
+            complete: script(COMPLETE),
+            release: script(RELEASE),
+            renew: script(RENEW),
+            delete: script(DELETE),
+            get: script(GET),
+        }
+    }
+}

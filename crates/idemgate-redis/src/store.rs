@@ -1,0 +1,496 @@
+//! `RedisStore`, its builder, and its `Store` implementation.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemgate_core::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION};
+use idemgate_core::scope::IdentityDigest;
+use idemgate_core::signals::ChangeSignals;
+use idemgate_core::time::Timestamp;
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
+};
+use redis::{ScriptInvocation, Value};
+use tokio::task::AbortHandle;
+
+use crate::codec::{ResponseCodec, array_of, bytes_of, decode_record, int_of, status_code};
+use crate::connection::{Connection, Timeouts};
+use crate::error::{RedisStoreError, classify};
+use crate::eviction::{EvictionCheck, EvictionPolicy, read_policy};
+use crate::scripts::Scripts;
+use crate::subscriber;
+
+/// The default key prefix.
+pub const DEFAULT_KEY_PREFIX: &str = "idemgate:";
+
+/// The longest lease or TTL a store writes (ten years); longer ones are cut to it so
+/// that `now + ttl` stays a valid `PEXPIREAT` time.
+const MAX_DURATION_MS: u64 = 10 * 365 * 86_400_000;
+
+/// Idempotency records in Redis: one server through a reconnecting
+/// `ConnectionManager`, or a Redis Cluster. See the [crate docs](crate) for the key
+/// layout, persistence and eviction settings.
+///
+/// Cloning is cheap and shares the connection. Every [`Store`] method is one
+/// `EVALSHA` round trip, bounded by the response and connect timeouts: while Redis
+/// is down, calls fail with [`StoreError::Unavailable`] instead of hanging.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: Connection,
+    scripts: Scripts,
+    key_prefix: String,
+    channel: String,
+    codec: ResponseCodec,
+    deadline: Duration,
+    eviction_policy: EvictionPolicy,
+    signals: Arc<ChangeSignals>,
+    subscriber: OnceLock<AbortHandle>,
+    pubsub_clients: Vec<redis::Client>,
+    connect_timeout: Duration,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.subscriber.get() {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("connection", &self.inner.connection)
+            .field("key_prefix", &self.inner.key_prefix)
+            .field("codec", &self.inner.codec)
+            .field("deadline", &self.inner.deadline)
+            .field("eviction_policy", &self.inner.eviction_policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures and connects a [`RedisStore`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemgate_redis::RedisStoreError> {
+/// use std::time::Duration;
+/// use idemgate_redis::{EvictionCheck, RedisStore};
+///
+/// let store = RedisStore::builder()
+///     .with_key_prefix("shop:idem:")
+///     .with_response_timeout(Duration::from_millis(500))
+///     .with_eviction_check(EvictionCheck::Warn)
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisStoreBuilder {
+    key_prefix: String,
+    codec: ResponseCodec,
+    response_timeout: Duration,
+    connect_timeout: Duration,
+    eviction_check: EvictionCheck,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        Self {
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            codec: ResponseCodec::default(),
+            response_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_millis(500),
+            eviction_check: EvictionCheck::default(),
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Prefixes every record key (default `idemgate:`), so several applications can
+    /// share one Redis. It must not contain `{` or `}`, which would change the hash
+    /// tag.
+    ///
+    /// ```
+    /// let builder = idemgate_redis::RedisStore::builder().with_key_prefix("billing:idem:");
+    /// ```
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Compresses stored responses whose encoding is larger than `bytes` with zstd
+    /// (default 1 KiB; `usize::MAX` turns compression off). Readers decode either
+    /// form, so the threshold can change at any time.
+    ///
+    /// ```
+    /// let builder = idemgate_redis::RedisStore::builder().with_compression_threshold(4096);
+    /// ```
+    pub fn with_compression_threshold(mut self, bytes: usize) -> Self {
+        self.codec = ResponseCodec::new(bytes).with_level(self.codec.level());
+        self
+    }
+
+    /// The zstd level for compressed responses (default 3).
+    ///
+    /// ```
+    /// let builder = idemgate_redis::RedisStore::builder().with_compression_level(1);
+    /// ```
+    pub fn with_compression_level(mut self, level: i32) -> Self {
+        self.codec = self.codec.with_level(level);
+        self
+    }
+
+    /// How long one command may wait for its reply (default 1 s).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let builder = idemgate_redis::RedisStore::builder().with_response_timeout(Duration::from_millis(800));
+    /// ```
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long one connection attempt may take (default 500 ms).
+    ///
+    /// Every store call is bounded by the response timeout plus this one, so while
+    /// Redis is unreachable calls fail within that bound (1.5 s by default).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let builder = idemgate_redis::RedisStore::builder().with_connect_timeout(Duration::from_millis(300));
+    /// ```
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// What to do when `maxmemory-policy` may evict records (default
+    /// [`EvictionCheck::Refuse`]).
+    ///
+    /// ```
+    /// use idemgate_redis::{EvictionCheck, RedisStore};
+    /// let builder = RedisStore::builder().with_eviction_check(EvictionCheck::Warn);
+    /// ```
+    pub fn with_eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.eviction_check = check;
+        self
+    }
+
+    /// Connects to one Redis server (`redis://[user:password@]host:port[/db]`,
+    /// `rediss://` needs a TLS feature of redis-rs), then checks its eviction policy.
+    pub async fn connect(self, url: &str) -> Result<RedisStore, RedisStoreError> {
+        self.check_prefix()?;
+        let client = redis::Client::open(url).map_err(RedisStoreError::Config)?;
+        let connection = Connection::standalone(client.clone(), self.timeouts()).await?;
+        self.finish(connection, vec![client]).await
+    }
+
+    /// Connects to a Redis Cluster through any of `nodes` (the rest of the topology
+    /// is discovered), then checks the eviction policy of every primary.
+    pub async fn connect_cluster<I, S>(self, nodes: I) -> Result<RedisStore, RedisStoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.check_prefix()?;
+        let nodes: Vec<String> = nodes.into_iter().map(|node| node.as_ref().to_owned()).collect();
+        if nodes.is_empty() {
+            return Err(RedisStoreError::NoClusterNodes);
+        }
+        let pubsub_clients = nodes
+            .iter()
+            .map(|node| redis::Client::open(node.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(RedisStoreError::Config)?;
+        let connection = Connection::cluster(&nodes, self.timeouts()).await?;
+        self.finish(connection, pubsub_clients).await
+    }
+
+    fn check_prefix(&self) -> Result<(), RedisStoreError> {
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(RedisStoreError::InvalidKeyPrefix(self.key_prefix.clone()));
+        }
+        Ok(())
+    }
+
+    fn timeouts(&self) -> Timeouts {
+        Timeouts { response: self.response_timeout, connect: self.connect_timeout }
+    }
+
+    async fn finish(
+        self,
+        connection: Connection,
+        pubsub_clients: Vec<redis::Client>,
+    ) -> Result<RedisStore, RedisStoreError> {
+        let deadline = self.response_timeout + self.connect_timeout;
+        let eviction_policy = match tokio::time::timeout(deadline, read_policy(&connection)).await {
+            Ok(policy) => policy,
+            Err(_) => EvictionPolicy::Unknown,
+        };
+        match (&eviction_policy, self.eviction_check) {
+            (EvictionPolicy::NoEviction, _) => {}
+            (EvictionPolicy::Evicting(policy), EvictionCheck::Refuse) => {
+                return Err(RedisStoreError::EvictingPolicy { policy: policy.clone() });
+            }
+            (EvictionPolicy::Evicting(policy), EvictionCheck::Warn) => tracing::warn!(
+                maxmemory_policy = %policy,
+                "Redis may evict idempotency records under memory pressure, letting keys run twice; \
+                 set maxmemory-policy to noeviction"
+            ),
+            (EvictionPolicy::Unknown, _) => tracing::warn!(
+                maxmemory_policy = "unknown",
+                "could not read Redis maxmemory-policy (CONFIG GET refused?); make sure it is \
+                 noeviction, or records may be evicted and keys run twice"
+            ),
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                connection,
+                scripts: Scripts::new(),
+                channel: format!("{}changes", self.key_prefix),
+                key_prefix: self.key_prefix,
+                codec: self.codec,
+                deadline,
+                eviction_policy,
+                signals: Arc::new(ChangeSignals::new()),
+                subscriber: OnceLock::new(),
+                pubsub_clients,
+                connect_timeout: self.connect_timeout,
+            }),
+        })
+    }
+}
+
+impl RedisStore {
+    /// A builder with the defaults: prefix `idemgate:`, compression above 1 KiB,
+    /// 1 s response and 500 ms connect timeouts, [`EvictionCheck::Refuse`].
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    /// Connects to one Redis server with the default settings.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemgate_redis::RedisStoreError> {
+    /// let store = idemgate_redis::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, RedisStoreError> {
+        Self::builder().connect(url).await
+    }
+
+    /// Connects to a Redis Cluster with the default settings.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemgate_redis::RedisStoreError> {
+    /// let store = idemgate_redis::RedisStore::connect_cluster([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    /// ])
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster<I, S>(nodes: I) -> Result<Self, RedisStoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::builder().connect_cluster(nodes).await
+    }
+
+    /// The Redis key of the record under `identity`: `<prefix>{<hex digest>}`.
+    pub fn record_key(&self, identity: &IdentityDigest) -> String {
+        format!("{}{{{}}}", self.inner.key_prefix, identity.to_hex())
+    }
+
+    /// The pub/sub channel completions, releases and deletions are announced on:
+    /// `<prefix>changes`, with the 32-byte identity digest as the message.
+    pub fn change_channel(&self) -> &str {
+        &self.inner.channel
+    }
+
+    /// The `maxmemory-policy` found at startup.
+    pub fn eviction_policy(&self) -> &EvictionPolicy {
+        &self.inner.eviction_policy
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.connection, Connection::Cluster(_))
+    }
+
+    /// Runs one script, bounded by the operation deadline.
+    async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        let deadline = self.inner.deadline;
+        match tokio::time::timeout(deadline, self.inner.connection.invoke(invocation)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(classify(err)),
+            Err(_) => Err(StoreError::unavailable(RedisStoreError::Timeout(deadline))),
+        }
+    }
+
+    /// Runs a fenced script: 1 applied, 0 refused.
+    async fn fenced(&self, invocation: &ScriptInvocation<'_>) -> Result<FencedWrite, StoreError> {
+        match int_of(self.run(invocation).await?).map_err(StoreError::corrupt)? {
+            1 => Ok(FencedWrite::Applied),
+            _ => Ok(FencedWrite::Refused),
+        }
+    }
+
+    fn notify(&self, identity: &IdentityDigest, write: FencedWrite) {
+        if write == FencedWrite::Applied {
+            self.inner.signals.notify(identity);
+        }
+    }
+
+    fn ensure_subscribed(&self) {
+        self.inner.subscriber.get_or_init(|| {
+            tokio::spawn(subscriber::run(
+                self.inner.pubsub_clients.clone(),
+                self.inner.channel.clone(),
+                Arc::downgrade(&self.inner.signals),
+                self.inner.connect_timeout,
+            ))
+            .abort_handle()
+        });
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).clamp(1, MAX_DURATION_MS)
+}
+
+fn token_arg(token: FencingToken) -> String {
+    token.0.to_string()
+}
+
+/// Decodes the claim script's reply.
+fn decode_claim(reply: Value, identity: IdentityDigest, codec: &ResponseCodec) -> Result<Claim, RedisStoreError> {
+    let mut items = array_of(reply)?.into_iter();
+    let mut next = || items.next().ok_or(RedisStoreError::UnexpectedReply("short claim reply"));
+    let tag = bytes_of(next()?)?;
+    let now = Timestamp::from_millis(int_of(next()?)?);
+    let origin = match tag.as_slice() {
+        b"E" => {
+            let record = decode_record(next()?, codec)?
+                .ok_or(RedisStoreError::UnexpectedReply("existing record without fields"))?;
+            return Ok(Claim::Existing(Snapshot { record, now }));
+        }
+        b"N" => LeaseOrigin::New,
+        b"R" => LeaseOrigin::Released,
+        b"T" => LeaseOrigin::TakenOver,
+        _ => return Err(RedisStoreError::UnexpectedReply("unknown claim outcome")),
+    };
+    let operation_id = <[u8; 16]>::try_from(bytes_of(next()?)?.as_slice())
+        .map(OperationId::from_bytes)
+        .map_err(|_| RedisStoreError::UnexpectedReply("operation id is not 16 bytes"))?;
+    let token = u64::try_from(int_of(next()?)?)
+        .map_err(|_| RedisStoreError::UnexpectedReply("negative token"))?;
+    let locked_until = Timestamp::from_millis(int_of(next()?)?);
+    Ok(Claim::Acquired(Lease {
+        identity,
+        operation_id,
+        token: FencingToken(token),
+        origin,
+        locked_until,
+    }))
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let identity = *request.identity.digest();
+        let key = self.record_key(&identity);
+        let new_operation = OperationId::random();
+        let mut invocation = self.inner.scripts.claim.key(&key);
+        invocation
+            .arg(request.fingerprint.as_bytes())
+            .arg(new_operation.as_bytes())
+            .arg(millis(request.lease))
+            .arg(millis(request.ttl))
+            .arg(RECORD_FORMAT_VERSION);
+        let reply = self.run(&invocation).await?;
+        decode_claim(reply, identity, &self.inner.codec).map_err(StoreError::corrupt)
+    }
+
+    async fn complete(&self, lease: &Lease, completion: &Completion) -> Result<FencedWrite, StoreError> {
+        let key = self.record_key(&lease.identity);
+        let response = self.inner.codec.encode(&completion.response);
+        let mut invocation = self.inner.scripts.complete.key(&key);
+        invocation
+            .arg(lease.operation_id.as_bytes())
+            .arg(token_arg(lease.token))
+            .arg(status_code(completion.status.into()))
+            .arg(response.as_slice())
+            .arg(millis(completion.ttl))
+            .arg(&self.inner.channel)
+            .arg(lease.identity.as_bytes());
+        let write = self.fenced(&invocation).await?;
+        self.notify(&lease.identity, write);
+        Ok(write)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let key = self.record_key(&lease.identity);
+        let mut invocation = self.inner.scripts.release.key(&key);
+        invocation
+            .arg(lease.operation_id.as_bytes())
+            .arg(token_arg(lease.token))
+            .arg(&self.inner.channel)
+            .arg(lease.identity.as_bytes());
+        let write = self.fenced(&invocation).await?;
+        self.notify(&lease.identity, write);
+        Ok(write)
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        let key = self.record_key(&lease.identity);
+        let mut invocation = self.inner.scripts.renew.key(&key);
+        invocation
+            .arg(lease.operation_id.as_bytes())
+            .arg(token_arg(lease.token))
+            .arg(millis(lease_for));
+        self.fenced(&invocation).await
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let key = self.record_key(&lease.identity);
+        let mut invocation = self.inner.scripts.delete.key(&key);
+        invocation
+            .arg(lease.operation_id.as_bytes())
+            .arg(token_arg(lease.token))
+            .arg(&self.inner.channel)
+            .arg(lease.identity.as_bytes());
+        let write = self.fenced(&invocation).await?;
+        self.notify(&lease.identity, write);
+        Ok(write)
+    }
+
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        let key = self.record_key(identity);
+        let invocation = self.inner.scripts.get.key(&key);
+        let reply = self.run(&invocation).await?;
+        let decode = || -> Result<Option<Snapshot>, RedisStoreError> {
+            let mut items = array_of(reply)?.into_iter();
+            let now = items.next().ok_or(RedisStoreError::UnexpectedReply("short get reply"))?;
+            let now = Timestamp::from_millis(int_of(now)?);
+            let fields = items.next().ok_or(RedisStoreError::UnexpectedReply("short get reply"))?;
+            Ok(decode_record(fields, &self.inner.codec)?.map(|record| Snapshot { record, now }))
+        };
+        decode().map_err(StoreError::corrupt)
+    }
+
+    /// Wakes on this store's own completions, releases and deletions at once, and on
+    /// other instances' through the pub/sub channel (subscribed at the first wait, so
+    /// that first wait may miss one); the timeout is the floor either way.
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        self.ensure_subscribed();
+        self.inner.signals.wait(identity, timeout).await;
+    }
+}
