@@ -1,0 +1,133 @@
+//! The crate's own errors, and how `sqlx` errors become [`StoreError`]s.
+
+use idemgate_core::StoreError;
+
+/// What can go wrong outside the [`idemgate_core::Store`] methods: migrating, and
+/// starting the purge task. (Store methods answer [`StoreError`].)
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The migration's statements failed.
+    #[error("idemgate PostgreSQL migration failed")]
+    Migrate(#[source] sqlx::Error),
+    /// The database holds a schema newer than this build knows: an older build must
+    /// not write to it.
+    #[error("idemgate schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew {
+        /// The version recorded in the database.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// [`crate::PostgresStore::spawn_purge`] was called outside a tokio runtime.
+    #[error("no tokio runtime to run the purge task on")]
+    NoRuntime(#[source] tokio::runtime::TryCurrentError),
+}
+
+/// How an error from `sqlx` is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// The database cannot answer now: unreachable, timing out, shutting down, out of
+    /// connections. Retry later.
+    Transient,
+    /// A row that cannot be decoded.
+    Corrupt,
+    /// Anything else (a missing table, a permission error): still answered as
+    /// unavailable, so the layer fails closed, but logged as unexpected.
+    Unexpected,
+}
+
+/// Classifies by error variant and SQLSTATE, never by message text.
+pub(crate) fn classify(err: &sqlx::Error) -> Class {
+    use sqlx::Error as E;
+    match err {
+        E::Io(_)
+        | E::Tls(_)
+        | E::PoolTimedOut
+        | E::PoolClosed
+        | E::WorkerCrashed
+        | E::Protocol(_)
+        | E::BeginFailed => Class::Transient,
+        E::ColumnDecode { .. }
+        | E::Decode(_)
+        | E::ColumnNotFound(_)
+        | E::ColumnIndexOutOfBounds { .. }
+        | E::TypeNotFound { .. }
+        | E::RowNotFound => Class::Corrupt,
+        E::Database(db) => match db.code() {
+            Some(code) if is_transient_sqlstate(&code) => Class::Transient,
+            _ => Class::Unexpected,
+        },
+        _ => Class::Unexpected,
+    }
+}
+
+/// SQLSTATEs that mean "try again later".
+fn is_transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08") // connection exception
+        || code.starts_with("57P") // admin / crash shutdown, cannot connect now
+        || matches!(
+            code,
+            "57014" // query_canceled: statement_timeout
+                | "55P03" // lock_not_available: lock_timeout
+                | "53300" // too_many_connections
+                | "53000" // insufficient_resources
+                | "53100" // disk_full
+                | "53200" // out_of_memory
+                | "40001" // serialization_failure
+                | "40P01" // deadlock_detected
+                | "25006" // read_only_sql_transaction: a standby after failover
+        )
+}
+
+/// Turns a `sqlx` error into the store's error, keeping it as the source.
+pub(crate) fn store_error(err: sqlx::Error) -> StoreError {
+    match classify(&err) {
+        Class::Transient => StoreError::unavailable(err),
+        Class::Corrupt => StoreError::corrupt(err),
+        Class::Unexpected => {
+            tracing::error!(error = %err, "unexpected PostgreSQL error in the idempotency store");
+            StoreError::unavailable(err)
+        }
+    }
+}
+
+/// A record read back that breaks the schema's invariants.
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt idempotency record: {0}")]
+pub(crate) struct CorruptRecord(pub(crate) &'static str);
+
+/// A claim found the record changing under it on every bounded retry.
+#[derive(Debug, thiserror::Error)]
+#[error("the idempotency record kept changing while it was claimed; retry")]
+pub(crate) struct ClaimContended;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_and_pool_errors_are_transient() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(classify(&sqlx::Error::Io(io)), Class::Transient);
+        assert_eq!(classify(&sqlx::Error::PoolTimedOut), Class::Transient);
+        assert_eq!(classify(&sqlx::Error::PoolClosed), Class::Transient);
+        assert_eq!(classify(&sqlx::Error::RowNotFound), Class::Corrupt);
+        assert_eq!(
+            classify(&sqlx::Error::ColumnNotFound("token".into())),
+            Class::Corrupt
+        );
+    }
+
+    #[test]
+    fn sqlstates() {
+        for code in [
+            "08006", "08001", "57014", "57P01", "57P03", "53300", "40001",
+        ] {
+            assert!(is_transient_sqlstate(code), "{code}");
+        }
+        for code in ["42P01", "23505", "22P02", "42501"] {
+            assert!(!is_transient_sqlstate(code), "{code}");
+        }
+    }
+}

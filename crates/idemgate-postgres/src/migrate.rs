@@ -1,0 +1,76 @@
+//! The store's own schema migration, versioned in its own table.
+
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::error::Error;
+use crate::sql::{self, Names, SCHEMA_VERSION};
+
+/// Every idemgate migrator takes this transaction-scoped advisory lock, so concurrent
+/// `migrate()` calls run one after the other. It is derived from a fixed string, so
+/// it does not depend on any application's advisory-lock numbering scheme.
+const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended('idemgate.migrate', 0))";
+
+pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
+    let mut tx = pool.begin().await.map_err(Error::Migrate)?;
+    sqlx::query(LOCK)
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::Migrate)?;
+    if let Some(schema) = &names.schema {
+        let create = format!("CREATE SCHEMA IF NOT EXISTS {}", sql::quote(schema));
+        sqlx::raw_sql(AssertSqlSafe(create))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::Migrate)?;
+    }
+    let versions = names.versions();
+    let create_versions = format!(
+        "CREATE TABLE IF NOT EXISTS {versions} ( \
+             table_name  TEXT        NOT NULL PRIMARY KEY, \
+             version     BIGINT      NOT NULL, \
+             migrated_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp() \
+         )"
+    );
+    sqlx::raw_sql(AssertSqlSafe(create_versions))
+        .execute(&mut *tx)
+        .await
+        .map_err(Error::Migrate)?;
+    let found: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT version FROM {versions} WHERE table_name = $1"
+    )))
+    .bind(&names.table)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::Migrate)?;
+    match found {
+        Some(found) if found > SCHEMA_VERSION => {
+            return Err(Error::SchemaTooNew {
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        Some(found) if found == SCHEMA_VERSION => {
+            return tx.commit().await.map_err(Error::Migrate);
+        }
+        _ => {}
+    }
+    // Version 1 is the only one so far; later versions add their steps here,
+    // guarded by `found`.
+    for statement in sql::schema_v1(names) {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&mut *tx)
+            .await
+            .map_err(Error::Migrate)?;
+    }
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {versions} (table_name, version) VALUES ($1, $2) \
+         ON CONFLICT (table_name) DO UPDATE \
+         SET version = EXCLUDED.version, migrated_at = clock_timestamp()"
+    )))
+    .bind(&names.table)
+    .bind(SCHEMA_VERSION)
+    .execute(&mut *tx)
+    .await
+    .map_err(Error::Migrate)?;
+    tx.commit().await.map_err(Error::Migrate)
+}

@@ -1,0 +1,222 @@
+//! The SQL the store runs, built once per store from its (quoted) table names.
+
+use std::sync::Arc;
+
+/// The default record table.
+pub(crate) const DEFAULT_TABLE: &str = "idemgate_records";
+
+/// The table that keeps the schema version of each idemgate record table.
+pub(crate) const VERSION_TABLE: &str = "idemgate_schema_versions";
+
+/// Quotes an identifier, so any name is safe to splice into SQL.
+pub(crate) fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// Where the store's objects live.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    /// The schema, or `None` for the connection's `search_path`.
+    pub(crate) schema: Option<String>,
+    /// The record table's unqualified name.
+    pub(crate) table: String,
+}
+
+impl Names {
+    fn qualify(&self, name: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!("{}.{}", quote(schema), quote(name)),
+            None => quote(name),
+        }
+    }
+
+    pub(crate) fn table(&self) -> String {
+        self.qualify(&self.table)
+    }
+
+    pub(crate) fn versions(&self) -> String {
+        self.qualify(VERSION_TABLE)
+    }
+
+    pub(crate) fn sequence(&self) -> String {
+        self.qualify(&format!("{}_token_seq", self.table))
+    }
+
+    /// Index names are never schema-qualified: an index lives with its table.
+    pub(crate) fn expires_index(&self) -> String {
+        quote(&format!("{}_expires_at_idx", self.table))
+    }
+}
+
+/// Milliseconds since the epoch of a `timestamptz` expression, rounded down.
+fn ms(expr: &str) -> String {
+    format!("floor(extract(epoch FROM {expr}) * 1000)::bigint")
+}
+
+/// The fence every write after the claim carries: `$1` identity, `$2` operation id,
+/// `$3` token.
+const FENCE: &str = "identity = $1 AND operation_id = $2 AND token = $3 \
+     AND status = 'PROCESSING' AND expires_at > clock_timestamp()";
+
+/// The statements of one store.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) claim: Arc<str>,
+    pub(crate) read: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) delete: Arc<str>,
+    pub(crate) purge: Arc<str>,
+}
+
+impl Statements {
+    pub(crate) fn new(names: &Names) -> Self {
+        let t = names.table();
+        let seq = names.sequence();
+        // How the claim came about is written to `lease_origin` by the statement
+        // itself (an insert says 'NEW'), rather than read from `xmax = 0`: system
+        // columns cannot be returned from a partitioned table.
+        // `expired` is judged against the statement's one clock reading, which the
+        // proposed row carries as `EXCLUDED.created_at`.
+        let expired = "r.expires_at <= EXCLUDED.created_at";
+        let claim = format!(
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+             INSERT INTO {t} AS r (identity, principal, method, path, idempotency_key, \
+                 fingerprint, format_version, operation_id, token, status, lease_origin, \
+                 locked_until, created_at, expires_at) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, nextval('{seq_literal}'), 'PROCESSING', 'NEW', \
+                 now.t + $9 * interval '1 millisecond', now.t, \
+                 now.t + $10 * interval '1 millisecond' \
+             FROM now \
+             ON CONFLICT (identity) DO UPDATE SET \
+                 fingerprint = EXCLUDED.fingerprint, \
+                 format_version = CASE WHEN {expired} THEN EXCLUDED.format_version \
+                     ELSE r.format_version END, \
+                 operation_id = CASE WHEN {expired} THEN EXCLUDED.operation_id \
+                     ELSE r.operation_id END, \
+                 token = EXCLUDED.token, \
+                 status = 'PROCESSING', \
+                 lease_origin = CASE WHEN {expired} THEN 'NEW' \
+                     WHEN r.status = 'RELEASED' THEN 'RELEASED' ELSE 'TAKEN_OVER' END, \
+                 locked_until = EXCLUDED.locked_until, \
+                 response_status = NULL, response_headers = NULL, response_body = NULL, \
+                 body_retained = NULL, \
+                 created_at = CASE WHEN {expired} THEN EXCLUDED.created_at \
+                     ELSE r.created_at END, \
+                 expires_at = CASE WHEN {expired} THEN EXCLUDED.expires_at \
+                     ELSE GREATEST(r.expires_at, EXCLUDED.expires_at) END \
+             WHERE {expired} \
+                OR (r.fingerprint = EXCLUDED.fingerprint AND (r.status = 'RELEASED' \
+                    OR (r.status = 'PROCESSING' AND (r.locked_until IS NULL \
+                        OR r.locked_until <= EXCLUDED.created_at)))) \
+             RETURNING r.operation_id, r.token, r.lease_origin, \
+                 {locked_until} AS locked_until_ms",
+            // nextval takes the sequence's name as a string literal.
+            seq_literal = seq.replace('\'', "''"),
+            locked_until = ms("r.locked_until"),
+        );
+        let read = format!(
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+             SELECT r.fingerprint, r.format_version, r.operation_id, r.token, r.status, \
+                 {locked_until} AS locked_until_ms, r.response_status, r.response_headers, \
+                 r.response_body, r.body_retained, {created} AS created_ms, \
+                 {expires} AS expires_ms, {now} AS now_ms \
+             FROM now JOIN {t} r ON r.identity = $1 AND r.expires_at > now.t",
+            locked_until = ms("r.locked_until"),
+            created = ms("r.created_at"),
+            expires = ms("r.expires_at"),
+            now = ms("now.t"),
+        );
+        let complete = format!(
+            "UPDATE {t} SET status = $4, locked_until = NULL, response_status = $5, \
+                 response_headers = $6, response_body = $7, body_retained = $8, \
+                 expires_at = clock_timestamp() + $9 * interval '1 millisecond' \
+             WHERE {FENCE}"
+        );
+        let release =
+            format!("UPDATE {t} SET status = 'RELEASED', locked_until = NULL WHERE {FENCE}");
+        let renew = format!(
+            "UPDATE {t} SET locked_until = clock_timestamp() + $4 * interval '1 millisecond' \
+             WHERE {FENCE}"
+        );
+        let delete = format!("DELETE FROM {t} WHERE {FENCE}");
+        // SKIP LOCKED: rows a claim is replacing right now are left for the next run.
+        let purge = format!(
+            "DELETE FROM {t} WHERE identity IN ( \
+                 SELECT identity FROM {t} WHERE expires_at <= clock_timestamp() \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             AND expires_at <= clock_timestamp()"
+        );
+        Self {
+            claim: claim.into(),
+            read: read.into(),
+            complete: complete.into(),
+            release: release.into(),
+            renew: renew.into(),
+            delete: delete.into(),
+            purge: purge.into(),
+        }
+    }
+}
+
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// The statements that create schema version 1, in order.
+pub(crate) fn schema_v1(names: &Names) -> Vec<String> {
+    let t = names.table();
+    vec![
+        format!("CREATE SEQUENCE IF NOT EXISTS {}", names.sequence()),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} ( \
+                 identity         BYTEA       NOT NULL PRIMARY KEY \
+                                              CHECK (octet_length(identity) = 32), \
+                 principal        TEXT        NOT NULL, \
+                 method           TEXT        NOT NULL, \
+                 path             TEXT        NOT NULL, \
+                 idempotency_key  TEXT        NOT NULL, \
+                 fingerprint      BYTEA       NOT NULL CHECK (octet_length(fingerprint) = 32), \
+                 format_version   INTEGER     NOT NULL, \
+                 operation_id     UUID        NOT NULL, \
+                 token            BIGINT      NOT NULL, \
+                 status           TEXT        NOT NULL CHECK (status IN \
+                                      ('PROCESSING', 'COMPLETED', 'FAILED', 'RELEASED')), \
+                 lease_origin     TEXT        NOT NULL CHECK (lease_origin IN \
+                                      ('NEW', 'RELEASED', 'TAKEN_OVER')), \
+                 locked_until     TIMESTAMPTZ, \
+                 response_status  INTEGER, \
+                 response_headers BYTEA, \
+                 response_body    BYTEA, \
+                 body_retained    BOOLEAN, \
+                 created_at       TIMESTAMPTZ NOT NULL, \
+                 expires_at       TIMESTAMPTZ NOT NULL, \
+                 CHECK (status NOT IN ('COMPLETED', 'FAILED') OR (response_status IS NOT NULL \
+                     AND response_headers IS NOT NULL AND body_retained IS NOT NULL)), \
+                 CHECK (body_retained IS NOT TRUE OR response_body IS NOT NULL) \
+             )"
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {t} (expires_at)",
+            names.expires_index()
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(quote("a\"b"), "\"a\"\"b\"");
+        let names = Names {
+            schema: Some("s".into()),
+            table: "t".into(),
+        };
+        assert_eq!(names.table(), "\"s\".\"t\"");
+        assert_eq!(names.sequence(), "\"s\".\"t_token_seq\"");
+        assert_eq!(names.expires_index(), "\"t_expires_at_idx\"");
+        assert_eq!(names.versions(), "\"s\".\"idemgate_schema_versions\"");
+    }
+}
