@@ -195,7 +195,7 @@ where
         Ok(body) => body,
         Err(problem) => return problem.into_response(),
     };
-    let (path, query) = request_path(&parts, config.path_source);
+    let (path, query) = request_path(&parts);
     let header_values: Vec<(&str, &[u8])> = config
         .fingerprint_headers
         .iter()
@@ -218,10 +218,17 @@ where
         headers: &header_values,
         body: &body,
     });
+    let scope_path = match config.path_source {
+        PathSource::RouteTemplate => parts
+            .extensions
+            .get::<MatchedPath>()
+            .map(|m| m.as_str().to_owned()),
+        PathSource::Request => None,
+    };
     let scope = Scope {
         principal,
         method: parts.method.as_str().to_owned(),
-        path,
+        path: scope_path.unwrap_or(path),
     };
     let claim = ClaimRequest {
         identity: Identity::new(scope, key),
@@ -276,25 +283,16 @@ where
     }
 }
 
-/// The scope path and the query string: from the original URI, so a nested router
-/// does not shorten it.
-fn request_path(parts: &Parts, source: PathSource) -> (String, String) {
+/// The normalized path and the query string, from the original URI so a nested
+/// router does not shorten them. The fingerprint always uses this path; the scope
+/// may use the route template instead.
+fn request_path(parts: &Parts) -> (String, String) {
     let uri = parts
         .extensions
         .get::<OriginalUri>()
         .map_or(&parts.uri, |original| &original.0);
     let query = uri.query().unwrap_or_default().to_owned();
-    let template = match source {
-        PathSource::RouteTemplate => parts
-            .extensions
-            .get::<MatchedPath>()
-            .map(|m| m.as_str().to_owned()),
-        PathSource::Request => None,
-    };
-    (
-        template.unwrap_or_else(|| normalize_path(uri.path())),
-        query,
-    )
+    (normalize_path(uri.path()), query)
 }
 
 /// What a claim came to.

@@ -1,0 +1,957 @@
+//! The layer in a real axum app, with a counting mock payment handler: every test
+//! asserts effects (charges, bytes, records), not only status codes.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use idemgate::{IdempotencyLayer, MemoryStore, PathSource, ServerErrorPolicy};
+use support::*;
+use tokio::sync::Barrier;
+
+fn memory_app() -> (axum::Router, Arc<Gateway>) {
+    let gateway = Arc::new(Gateway::default());
+    (
+        app(
+            IdempotencyLayer::new(MemoryStore::new()),
+            Arc::clone(&gateway),
+        ),
+        gateway,
+    )
+}
+
+// --- The seed's three scenarios -------------------------------------------------
+
+#[tokio::test]
+async fn lost_response_is_replayed_byte_for_byte_without_a_second_charge() {
+    let (app, gateway) = memory_app();
+    let key = new_key();
+    let first = send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    // The client never saw `first` (timeout) and retries with the same key.
+    let retry = send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await;
+    assert_eq!(gateway.charges(), 1, "the retry charged again");
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body, "replayed body differs");
+    assert_eq!(retry.headers["location"], first.headers["location"]);
+    assert_eq!(retry.headers["content-type"], first.headers["content-type"]);
+    let tags: Vec<_> = retry.headers.get_all("x-tag").iter().collect();
+    assert_eq!(
+        tags,
+        ["first", "second"],
+        "repeated headers keep their order"
+    );
+    assert!(
+        first.headers.contains_key("set-cookie"),
+        "the first client gets its cookie"
+    );
+    assert!(
+        !retry.headers.contains_key("set-cookie"),
+        "cookies are not replayed by default"
+    );
+}
+
+async fn race(concurrency: usize) {
+    let (app, gateway) = memory_app();
+    gateway.delay_ms.store(500, Ordering::SeqCst);
+    let key = new_key();
+    let barrier = Arc::new(Barrier::new(concurrency));
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (app, key, barrier) = (app.clone(), key.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    assert_eq!(
+        gateway.charges(),
+        1,
+        "{concurrency} concurrent identical requests charged {} times",
+        gateway.charges()
+    );
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    let conflicts = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CONFLICT)
+        .count();
+    assert_eq!(
+        created.len() + conflicts,
+        concurrency,
+        "only 201s and 409s expected"
+    );
+    assert!(!created.is_empty());
+    for answer in &created {
+        assert_eq!(
+            answer.body, created[0].body,
+            "every 201 carries the one outcome"
+        );
+    }
+    for conflict in answers.iter().filter(|a| a.status == StatusCode::CONFLICT) {
+        assert_eq!(
+            conflict.problem_type(),
+            "https://idemgate.dev/problems/in-progress"
+        );
+        let retry_after: u64 = conflict.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(retry_after >= 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn race_of_two_charges_once() {
+    race(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn race_of_fifty_charges_once() {
+    race(50).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wait_mode_turns_conflicts_into_replays() {
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(300, Ordering::SeqCst);
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_wait(Duration::from_secs(5));
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let barrier = Arc::new(Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (app, key, barrier) = (app.clone(), key.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await
+            })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "waiters get the outcome, not 409"
+        );
+        bodies.push(answer.body);
+    }
+    assert_eq!(gateway.charges(), 1);
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+}
+
+#[tokio::test]
+async fn wait_mode_gives_up_with_409_after_its_bound() {
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(1_500, Ordering::SeqCst);
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_wait(Duration::from_millis(200));
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let first = {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(
+            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
+        )
+    };
+    gateway.charging.notified().await;
+    let start = std::time::Instant::now();
+    let second = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(second.status, StatusCode::CONFLICT);
+    assert!(start.elapsed() >= Duration::from_millis(200));
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn payload_tampering_is_422_and_never_runs() {
+    let (app, gateway) = memory_app();
+    let key = new_key();
+    let first = send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let tampered = ORDER.replace("1500", "1");
+    let second = send(
+        &app,
+        post_json("/orders", Some("alice"), Some(&key), &tampered),
+    )
+    .await;
+    assert_eq!(second.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        second.problem_type(),
+        "https://idemgate.dev/problems/key-reused"
+    );
+    assert_eq!(gateway.charges(), 1);
+    // Tampering while the first request still runs is a 422 too, not a 409.
+    gateway.delay_ms.store(400, Ordering::SeqCst);
+    let key = new_key();
+    let running = {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(async move {
+            send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await
+        })
+    };
+    gateway.charging.notified().await;
+    let during = send(
+        &app,
+        post_json("/orders", Some("alice"), Some(&key), &tampered),
+    )
+    .await;
+    assert_eq!(during.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(running.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(gateway.charges(), 2);
+}
+
+// --- Scope and fingerprint -------------------------------------------------------
+
+#[tokio::test]
+async fn the_same_key_from_another_principal_or_route_is_another_operation() {
+    let (app, gateway) = memory_app();
+    let key = new_key();
+    let alice = send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await;
+    let bob = send(&app, post_json("/orders", Some("bob"), Some(&key), ORDER)).await;
+    assert_eq!(
+        (alice.status, bob.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(!bob.replayed(), "bob must never see alice's response");
+    assert_ne!(alice.body, bob.body);
+    let other_route = send(
+        &app,
+        post_json("/status/201", Some("alice"), Some(&key), ORDER),
+    )
+    .await;
+    assert!(!other_route.replayed());
+    assert_eq!(gateway.charges(), 3);
+}
+
+#[tokio::test]
+async fn the_scope_is_the_full_path_even_under_a_nested_router() {
+    let gateway = Arc::new(Gateway::default());
+    let inner = app(
+        IdempotencyLayer::new(MemoryStore::new()),
+        Arc::clone(&gateway),
+    );
+    let nested = axum::Router::new()
+        .nest("/v1", inner.clone())
+        .nest("/v2", inner);
+    let key = new_key();
+    let v1 = send(
+        &nested,
+        post_json("/v1/orders", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    let v2 = send(
+        &nested,
+        post_json("/v2/orders", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    assert!(!v1.replayed() && !v2.replayed());
+    assert_eq!(
+        gateway.charges(),
+        2,
+        "/v1/orders and /v2/orders are different scopes"
+    );
+    let again = send(
+        &nested,
+        post_json("/v1/orders", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    assert!(again.replayed());
+    assert_eq!(gateway.charges(), 2);
+}
+
+#[tokio::test]
+async fn route_templates_can_name_the_scope() {
+    let gateway = Arc::new(Gateway::default());
+    let layer =
+        IdempotencyLayer::new(MemoryStore::new()).with_path_source(PathSource::RouteTemplate);
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let a = send(&app, post_json("/status/201", Some("a"), Some(&key), ORDER)).await;
+    // Another path under the same template and the same key: the fingerprint
+    // (which includes the path) differs, so it is a 422, not a new operation.
+    let b = send(&app, post_json("/status/202", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert_eq!(b.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn reordered_json_is_the_same_request() {
+    let (app, gateway) = memory_app();
+    let key = new_key();
+    send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    let reordered = "{ \"amount\": 1500.0, \"currency\": \"RUB\",\n \"items\": [ {\"quantity\": 1, \"id\": 42} ] }";
+    let retry = send(&app, post_json("/orders", Some("a"), Some(&key), reordered)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn big_numbers_are_compared_exactly() {
+    let (app, gateway) = memory_app();
+    let key = new_key();
+    send(
+        &app,
+        post_json(
+            "/orders",
+            Some("a"),
+            Some(&key),
+            r#"{"amount":9007199254740993}"#,
+        ),
+    )
+    .await;
+    let rounded = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("a"),
+            Some(&key),
+            r#"{"amount":9007199254740992}"#,
+        ),
+    )
+    .await;
+    assert_eq!(
+        rounded.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "f64 rounding must not merge these"
+    );
+    let same = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("a"),
+            Some(&key),
+            r#"{"amount":9007199254740993.0}"#,
+        ),
+    )
+    .await;
+    assert!(same.replayed());
+    assert_eq!(gateway.charges(), 1);
+}
+
+// --- Refusals before any claim ---------------------------------------------------
+
+#[tokio::test]
+async fn invalid_keys_are_400_and_nothing_runs_or_is_stored() {
+    let store = Arc::new(FaultyStore::default());
+    let gateway = Arc::new(Gateway::default());
+    let app = app(
+        IdempotencyLayer::from_arc(store.clone()),
+        Arc::clone(&gateway),
+    );
+    let too_long = "k".repeat(256);
+    for key in [
+        "",
+        "a,b",
+        "\"a\";p=1",
+        "a b",
+        "\"unterminated",
+        too_long.as_str(),
+    ] {
+        let answer = send(&app, post_json("/orders", Some("a"), Some(key), ORDER)).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "key {key:?}");
+        assert_eq!(
+            answer.problem_type(),
+            "https://idemgate.dev/problems/invalid-key"
+        );
+    }
+    let mut repeated = post_json("/orders", Some("a"), Some("k1"), ORDER);
+    repeated
+        .headers_mut()
+        .append("idempotency-key", "k1".parse().unwrap());
+    let answer = send(&app, repeated).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert!(
+        answer.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than one")
+    );
+    assert_eq!(gateway.charges(), 0);
+    assert_eq!(store.claims.load(Ordering::SeqCst), 0);
+    assert!(store.memory.is_empty());
+}
+
+#[tokio::test]
+async fn requests_without_a_key_pass_through_or_are_refused_when_required() {
+    let (app, gateway) = memory_app();
+    for _ in 0..2 {
+        let answer = send(&app, post_json("/orders", Some("a"), None, ORDER)).await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+        assert!(!answer.replayed());
+    }
+    assert_eq!(gateway.charges(), 2, "without a key every request runs");
+
+    let gateway = Arc::new(Gateway::default());
+    let strict = app_with(
+        IdempotencyLayer::new(MemoryStore::new()).with_require_key(true),
+        &gateway,
+    );
+    let answer = send(&strict, post_json("/orders", Some("a"), None, ORDER)).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        answer.problem_type(),
+        "https://idemgate.dev/problems/missing-key"
+    );
+    assert_eq!(gateway.charges(), 0);
+}
+
+fn app_with(layer: IdempotencyLayer, gateway: &Arc<Gateway>) -> axum::Router {
+    app(layer, Arc::clone(gateway))
+}
+
+#[tokio::test]
+async fn no_principal_is_401_before_any_claim() {
+    let store = Arc::new(FaultyStore::default());
+    let gateway = Arc::new(Gateway::default());
+    let app = app(
+        IdempotencyLayer::from_arc(store.clone()),
+        Arc::clone(&gateway),
+    );
+    let answer = send(&app, post_json("/orders", None, Some(&new_key()), ORDER)).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        answer.problem_type(),
+        "https://idemgate.dev/problems/unauthenticated"
+    );
+    assert_eq!(store.claims.load(Ordering::SeqCst), 0);
+    assert_eq!(gateway.charges(), 0);
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413_before_any_claim() {
+    let store = Arc::new(FaultyStore::default());
+    let gateway = Arc::new(Gateway::default());
+    let app = app(
+        IdempotencyLayer::from_arc(store.clone()).with_body_limit(1_000),
+        Arc::clone(&gateway),
+    );
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(2_000));
+    let answer = send(
+        &app,
+        post_json("/orders", Some("a"), Some(&new_key()), &big),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        answer.problem_type(),
+        "https://idemgate.dev/problems/body-too-large"
+    );
+    // Without Content-Length (a stream), the limit still holds.
+    let stream =
+        futures_util::stream::iter((0..10).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 300])));
+    let mut request = post_json("/orders", Some("a"), Some(&new_key()), "");
+    *request.body_mut() = axum::body::Body::from_stream(stream);
+    assert_eq!(
+        send(&app, request).await.status,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    assert_eq!(store.claims.load(Ordering::SeqCst), 0);
+    assert_eq!(gateway.charges(), 0);
+}
+
+#[tokio::test]
+async fn methods_not_covered_pass_through_even_with_a_key() {
+    let gateway = Arc::new(Gateway::default());
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_methods([axum::http::Method::PATCH]);
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    for _ in 0..2 {
+        assert!(
+            !send(&app, post_json("/orders", Some("a"), Some(&key), ORDER))
+                .await
+                .replayed()
+        );
+    }
+    assert_eq!(gateway.charges(), 2);
+}
+
+// --- Finality ------------------------------------------------------------------------
+
+async fn twice(app: &axum::Router, uri: &str) -> (Answer, Answer) {
+    let key = new_key();
+    let first = send(app, post_json(uri, Some("a"), Some(&key), ORDER)).await;
+    let second = send(app, post_json(uri, Some("a"), Some(&key), ORDER)).await;
+    (first, second)
+}
+
+#[tokio::test]
+async fn client_errors_are_final_and_replayed() {
+    let (app, gateway) = memory_app();
+    let (first, second) = twice(&app, "/status/404").await;
+    assert_eq!(
+        (first.status, second.status),
+        (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
+    );
+    assert!(second.replayed());
+    assert_eq!(second.body, first.body);
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn timeouts_and_rate_limits_are_released_and_run_again() {
+    for code in [408, 429] {
+        let (app, gateway) = memory_app();
+        let (first, second) = twice(&app, &format!("/status/{code}")).await;
+        assert_eq!(first.status.as_u16(), code);
+        assert!(!second.replayed(), "{code} must not be replayed");
+        assert_eq!(gateway.charges(), 2);
+    }
+}
+
+#[tokio::test]
+async fn server_errors_are_stored_by_default_and_released_by_policy() {
+    let (app, gateway) = memory_app();
+    let (first, second) = twice(&app, "/status/502").await;
+    assert_eq!(first.status, StatusCode::BAD_GATEWAY);
+    assert!(second.replayed(), "an unmarked 5xx is FAILED and replayed");
+    assert_eq!(gateway.charges(), 1);
+
+    let gateway = Arc::new(Gateway::default());
+    let release = app_with(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_server_error_policy(ServerErrorPolicy::Release),
+        &gateway,
+    );
+    let (_, second) = twice(&release, "/status/502").await;
+    assert!(!second.replayed());
+    assert_eq!(gateway.charges(), 2);
+}
+
+#[tokio::test]
+async fn handler_marks_override_the_status_rules() {
+    // Retryable: released, runs again with the same operation id.
+    let (app, gateway) = memory_app();
+    let (first, second) = twice(&app, "/mark/retryable/502").await;
+    assert!(!second.replayed());
+    assert_eq!(gateway.charges(), 2);
+    let op = |a: &Answer| {
+        String::from_utf8(a.body.to_vec())
+            .unwrap()
+            .split(" op ")
+            .nth(1)
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(op(&first), op(&second), "a released operation keeps its id");
+
+    // Final: even a 503 is stored.
+    let (app, gateway) = memory_app();
+    let (_, second) = twice(&app, "/mark/final/503").await;
+    assert!(second.replayed());
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn a_rejected_request_frees_the_key_for_a_corrected_body() {
+    let (app, gateway) = memory_app();
+    let key = new_key();
+    let bad = send(
+        &app,
+        post_json(
+            "/mark/rejected/400",
+            Some("a"),
+            Some(&key),
+            r#"{"items":[]}"#,
+        ),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let corrected = send(
+        &app,
+        post_json("/mark/rejected/400", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    assert_ne!(
+        corrected.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "the key was freed"
+    );
+    assert!(!corrected.replayed());
+    assert_eq!(gateway.charges(), 2);
+}
+
+#[tokio::test]
+async fn a_panic_answers_500_and_is_stored_as_failed() {
+    let (app, gateway) = memory_app();
+    let (first, second) = twice(&app, "/panic").await;
+    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        first.problem_type(),
+        "https://idemgate.dev/problems/handler-failed"
+    );
+    assert!(second.replayed());
+    assert_eq!(second.body, first.body);
+    assert_eq!(
+        gateway.charges(),
+        1,
+        "a panic after the charge must not charge again"
+    );
+
+    let gateway = Arc::new(Gateway::default());
+    let release = app_with(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_server_error_policy(ServerErrorPolicy::Release),
+        &gateway,
+    );
+    let (_, second) = twice(&release, "/panic").await;
+    assert_eq!(second.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!second.replayed());
+    assert_eq!(gateway.charges(), 2);
+}
+
+#[tokio::test]
+async fn oversized_responses_stream_once_and_replay_as_not_retained() {
+    let gateway = Arc::new(Gateway::default());
+    let app = app_with(
+        IdempotencyLayer::new(MemoryStore::new()).with_response_limit(10_000),
+        &gateway,
+    );
+    let (first, second) = twice(&app, "/big/50000").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(
+        first.body.len(),
+        50_000,
+        "the first client gets the whole body"
+    );
+    assert!(
+        first
+            .body
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == (i % 251) as u8)
+    );
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(second.replayed());
+    assert_eq!(second.headers["idempotency-response"], "not-retained");
+    assert!(second.body.is_empty());
+    assert_eq!(
+        gateway.charges(),
+        1,
+        "a large response never runs the handler again"
+    );
+    // Within the limit, the body is kept.
+    let (_, small) = twice(&app, "/big/9000").await;
+    assert_eq!(small.body.len(), 9_000);
+}
+
+// --- Detached execution, fencing, store failures -------------------------------------
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_handler_gets_a_replay_on_retry() {
+    let (app, gateway) = memory_app();
+    gateway.delay_ms.store(300, Ordering::SeqCst);
+    let key = new_key();
+    let client = {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(
+            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
+        )
+    };
+    gateway.charging.notified().await;
+    client.abort(); // the connection drops: axum drops the request future
+    assert!(client.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gateway.delay_ms.store(0, Ordering::SeqCst);
+    let retry = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed(), "the detached handler stored its response");
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_handlers_whose_clients_left() {
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(300, Ordering::SeqCst);
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let tasks = layer.detached_tasks();
+    let app = app(layer, Arc::clone(&gateway));
+    let client = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            send(
+                &app,
+                post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+            )
+            .await
+        })
+    };
+    gateway.charging.notified().await;
+    client.abort();
+    assert_eq!(tasks.running(), 1);
+    assert!(tasks.shutdown(Duration::from_secs(5)).await);
+    assert_eq!(
+        gateway.charges(),
+        1,
+        "the handler finished before shutdown returned"
+    );
+    assert_eq!(tasks.running(), 0);
+}
+
+#[tokio::test]
+async fn store_outage_is_503_and_nothing_runs() {
+    let store = Arc::new(FaultyStore::default());
+    store.claims_fail.store(true, Ordering::SeqCst);
+    let gateway = Arc::new(Gateway::default());
+    let app = app(
+        IdempotencyLayer::from_arc(store.clone()),
+        Arc::clone(&gateway),
+    );
+    let answer = send(
+        &app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        answer.problem_type(),
+        "https://idemgate.dev/problems/store-unavailable"
+    );
+    assert_eq!(answer.headers["retry-after"], "1");
+    assert_eq!(
+        gateway.charges(),
+        0,
+        "fail closed: no execution while the store is down"
+    );
+}
+
+#[tokio::test]
+async fn a_full_store_is_503_and_nothing_runs() {
+    let gateway = Arc::new(Gateway::default());
+    let app = app_with(
+        IdempotencyLayer::new(MemoryStore::new().with_capacity(1)),
+        &gateway,
+    );
+    assert_eq!(
+        send(
+            &app,
+            post_json("/orders", Some("a"), Some(&new_key()), ORDER)
+        )
+        .await
+        .status,
+        StatusCode::CREATED
+    );
+    let answer = send(
+        &app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        answer.problem_type(),
+        "https://idemgate.dev/problems/store-full"
+    );
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_completion_still_answers_and_the_retry_takes_over_the_same_operation() {
+    let store = Arc::new(FaultyStore::default());
+    store.completes_fail.store(true, Ordering::SeqCst);
+    let gateway = Arc::new(Gateway::default());
+    let layer = IdempotencyLayer::from_arc(store.clone()).with_lease(Duration::from_millis(300));
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let first = send(
+        &app,
+        post_json("/mark/final/201", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    assert_eq!(
+        first.status,
+        StatusCode::CREATED,
+        "the client gets the real response"
+    );
+    store.completes_fail.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let retry = send(
+        &app,
+        post_json("/mark/final/201", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    let op = |a: &Answer| {
+        String::from_utf8(a.body.to_vec())
+            .unwrap()
+            .split(" op ")
+            .nth(1)
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        op(&first),
+        op(&retry),
+        "the takeover keeps the operation id, so downstream keys dedupe"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_completion_gives_the_client_the_winners_outcome() {
+    // The first holder cannot renew (a paused process, say): its lease lapses, a
+    // retry takes the operation over and completes. The first holder's completion
+    // is then refused, and its client gets the winner's stored response.
+    let store = Arc::new(FaultyStore::default());
+    store.renewals_refused.store(true, Ordering::SeqCst);
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(700, Ordering::SeqCst);
+    let layer = IdempotencyLayer::from_arc(store.clone()).with_lease(Duration::from_millis(200));
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let slow = {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(
+            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
+        )
+    };
+    gateway.charging.notified().await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // the first lease has lapsed
+    gateway.delay_ms.store(0, Ordering::SeqCst);
+    let winner = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(winner.status, StatusCode::CREATED);
+    assert!(
+        !winner.replayed(),
+        "the retry took the lapsed operation over and ran it"
+    );
+    let loser = slow.await.unwrap();
+    assert_eq!(loser.status, StatusCode::CREATED);
+    assert_eq!(
+        loser.body, winner.body,
+        "both clients see the one stored outcome"
+    );
+    assert!(loser.replayed());
+    assert_eq!(winner.json()["operation_id"], loser.json()["operation_id"]);
+    let replay = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(replay.body, winner.body);
+}
+
+#[tokio::test]
+async fn the_handler_sees_its_operation_and_renewal_keeps_a_slow_holder() {
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(700, Ordering::SeqCst);
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_lease(Duration::from_millis(300));
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let slow = {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(
+            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
+        )
+    };
+    gateway.charging.notified().await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // past the first lease length
+    let duplicate = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(
+        duplicate.status,
+        StatusCode::CONFLICT,
+        "a renewed lease is not taken over"
+    );
+    let first = slow.await.unwrap();
+    assert!(
+        first.json()["operation_id"]
+            .as_str()
+            .is_some_and(|id| id.len() == 36)
+    );
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn too_many_keyed_requests_in_flight_are_503() {
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(300, Ordering::SeqCst);
+    let app = app_with(
+        IdempotencyLayer::new(MemoryStore::new()).with_max_in_flight(1),
+        &gateway,
+    );
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            send(
+                &app,
+                post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+            )
+            .await
+        })
+    };
+    gateway.charging.notified().await;
+    let second = send(
+        &app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    )
+    .await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        second.problem_type(),
+        "https://idemgate.dev/problems/overloaded"
+    );
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(gateway.charges(), 1);
+}
+
+// --- The transactional hand-over ------------------------------------------------------
+
+fn transactional_app() -> (axum::Router, Arc<Gateway>, Arc<FakeTransactionalStore>) {
+    let gateway = Arc::new(Gateway::default());
+    let store = Arc::new(FakeTransactionalStore::default());
+    let app = app(
+        IdempotencyLayer::from_arc(store.clone()),
+        Arc::clone(&gateway),
+    )
+    .layer(axum::Extension(Arc::clone(&store)));
+    (app, gateway, store)
+}
+
+#[tokio::test]
+async fn a_handler_transaction_commits_with_the_completion() {
+    let (app, gateway, store) = transactional_app();
+    let (first, second) = twice(&app, "/transactional/201").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(second.replayed());
+    assert_eq!(store.commits.load(Ordering::SeqCst), 1);
+    assert_eq!(store.rollbacks.load(Ordering::SeqCst), 0);
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn a_handler_transaction_is_rolled_back_and_released_on_a_5xx() {
+    let (app, gateway, store) = transactional_app();
+    let (_, second) = twice(&app, "/transactional/500").await;
+    assert!(
+        !second.replayed(),
+        "the rollback undid the effects, so the retry runs"
+    );
+    assert_eq!(store.commits.load(Ordering::SeqCst), 0);
+    assert_eq!(store.rollbacks.load(Ordering::SeqCst), 2);
+    assert_eq!(gateway.charges(), 2);
+}
+
+#[tokio::test]
+async fn a_keyless_handler_transaction_commits_unless_5xx() {
+    let (app, _, store) = transactional_app();
+    send(
+        &app,
+        post_json("/transactional/201", Some("a"), None, ORDER),
+    )
+    .await;
+    assert_eq!(store.commits.load(Ordering::SeqCst), 1);
+    send(
+        &app,
+        post_json("/transactional/503", Some("a"), None, ORDER),
+    )
+    .await;
+    assert_eq!(store.rollbacks.load(Ordering::SeqCst), 1);
+}

@@ -1,0 +1,73 @@
+//! The counters of PROTOCOL §12, read back from a recorder installed for this test
+//! binary alone (a global recorder cannot be shared with other tests).
+
+mod support;
+
+use std::sync::Arc;
+
+use idemgate::{IdempotencyLayer, MemoryStore};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+use support::*;
+
+fn counter(
+    snapshot: &[(CompositeKey, DebugValue)],
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, _)| key.kind() == MetricKind::Counter && key.key().name() == name)
+        .filter(|(key, _)| {
+            label.is_none_or(|(k, v)| key.key().labels().any(|l| l.key() == k && l.value() == v))
+        })
+        .map(|(_, value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn outcomes_and_store_latencies_are_recorded() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this binary");
+
+    let gateway = Arc::new(Gateway::default());
+    let app = app(IdempotencyLayer::new(MemoryStore::new()), gateway);
+    let key = new_key();
+    send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    send(&app, post_json("/orders", Some("a"), Some(&key), "{}")).await;
+    send(&app, post_json("/orders", Some("a"), Some("a,b"), ORDER)).await;
+    send(&app, post_json("/orders", None, Some(&key), ORDER)).await;
+    send(&app, post_json("/orders", Some("a"), None, ORDER)).await;
+
+    let snapshot: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key, value))
+        .collect();
+    let outcome = |o: &str| counter(&snapshot, "idemgate_requests_total", Some(("outcome", o)));
+    assert_eq!(outcome("executed"), 1);
+    assert_eq!(outcome("replayed"), 1);
+    assert_eq!(outcome("mismatch"), 1);
+    assert_eq!(outcome("invalid_key"), 1);
+    assert_eq!(outcome("unauthenticated"), 1);
+    assert_eq!(outcome("passed_through"), 1);
+    let claims = snapshot
+        .iter()
+        .find(|(key, _)| {
+            key.key().name() == "idemgate_store_seconds"
+                && key.key().labels().any(|l| l.value() == "claim")
+        })
+        .map(|(_, value)| match value {
+            DebugValue::Histogram(samples) => samples.len(),
+            _ => 0,
+        });
+    assert_eq!(claims, Some(3), "one claim latency per claim");
+}

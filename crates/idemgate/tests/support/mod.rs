@@ -1,0 +1,330 @@
+//! A real axum app behind the layer, with a counting mock "payment" handler.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Extension, Json};
+use http_body_util::BodyExt;
+use idemgate::scope::IdentityDigest;
+use idemgate::transaction::{PendingTransaction, TransactionSlot};
+use idemgate::{
+    Claim, ClaimRequest, Completion, FencedWrite, Finality, IdempotencyLayer, Lease, MemoryStore,
+    OperationContext, Principal, Snapshot, Store, StoreError,
+};
+use tower::ServiceExt;
+
+/// The mock payment gateway: counts charges, optionally slowly.
+#[derive(Default)]
+pub struct Gateway {
+    pub charges: AtomicUsize,
+    pub delay_ms: AtomicUsize,
+    /// Signalled when a charge starts.
+    pub charging: tokio::sync::Notify,
+}
+
+impl Gateway {
+    pub fn charges(&self) -> usize {
+        self.charges.load(Ordering::SeqCst)
+    }
+}
+
+/// Builds the app: auth from `x-user` (no header → no principal), the layer as a
+/// route layer, and handlers that charge the gateway.
+pub fn app(layer: IdempotencyLayer, gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/status/{code}", post(answer_with_status))
+        .route("/mark/{mark}/{code}", post(answer_with_mark))
+        .route("/panic", post(panic_after_charge))
+        .route("/big/{bytes}", post(big_response))
+        .route("/transactional/{code}", post(transactional))
+        .route_layer(layer)
+        .layer(middleware::from_fn(authenticate))
+        .with_state(gateway)
+}
+
+async fn authenticate(mut request: Request, next: Next) -> Response {
+    if let Some(user) = request
+        .headers()
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+    {
+        let principal = Principal::new(format!("user:{user}"));
+        request.extensions_mut().insert(principal);
+    }
+    next.run(request).await
+}
+
+async fn charge(gateway: &Gateway) -> usize {
+    gateway.charging.notify_waiters();
+    let delay = gateway.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay as u64)).await;
+    }
+    gateway.charges.fetch_add(1, Ordering::SeqCst) + 1
+}
+
+async fn create_order(
+    State(gateway): State<Arc<Gateway>>,
+    operation: Option<Extension<OperationContext>>,
+    body: Bytes,
+) -> Response {
+    let charge_no = charge(&gateway).await;
+    let operation_id = operation.map(|Extension(op)| op.operation_id.to_string());
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::LOCATION,
+        HeaderValue::from_str(&format!("/orders/{charge_no}")).unwrap(),
+    );
+    headers.append("x-tag", HeaderValue::from_static("first"));
+    headers.append("x-tag", HeaderValue::from_static("second"));
+    headers.insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("session=secret"),
+    );
+    let json = serde_json::json!({
+        "order": charge_no,
+        "operation_id": operation_id,
+        "body_len": body.len(),
+    });
+    (StatusCode::CREATED, headers, Json(json)).into_response()
+}
+
+async fn answer_with_status(
+    State(gateway): State<Arc<Gateway>>,
+    Path(code): Path<u16>,
+) -> Response {
+    let n = charge(&gateway).await;
+    (StatusCode::from_u16(code).unwrap(), format!("run {n}")).into_response()
+}
+
+async fn answer_with_mark(
+    State(gateway): State<Arc<Gateway>>,
+    Path((mark, code)): Path<(String, u16)>,
+    Extension(op): Extension<OperationContext>,
+) -> Response {
+    let n = charge(&gateway).await;
+    let mark = match mark.as_str() {
+        "final" => Finality::Final,
+        "retryable" => Finality::Retryable,
+        "rejected" => Finality::Rejected,
+        other => panic!("unknown mark {other}"),
+    };
+    (
+        StatusCode::from_u16(code).unwrap(),
+        mark,
+        format!("run {n} op {}", op.operation_id),
+    )
+        .into_response()
+}
+
+async fn panic_after_charge(State(gateway): State<Arc<Gateway>>) -> Response {
+    charge(&gateway).await;
+    panic!("the handler blew up after charging");
+}
+
+async fn big_response(State(gateway): State<Arc<Gateway>>, Path(bytes): Path<usize>) -> Response {
+    charge(&gateway).await;
+    let body: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+    (StatusCode::OK, body).into_response()
+}
+
+/// A handler using a fake transactional store: the transaction's "commit" runs the
+/// completion on the MemoryStore held in the slot's transaction, and counts.
+async fn transactional(
+    State(gateway): State<Arc<Gateway>>,
+    Path(code): Path<u16>,
+    Extension(slot): Extension<TransactionSlot>,
+    Extension(store): Extension<Arc<FakeTransactionalStore>>,
+) -> Response {
+    slot.lend().unwrap();
+    let n = charge(&gateway).await;
+    slot.give_back(Box::new(FakeTransaction { store }));
+    (StatusCode::from_u16(code).unwrap(), format!("run {n}")).into_response()
+}
+
+/// Counts what the layer did with handler transactions.
+#[derive(Default)]
+pub struct FakeTransactionalStore {
+    pub memory: MemoryStore,
+    pub commits: AtomicUsize,
+    pub rollbacks: AtomicUsize,
+}
+
+struct FakeTransaction {
+    store: Arc<FakeTransactionalStore>,
+}
+
+#[async_trait]
+impl PendingTransaction for FakeTransaction {
+    async fn complete_and_commit(
+        self: Box<Self>,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        let write = self.store.memory.complete(lease, completion).await?;
+        match write {
+            FencedWrite::Applied => self.store.commits.fetch_add(1, Ordering::SeqCst),
+            FencedWrite::Refused => self.store.rollbacks.fetch_add(1, Ordering::SeqCst),
+        };
+        Ok(write)
+    }
+    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        self.store.commits.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    async fn rollback(self: Box<Self>) -> Result<(), StoreError> {
+        self.store.rollbacks.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for FakeTransactionalStore {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.memory.try_claim(request).await
+    }
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        self.memory.complete(lease, completion).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.memory.release(lease).await
+    }
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        self.memory.renew(lease, lease_for).await
+    }
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.memory.delete(lease).await
+    }
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.memory.get(identity).await
+    }
+}
+
+/// Fault injection around a real MemoryStore: each switch makes one operation fail
+/// (`Unavailable`) or be refused.
+#[derive(Default)]
+pub struct FaultyStore {
+    pub memory: MemoryStore,
+    pub claims_fail: std::sync::atomic::AtomicBool,
+    pub completes_fail: std::sync::atomic::AtomicBool,
+    pub renewals_refused: std::sync::atomic::AtomicBool,
+    pub claims: AtomicUsize,
+}
+
+fn outage() -> StoreError {
+    StoreError::unavailable(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "injected outage",
+    ))
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.claims_fail.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.memory.try_claim(request).await
+    }
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        if self.completes_fail.load(Ordering::SeqCst) {
+            return Err(outage());
+        }
+        self.memory.complete(lease, completion).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.memory.release(lease).await
+    }
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        if self.renewals_refused.load(Ordering::SeqCst) {
+            return Ok(FencedWrite::Refused);
+        }
+        self.memory.renew(lease, lease_for).await
+    }
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.memory.delete(lease).await
+    }
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.memory.get(identity).await
+    }
+}
+
+/// A request builder with the usual headers.
+pub fn post_json(uri: &str, user: Option<&str>, key: Option<&str>, body: &str) -> Request {
+    let mut builder =
+        axum::http::Request::post(uri).header(header::CONTENT_TYPE, "application/json");
+    if let Some(user) = user {
+        builder = builder.header("x-user", user);
+    }
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
+    }
+
+    /// The RFC 9457 `type` of a problem answer.
+    pub fn problem_type(&self) -> String {
+        assert_eq!(
+            self.headers[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        self.json()["type"].as_str().unwrap().to_owned()
+    }
+}
+
+pub async fn send(app: &Router, request: Request) -> Answer {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+pub const ORDER: &str = r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#;
