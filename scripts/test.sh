@@ -10,5 +10,9 @@ scripts/services.sh all
 export IDEMGATE_TEST_POSTGRES_URL="${IDEMGATE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export IDEMGATE_TEST_REDIS_URL="${IDEMGATE_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 
+trap 'scripts/redis-cluster.sh stop' EXIT
+IDEMGATE_TEST_REDIS_CLUSTER_URLS="$(scripts/redis-cluster.sh start)"
+export IDEMGATE_TEST_REDIS_CLUSTER_URLS
+
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc "$@"

@@ -16,13 +16,14 @@ use idemgate_redis::ResponseCodec;
 /// An order-listing JSON body of about 64 KiB: realistic repetition (field names,
 /// similar values), not a run of one byte.
 fn json_response() -> StoredResponse {
+    const STATUSES: [&str; 4] = ["pending", "paid", "shipped", "delivered"];
     let mut orders = Vec::new();
     let mut body = Vec::new();
     for i in 0u64.. {
         orders.push(serde_json::json!({
             "id": format!("ord_{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             "customer": { "id": 1000 + i % 97, "email": format!("customer{}@example.com", i % 97) },
-            "status": ["pending", "paid", "shipped", "delivered"][(i % 4) as usize],
+            "status": STATUSES[(i % 4) as usize],
             "currency": "EUR",
             "amount_cents": 1999 + (i * 7919) % 50_000,
             "items": [
@@ -31,7 +32,8 @@ fn json_response() -> StoredResponse {
             ],
             "created_at": format!("2025-06-{:02}T{:02}:{:02}:00Z", 1 + i % 28, i % 24, i % 60),
         }));
-        body = serde_json::to_vec(&serde_json::json!({ "data": orders, "has_more": true })).expect("json");
+        body = serde_json::to_vec(&serde_json::json!({ "data": orders, "has_more": true }))
+            .expect("json");
         if body.len() >= 64 * 1024 {
             break;
         }
@@ -39,8 +41,14 @@ fn json_response() -> StoredResponse {
     StoredResponse {
         status: StatusCode::OK,
         headers: vec![
-            (HeaderName::from_static("content-type"), HeaderValue::from_static("application/json")),
-            (HeaderName::from_static("x-request-id"), HeaderValue::from_static("req_8f14e45fceea167a")),
+            (
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/json"),
+            ),
+            (
+                HeaderName::from_static("x-request-id"),
+                HeaderValue::from_static("req_8f14e45fceea167a"),
+            ),
         ],
         body: StoredBody::Retained(body.into()),
     }
@@ -49,19 +57,28 @@ fn json_response() -> StoredResponse {
 fn compression(c: &mut Criterion) {
     let response = json_response();
     let raw = ResponseCodec::new(usize::MAX);
-    let codecs = [("raw", raw), ("zstd-1", ResponseCodec::new(1024).with_level(1)), ("zstd-3", ResponseCodec::new(1024))];
+    let codecs = [
+        ("raw", raw),
+        ("zstd-1", ResponseCodec::new(1024).with_level(1)),
+        ("zstd-3", ResponseCodec::new(1024)),
+    ];
 
     let plain_len = raw.encode(&response).len();
     println!("stored response sizes for a {plain_len}-byte encoded JSON response:");
     for (name, codec) in &codecs {
         let len = codec.encode(&response).len();
-        println!("  {name:>7}: {len:>6} bytes ({:.1}% of raw)", 100.0 * len as f64 / plain_len as f64);
+        println!(
+            "  {name:>7}: {len:>6} bytes ({:.1}% of raw)",
+            100.0 * len as f64 / plain_len as f64
+        );
     }
 
     let mut group = c.benchmark_group("stored_response_64k_json");
     group.throughput(Throughput::Bytes(plain_len as u64));
     for (name, codec) in &codecs {
-        group.bench_function(format!("encode/{name}"), |b| b.iter(|| codec.encode(black_box(&response))));
+        group.bench_function(format!("encode/{name}"), |b| {
+            b.iter(|| codec.encode(black_box(&response)))
+        });
         let stored = bytes::Bytes::from(codec.encode(&response));
         group.bench_function(format!("decode/{name}"), |b| {
             b.iter(|| codec.decode(black_box(stored.clone())).expect("decode"))

@@ -57,7 +57,10 @@ impl Default for ResponseCodec {
 impl ResponseCodec {
     /// Compresses encodings longer than `threshold` bytes (`usize::MAX`: never).
     pub const fn new(threshold: usize) -> Self {
-        Self { threshold, level: zstd::DEFAULT_COMPRESSION_LEVEL }
+        Self {
+            threshold,
+            level: zstd::DEFAULT_COMPRESSION_LEVEL,
+        }
     }
 
     /// The same codec at zstd `level` (1 fastest … 19 smallest; 3 is the default).
@@ -171,7 +174,9 @@ pub(crate) fn decode_record(
         return Ok(None);
     }
     if fields.len() % 2 != 0 {
-        return Err(RedisStoreError::UnexpectedReply("odd number of hash fields"));
+        return Err(RedisStoreError::UnexpectedReply(
+            "odd number of hash fields",
+        ));
     }
     let mut version = None;
     let mut fingerprint = None;
@@ -188,7 +193,10 @@ pub(crate) fn decode_record(
         let value = bytes_of(value)?;
         let number = || decimal(&value).ok_or(DecodeError("invalid number"));
         match name.as_slice() {
-            b"v" => version = Some(u16::try_from(number()?).map_err(|_| DecodeError("invalid version"))?),
+            b"v" => {
+                version =
+                    Some(u16::try_from(number()?).map_err(|_| DecodeError("invalid version"))?)
+            }
             b"fp" => {
                 let bytes = <[u8; 32]>::try_from(value.as_slice())
                     .map_err(|_| DecodeError("invalid fingerprint"))?;
@@ -199,7 +207,9 @@ pub(crate) fn decode_record(
                     .map_err(|_| DecodeError("invalid operation id"))?;
                 operation_id = Some(OperationId::from_bytes(bytes));
             }
-            b"tk" => token = Some(u64::try_from(number()?).map_err(|_| DecodeError("invalid token"))?),
+            b"tk" => {
+                token = Some(u64::try_from(number()?).map_err(|_| DecodeError("invalid token"))?)
+            }
             b"st" => status = Some(parse_status(&value)?),
             b"lu" => locked_until = Some(Timestamp::from_millis(number()?)),
             b"ca" => created_at = Some(Timestamp::from_millis(number()?)),
@@ -264,7 +274,9 @@ mod tests {
 
     #[test]
     fn incompressible_bodies_are_kept_raw() {
-        let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let noise: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
         let codec = ResponseCodec::new(64);
         let encoded = codec.encode(&response(noise.clone()));
         assert_eq!(encoded[0], RAW);
@@ -275,19 +287,30 @@ mod tests {
     fn any_reader_decodes_any_writer() {
         let large = response(vec![b'x'; 10_000]);
         let written = ResponseCodec::new(16).encode(&large);
-        assert_eq!(ResponseCodec::new(usize::MAX).decode(written.into()).unwrap(), large);
+        assert_eq!(
+            ResponseCodec::new(usize::MAX)
+                .decode(written.into())
+                .unwrap(),
+            large
+        );
     }
 
     #[test]
     fn corrupt_values_are_errors() {
         let codec = ResponseCodec::default();
         for bad in [&b""[..], b"\x07abc", b"\x01not zstd", b"\x00\x09"] {
-            assert!(codec.decode(Bytes::copy_from_slice(bad)).is_err(), "{bad:?}");
+            assert!(
+                codec.decode(Bytes::copy_from_slice(bad)).is_err(),
+                "{bad:?}"
+            );
         }
     }
 
     fn field(name: &str, value: &[u8]) -> [Value; 2] {
-        [Value::BulkString(name.into()), Value::BulkString(value.to_vec())]
+        [
+            Value::BulkString(name.into()),
+            Value::BulkString(value.to_vec()),
+        ]
     }
 
     #[test]
@@ -302,12 +325,21 @@ mod tests {
             field("ca", b"1700000000000"),
             field("ea", b"1700086400000"),
         ];
-        let value = |fields: &[[Value; 2]]| Value::Array(fields.iter().flatten().cloned().collect());
-        let record = decode_record(value(&base), &ResponseCodec::default()).unwrap().unwrap();
+        let value =
+            |fields: &[[Value; 2]]| Value::Array(fields.iter().flatten().cloned().collect());
+        let record = decode_record(value(&base), &ResponseCodec::default())
+            .unwrap()
+            .unwrap();
         assert_eq!(record.status, RecordStatus::Processing);
         assert_eq!(record.token, FencingToken(2));
-        assert_eq!(record.locked_until, Some(Timestamp::from_millis(1_700_000_001_000)));
-        assert_eq!(decode_record(Value::Array(vec![]), &ResponseCodec::default()).unwrap(), None);
+        assert_eq!(
+            record.locked_until,
+            Some(Timestamp::from_millis(1_700_000_001_000))
+        );
+        assert_eq!(
+            decode_record(Value::Array(vec![]), &ResponseCodec::default()).unwrap(),
+            None
+        );
 
         let mut completed_without_response = base.clone();
         completed_without_response[4] = field("st", b"C");
@@ -315,7 +347,12 @@ mod tests {
         bad_fingerprint[1] = field("fp", b"short");
         let mut future_version = base.clone();
         future_version[0] = field("v", b"999");
-        for bad in [&base[1..], &completed_without_response[..], &bad_fingerprint[..], &future_version[..]] {
+        for bad in [
+            &base[1..],
+            &completed_without_response[..],
+            &bad_fingerprint[..],
+            &future_version[..],
+        ] {
             assert!(decode_record(value(bad), &ResponseCodec::default()).is_err());
         }
     }

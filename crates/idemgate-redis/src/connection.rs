@@ -44,14 +44,18 @@ pub(crate) struct Timeouts {
 
 impl Connection {
     /// Connects to one server, failing (not hanging) when it is unreachable.
-    pub(crate) async fn standalone(client: redis::Client, timeouts: Timeouts) -> Result<Self, RedisStoreError> {
+    pub(crate) async fn standalone(
+        client: redis::Client,
+        timeouts: Timeouts,
+    ) -> Result<Self, RedisStoreError> {
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeouts.response))
             .set_connection_timeout(Some(timeouts.connect))
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_max_delay(MAX_RECONNECT_DELAY);
         let bound = startup_bound(timeouts);
-        match tokio::time::timeout(bound, ConnectionManager::new_with_config(client, config)).await {
+        match tokio::time::timeout(bound, ConnectionManager::new_with_config(client, config)).await
+        {
             Ok(Ok(manager)) => Ok(Self::Standalone(manager)),
             Ok(Err(err)) => Err(RedisStoreError::Connect(err)),
             Err(_) => Err(RedisStoreError::ConnectTimeout(bound)),
@@ -59,7 +63,10 @@ impl Connection {
     }
 
     /// Connects to a cluster through any of its `nodes`.
-    pub(crate) async fn cluster(nodes: &[String], timeouts: Timeouts) -> Result<Self, RedisStoreError> {
+    pub(crate) async fn cluster(
+        nodes: &[String],
+        timeouts: Timeouts,
+    ) -> Result<Self, RedisStoreError> {
         let client = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(timeouts.connect)
             .response_timeout(timeouts.response)

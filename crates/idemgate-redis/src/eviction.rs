@@ -47,7 +47,9 @@ pub(crate) async fn read_policy(connection: &Connection) -> EvictionPolicy {
             let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             match cluster.clone().route_command(cmd, routing).await {
                 // One (node address, reply) pair per primary.
-                Ok(Value::Map(per_node)) => per_node.into_iter().map(|(_, reply)| Ok(reply)).collect(),
+                Ok(Value::Map(per_node)) => {
+                    per_node.into_iter().map(|(_, reply)| Ok(reply)).collect()
+                }
                 other => vec![other],
             }
         }
@@ -60,7 +62,11 @@ pub(crate) async fn read_policy(connection: &Connection) -> EvictionPolicy {
             None => unknown = true,
         }
     }
-    if unknown { EvictionPolicy::Unknown } else { EvictionPolicy::NoEviction }
+    if unknown {
+        EvictionPolicy::Unknown
+    } else {
+        EvictionPolicy::NoEviction
+    }
 }
 
 /// The value of a `CONFIG GET maxmemory-policy` reply: `[name, value]`, or a map.

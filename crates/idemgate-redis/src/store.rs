@@ -199,7 +199,10 @@ impl RedisStoreBuilder {
         S: AsRef<str>,
     {
         self.check_prefix()?;
-        let nodes: Vec<String> = nodes.into_iter().map(|node| node.as_ref().to_owned()).collect();
+        let nodes: Vec<String> = nodes
+            .into_iter()
+            .map(|node| node.as_ref().to_owned())
+            .collect();
         if nodes.is_empty() {
             return Err(RedisStoreError::NoClusterNodes);
         }
@@ -220,7 +223,10 @@ impl RedisStoreBuilder {
     }
 
     fn timeouts(&self) -> Timeouts {
-        Timeouts { response: self.response_timeout, connect: self.connect_timeout }
+        Timeouts {
+            response: self.response_timeout,
+            connect: self.connect_timeout,
+        }
     }
 
     async fn finish(
@@ -236,7 +242,9 @@ impl RedisStoreBuilder {
         match (&eviction_policy, self.eviction_check) {
             (EvictionPolicy::NoEviction, _) => {}
             (EvictionPolicy::Evicting(policy), EvictionCheck::Refuse) => {
-                return Err(RedisStoreError::EvictingPolicy { policy: policy.clone() });
+                return Err(RedisStoreError::EvictingPolicy {
+                    policy: policy.clone(),
+                });
             }
             (EvictionPolicy::Evicting(policy), EvictionCheck::Warn) => tracing::warn!(
                 maxmemory_policy = %policy,
@@ -363,7 +371,9 @@ impl RedisStore {
 }
 
 fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).clamp(1, MAX_DURATION_MS)
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, MAX_DURATION_MS)
 }
 
 fn token_arg(token: FencingToken) -> String {
@@ -371,15 +381,24 @@ fn token_arg(token: FencingToken) -> String {
 }
 
 /// Decodes the claim script's reply.
-fn decode_claim(reply: Value, identity: IdentityDigest, codec: &ResponseCodec) -> Result<Claim, RedisStoreError> {
+fn decode_claim(
+    reply: Value,
+    identity: IdentityDigest,
+    codec: &ResponseCodec,
+) -> Result<Claim, RedisStoreError> {
     let mut items = array_of(reply)?.into_iter();
-    let mut next = || items.next().ok_or(RedisStoreError::UnexpectedReply("short claim reply"));
+    let mut next = || {
+        items
+            .next()
+            .ok_or(RedisStoreError::UnexpectedReply("short claim reply"))
+    };
     let tag = bytes_of(next()?)?;
     let now = Timestamp::from_millis(int_of(next()?)?);
     let origin = match tag.as_slice() {
         b"E" => {
-            let record = decode_record(next()?, codec)?
-                .ok_or(RedisStoreError::UnexpectedReply("existing record without fields"))?;
+            let record = decode_record(next()?, codec)?.ok_or(RedisStoreError::UnexpectedReply(
+                "existing record without fields",
+            ))?;
             return Ok(Claim::Existing(Snapshot { record, now }));
         }
         b"N" => LeaseOrigin::New,
@@ -419,7 +438,11 @@ impl Store for RedisStore {
         decode_claim(reply, identity, &self.inner.codec).map_err(StoreError::corrupt)
     }
 
-    async fn complete(&self, lease: &Lease, completion: &Completion) -> Result<FencedWrite, StoreError> {
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
         let key = self.record_key(&lease.identity);
         let response = self.inner.codec.encode(&completion.response);
         let mut invocation = self.inner.scripts.complete.key(&key);
@@ -478,9 +501,13 @@ impl Store for RedisStore {
         let reply = self.run(&invocation).await?;
         let decode = || -> Result<Option<Snapshot>, RedisStoreError> {
             let mut items = array_of(reply)?.into_iter();
-            let now = items.next().ok_or(RedisStoreError::UnexpectedReply("short get reply"))?;
+            let now = items
+                .next()
+                .ok_or(RedisStoreError::UnexpectedReply("short get reply"))?;
             let now = Timestamp::from_millis(int_of(now)?);
-            let fields = items.next().ok_or(RedisStoreError::UnexpectedReply("short get reply"))?;
+            let fields = items
+                .next()
+                .ok_or(RedisStoreError::UnexpectedReply("short get reply"))?;
             Ok(decode_record(fields, &self.inner.codec)?.map(|record| Snapshot { record, now }))
         };
         decode().map_err(StoreError::corrupt)

@@ -32,7 +32,9 @@ pub(crate) async fn run(
             Ok(Ok(pubsub)) => {
                 let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    let Some(signals) = signals.upgrade() else { return };
+                    let Some(signals) = signals.upgrade() else {
+                        return;
+                    };
                     if let Ok(digest) = <[u8; 32]>::try_from(message.get_payload_bytes()) {
                         signals.notify(&IdentityDigest::from_bytes(digest));
                     }

@@ -47,7 +47,10 @@ async fn acquire(store: &RedisStore, request: &ClaimRequest) -> idemgate_core::L
 
 #[tokio::test]
 async fn shared_server_has_the_safe_eviction_policy() {
-    assert_eq!(redis_store().await.eviction_policy(), &EvictionPolicy::NoEviction);
+    assert_eq!(
+        redis_store().await.eviction_policy(),
+        &EvictionPolicy::NoEviction
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -67,33 +70,75 @@ async fn one_hash_per_record_under_a_hash_tagged_key_expiring_at_expires_at() {
     let store = redis_store().await;
     let request = fresh_request();
     let key = store.record_key(request.identity.digest());
-    assert_eq!(key, format!("idemgate:{{{}}}", request.identity.digest().to_hex()));
+    assert_eq!(
+        key,
+        format!("idemgate:{{{}}}", request.identity.digest().to_hex())
+    );
     let lease = acquire(&store, &request).await;
 
     let mut admin = admin().await;
-    let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut admin).await.unwrap();
+    let kind: String = redis::cmd("TYPE")
+        .arg(&key)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     assert_eq!(kind, "hash");
     let mut fields: Vec<String> = admin.hkeys(&key).await.unwrap();
     fields.sort();
     assert_eq!(fields, ["ca", "ea", "fp", "lu", "op", "st", "tk", "v"]);
     let op: Vec<u8> = admin.hget(&key, "op").await.unwrap();
-    assert_eq!(op, lease.operation_id.as_bytes(), "the operation id is stored as its 16 bytes");
-    let expiry: i64 = redis::cmd("PEXPIRETIME").arg(&key).query_async(&mut admin).await.unwrap();
+    assert_eq!(
+        op,
+        lease.operation_id.as_bytes(),
+        "the operation id is stored as its 16 bytes"
+    );
+    let expiry: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     let expires_at: i64 = admin.hget(&key, "ea").await.unwrap();
-    assert_eq!(expiry, expires_at, "the key's expiry is the record's expires_at");
+    assert_eq!(
+        expiry, expires_at,
+        "the key's expiry is the record's expires_at"
+    );
     let locked_until: i64 = admin.hget(&key, "lu").await.unwrap();
     assert_eq!(locked_until, lease.locked_until.as_millis());
-    assert!(expiry - locked_until > 86_000_000, "the key lives for the ttl, not the lease");
+    assert!(
+        expiry - locked_until > 86_000_000,
+        "the key lives for the ttl, not the lease"
+    );
 
-    let completion = Completion { status: FinalStatus::Completed, response: awkward_response(), ttl: Duration::from_secs(120) };
-    assert_eq!(store.complete(&lease, &completion).await.unwrap(), FencedWrite::Applied);
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(120),
+    };
+    assert_eq!(
+        store.complete(&lease, &completion).await.unwrap(),
+        FencedWrite::Applied
+    );
     let snapshot = store.get(request.identity.digest()).await.unwrap().unwrap();
-    let expiry: i64 = redis::cmd("PEXPIRETIME").arg(&key).query_async(&mut admin).await.unwrap();
-    assert_eq!(expiry, snapshot.record.expires_at.as_millis(), "completion moved the key's expiry");
+    let expiry: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        expiry,
+        snapshot.record.expires_at.as_millis(),
+        "completion moved the key's expiry"
+    );
     let ttl = snapshot.record.expires_at.duration_since(snapshot.now);
-    assert!(ttl > Duration::from_secs(110) && ttl <= Duration::from_secs(120), "completion + ttl: {ttl:?}");
+    assert!(
+        ttl > Duration::from_secs(110) && ttl <= Duration::from_secs(120),
+        "completion + ttl: {ttl:?}"
+    );
     let fields: Vec<String> = admin.hkeys(&key).await.unwrap();
-    assert!(!fields.contains(&"lu".to_owned()), "no lease once completed");
+    assert!(
+        !fields.contains(&"lu".to_owned()),
+        "no lease once completed"
+    );
 }
 
 #[tokio::test]
@@ -102,13 +147,19 @@ async fn times_come_from_the_redis_clock() {
     let mut admin = admin().await;
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut admin).await.unwrap();
     let before = secs * 1000 + micros / 1000;
-    let request = ClaimRequest { lease: Duration::from_secs(30), ..fresh_request() };
+    let request = ClaimRequest {
+        lease: Duration::from_secs(30),
+        ..fresh_request()
+    };
     let lease = acquire(&store, &request).await;
     let snapshot = store.get(request.identity.digest()).await.unwrap().unwrap();
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut admin).await.unwrap();
     let after = secs * 1000 + micros / 1000;
     let created = snapshot.record.created_at.as_millis();
-    assert!(before <= created && created <= after, "created_at {created} not within TIME [{before}, {after}]");
+    assert!(
+        before <= created && created <= after,
+        "created_at {created} not within TIME [{before}, {after}]"
+    );
     assert!(before <= snapshot.now.as_millis() && snapshot.now.as_millis() <= after);
     assert_eq!(lease.locked_until.as_millis(), created + 30_000);
 }
@@ -116,10 +167,17 @@ async fn times_come_from_the_redis_clock() {
 #[tokio::test]
 async fn a_lapsed_lease_keeps_the_record_and_its_operation_id() {
     let store = redis_store().await;
-    let request = ClaimRequest { lease: Duration::from_millis(100), ..fresh_request() };
+    let request = ClaimRequest {
+        lease: Duration::from_millis(100),
+        ..fresh_request()
+    };
     let first = acquire(&store, &request).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let seen = store.get(request.identity.digest()).await.unwrap().expect("a lapsed lease is not an expired key");
+    let seen = store
+        .get(request.identity.digest())
+        .await
+        .unwrap()
+        .expect("a lapsed lease is not an expired key");
     assert_eq!(seen.record.status, RecordStatus::Processing);
     assert!(!seen.record.lease_is_live(seen.now));
     assert_eq!(seen.record.operation_id, first.operation_id);
@@ -131,13 +189,32 @@ async fn large_responses_are_stored_compressed() {
     let request = fresh_request();
     let lease = acquire(&store, &request).await;
     let body = Bytes::from(br#"{"sku":"SKU-00042","qty":1,"price":"19.99"},"#.repeat(2000));
-    let response = StoredResponse { body: StoredBody::Retained(body.clone()), ..awkward_response() };
-    let completion = Completion { status: FinalStatus::Completed, response: response.clone(), ttl: Duration::from_secs(60) };
-    assert_eq!(store.complete(&lease, &completion).await.unwrap(), FencedWrite::Applied);
+    let response = StoredResponse {
+        body: StoredBody::Retained(body.clone()),
+        ..awkward_response()
+    };
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: response.clone(),
+        ttl: Duration::from_secs(60),
+    };
+    assert_eq!(
+        store.complete(&lease, &completion).await.unwrap(),
+        FencedWrite::Applied
+    );
 
-    let stored: Vec<u8> = admin().await.hget(store.record_key(request.identity.digest()), "rs").await.unwrap();
+    let stored: Vec<u8> = admin()
+        .await
+        .hget(store.record_key(request.identity.digest()), "rs")
+        .await
+        .unwrap();
     assert_eq!(stored[0], 1, "zstd codec tag");
-    assert!(stored.len() < body.len() / 10, "{} bytes stored for a {}-byte body", stored.len(), body.len());
+    assert!(
+        stored.len() < body.len() / 10,
+        "{} bytes stored for a {}-byte body",
+        stored.len(),
+        body.len()
+    );
     let replayed = store.get(request.identity.digest()).await.unwrap().unwrap();
     assert_eq!(replayed.record.response, Some(response));
 }
@@ -148,28 +225,63 @@ async fn undecodable_records_are_corrupt_not_panics() {
     let mut admin = admin().await;
     let garbage = fresh_request();
     let key = store.record_key(garbage.identity.digest());
-    let _: () = redis::cmd("HSET").arg(&key).arg("st").arg("Z").arg("op").arg("short").query_async(&mut admin).await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("st")
+        .arg("Z")
+        .arg("op")
+        .arg("short")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     let _: () = admin.expire(&key, 60).await.unwrap();
-    assert!(matches!(store.get(garbage.identity.digest()).await, Err(StoreError::Corrupt(_))));
-    assert!(matches!(store.try_claim(&garbage).await, Err(StoreError::Corrupt(_))));
+    assert!(matches!(
+        store.get(garbage.identity.digest()).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(
+        store.try_claim(&garbage).await,
+        Err(StoreError::Corrupt(_))
+    ));
 
     let not_a_hash = fresh_request();
     let key = store.record_key(not_a_hash.identity.digest());
     let _: () = admin.set_ex(&key, "a string", 60).await.unwrap();
-    assert!(matches!(store.try_claim(&not_a_hash).await, Err(StoreError::Corrupt(_))));
-    assert!(matches!(store.get(not_a_hash.identity.digest()).await, Err(StoreError::Corrupt(_))));
+    assert!(matches!(
+        store.try_claim(&not_a_hash).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(
+        store.get(not_a_hash.identity.digest()).await,
+        Err(StoreError::Corrupt(_))
+    ));
 }
 
 #[tokio::test]
 async fn prefixes_separate_stores_and_braces_are_refused() {
     let url = support::standalone_url();
-    let a = RedisStore::builder().with_key_prefix("idemgate-test-a:").connect(&url).await.unwrap();
-    let b = RedisStore::builder().with_key_prefix("idemgate-test-b:").connect(&url).await.unwrap();
+    let a = RedisStore::builder()
+        .with_key_prefix("idemgate-test-a:")
+        .connect(&url)
+        .await
+        .unwrap();
+    let b = RedisStore::builder()
+        .with_key_prefix("idemgate-test-b:")
+        .connect(&url)
+        .await
+        .unwrap();
     let request = fresh_request();
     let _ = acquire(&a, &request).await;
     let _ = acquire(&b, &request).await;
-    assert!(a.record_key(request.identity.digest()).starts_with("idemgate-test-a:{"));
-    let err = RedisStore::builder().with_key_prefix("app:{x}:").connect(&url).await.unwrap_err();
+    assert!(
+        a.record_key(request.identity.digest())
+            .starts_with("idemgate-test-a:{")
+    );
+    let err = RedisStore::builder()
+        .with_key_prefix("app:{x}:")
+        .connect(&url)
+        .await
+        .unwrap_err();
     assert!(matches!(err, RedisStoreError::InvalidKeyPrefix(_)), "{err}");
 }
 
@@ -177,7 +289,19 @@ async fn prefixes_separate_stores_and_braces_are_refused() {
 async fn unreachable_servers_fail_the_constructor_quickly() {
     let port = support::free_port();
     let start = std::time::Instant::now();
-    let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}")).await.unwrap_err();
-    assert!(matches!(err, RedisStoreError::Connect(_) | RedisStoreError::ConnectTimeout(_)), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
+    let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RedisStoreError::Connect(_) | RedisStoreError::ConnectTimeout(_)
+        ),
+        "{err}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
 }

@@ -18,7 +18,12 @@ pub fn standalone_url() -> String {
 /// Panics when unset: a cluster test never passes without a cluster.
 pub fn cluster_urls() -> Vec<String> {
     let urls = std::env::var("IDEMGATE_TEST_REDIS_CLUSTER_URLS").unwrap_or_default();
-    let urls: Vec<String> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_owned).collect();
+    let urls: Vec<String> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
     assert!(
         !urls.is_empty(),
         "IDEMGATE_TEST_REDIS_CLUSTER_URLS is not set: run scripts/test.sh, which starts a 3-primary \
@@ -87,7 +92,10 @@ impl RedisServer {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("redis-server on port {} exited at start: {status}", self.port);
+                panic!(
+                    "redis-server on port {} exited at start: {status}",
+                    self.port
+                );
             }
             if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
                 && redis::Client::open(self.url())
@@ -99,7 +107,10 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("redis-server on port {} did not answer PING within 10 s", self.port);
+        panic!(
+            "redis-server on port {} did not answer PING within 10 s",
+            self.port
+        );
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -144,8 +155,8 @@ impl Drop for RedisServer {
 /// 64 tasks claim one fresh identity at once, half through `a`, half through `b`
 /// (two separate clients): exactly one wins, and every loser sees the winner's record.
 pub async fn two_clients_race(a: &idemgate_redis::RedisStore, b: &idemgate_redis::RedisStore) {
-    use std::sync::Arc;
     use idemgate_core::{Claim, Store};
+    use std::sync::Arc;
 
     const RACERS: usize = 64;
     let request = Arc::new(idemgate_testkit::conformance::fresh_request());
@@ -182,7 +193,10 @@ pub async fn two_clients_race(a: &idemgate_redis::RedisStore, b: &idemgate_redis
 
 /// A waiter on store `b` wakes when store `a` (another client, as on another
 /// instance) completes the record: through pub/sub, well before its timeout.
-pub async fn other_instance_wakes_waiter(a: &idemgate_redis::RedisStore, b: &idemgate_redis::RedisStore) {
+pub async fn other_instance_wakes_waiter(
+    a: &idemgate_redis::RedisStore,
+    b: &idemgate_redis::RedisStore,
+) {
     use idemgate_core::{Claim, Completion, FencedWrite, FinalStatus, Store};
 
     let request = idemgate_testkit::conformance::fresh_request();
@@ -206,9 +220,15 @@ pub async fn other_instance_wakes_waiter(a: &idemgate_redis::RedisStore, b: &ide
         response: idemgate_testkit::conformance::awkward_response(),
         ttl: Duration::from_secs(60),
     };
-    assert_eq!(a.complete(&lease, &completion).await.expect("complete"), FencedWrite::Applied);
+    assert_eq!(
+        a.complete(&lease, &completion).await.expect("complete"),
+        FencedWrite::Applied
+    );
     let waited = waiter.await.expect("waiter");
-    assert!(waited < Duration::from_secs(3), "the other instance's waiter woke only after {waited:?}");
+    assert!(
+        waited < Duration::from_secs(3),
+        "the other instance's waiter woke only after {waited:?}"
+    );
     let seen = b.get(&digest).await.expect("get").expect("record");
     assert!(seen.record.status.is_final());
 }

@@ -1,0 +1,358 @@
+//! Tests that need a Redis server of their own, which each starts (`redis-server` on
+//! a free loopback port, killed by PID when its guard drops): the eviction-policy
+//! check, an outage and recovery, AOF persistence across `kill -9`, and a full
+//! server.
+
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idemgate_core::record::{StoredBody, StoredResponse};
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, Store, StoreError,
+};
+use idemgate_redis::{EvictionCheck, EvictionPolicy, RedisStore, RedisStoreError};
+use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use support::RedisServer;
+
+/// Collects what `tracing` logs while it is the thread's default subscriber.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+async fn acquire(store: &RedisStore, request: &ClaimRequest) -> Lease {
+    match store.try_claim(request).await.expect("claim") {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing(s) => panic!("expected to acquire, found {:?}", s.record.status),
+    }
+}
+
+#[tokio::test]
+async fn evicting_policies_are_refused_or_warned_about() {
+    let server = RedisServer::start(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+    let url = server.url();
+
+    let err = RedisStore::connect(&url).await.unwrap_err();
+    assert!(
+        matches!(&err, RedisStoreError::EvictingPolicy { policy } if policy == "allkeys-lru"),
+        "refuse is the default: {err}"
+    );
+    let err = RedisStore::builder()
+        .with_eviction_check(EvictionCheck::Refuse)
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedisStoreError::EvictingPolicy { .. }),
+        "{err}"
+    );
+
+    let (logs, _guard) = Logs::capture();
+    let store = RedisStore::builder()
+        .with_eviction_check(EvictionCheck::Warn)
+        .connect(&url)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.eviction_policy(),
+        &EvictionPolicy::Evicting("allkeys-lru".into())
+    );
+    let logged = logs.text();
+    assert!(
+        logged.contains("WARN") && logged.contains("maxmemory_policy=allkeys-lru"),
+        "logged: {logged}"
+    );
+    assert!(
+        matches!(
+            store.try_claim(&fresh_request()).await.unwrap(),
+            Claim::Acquired(_)
+        ),
+        "warn mode works on"
+    );
+
+    // volatile-* evicts exactly the keys with an expiry: every record.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-ttl")
+        .query(&mut server.admin())
+        .unwrap();
+    let err = RedisStore::connect(&url).await.unwrap_err();
+    assert!(
+        matches!(&err, RedisStoreError::EvictingPolicy { policy } if policy == "volatile-ttl"),
+        "{err}"
+    );
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query(&mut server.admin())
+        .unwrap();
+    let store = RedisStore::connect(&url).await.unwrap();
+    assert_eq!(store.eviction_policy(), &EvictionPolicy::NoEviction);
+}
+
+#[tokio::test]
+async fn an_unreadable_policy_is_a_warning_in_both_modes() {
+    let server = RedisServer::start(&["--maxmemory-policy", "allkeys-lru"]);
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-config",
+        ])
+        .query(&mut server.admin())
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://app:secret@");
+    for check in [EvictionCheck::Refuse, EvictionCheck::Warn] {
+        let (logs, _guard) = Logs::capture();
+        let store = RedisStore::builder()
+            .with_eviction_check(check)
+            .connect(&url)
+            .await
+            .unwrap();
+        assert_eq!(store.eviction_policy(), &EvictionPolicy::Unknown);
+        let logged = logs.text();
+        assert!(
+            logged.contains("WARN") && logged.contains("maxmemory_policy=\"unknown\""),
+            "logged: {logged}"
+        );
+        assert!(matches!(
+            store.try_claim(&fresh_request()).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_gives_prompt_errors_and_the_store_recovers() {
+    let mut server = RedisServer::start(&[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let lease = acquire(&store, &fresh_request()).await;
+
+    server.kill();
+    // Default timeouts: every call fails within response (1 s) + connect (0.5 s).
+    let bound = Duration::from_millis(2_000);
+    for attempt in 0..4 {
+        let start = Instant::now();
+        let err = store.try_claim(&fresh_request()).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(err, StoreError::Unavailable(_)),
+            "attempt {attempt}: {err:?}"
+        );
+        assert!(took < bound, "attempt {attempt} took {took:?}");
+    }
+    let start = Instant::now();
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(60),
+    };
+    assert!(matches!(
+        store.complete(&lease, &completion).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    assert!(matches!(
+        store.get(&lease.identity).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    assert!(start.elapsed() < bound * 2);
+
+    server.restart();
+    let start = Instant::now();
+    let request = fresh_request();
+    loop {
+        match store.try_claim(&request).await {
+            Ok(Claim::Acquired(_)) => break,
+            Ok(Claim::Existing(s)) => {
+                panic!("fresh identity found existing: {:?}", s.record.status)
+            }
+            Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!(
+                "the store did not recover within {:?}: {err:?}",
+                start.elapsed()
+            ),
+        }
+    }
+    assert!(matches!(
+        store.try_claim(&request).await.unwrap(),
+        Claim::Existing(_)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aof_always_keeps_every_record_across_kill_9() {
+    let mut server = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+
+    let completed = fresh_request();
+    let lease = acquire(&store, &completed).await;
+    let large = StoredResponse {
+        body: StoredBody::Retained(Bytes::from(
+            br#"{"line":"compressed on the way in"},"#.repeat(500),
+        )),
+        ..awkward_response()
+    };
+    for (request, response) in [(&completed, awkward_response()), (&fresh_request(), large)] {
+        let lease = if std::ptr::eq(request, &completed) {
+            lease.clone()
+        } else {
+            acquire(&store, request).await
+        };
+        let completion = Completion {
+            status: FinalStatus::Completed,
+            response,
+            ttl: Duration::from_secs(3_600),
+        };
+        assert_eq!(
+            store.complete(&lease, &completion).await.unwrap(),
+            FencedWrite::Applied
+        );
+    }
+    let released = fresh_request();
+    let released_lease = acquire(&store, &released).await;
+    assert_eq!(
+        store.release(&released_lease).await.unwrap(),
+        FencedWrite::Applied
+    );
+    let processing = fresh_request();
+    let _ = acquire(&store, &processing).await;
+
+    let mut before = Vec::new();
+    for request in [&completed, &released, &processing] {
+        before.push(
+            store
+                .get(request.identity.digest())
+                .await
+                .unwrap()
+                .expect("record")
+                .record,
+        );
+    }
+
+    server.kill(); // SIGKILL: no shutdown, no final fsync
+    server.restart();
+
+    let start = Instant::now();
+    let first = loop {
+        match store.get(completed.identity.digest()).await {
+            Ok(snapshot) => break snapshot,
+            Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("no record after restart: {err:?}"),
+        }
+    };
+    assert_eq!(
+        first
+            .expect("completed record replayed from the AOF")
+            .record,
+        before[0]
+    );
+    for (request, record) in [(&released, &before[1]), (&processing, &before[2])] {
+        let after = store
+            .get(request.identity.digest())
+            .await
+            .unwrap()
+            .expect("record replayed from the AOF");
+        assert_eq!(&after.record, record);
+    }
+    let snapshot = match store.try_claim(&completed).await.unwrap() {
+        Claim::Existing(snapshot) => snapshot,
+        Claim::Acquired(_) => panic!("a completed record was lost"),
+    };
+    assert_eq!(snapshot.record.response, Some(awkward_response()));
+    let key = store.record_key(completed.identity.digest());
+    let expiry: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query(&mut server.admin())
+        .unwrap();
+    assert_eq!(
+        expiry,
+        before[0].expires_at.as_millis(),
+        "the key's expiry survived too"
+    );
+}
+
+#[tokio::test]
+async fn a_full_server_refuses_new_records_and_keeps_the_old_ones() {
+    let server = RedisServer::start(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::builder()
+        .with_compression_threshold(usize::MAX)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let noise: Vec<u8> = (0..200_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    let response = StoredResponse {
+        body: StoredBody::Retained(noise.into()),
+        ..awkward_response()
+    };
+    let mut kept = Vec::new();
+    let full = loop {
+        assert!(kept.len() < 100, "3 MiB never filled up");
+        let request = fresh_request();
+        let lease = match store.try_claim(&request).await {
+            Ok(Claim::Acquired(lease)) => lease,
+            Ok(Claim::Existing(_)) => panic!("fresh identity found existing"),
+            Err(err) => break err,
+        };
+        let completion = Completion {
+            status: FinalStatus::Completed,
+            response: response.clone(),
+            ttl: Duration::from_secs(600),
+        };
+        match store.complete(&lease, &completion).await {
+            Ok(FencedWrite::Applied) => kept.push(request),
+            Ok(FencedWrite::Refused) => panic!("refused"),
+            Err(err) => break err,
+        }
+    };
+    assert!(
+        matches!(full, StoreError::Full),
+        "a full noeviction server answers OOM: {full:?}"
+    );
+    assert!(!kept.is_empty());
+    for request in &kept {
+        assert!(
+            store
+                .get(request.identity.digest())
+                .await
+                .unwrap()
+                .is_some(),
+            "a record was evicted"
+        );
+    }
+}
