@@ -1,0 +1,167 @@
+//! SQLite store for idemgate, on `sqlx`: the embedded default.
+//!
+//! [`SqliteStore`] keeps idempotency records in one SQLite file: no server, durable
+//! across restarts, shared by every process on the machine that opens the same file.
+//! It implements [`idemgate_core::Store`] with the same guarantees as the PostgreSQL
+//! store: each claim is one `INSERT … ON CONFLICT … DO UPDATE … RETURNING` under the
+//! write lock, and every later write is fenced on the claim's (operation id, fencing
+//! token).
+//!
+//! It also offers the **transactional mode**: the [`Tx`] extractor lends a handler a
+//! transaction on the same file, and the idempotency layer commits the handler's
+//! business writes and the `COMPLETED` record in that transaction — or neither.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use idemgate_sqlite::SqliteStore;
+//! use std::time::Duration;
+//!
+//! # async fn run() -> Result<(), idemgate_sqlite::Error> {
+//! let store = SqliteStore::open("/var/lib/myapp/idemgate.db").await?;
+//! store.migrate().await?;
+//! let _purge = store.spawn_purge(Duration::from_secs(300), 1_000)?;
+//! // Hand `store` (or `Arc::new(store)` as an `Arc<dyn Store>`) to the layer.
+//! # Ok(()) }
+//! ```
+//!
+//! [`SqliteStore::open`] creates the file if needed and opens it in WAL mode with
+//! `synchronous = FULL` (a completed record survives a crash or a power loss), a 5 s
+//! busy timeout and foreign keys on. [`SqliteStore::connect_options`] gives the same
+//! options to adjust for a pool of your own ([`SqliteStore::new`]). SQLite is
+//! bundled (no system library needed).
+//!
+//! # The clock
+//!
+//! SQLite has no server clock. The store reads SQLite's own clock,
+//! `unixepoch('subsec')`, inside its statements (for a claim: once, after taking the
+//! write lock), in whole milliseconds. That is the clock of the machine the file is
+//! on: a WAL database is only shared by processes on one machine (not over a network
+//! filesystem), so all instances agree.
+//!
+//! # Schema
+//!
+//! [`SqliteStore::migrate`] creates (`STRICT` tables; times are milliseconds since the
+//! Unix epoch):
+//!
+//! ```sql
+//! CREATE TABLE idemgate_records (
+//!     identity         BLOB PRIMARY KEY,     -- SHA-256 of principal, method, path, key
+//!     principal        TEXT NOT NULL,        -- the readable parts of the identity
+//!     method           TEXT NOT NULL,
+//!     path             TEXT NOT NULL,
+//!     idempotency_key  TEXT NOT NULL,
+//!     fingerprint      BLOB NOT NULL,        -- SHA-256 of the request
+//!     format_version   INTEGER NOT NULL,
+//!     operation_id     BLOB NOT NULL,        -- the UUID's 16 bytes
+//!     token            INTEGER NOT NULL,     -- fencing token, +1 at every claim of the record
+//!     status           TEXT NOT NULL,        -- PROCESSING | COMPLETED | FAILED | RELEASED
+//!     lease_origin     TEXT NOT NULL,        -- NEW | RELEASED | TAKEN_OVER
+//!     locked_until     INTEGER,              -- end of the lease while PROCESSING
+//!     response_status  INTEGER,              -- set when COMPLETED / FAILED
+//!     response_headers BLOB,                 -- StoredResponse::encode_headers
+//!     response_body    BLOB,                 -- NULL when not retained
+//!     body_retained    INTEGER,              -- 0: "not retained", 1: body (maybe empty)
+//!     created_at       INTEGER NOT NULL,
+//!     expires_at       INTEGER NOT NULL      -- past it, the record is absent
+//! ) STRICT;
+//! CREATE INDEX idemgate_records_expires_at_idx ON idemgate_records (expires_at);
+//! CREATE TABLE idemgate_schema_versions (table_name TEXT PRIMARY KEY, version INTEGER, migrated_at INTEGER) STRICT;
+//! ```
+//!
+//! (plus `CHECK` constraints). The schema version lives in `idemgate_schema_versions`,
+//! keyed by table name, not in sqlx's `_sqlx_migrations`, so the table can share a
+//! file with the application's own migrations. The fencing token counts per record:
+//! a record that is deleted or expires starts again at 1, but under a new operation
+//! id, so an old (operation id, token) pair never matches a new record.
+//!
+//! # How each operation runs
+//!
+//! - **Claim**: in one `BEGIN IMMEDIATE` transaction, the upsert inserts a
+//!   `PROCESSING` record, replaces an expired one (new operation id), or takes over a
+//!   `RELEASED` record or a lapsed lease with the same fingerprint (same operation
+//!   id); when it changes nothing, the record that blocked it is read under the same
+//!   write lock. The read never decides to insert.
+//! - **complete / release / renew / delete**: one statement each, matching identity,
+//!   operation id, token, `status = 'PROCESSING'` and not expired. A single write
+//!   statement takes the write lock when it starts, as `BEGIN IMMEDIATE` does.
+//! - **Expiry**: every statement treats a record past `expires_at` as absent.
+//!   [`SqliteStore::purge_expired`] deletes them in bounded batches;
+//!   [`SqliteStore::spawn_purge`] runs it periodically.
+//! - **Wait mode**: waiters are woken in process by completions, releases and deletes
+//!   through this store (transactional commits included); other processes poll.
+//!
+//! # Errors
+//!
+//! Classified by `sqlx` error variant and SQLite result code, never by message text:
+//! `SQLITE_BUSY` and `SQLITE_LOCKED` (the busy timeout passed), I/O errors, a full
+//! disk, a file that cannot be opened, pool timeouts and a closed pool are
+//! [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable) (the layer's
+//! 503); an undecodable row or a corrupt file is
+//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt). Anything else is logged
+//! and answered as `Unavailable`, so the layer fails closed.
+//!
+//! # Transactional mode
+//!
+//! Business writes made through [`Tx`] commit in the same transaction as the record's
+//! completion; the claim itself commits before the handler runs, so the operation id
+//! survives a crash. Key the business row by the operation id the handler is given
+//! (the layer puts it in the request extensions), in a `UNIQUE` column.
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use idemgate_core::record::OperationId;
+//! use idemgate_sqlite::{SqliteStore, Tx};
+//!
+//! // CREATE TABLE orders (
+//! //     id           INTEGER PRIMARY KEY,
+//! //     operation_id BLOB NOT NULL UNIQUE,
+//! //     amount       INTEGER NOT NULL
+//! // );
+//!
+//! /// The part of the handler that writes; `operation_id` is the one the layer gives
+//! /// the handler for this request.
+//! async fn create_order(
+//!     tx: &mut Tx,
+//!     operation_id: OperationId,
+//!     amount: i64,
+//! ) -> Result<i64, sqlx::Error> {
+//!     sqlx::query_scalar("INSERT INTO orders (operation_id, amount) VALUES (?1, ?2) RETURNING id")
+//!         .bind(operation_id.as_bytes().to_vec())
+//!         .bind(amount)
+//!         .fetch_one(&mut **tx)
+//!         .await
+//! }
+//!
+//! async fn handler(mut tx: Tx /* , the operation id, the body … */) -> String {
+//!     # let operation_id = OperationId::random();
+//!     match create_order(&mut tx, operation_id, 4_200).await {
+//!         Ok(id) => format!("order {id}"), // committed by the layer with the record
+//!         Err(_) => "failed".to_owned(),   // a 5xx: the layer rolls back
+//!     }
+//! }
+//!
+//! # fn app(store: SqliteStore) -> Router {
+//! // The state provides the store (`FromRef`); the route sits behind IdempotencyLayer.
+//! Router::new().route("/orders", post(handler)).with_state(store)
+//! # }
+//! ```
+//!
+//! A `Tx` holds SQLite's single write lock until the layer finishes the request (see
+//! [`Tx`]), so transactional handlers should be short. Outside axum, [`Tx::begin`]
+//! does what the extractor does.
+
+mod error;
+mod migrate;
+mod problem;
+mod purge;
+mod sql;
+mod store;
+mod tx;
+
+pub use error::Error;
+pub use purge::PurgeTask;
+pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore};
+pub use tx::{
+    PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, Tx, TxRejection,
+};

@@ -1,0 +1,487 @@
+//! `SqliteStore`: the [`Store`] on a `sqlx::SqlitePool`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::StatusCode;
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::record::{
+    FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordStatus, StoredBody,
+    StoredResponse,
+};
+use idemgate_core::scope::IdentityDigest;
+use idemgate_core::signals::ChangeSignals;
+use idemgate_core::time::Timestamp;
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
+};
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
+
+use crate::error::{ClaimContended, CorruptRecord, Error, store_error};
+use crate::purge::PurgeTask;
+use crate::sql::{self, Statements};
+
+/// Durations beyond this are clamped (100 years), so millisecond sums never overflow.
+const MAX_MILLIS: i64 = 100 * 365 * 86_400_000;
+
+/// How long a connection waits for another's write lock before answering
+/// `SQLITE_BUSY` (→ [`StoreError::Unavailable`]).
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a write transaction begins with: it takes the write lock at once, so a
+/// transaction never has to upgrade a read lock (which fails at once with
+/// `SQLITE_BUSY` instead of waiting).
+pub(crate) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
+/// Idempotency records in one SQLite file: the embedded default.
+///
+/// Cheap to clone (an `Arc` inside): clones share the pool and the in-process change
+/// signals. Configure with the `with_*` methods before cloning it around.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemgate_sqlite::Error> {
+/// let store = idemgate_sqlite::SqliteStore::open("idemgate.db").await?;
+/// store.migrate().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: SqlitePool,
+    table: String,
+    sql: Statements,
+    signals: ChangeSignals,
+}
+
+impl SqliteStore {
+    /// The connect options this crate recommends for `path`: create the file if
+    /// missing, WAL journal, `synchronous = FULL` (a completed record survives a power
+    /// loss), a [`DEFAULT_BUSY_TIMEOUT`] busy timeout, foreign keys on. Adjust and pass
+    /// to a pool of your own, then [`SqliteStore::new`].
+    ///
+    /// ```
+    /// use sqlx::sqlite::SqliteSynchronous;
+    /// let options = idemgate_sqlite::SqliteStore::connect_options("idemgate.db")
+    ///     .synchronous(SqliteSynchronous::Normal); // faster; may lose the last commits on power loss
+    /// ```
+    pub fn connect_options(path: impl AsRef<Path>) -> SqliteConnectOptions {
+        SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(DEFAULT_BUSY_TIMEOUT)
+            .foreign_keys(true)
+    }
+
+    /// Opens (or creates) the database file at `path` with
+    /// [`SqliteStore::connect_options`], on a pool of 8 connections that waits at most
+    /// 5 s for a free one. Call [`SqliteStore::migrate`] before use.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(Self::connect_options(path))
+            .await
+            .map_err(Error::Open)?;
+        Ok(Self::new(pool))
+    }
+
+    /// A store on `pool`, with its records in `idemgate_records`. The pool should use
+    /// WAL and a busy timeout (see [`SqliteStore::connect_options`]).
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::build(pool, sql::DEFAULT_TABLE.to_owned())
+    }
+
+    fn build(pool: SqlitePool, table: String) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                sql: Statements::new(&table),
+                table,
+                signals: ChangeSignals::new(),
+            }),
+        }
+    }
+
+    /// Keeps records in `table` instead of `idemgate_records`. The name is quoted, so
+    /// any name is safe; the index is named after it.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemgate_sqlite::Error> {
+    /// let store = idemgate_sqlite::SqliteStore::open("app.db").await?.with_table("idempotency");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_table(self, table: impl Into<String>) -> Self {
+        Self::build(self.inner.pool.clone(), table.into())
+    }
+
+    /// The pool the store (and its [`crate::Tx`]) uses.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
+    }
+
+    /// The record table's name.
+    pub fn table_name(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// Creates the record table and its `expires_at` index if they are missing, and
+    /// records the schema version in `idemgate_schema_versions` (never in sqlx's
+    /// `_sqlx_migrations`, so it lives beside an application's own migrations). Runs
+    /// in one `IMMEDIATE` transaction, so concurrent calls run one after the other.
+    ///
+    /// Fails with [`Error::SchemaTooNew`] when a newer build already migrated the
+    /// table further.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        crate::migrate::run(&self.inner.pool, &self.inner.table).await
+    }
+
+    /// Deletes expired records, at most `batch` per statement, until none is left;
+    /// returns how many went. Each batch is its own short write, so claims get the
+    /// write lock in between. A `batch` of 0 deletes nothing.
+    pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        let Ok(limit) = i64::try_from(batch) else {
+            return Err(StoreError::unavailable("purge batch size out of range"));
+        };
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut total = 0;
+        loop {
+            let deleted = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
+                .bind(limit)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(store_error)?
+                .rows_affected();
+            total += deleted;
+            if deleted < limit.unsigned_abs() {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Runs [`SqliteStore::purge_expired`] every `every` on the current tokio runtime,
+    /// until the returned handle is dropped or aborted. Failed runs are logged and
+    /// retried at the next tick.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idemgate_sqlite::SqliteStore) -> Result<(), idemgate_sqlite::Error> {
+    /// let purge = store.spawn_purge(std::time::Duration::from_secs(60), 1_000)?;
+    /// // ... serve; dropping `purge` stops it.
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn_purge(&self, every: Duration, batch: usize) -> Result<PurgeTask, Error> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(Error::NoRuntime)?;
+        let store = self.clone();
+        Ok(PurgeTask::spawn(&runtime, every, move || {
+            let store = store.clone();
+            async move { store.purge_expired(batch).await }
+        }))
+    }
+
+    pub(crate) fn signals(&self) -> &ChangeSignals {
+        &self.inner.signals
+    }
+
+    /// The fenced completion, for the pool or a transaction.
+    pub(crate) fn complete_query(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Option<sqlx::query::Query<'static, Sqlite, SqliteArguments>> {
+        let token = i64::try_from(lease.token.0).ok()?;
+        let response = &completion.response;
+        let status = RecordStatus::from(completion.status).as_str();
+        let (body, retained) = match &response.body {
+            StoredBody::Retained(body) => (Some(body.to_vec()), true),
+            StoredBody::NotRetained => (None, false),
+        };
+        Some(
+            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
+                .bind(lease.identity.as_bytes().to_vec())
+                .bind(lease.operation_id.as_bytes().to_vec())
+                .bind(token)
+                .bind(status)
+                .bind(i64::from(response.status.as_u16()))
+                .bind(response.encode_headers())
+                .bind(body)
+                .bind(retained)
+                .bind(millis(completion.ttl)),
+        )
+    }
+
+    /// Runs a fenced statement whose parameters are the fence (`?1..?3`) and,
+    /// optionally, one more integer.
+    async fn fenced(
+        &self,
+        sql: &Arc<str>,
+        lease: &Lease,
+        extra: Option<i64>,
+    ) -> Result<FencedWrite, StoreError> {
+        // A token the database cannot hold was never handed out by it.
+        let Ok(token) = i64::try_from(lease.token.0) else {
+            return Ok(FencedWrite::Refused);
+        };
+        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+            .bind(lease.identity.as_bytes().to_vec())
+            .bind(lease.operation_id.as_bytes().to_vec())
+            .bind(token);
+        if let Some(extra) = extra {
+            query = query.bind(extra);
+        }
+        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
+        Ok(applied(done.rows_affected()))
+    }
+
+    /// The claim, in one `IMMEDIATE` transaction: the clock is read once the write
+    /// lock is held, the upsert runs, and if it changed nothing the record that
+    /// blocked it is read under the same lock.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let identity = request.identity.digest();
+        let scope = request.identity.scope();
+        let mut tx = self
+            .inner
+            .pool
+            .begin_with(BEGIN_IMMEDIATE)
+            .await
+            .map_err(store_error)?;
+        let now: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.now)))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
+            .bind(identity.as_bytes().to_vec())
+            .bind(scope.principal.as_str().to_owned())
+            .bind(scope.method.clone())
+            .bind(scope.path.clone())
+            .bind(request.identity.key().as_str().to_owned())
+            .bind(request.fingerprint.as_bytes().to_vec())
+            .bind(i64::from(RECORD_FORMAT_VERSION))
+            .bind(OperationId::random().as_bytes().to_vec())
+            .bind(now)
+            .bind(millis(request.lease))
+            .bind(millis(request.ttl))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        // An early return drops `tx`, which rolls the claim back.
+        let claim = match row {
+            Some(row) => Claim::Acquired(decode_lease(&row, *identity)?),
+            None => {
+                let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read_at)))
+                    .bind(identity.as_bytes().to_vec())
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(store_error)?;
+                match row {
+                    Some(row) => Claim::Existing(decode_snapshot(&row)?),
+                    // The insert conflicted, so the row is there under this lock.
+                    None => return Err(StoreError::unavailable(ClaimContended)),
+                }
+            }
+        };
+        tx.commit().await.map_err(store_error)?;
+        Ok(claim)
+    }
+
+    async fn read(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read)))
+            .bind(identity.as_bytes().to_vec())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        row.as_ref().map(decode_snapshot).transpose()
+    }
+}
+
+pub(crate) fn applied(rows: u64) -> FencedWrite {
+    if rows == 1 {
+        FencedWrite::Applied
+    } else {
+        FencedWrite::Refused
+    }
+}
+
+/// A duration as whole milliseconds, clamped to [`MAX_MILLIS`].
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).map_or(MAX_MILLIS, |ms| ms.min(MAX_MILLIS))
+}
+
+fn corrupt(what: &'static str) -> StoreError {
+    StoreError::corrupt(CorruptRecord(what))
+}
+
+fn column<'r, T>(row: &'r SqliteRow, name: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
+{
+    row.try_get(name).map_err(StoreError::corrupt)
+}
+
+fn operation_id(bytes: Vec<u8>) -> Result<OperationId, StoreError> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| corrupt("operation id is not 16 bytes"))?;
+    Ok(OperationId::from_bytes(bytes))
+}
+
+fn token(token: i64) -> Result<FencingToken, StoreError> {
+    u64::try_from(token)
+        .map(FencingToken)
+        .map_err(|_| corrupt("negative token"))
+}
+
+fn decode_lease(row: &SqliteRow, identity: IdentityDigest) -> Result<Lease, StoreError> {
+    let origin: String = column(row, "lease_origin")?;
+    let locked_until: Option<i64> = column(row, "locked_until")?;
+    let origin = match origin.as_str() {
+        "NEW" => LeaseOrigin::New,
+        "RELEASED" => LeaseOrigin::Released,
+        "TAKEN_OVER" => LeaseOrigin::TakenOver,
+        _ => return Err(corrupt("unknown lease origin")),
+    };
+    Ok(Lease {
+        identity,
+        operation_id: operation_id(column(row, "operation_id")?)?,
+        token: token(column(row, "token")?)?,
+        origin,
+        locked_until: Timestamp::from_millis(
+            locked_until.ok_or_else(|| corrupt("claimed record without a lease"))?,
+        ),
+    })
+}
+
+fn decode_snapshot(row: &SqliteRow) -> Result<Snapshot, StoreError> {
+    let fingerprint: Vec<u8> = column(row, "fingerprint")?;
+    let format_version: i64 = column(row, "format_version")?;
+    let status: String = column(row, "status")?;
+    let locked_until: Option<i64> = column(row, "locked_until")?;
+    let response_status: Option<i64> = column(row, "response_status")?;
+    let headers: Option<Vec<u8>> = column(row, "response_headers")?;
+    let body: Option<Vec<u8>> = column(row, "response_body")?;
+    let retained: Option<bool> = column(row, "body_retained")?;
+    let created: i64 = column(row, "created_at")?;
+    let expires: i64 = column(row, "expires_at")?;
+    let now: i64 = column(row, "now_ms")?;
+
+    let status: RecordStatus = status.parse().map_err(StoreError::corrupt)?;
+    let fingerprint: [u8; 32] = fingerprint
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let response = if status.is_final() {
+        let code = response_status
+            .and_then(|code| u16::try_from(code).ok())
+            .and_then(|code| StatusCode::from_u16(code).ok())
+            .ok_or_else(|| corrupt("final record without a valid response status"))?;
+        let headers = StoredResponse::decode_headers(
+            headers
+                .as_deref()
+                .ok_or_else(|| corrupt("final record without headers"))?,
+        )
+        .map_err(StoreError::corrupt)?;
+        let body = match (retained, body) {
+            (Some(true), Some(body)) => StoredBody::Retained(Bytes::from(body)),
+            (Some(false), _) => StoredBody::NotRetained,
+            _ => return Err(corrupt("final record without a body")),
+        };
+        Some(StoredResponse {
+            status: code,
+            headers,
+            body,
+        })
+    } else {
+        None
+    };
+    Ok(Snapshot {
+        record: Record {
+            fingerprint: Fingerprint::from_bytes(fingerprint),
+            format_version: u16::try_from(format_version)
+                .map_err(|_| corrupt("format version out of range"))?,
+            operation_id: operation_id(column(row, "operation_id")?)?,
+            token: token(column(row, "token")?)?,
+            status,
+            locked_until: locked_until.map(Timestamp::from_millis),
+            response,
+            created_at: Timestamp::from_millis(created),
+            expires_at: Timestamp::from_millis(expires),
+        },
+        now: Timestamp::from_millis(now),
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.claim(request).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        let Some(query) = self.complete_query(lease, completion) else {
+            return Ok(FencedWrite::Refused);
+        };
+        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
+        let write = applied(done.rows_affected());
+        if write == FencedWrite::Applied {
+            self.inner.signals.notify(&lease.identity);
+        }
+        Ok(write)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let write = self.fenced(&self.inner.sql.release, lease, None).await?;
+        if write == FencedWrite::Applied {
+            self.inner.signals.notify(&lease.identity);
+        }
+        Ok(write)
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        self.fenced(&self.inner.sql.renew, lease, Some(millis(lease_for)))
+            .await
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let write = self.fenced(&self.inner.sql.delete, lease, None).await?;
+        if write == FencedWrite::Applied {
+            self.inner.signals.notify(&lease.identity);
+        }
+        Ok(write)
+    }
+
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.read(identity).await
+    }
+
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        self.inner.signals.wait(identity, timeout).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_clamped() {
+        assert_eq!(millis(Duration::from_millis(1_500)), 1_500);
+        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
+    }
+}
