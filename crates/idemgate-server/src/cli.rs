@@ -1,0 +1,340 @@
+//! The command line: `idemgate serve`, every flag with its environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// The idemgate orders service: POST /api/v1/orders charges a payment gateway and
+/// stores an order exactly once per Idempotency-Key.
+#[derive(Debug, Parser)]
+#[command(name = "idemgate", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP service.
+    Serve(ServeArgs),
+}
+
+/// Where log lines go and how they look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `idemgate serve` flags. Every flag can also come from the environment variable
+/// named in its help; a flag wins over its variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on, e.g. 127.0.0.1:8080; port 0 picks a free port (the
+    /// bound address is logged). Without it, the port comes from PORT on 127.0.0.1,
+    /// else 127.0.0.1:8080.
+    #[arg(long, env = "IDEMGATE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Port to listen on at 127.0.0.1 when --listen / IDEMGATE_LISTEN is not set.
+    #[arg(long = "port", env = "PORT", value_name = "PORT", hide = true)]
+    pub port: Option<u16>,
+
+    /// Orders database: sqlite://PATH (created on first run) or postgres://…
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://./idemgate.db",
+        value_name = "URL"
+    )]
+    pub database: String,
+
+    /// Where idempotency records live: `database` (the orders database, with each
+    /// order committed in the same transaction as its record), `memory` (this
+    /// process only), or a redis:// URL.
+    #[arg(
+        long,
+        env = "IDEMGATE_IDEMPOTENCY_STORE",
+        default_value = "database",
+        value_name = "STORE"
+    )]
+    pub idempotency_store: String,
+
+    /// Payment gateway base URL (POST {URL}/charges). Without it, a built-in
+    /// simulated gateway approves every charge.
+    #[arg(long, env = "PAYMENT_GATEWAY_URL", value_name = "URL")]
+    pub gateway_url: Option<String>,
+
+    /// How long to wait for the payment gateway, in milliseconds; past it the
+    /// request answers 504 and can be retried with the same key.
+    #[arg(
+        long,
+        env = "PAYMENT_GATEWAY_TIMEOUT_MS",
+        default_value_t = 10_000,
+        value_name = "MS"
+    )]
+    pub gateway_timeout_ms: u64,
+
+    /// How long a completed idempotency record is kept, in seconds; after it the
+    /// key is new.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_TTL_SECONDS",
+        default_value_t = 86_400,
+        value_name = "SECONDS"
+    )]
+    pub ttl: u64,
+
+    /// How long a running request holds its key before a retry may take it over,
+    /// in seconds (renewed while the request runs).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_LEASE_SECONDS",
+        default_value_t = 30,
+        value_name = "SECONDS"
+    )]
+    pub lease: u64,
+
+    /// How long a duplicate of a running request waits for its outcome before
+    /// answering 409, in milliseconds (0: answer 409 at once).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_WAIT_MS",
+        default_value_t = 0,
+        value_name = "MS"
+    )]
+    pub wait_ms: u64,
+
+    /// On SIGINT/SIGTERM, how long to let in-flight requests (detached ones
+    /// included) finish and store their results, in seconds.
+    #[arg(
+        long,
+        env = "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
+        default_value_t = 30,
+        value_name = "SECONDS"
+    )]
+    pub shutdown_timeout: u64,
+
+    /// Log format.
+    #[arg(long, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+}
+
+/// A setting that cannot work, naming the flag and the variable to fix.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {flag} / {env}: {reason}")]
+pub struct ConfigError {
+    /// The flag.
+    pub flag: &'static str,
+    /// Its environment variable.
+    pub env: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(flag: &'static str, env: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            flag,
+            env,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Where the orders live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    /// A SQLite file.
+    Sqlite(String),
+    /// A PostgreSQL server.
+    Postgres(String),
+}
+
+/// Where the idempotency records live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdempotencyStore {
+    /// The orders database, transactional mode.
+    Database,
+    /// Process memory.
+    Memory,
+    /// A Redis server.
+    Redis(String),
+}
+
+/// `serve`'s settings, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Orders database.
+    pub database: DatabaseUrl,
+    /// Idempotency store.
+    pub idempotency_store: IdempotencyStore,
+    /// Payment gateway base URL; `None` for the simulated one.
+    pub gateway_url: Option<reqwest::Url>,
+    /// Gateway timeout.
+    pub gateway_timeout: Duration,
+    /// Record TTL.
+    pub ttl: Duration,
+    /// Lease length.
+    pub lease: Duration,
+    /// Wait-mode bound; `None` answers 409 at once.
+    pub wait: Option<Duration>,
+    /// Graceful shutdown deadline.
+    pub shutdown_timeout: Duration,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+impl ServeArgs {
+    /// Checks the flags and resolves the defaults.
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let listen = match (self.listen, self.port) {
+            (Some(addr), _) => addr,
+            (None, Some(port)) => SocketAddr::from(([127, 0, 0, 1], port)),
+            (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        };
+        let database = if self.database.starts_with("sqlite:") {
+            DatabaseUrl::Sqlite(self.database.clone())
+        } else if self.database.starts_with("postgres://")
+            || self.database.starts_with("postgresql://")
+        {
+            DatabaseUrl::Postgres(self.database.clone())
+        } else {
+            return Err(ConfigError::new(
+                "--database",
+                "DATABASE_URL",
+                format!(
+                    "expected sqlite://PATH or postgres://…, got {:?}",
+                    self.database
+                ),
+            ));
+        };
+        let idempotency_store = match self.idempotency_store.as_str() {
+            "database" => IdempotencyStore::Database,
+            "memory" => IdempotencyStore::Memory,
+            url if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                IdempotencyStore::Redis(url.to_owned())
+            }
+            other => {
+                return Err(ConfigError::new(
+                    "--idempotency-store",
+                    "IDEMGATE_IDEMPOTENCY_STORE",
+                    format!("expected database, memory or redis://…, got {other:?}"),
+                ));
+            }
+        };
+        let gateway_url = match &self.gateway_url {
+            None => None,
+            Some(url) => Some(
+                reqwest::Url::parse(url)
+                    .ok()
+                    .filter(|u| matches!(u.scheme(), "http" | "https"))
+                    .ok_or_else(|| {
+                        ConfigError::new(
+                            "--gateway-url",
+                            "PAYMENT_GATEWAY_URL",
+                            format!("not an http(s) URL: {url:?}"),
+                        )
+                    })?,
+            ),
+        };
+        if self.gateway_timeout_ms == 0 {
+            return Err(ConfigError::new(
+                "--gateway-timeout-ms",
+                "PAYMENT_GATEWAY_TIMEOUT_MS",
+                "must be at least 1",
+            ));
+        }
+        if self.lease == 0 {
+            return Err(ConfigError::new(
+                "--lease",
+                "IDEMPOTENCY_LEASE_SECONDS",
+                "must be at least 1 second",
+            ));
+        }
+        if self.ttl <= self.lease {
+            return Err(ConfigError::new(
+                "--ttl",
+                "IDEMPOTENCY_TTL_SECONDS",
+                format!(
+                    "the TTL ({} s) must be longer than the lease ({} s)",
+                    self.ttl, self.lease
+                ),
+            ));
+        }
+        Ok(Settings {
+            listen,
+            database,
+            idempotency_store,
+            gateway_url,
+            gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
+            ttl: Duration::from_secs(self.ttl),
+            lease: Duration::from_secs(self.lease),
+            wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
+            log_format: self.log_format,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<Settings, ConfigError> {
+        let mut argv = vec!["idemgate", "serve"];
+        argv.extend_from_slice(extra);
+        let Command::Serve(args) = Cli::try_parse_from(argv).expect("parses").command;
+        args.settings()
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        // Run without the variables set in this process (they may be set by CI).
+        let s = args(&[
+            "--database",
+            "sqlite://./x.db",
+            "--idempotency-store",
+            "database",
+        ])
+        .unwrap();
+        assert_eq!(s.ttl, Duration::from_secs(86_400));
+        assert_eq!(s.lease, Duration::from_secs(30));
+        assert_eq!(s.idempotency_store, IdempotencyStore::Database);
+        assert!(s.wait.is_none());
+    }
+
+    #[test]
+    fn listen_beats_port_beats_default() {
+        let s = args(&["--listen", "127.0.0.1:0", "--port", "9999"]).unwrap();
+        assert_eq!(s.listen.port(), 0);
+        let s = args(&["--port", "9999"]).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:9999".parse().unwrap());
+    }
+
+    #[test]
+    fn errors_name_the_flag_and_the_variable() {
+        let err = args(&["--database", "mysql://x"]).unwrap_err().to_string();
+        assert!(
+            err.contains("--database") && err.contains("DATABASE_URL"),
+            "{err}"
+        );
+        let err = args(&["--idempotency-store", "etcd://x"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_IDEMPOTENCY_STORE"), "{err}");
+        let err = args(&["--ttl", "5", "--lease", "10"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMPOTENCY_TTL_SECONDS"), "{err}");
+        let err = args(&["--gateway-url", "ftp://x"]).unwrap_err().to_string();
+        assert!(err.contains("PAYMENT_GATEWAY_URL"), "{err}");
+    }
+}

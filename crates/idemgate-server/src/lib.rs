@@ -1,0 +1,17 @@
+//! The idemgate orders service: the seeds' running example as a real service.
+//!
+//! `POST /api/v1/orders` charges a payment gateway and stores an order, exactly
+//! once per `Idempotency-Key`, whatever the network, the client or the process
+//! does. By default everything lives in one SQLite file, and each order commits in
+//! the same transaction as its idempotency record.
+//!
+//! `main.rs` only parses the command line; [`http::app`] builds the router that
+//! tests drive, and [`server::run`] wires stores, gateway and shutdown.
+
+pub mod cli;
+pub mod gateway;
+pub mod http;
+pub mod orders;
+pub mod repository;
+pub mod server;
+pub mod telemetry;

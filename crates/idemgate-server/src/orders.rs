@@ -1,0 +1,157 @@
+//! The order a client asks for, and the checks it must pass before anything is
+//! charged.
+
+use serde::{Deserialize, Serialize};
+
+/// One line of an order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Item {
+    /// Product id.
+    pub id: i64,
+    /// How many; at least 1.
+    pub quantity: i64,
+}
+
+/// `POST /api/v1/orders` body, as sent.
+#[derive(Debug, Deserialize)]
+struct OrderRequest {
+    items: Vec<Item>,
+    currency: String,
+    amount: i64,
+}
+
+/// A validated order request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOrder {
+    /// The lines.
+    pub items: Vec<Item>,
+    /// Upper-case ISO 4217 code.
+    pub currency: String,
+    /// Total in minor units; positive.
+    pub amount: i64,
+}
+
+/// A stored order, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Order {
+    /// Its id.
+    pub order_id: i64,
+    /// Total charged.
+    pub amount: i64,
+    /// Currency of the charge.
+    pub currency: String,
+    /// Always `paid`: an order is stored only after its charge succeeded.
+    pub status: String,
+    /// The lines.
+    pub items: Vec<Item>,
+}
+
+/// Why an order request was refused (400, before any charge).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidOrder {
+    /// Not JSON of the expected shape.
+    #[error("the body is not a valid order: {0}")]
+    Malformed(String),
+    /// `items` is empty.
+    #[error("an order needs at least one item")]
+    NoItems,
+    /// An item's quantity is below 1.
+    #[error("item {id} has quantity {quantity}; it must be at least 1")]
+    Quantity {
+        /// The item.
+        id: i64,
+        /// Its quantity.
+        quantity: i64,
+    },
+    /// `amount` is zero or negative.
+    #[error("amount must be positive, got {0}")]
+    Amount(i64),
+    /// `currency` is not three letters.
+    #[error("currency must be a three-letter ISO 4217 code, got {0:?}")]
+    Currency(String),
+}
+
+impl NewOrder {
+    /// Parses and checks a request body.
+    pub fn parse(body: &[u8]) -> Result<Self, InvalidOrder> {
+        let request: OrderRequest = serde_json::from_slice(body)
+            .map_err(|error| InvalidOrder::Malformed(error.to_string()))?;
+        if request.items.is_empty() {
+            return Err(InvalidOrder::NoItems);
+        }
+        if let Some(item) = request.items.iter().find(|item| item.quantity < 1) {
+            return Err(InvalidOrder::Quantity {
+                id: item.id,
+                quantity: item.quantity,
+            });
+        }
+        if request.amount <= 0 {
+            return Err(InvalidOrder::Amount(request.amount));
+        }
+        if request.currency.len() != 3 || !request.currency.bytes().all(|b| b.is_ascii_alphabetic())
+        {
+            return Err(InvalidOrder::Currency(request.currency));
+        }
+        Ok(Self {
+            items: request.items,
+            currency: request.currency.to_ascii_uppercase(),
+            amount: request.amount,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_seed_order() {
+        let order = NewOrder::parse(
+            br#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#,
+        )
+        .unwrap();
+        assert_eq!(order.amount, 1500);
+        assert_eq!(order.currency, "RUB");
+        assert_eq!(
+            order.items,
+            vec![Item {
+                id: 42,
+                quantity: 1
+            }]
+        );
+    }
+
+    #[test]
+    fn refuses_each_broken_field() {
+        let cases: [(&str, fn(&InvalidOrder) -> bool); 7] = [
+            ("not json", |e| matches!(e, InvalidOrder::Malformed(_))),
+            (r#"{"items":[],"currency":"RUB","amount":1}"#, |e| {
+                *e == InvalidOrder::NoItems
+            }),
+            (
+                r#"{"items":[{"id":1,"quantity":0}],"currency":"RUB","amount":1}"#,
+                |e| matches!(e, InvalidOrder::Quantity { .. }),
+            ),
+            (
+                r#"{"items":[{"id":1,"quantity":1}],"currency":"RUB","amount":0}"#,
+                |e| *e == InvalidOrder::Amount(0),
+            ),
+            (
+                r#"{"items":[{"id":1,"quantity":1}],"currency":"RUBL","amount":1}"#,
+                |e| matches!(e, InvalidOrder::Currency(_)),
+            ),
+            (
+                r#"{"items":[{"id":1,"quantity":1}],"currency":"R1B","amount":1}"#,
+                |e| matches!(e, InvalidOrder::Currency(_)),
+            ),
+            (
+                r#"{"items":[{"id":1,"quantity":1}],"currency":"RUB","amount":1.5}"#,
+                |e| matches!(e, InvalidOrder::Malformed(_)),
+            ),
+        ];
+        for (body, expected) in cases {
+            let error = NewOrder::parse(body.as_bytes()).unwrap_err();
+            assert!(expected(&error), "{body}: {error:?}");
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Where orders are stored: SQLite or PostgreSQL.
+//!
+//! Every order row carries the operation id it was created by, under a UNIQUE
+//! constraint (PROTOCOL §11): whatever the idempotency store, one operation cannot
+//! insert two orders.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::{PgConnection, PgPool, Row, SqliteConnection, SqlitePool};
+use uuid::Uuid;
+
+use crate::cli::DatabaseUrl;
+use crate::orders::{Item, NewOrder, Order};
+
+/// The orders database.
+#[derive(Debug, Clone)]
+pub enum OrdersDb {
+    /// An embedded SQLite file.
+    Sqlite(SqlitePool),
+    /// A PostgreSQL server.
+    Postgres(PgPool),
+}
+
+/// Who placed an order and under which operation.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    /// The principal (a digest of the bearer token).
+    pub principal: &'a str,
+    /// The operation that creates the order.
+    pub operation_id: Uuid,
+    /// The gateway's charge id.
+    pub charge_id: Option<&'a str>,
+}
+
+impl OrdersDb {
+    /// Connects (creating the SQLite file if missing).
+    pub async fn connect(url: &DatabaseUrl) -> Result<Self, sqlx::Error> {
+        match url {
+            DatabaseUrl::Sqlite(url) => {
+                let path = url
+                    .trim_start_matches("sqlite://")
+                    .trim_start_matches("sqlite:");
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_with(idemgate_sqlite::SqliteStore::connect_options(path))
+                    .await?;
+                Ok(Self::Sqlite(pool))
+            }
+            DatabaseUrl::Postgres(url) => {
+                let pool = PgPoolOptions::new()
+                    .max_connections(32)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect(url)
+                    .await?;
+                Ok(Self::Postgres(pool))
+            }
+        }
+    }
+
+    /// Creates the orders table if it is missing (idempotent, safe to run from
+    /// several instances at once).
+    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Sqlite(pool) => {
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS orders (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        operation_id TEXT NOT NULL UNIQUE,
+                        principal TEXT NOT NULL,
+                        amount INTEGER NOT NULL CHECK (amount > 0),
+                        currency TEXT NOT NULL,
+                        items TEXT NOT NULL,
+                        charge_id TEXT,
+                        status TEXT NOT NULL,
+                        created_at INTEGER NOT NULL DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))
+                    )",
+                )
+                .execute(pool)
+                .await?;
+                sqlx::query(
+                    "CREATE INDEX IF NOT EXISTS orders_by_principal ON orders (principal, id)",
+                )
+                .execute(pool)
+                .await?;
+            }
+            Self::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
+                // catalog; serialize instances on an advisory lock.
+                sqlx::query("SELECT pg_advisory_xact_lock(7305872301)")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS orders (
+                        id BIGSERIAL PRIMARY KEY,
+                        operation_id UUID NOT NULL UNIQUE,
+                        principal TEXT NOT NULL,
+                        amount BIGINT NOT NULL CHECK (amount > 0),
+                        currency TEXT NOT NULL,
+                        items TEXT NOT NULL,
+                        charge_id TEXT,
+                        status TEXT NOT NULL,
+                        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+                    )",
+                )
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "CREATE INDEX IF NOT EXISTS orders_by_principal ON orders (principal, id)",
+                )
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Inserts an order outside any idempotency transaction. A second insert for the
+    /// same operation inserts nothing and returns the first one's order.
+    pub async fn insert(
+        &self,
+        placement: Placement<'_>,
+        order: &NewOrder,
+    ) -> Result<Order, sqlx::Error> {
+        match self {
+            Self::Sqlite(pool) => {
+                insert_sqlite(&mut *pool.acquire().await?, placement, order).await
+            }
+            Self::Postgres(pool) => {
+                insert_postgres(&mut *pool.acquire().await?, placement, order).await
+            }
+        }
+    }
+
+    /// The principal's orders, oldest first.
+    pub async fn list(&self, principal: &str) -> Result<Vec<Order>, sqlx::Error> {
+        match self {
+            Self::Sqlite(pool) => {
+                sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = ? ORDER BY id")
+                    .bind(principal)
+                    .fetch_all(pool)
+                    .await?
+                    .iter()
+                    .map(order_from_sqlite)
+                    .collect()
+            }
+            Self::Postgres(pool) => {
+                sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 ORDER BY id")
+                    .bind(principal)
+                    .fetch_all(pool)
+                    .await?
+                    .iter()
+                    .map(order_from_postgres)
+                    .collect()
+            }
+        }
+    }
+
+    /// One of the principal's orders; `None` if it does not exist or is someone
+    /// else's.
+    pub async fn get(&self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
+        match self {
+            Self::Sqlite(pool) => {
+                let row = sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = ? AND id = ?")
+                    .bind(principal)
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+                row.as_ref().map(order_from_sqlite).transpose()
+            }
+            Self::Postgres(pool) => {
+                let row = sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 AND id = $2")
+                    .bind(principal)
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+                row.as_ref().map(order_from_postgres).transpose()
+            }
+        }
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+            Self::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+        }
+    }
+
+    /// Closes the pool, waiting for connections to be returned.
+    pub async fn close(&self) {
+        match self {
+            Self::Sqlite(pool) => pool.close().await,
+            Self::Postgres(pool) => pool.close().await,
+        }
+    }
+}
+
+fn items_json(order: &NewOrder) -> String {
+    serde_json::to_string(&order.items).unwrap_or_else(|_| "[]".to_owned())
+}
+
+/// Inserts on a SQLite connection: the pool's, or a transactional `Tx`.
+pub async fn insert_sqlite(
+    conn: &mut SqliteConnection,
+    placement: Placement<'_>,
+    order: &NewOrder,
+) -> Result<Order, sqlx::Error> {
+    let operation_id = placement.operation_id.to_string();
+    sqlx::query(
+        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status)
+         VALUES (?, ?, ?, ?, ?, ?, 'paid') ON CONFLICT (operation_id) DO NOTHING",
+    )
+    .bind(&operation_id)
+    .bind(placement.principal)
+    .bind(order.amount)
+    .bind(&order.currency)
+    .bind(items_json(order))
+    .bind(placement.charge_id)
+    .execute(&mut *conn)
+    .await?;
+    let row = sqlx::query(
+        "SELECT id, amount, currency, status, items FROM orders WHERE operation_id = ?",
+    )
+    .bind(&operation_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    order_from_sqlite(&row)
+}
+
+/// Inserts on a PostgreSQL connection: the pool's, or a transactional `Tx`.
+pub async fn insert_postgres(
+    conn: &mut PgConnection,
+    placement: Placement<'_>,
+    order: &NewOrder,
+) -> Result<Order, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status)
+         VALUES ($1, $2, $3, $4, $5, $6, 'paid') ON CONFLICT (operation_id) DO NOTHING",
+    )
+    .bind(placement.operation_id)
+    .bind(placement.principal)
+    .bind(order.amount)
+    .bind(&order.currency)
+    .bind(items_json(order))
+    .bind(placement.charge_id)
+    .execute(&mut *conn)
+    .await?;
+    let row = sqlx::query(
+        "SELECT id, amount, currency, status, items FROM orders WHERE operation_id = $1",
+    )
+    .bind(placement.operation_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    order_from_postgres(&row)
+}
+
+fn decode_items(text: &str) -> Result<Vec<Item>, sqlx::Error> {
+    serde_json::from_str(text).map_err(|error| sqlx::Error::Decode(Box::new(error)))
+}
+
+fn order_from_sqlite(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error> {
+    Ok(Order {
+        order_id: row.try_get("id")?,
+        amount: row.try_get("amount")?,
+        currency: row.try_get("currency")?,
+        status: row.try_get("status")?,
+        items: decode_items(row.try_get("items")?)?,
+    })
+}
+
+fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error> {
+    Ok(Order {
+        order_id: row.try_get("id")?,
+        amount: row.try_get("amount")?,
+        currency: row.try_get("currency")?,
+        status: row.try_get("status")?,
+        items: decode_items(row.try_get("items")?)?,
+    })
+}

@@ -1,0 +1,211 @@
+//! Starting and stopping the service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate::{IdempotencyLayer, MemoryStore, Store};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tokio::net::TcpListener;
+
+use crate::cli::{IdempotencyStore, Settings};
+use crate::gateway::Gateway;
+use crate::http::{AppState, OrderWrites, app};
+use crate::repository::OrdersDb;
+
+/// How often expired idempotency records are purged from the SQL stores.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// How many expired records one purge statement deletes.
+const PURGE_BATCH: usize = 1_000;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The orders database is unreachable or refused its migration.
+    #[error("orders database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The SQLite idempotency store could not be prepared.
+    #[error("SQLite idempotency store: {0}")]
+    SqliteStore(#[from] idemgate_sqlite::Error),
+    /// The PostgreSQL idempotency store could not be prepared.
+    #[error("PostgreSQL idempotency store: {0}")]
+    PostgresStore(#[from] idemgate_postgres::Error),
+    /// Redis is unreachable or unsafe (eviction policy).
+    #[error("Redis idempotency store: {0}")]
+    RedisStore(#[from] idemgate_redis::RedisStoreError),
+    /// The gateway client could not be built.
+    #[error("payment gateway client: {0}")]
+    Gateway(#[from] reqwest::Error),
+    /// The listen address is taken or not ours.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// The idempotency store and how orders are written with it.
+async fn idempotency_store(
+    settings: &Settings,
+    orders: &OrdersDb,
+) -> Result<(Arc<dyn Store>, OrderWrites, Option<PurgeGuard>), StartupError> {
+    Ok(match (&settings.idempotency_store, orders) {
+        (IdempotencyStore::Database, OrdersDb::Sqlite(pool)) => {
+            let store = idemgate_sqlite::SqliteStore::new(pool.clone());
+            store.migrate().await?;
+            let purge = PurgeGuard::Sqlite(store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?);
+            (
+                Arc::new(store.clone()),
+                OrderWrites::SqliteTransaction(store),
+                Some(purge),
+            )
+        }
+        (IdempotencyStore::Database, OrdersDb::Postgres(pool)) => {
+            let store = idemgate_postgres::PostgresStore::new(pool.clone());
+            store.migrate().await?;
+            let purge = PurgeGuard::Postgres(store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?);
+            (
+                Arc::new(store.clone()),
+                OrderWrites::PostgresTransaction(store),
+                Some(purge),
+            )
+        }
+        (IdempotencyStore::Memory, _) => (Arc::new(MemoryStore::new()), OrderWrites::Direct, None),
+        (IdempotencyStore::Redis(url), _) => {
+            let store = idemgate_redis::RedisStore::connect(url).await?;
+            (Arc::new(store), OrderWrites::Direct, None)
+        }
+    })
+}
+
+/// Keeps a store's purge task alive while the server runs.
+#[allow(dead_code)] // held for its Drop
+enum PurgeGuard {
+    Sqlite(idemgate_sqlite::PurgeTask),
+    Postgres(idemgate_postgres::PurgeTask),
+}
+
+/// Runs the service until SIGINT or SIGTERM, then shuts down gracefully: stop
+/// accepting, let open requests finish, wait for detached handlers to store their
+/// results, all within `settings.shutdown_timeout`.
+pub async fn run(settings: Settings) -> Result<(), StartupError> {
+    let metrics = match PrometheusBuilder::new().install_recorder() {
+        Ok(handle) => Some(handle),
+        Err(error) => {
+            tracing::warn!(%error, "metrics recorder not installed; /metrics answers 404");
+            None
+        }
+    };
+    let orders = OrdersDb::connect(&settings.database).await?;
+    orders.migrate().await?;
+    let (store, writes, _purge) = idempotency_store(&settings, &orders).await?;
+    let gateway = match &settings.gateway_url {
+        Some(url) => Gateway::http(url, settings.gateway_timeout)?,
+        None => {
+            tracing::info!(
+                "no payment gateway configured: using the built-in simulated gateway (approves every charge)"
+            );
+            Gateway::Simulated
+        }
+    };
+    let mut layer = IdempotencyLayer::from_arc(store)
+        .with_ttl(settings.ttl)
+        .with_lease(settings.lease);
+    if let Some(wait) = settings.wait {
+        layer = layer.with_wait(wait);
+    }
+    let tasks = layer.detached_tasks();
+    let state = AppState {
+        orders: orders.clone(),
+        writes,
+        gateway,
+        metrics,
+        tasks: tasks.clone(),
+    };
+    let router = app(state, layer);
+
+    let listener =
+        TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| StartupError::Listen {
+                addr: settings.listen,
+                source,
+            })?;
+    let addr = listener.local_addr().map_err(StartupError::Serve)?;
+    tracing::info!(%addr, database = database_kind(&orders), store = ?settings.idempotency_store_kind(), "idemgate listening on http://{addr}");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(async move {
+        let mut stop_rx = stop_rx;
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+    shutdown_signal().await;
+    tracing::info!(deadline = ?settings.shutdown_timeout, "shutting down: no new connections; finishing in-flight requests");
+    let _ = stop_tx.send(true);
+    let deadline = tokio::time::Instant::now() + settings.shutdown_timeout;
+    match tokio::time::timeout_at(deadline, server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(error))) => return Err(StartupError::Serve(error)),
+        Ok(Err(error)) => tracing::error!(%error, "server task failed"),
+        Err(_) => tracing::warn!("open connections did not finish before the deadline"),
+    }
+    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if tasks.shutdown(remaining).await {
+        tracing::info!("all in-flight requests finished and stored their results");
+    } else {
+        tracing::warn!(
+            running = tasks.running(),
+            "shutdown deadline passed with handlers still running; their records stay PROCESSING and are taken over after the lease"
+        );
+    }
+    orders.close().await;
+    Ok(())
+}
+
+fn database_kind(orders: &OrdersDb) -> &'static str {
+    match orders {
+        OrdersDb::Sqlite(_) => "sqlite",
+        OrdersDb::Postgres(_) => "postgres",
+    }
+}
+
+impl Settings {
+    fn idempotency_store_kind(&self) -> &'static str {
+        match self.idempotency_store {
+            IdempotencyStore::Database => "database",
+            IdempotencyStore::Memory => "memory",
+            IdempotencyStore::Redis(_) => "redis",
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        ) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM; only SIGINT stops the server");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}
