@@ -16,6 +16,23 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
         .execute(&mut *tx)
         .await
         .map_err(Error::Migrate)?;
+    let versions = names.versions();
+    // Look before creating anything: once the schema is current, `migrate()` runs no
+    // DDL at all, so a role without CREATE privileges can call it on every start.
+    match current_version(&mut tx, names).await? {
+        Some(found) if found > SCHEMA_VERSION => {
+            return Err(Error::SchemaTooNew {
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        Some(found) if found == SCHEMA_VERSION => {
+            return tx.commit().await.map_err(Error::Migrate);
+        }
+        // Nothing yet (or an older version: none exists before 1). Later versions
+        // add their steps below, guarded by the version found.
+        _ => {}
+    }
     if let Some(schema) = &names.schema {
         let create = format!("CREATE SCHEMA IF NOT EXISTS {}", sql::quote(schema));
         sqlx::raw_sql(AssertSqlSafe(create))
@@ -23,7 +40,6 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
             .await
             .map_err(Error::Migrate)?;
     }
-    let versions = names.versions();
     let create_versions = format!(
         "CREATE TABLE IF NOT EXISTS {versions} ( \
              table_name  TEXT        NOT NULL PRIMARY KEY, \
@@ -35,27 +51,6 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
         .execute(&mut *tx)
         .await
         .map_err(Error::Migrate)?;
-    let found: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT version FROM {versions} WHERE table_name = $1"
-    )))
-    .bind(&names.table)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(Error::Migrate)?;
-    match found {
-        Some(found) if found > SCHEMA_VERSION => {
-            return Err(Error::SchemaTooNew {
-                found,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        Some(found) if found == SCHEMA_VERSION => {
-            return tx.commit().await.map_err(Error::Migrate);
-        }
-        _ => {}
-    }
-    // Version 1 is the only one so far; later versions add their steps here,
-    // guarded by `found`.
     for statement in sql::schema_v1(names) {
         sqlx::raw_sql(AssertSqlSafe(statement))
             .execute(&mut *tx)
@@ -73,4 +68,25 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
     .await
     .map_err(Error::Migrate)?;
     tx.commit().await.map_err(Error::Migrate)
+}
+
+/// The version recorded for the record table, `None` if there is none (or no
+/// version table yet).
+async fn current_version(tx: &mut sqlx::PgConnection, names: &Names) -> Result<Option<i64>, Error> {
+    let versions = names.versions();
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&versions)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(Error::Migrate)?;
+    if !exists {
+        return Ok(None);
+    }
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT version FROM {versions} WHERE table_name = $1"
+    )))
+    .bind(&names.table)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(Error::Migrate)
 }

@@ -17,11 +17,12 @@ use crate::problem::Problem;
 use crate::store::{PostgresStore, applied};
 
 /// The problem `type` of [`TxRejection::NotBehindLayer`].
-pub const PROBLEM_NOT_BEHIND_LAYER: &str = "urn:idemgate:problem:transaction-without-layer";
+pub const PROBLEM_NOT_BEHIND_LAYER: &str =
+    "https://idemgate.dev/problems/transaction-without-layer";
 /// The problem `type` of [`TxRejection::AlreadyLent`].
-pub const PROBLEM_ALREADY_LENT: &str = "urn:idemgate:problem:transaction-already-taken";
+pub const PROBLEM_ALREADY_LENT: &str = "https://idemgate.dev/problems/transaction-already-taken";
 /// The problem `type` of [`TxRejection::Unavailable`].
-pub const PROBLEM_UNAVAILABLE: &str = "urn:idemgate:problem:store-unavailable";
+pub const PROBLEM_UNAVAILABLE: &str = "https://idemgate.dev/problems/store-unavailable";
 
 /// A business transaction that commits together with the idempotency record.
 ///
@@ -31,6 +32,12 @@ pub const PROBLEM_UNAVAILABLE: &str = "urn:idemgate:problem:store-unavailable";
 /// yourself: when the handler drops it, the transaction goes back to the request's
 /// [`TransactionSlot`] uncommitted, and the layer adds the fenced completion to it
 /// and commits both, or rolls both back. One `Tx` per request.
+///
+/// A statement that fails inside the transaction aborts it (PostgreSQL refuses every
+/// later statement in it, SQLSTATE `25P02`): return an error response then, so the
+/// layer rolls back. A handler that swallows the error and answers 2xx anyway has
+/// committed nothing: the completion in that transaction fails too, and the record
+/// is not completed.
 ///
 /// Holding a `Tx` holds a pooled connection until the layer finishes the request:
 /// size the pool for the transactional handlers that run at once plus the layer's

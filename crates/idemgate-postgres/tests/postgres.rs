@@ -601,6 +601,10 @@ async fn extractor_without_the_layer_answers_a_problem() {
         body.contains("route is not behind IdempotencyLayer"),
         "{body}"
     );
+    assert!(
+        body.contains(idemgate_postgres::PROBLEM_NOT_BEHIND_LAYER),
+        "{body}"
+    );
     assert!(body.contains("\"status\":500"), "{body}");
 }
 
@@ -744,6 +748,19 @@ async fn concurrent_migrations_and_version_tracking() {
         sqlx_table, None,
         "the store must not use sqlx's migration table"
     );
+
+    // Once current, `migrate()` runs no DDL: it passes even in a read-only session.
+    let options: PgConnectOptions = url().parse().expect("url");
+    let read_only = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.options([("default_transaction_read_only", "on")]))
+        .await
+        .expect("connect");
+    PostgresStore::new(read_only)
+        .with_schema(schema.name.clone())
+        .migrate()
+        .await
+        .expect("a current schema needs no DDL");
 
     // A custom table keeps its own version row in the same schema.
     let custom = schema.store().with_table("payments_keys");

@@ -17,11 +17,12 @@ use crate::problem::Problem;
 use crate::store::{BEGIN_IMMEDIATE, SqliteStore, applied};
 
 /// The problem `type` of [`TxRejection::NotBehindLayer`].
-pub const PROBLEM_NOT_BEHIND_LAYER: &str = "urn:idemgate:problem:transaction-without-layer";
+pub const PROBLEM_NOT_BEHIND_LAYER: &str =
+    "https://idemgate.dev/problems/transaction-without-layer";
 /// The problem `type` of [`TxRejection::AlreadyLent`].
-pub const PROBLEM_ALREADY_LENT: &str = "urn:idemgate:problem:transaction-already-taken";
+pub const PROBLEM_ALREADY_LENT: &str = "https://idemgate.dev/problems/transaction-already-taken";
 /// The problem `type` of [`TxRejection::Unavailable`].
-pub const PROBLEM_UNAVAILABLE: &str = "urn:idemgate:problem:store-unavailable";
+pub const PROBLEM_UNAVAILABLE: &str = "https://idemgate.dev/problems/store-unavailable";
 
 /// A business transaction that commits together with the idempotency record.
 ///

@@ -655,6 +655,10 @@ async fn extractor_without_the_layer_answers_a_problem() {
         body.contains("route is not behind IdempotencyLayer"),
         "{body}"
     );
+    assert!(
+        body.contains(idemgate_sqlite::PROBLEM_NOT_BEHIND_LAYER),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
