@@ -123,7 +123,8 @@ mod tests {
 
     #[test]
     fn refuses_each_broken_field() {
-        let cases: [(&str, fn(&InvalidOrder) -> bool); 7] = [
+        type Check = fn(&InvalidOrder) -> bool;
+        let cases: [(&str, Check); 7] = [
             ("not json", |e| matches!(e, InvalidOrder::Malformed(_))),
             (r#"{"items":[],"currency":"RUB","amount":1}"#, |e| {
                 *e == InvalidOrder::NoItems

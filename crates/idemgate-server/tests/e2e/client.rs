@@ -1,0 +1,122 @@
+//! An HTTP client for the orders API.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+
+pub const ORDER: &str = r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#;
+
+/// A response, read whole.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
+    }
+
+    pub fn problem_type(&self) -> String {
+        assert_eq!(
+            self.headers["content-type"], "application/problem+json",
+            "{self:?}"
+        );
+        self.json()["type"].as_str().unwrap().to_owned()
+    }
+}
+
+/// One client identity: a bearer token.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    pub token: String,
+}
+
+impl Client {
+    pub fn new() -> Self {
+        Self::with_timeout(Duration::from_secs(30))
+    }
+
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            http: reqwest::Client::builder().timeout(timeout).build().unwrap(),
+            token: format!("token-{}", uuid::Uuid::new_v4()),
+        }
+    }
+
+    pub fn with_token(&self, token: &str) -> Self {
+        Self {
+            http: self.http.clone(),
+            token: token.to_owned(),
+        }
+    }
+
+    pub async fn try_post(
+        &self,
+        url: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::Result<Answer> {
+        let mut request = self
+            .http
+            .post(url)
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Answer {
+        self.try_post(url, key, body).await.expect("POST")
+    }
+
+    pub async fn get(&self, url: &str) -> Answer {
+        let response = self
+            .http
+            .get(url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("GET");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.expect("body");
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// This client's orders, through the API.
+    pub async fn orders(&self, base: &str) -> Vec<serde_json::Value> {
+        let answer = self.get(&format!("{base}/api/v1/orders")).await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        answer.json()["orders"].as_array().unwrap().clone()
+    }
+}
+
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

@@ -1,0 +1,194 @@
+//! The real `idemgate` binary as a child process, driven over real HTTP.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The PostgreSQL the tests use (read at run time).
+pub fn postgres_url() -> String {
+    std::env::var("IDEMGATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The Redis the tests use (read at run time).
+pub fn redis_url() -> String {
+    std::env::var("IDEMGATE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A fresh SQLite database URL in its own temp directory.
+pub fn sqlite_url() -> (String, TempDir) {
+    let dir = std::env::temp_dir().join(format!("idemgate-e2e-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    (
+        format!("sqlite://{}", dir.join("orders.db").display()),
+        TempDir(dir),
+    )
+}
+
+/// Removes its directory when dropped.
+pub struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How to start the server.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub database: String,
+    pub idempotency_store: String,
+    pub gateway_url: Option<String>,
+    pub ttl_seconds: u64,
+    pub lease_seconds: u64,
+    pub wait_ms: u64,
+    pub gateway_timeout_ms: u64,
+}
+
+impl Options {
+    pub fn new(database: &str) -> Self {
+        Self {
+            database: database.to_owned(),
+            idempotency_store: "database".to_owned(),
+            gateway_url: None,
+            ttl_seconds: 86_400,
+            lease_seconds: 30,
+            wait_ms: 0,
+            gateway_timeout_ms: 10_000,
+        }
+    }
+
+    pub fn gateway(mut self, url: String) -> Self {
+        self.gateway_url = Some(url);
+        self
+    }
+
+    pub fn store(mut self, store: &str) -> Self {
+        self.idempotency_store = store.to_owned();
+        self
+    }
+}
+
+/// A running `idemgate serve`.
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    pub options: Options,
+}
+
+impl Server {
+    pub async fn start(options: Options) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--database", &options.database])
+            .args(["--idempotency-store", &options.idempotency_store])
+            .args(["--ttl", &options.ttl_seconds.to_string()])
+            .args(["--lease", &options.lease_seconds.to_string()])
+            .args(["--wait-ms", &options.wait_ms.to_string()])
+            .args([
+                "--gateway-timeout-ms",
+                &options.gateway_timeout_ms.to_string(),
+            ])
+            .args(["--shutdown-timeout", "10"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for variable in [
+            "IDEMGATE_LISTEN",
+            "PORT",
+            "DATABASE_URL",
+            "IDEMGATE_IDEMPOTENCY_STORE",
+            "PAYMENT_GATEWAY_URL",
+            "IDEMPOTENCY_TTL_SECONDS",
+            "IDEMPOTENCY_LEASE_SECONDS",
+            "IDEMPOTENCY_WAIT_MS",
+            "IDEMGATE_LOG_FORMAT",
+        ] {
+            command.env_remove(variable);
+        }
+        if let Some(url) = &options.gateway_url {
+            command.args(["--gateway-url", url]);
+        }
+        let mut child = command.spawn().expect("spawn the idemgate binary");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.expect("read server log") {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let addr = rest
+                        .split_whitespace()
+                        .next()
+                        .expect("address after 'listening on'");
+                    return addr.parse::<SocketAddr>().expect("a socket address");
+                }
+                eprintln!("[server] {line}");
+            }
+            panic!("the server exited before listening");
+        })
+        .await
+        .expect("the server did not start within 30 s");
+        // Keep draining the log so the server never blocks on a full pipe.
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("ERROR") || line.contains("WARN") {
+                    eprintln!("[server {addr}] {line}");
+                }
+            }
+        });
+        Self {
+            child,
+            addr,
+            options,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().expect("running").to_string()
+    }
+
+    /// `kill -9`: no shutdown, no cleanup.
+    pub async fn kill9(mut self) {
+        self.child.kill().await.expect("kill -9");
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub async fn stop(mut self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let exit = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("the server did not stop within 20 s of SIGTERM")
+            .expect("wait");
+        assert!(exit.success(), "the server exited with {exit}");
+    }
+
+    /// Sends SIGTERM and returns without waiting.
+    pub fn terminate(&self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid()])
+            .status();
+    }
+
+    pub async fn wait_exit(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("exit in time")
+            .expect("wait")
+    }
+}
