@@ -17,6 +17,11 @@ const RAW: u8 = 0;
 /// [`StoredResponse::encode`].
 const ZSTD: u8 = 1;
 
+/// zstd level 1: on JSON responses as small as level 3 (the `compression`
+/// benchmark: 11.1% vs 11.8% of a 64 KiB body) and faster to encode, which happens
+/// on the request path of every completion.
+const DEFAULT_LEVEL: i32 = 1;
+
 /// The most a compressed response may expand to when read back (a corrupt frame
 /// must not make the reader allocate without bound).
 const MAX_DECOMPRESSED: usize = 512 * 1024 * 1024;
@@ -48,7 +53,7 @@ pub struct ResponseCodec {
 }
 
 impl Default for ResponseCodec {
-    /// Compresses encodings above 1 KiB at zstd's default level (3).
+    /// Compresses encodings above 1 KiB at zstd level 1.
     fn default() -> Self {
         Self::new(1024)
     }
@@ -59,11 +64,11 @@ impl ResponseCodec {
     pub const fn new(threshold: usize) -> Self {
         Self {
             threshold,
-            level: zstd::DEFAULT_COMPRESSION_LEVEL,
+            level: DEFAULT_LEVEL,
         }
     }
 
-    /// The same codec at zstd `level` (1 fastest … 19 smallest; 3 is the default).
+    /// The same codec at zstd `level` (1 fastest … 19 smallest; default 1).
     pub const fn with_level(mut self, level: i32) -> Self {
         self.level = level;
         self
@@ -274,8 +279,14 @@ mod tests {
 
     #[test]
     fn incompressible_bodies_are_kept_raw() {
-        let noise: Vec<u8> = (0..4096u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 24) as u8
+            })
             .collect();
         let codec = ResponseCodec::new(64);
         let encoded = codec.encode(&response(noise.clone()));

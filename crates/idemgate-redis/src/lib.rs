@@ -80,9 +80,13 @@
 //! | `rs` | the response: a codec byte (0 raw, 1 zstd) + `StoredResponse::encode` |
 //!
 //! Responses whose encoding exceeds a threshold (1 KiB by default) are compressed
-//! with zstd when that makes them smaller (a 64 KiB JSON body typically shrinks
-//! ten-fold; see `benches/compression.rs`). Bodies and header values are stored as
-//! raw bytes, so replay is byte-exact.
+//! with zstd (level 1 by default) when that makes them smaller. On the
+//! `benches/compression.rs` benchmark, a 64 KiB JSON response is stored in 11% of
+//! its size, for about 0.13 ms to compress (once, at completion) and 0.05 ms to
+//! decompress (at each replay) on the project's 2-core test machine: less than
+//! sending the other 89% over a network would take, and a ninth of the Redis
+//! memory. Bodies and header values are stored as raw bytes, so replay is
+//! byte-exact.
 //!
 //! The `{…}` around the digest is a Redis Cluster hash tag: the slot is computed from
 //! the digest alone, so all keys of one record share a slot (scripts never fail with
@@ -102,6 +106,8 @@
 //! writes through the pub/sub channel (subscribed at the first wait, resubscribed
 //! after failures; on a cluster through any node, since `PUBLISH` reaches them all).
 //! Both are hints: the wait's timeout is the floor, and callers re-read the record.
+//! Every subscribed instance receives every announcement (32 bytes each) and wakes
+//! only its own waiters for that digest.
 //!
 //! # Failures
 //!
@@ -199,6 +205,15 @@
 //! features — and by default queues commands while reconnecting, where an
 //! idempotency store must fail fast so the layer can answer 503. Fewer moving parts
 //! won.
+//!
+//! # Tests
+//!
+//! `scripts/test.sh` runs them all: the conformance suite against the server at
+//! `IDEMGATE_TEST_REDIS_URL` (default `redis://127.0.0.1:6379`) and against a
+//! three-primary cluster it starts with `scripts/redis-cluster.sh start` (node URLs
+//! in `IDEMGATE_TEST_REDIS_CLUSTER_URLS`; the cluster tests fail without it), plus
+//! tests that start `redis-server`s of their own (eviction policies, an outage, AOF
+//! across `kill -9`, a full server).
 //!
 //! # Features of the redis dependency
 //!

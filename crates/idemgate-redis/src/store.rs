@@ -135,10 +135,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The zstd level for compressed responses (default 3).
+    /// The zstd level for compressed responses (default 1; higher is slower and,
+    /// on some bodies, smaller).
     ///
     /// ```
-    /// let builder = idemgate_redis::RedisStore::builder().with_compression_level(1);
+    /// let builder = idemgate_redis::RedisStore::builder().with_compression_level(3);
     /// ```
     pub fn with_compression_level(mut self, level: i32) -> Self {
         self.codec = self.codec.with_level(level);

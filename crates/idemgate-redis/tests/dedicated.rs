@@ -165,6 +165,7 @@ async fn an_outage_gives_prompt_errors_and_the_store_recovers() {
         let start = Instant::now();
         let err = store.try_claim(&fresh_request()).await.unwrap_err();
         let took = start.elapsed();
+        eprintln!("attempt {attempt} while down: {err} after {took:?}");
         assert!(
             matches!(err, StoreError::Unavailable(_)),
             "attempt {attempt}: {err:?}"
@@ -205,10 +206,45 @@ async fn an_outage_gives_prompt_errors_and_the_store_recovers() {
             ),
         }
     }
+    eprintln!("recovered {:?} after the restart", start.elapsed());
     assert!(matches!(
         store.try_claim(&request).await.unwrap(),
         Claim::Existing(_)
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_gives_timeouts_not_hangs() {
+    let server = RedisServer::start(&[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let _ = acquire(&store, &fresh_request()).await;
+
+    server.pause(true);
+    for attempt in 0..2 {
+        let start = Instant::now();
+        let err = store.try_claim(&fresh_request()).await.unwrap_err();
+        let took = start.elapsed();
+        eprintln!("attempt {attempt} while paused: {err} after {took:?}");
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(
+            took < Duration::from_millis(2_000),
+            "attempt {attempt} took {took:?}"
+        );
+    }
+
+    server.pause(false);
+    let start = Instant::now();
+    loop {
+        match store.try_claim(&fresh_request()).await {
+            Ok(Claim::Acquired(_)) => break,
+            Ok(Claim::Existing(_)) => panic!("fresh identity found existing"),
+            Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("no recovery after SIGCONT: {err:?}"),
+        }
+    }
+    eprintln!("recovered {:?} after SIGCONT", start.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,9 +126,30 @@ impl RedisServer {
     /// Kills the process with SIGKILL (`kill -9`) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A stopped process dies of SIGKILL too, but resume it in case.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Sends SIGSTOP (`pause == true`) or SIGCONT: a server that accepts nothing and
+    /// answers nothing, as behind a network partition.
+    pub fn pause(&self, pause: bool) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("server running")
+            .id()
+            .to_string();
+        let signal = if pause { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
     }
 
     /// Starts the server again on the same port and directory, with the same options.
