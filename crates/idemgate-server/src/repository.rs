@@ -139,24 +139,24 @@ impl OrdersDb {
     /// The principal's orders, oldest first.
     pub async fn list(&self, principal: &str) -> Result<Vec<Order>, sqlx::Error> {
         match self {
-            Self::Sqlite(pool) => {
-                sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = ? ORDER BY id")
-                    .bind(principal)
-                    .fetch_all(pool)
-                    .await?
-                    .iter()
-                    .map(order_from_sqlite)
-                    .collect()
-            }
-            Self::Postgres(pool) => {
-                sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 ORDER BY id")
-                    .bind(principal)
-                    .fetch_all(pool)
-                    .await?
-                    .iter()
-                    .map(order_from_postgres)
-                    .collect()
-            }
+            Self::Sqlite(pool) => sqlx::query(
+                "SELECT id, amount, currency, status, items FROM orders WHERE principal = ? ORDER BY id",
+            )
+            .bind(principal)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(order_from_sqlite)
+            .collect(),
+            Self::Postgres(pool) => sqlx::query(
+                "SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 ORDER BY id",
+            )
+            .bind(principal)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(order_from_postgres)
+            .collect(),
         }
     }
 
@@ -165,19 +165,23 @@ impl OrdersDb {
     pub async fn get(&self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
         match self {
             Self::Sqlite(pool) => {
-                let row = sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = ? AND id = ?")
-                    .bind(principal)
-                    .bind(id)
-                    .fetch_optional(pool)
-                    .await?;
+                let row = sqlx::query(
+                    "SELECT id, amount, currency, status, items FROM orders WHERE principal = ? AND id = ?",
+                )
+                .bind(principal)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
                 row.as_ref().map(order_from_sqlite).transpose()
             }
             Self::Postgres(pool) => {
-                let row = sqlx::query("SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 AND id = $2")
-                    .bind(principal)
-                    .bind(id)
-                    .fetch_optional(pool)
-                    .await?;
+                let row = sqlx::query(
+                    "SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 AND id = $2",
+                )
+                .bind(principal)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?;
                 row.as_ref().map(order_from_postgres).transpose()
             }
         }
