@@ -49,7 +49,7 @@ pub struct PostgresStore {
 }
 
 #[derive(Debug)]
-pub(crate) struct Inner {
+struct Inner {
     pool: PgPool,
     names: Names,
     sql: Statements,
@@ -137,9 +137,7 @@ impl PostgresStore {
     /// that a claim holds locked, so purging never blocks traffic for long.
     /// A `batch` of 0 deletes nothing.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let Ok(limit) = i64::try_from(batch) else {
-            return Err(StoreError::unavailable("purge batch size out of range"));
-        };
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         if limit == 0 {
             return Ok(0);
         }

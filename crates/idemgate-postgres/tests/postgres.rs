@@ -763,10 +763,10 @@ async fn concurrent_migrations_and_version_tracking() {
         .expect("a current schema needs no DDL");
 
     // A custom table keeps its own version row in the same schema.
-    let custom = schema.store().with_table("payments_keys");
+    let custom = schema.store().with_table("payments-keys");
     custom.migrate().await.expect("migrate custom table");
     claim_with_ttl(&custom, DAY).await;
-    assert_eq!(schema.count("payments_keys").await, 1);
+    assert_eq!(schema.count("payments-keys").await, 1);
 
     sqlx::query(AssertSqlSafe(format!(
         "UPDATE \"{}\".idemgate_schema_versions SET version = 99 WHERE table_name = 'idemgate_records'",
