@@ -93,7 +93,7 @@ pub enum Claim {
     /// The caller holds the operation and must run it.
     Acquired(Lease),
     /// Someone else's record (or one with another fingerprint): decide with
-    /// [`crate::decide`].
+    /// [`crate::decide()`].
     Existing(Snapshot),
 }
 
