@@ -201,10 +201,11 @@
 //! `NOSCRIPT` fallback, `SCRIPT LOAD` sent to every cluster node), per-attempt
 //! response and connect timeouts, and error predicates (`is_timeout`,
 //! `is_connection_dropped`, …) to classify failures without matching error text.
-//! fred is capable too (pools, sentinel, client-side caching), but larger — dozens of
-//! features — and by default queues commands while reconnecting, where an
-//! idempotency store must fail fast so the layer can answer 503. Fewer moving parts
-//! won.
+//! fred is capable too (pools, sentinel, client-side caching, its own reconnect
+//! policies and command retries), but larger — dozens of features — and its
+//! retry machinery would have to be tuned for what an idempotency store needs most:
+//! failing fast, so the layer can answer 503, which redis-rs gives with two plain
+//! timeouts. Fewer moving parts won.
 //!
 //! # Tests
 //!
