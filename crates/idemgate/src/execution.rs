@@ -138,19 +138,19 @@ impl Execution {
             }
         };
         let response = self.settle(handled, slot.take()).await;
-        renewal.abort();
+        drop(renewal);
         response
     }
 
     /// Renews the lease every third of its length until aborted. A renewal the
     /// store refuses means another holder took over; the handler keeps running and
     /// its completion will be fenced.
-    fn start_renewal(&self) -> tokio::task::JoinHandle<()> {
+    fn start_renewal(&self) -> Renewal {
         let store = Arc::clone(&self.config.store);
         let lease = self.lease.clone();
         let length = self.config.lease;
         let deadline = Arc::clone(&self.lease_deadline);
-        tokio::spawn(
+        Renewal(tokio::spawn(
             async move {
                 let period = length / 3;
                 let mut ticker =
@@ -174,7 +174,7 @@ impl Execution {
                 }
             }
             .in_current_span(),
-        )
+        ))
     }
 
     fn lease_deadline(&self) -> Instant {
@@ -393,6 +393,16 @@ impl Execution {
                 ProblemDetails::in_progress(Duration::from_secs(1)).into_response()
             }
         }
+    }
+}
+
+/// The renewal task of one execution; stops when dropped, whatever path the
+/// execution took.
+struct Renewal(tokio::task::JoinHandle<()>);
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
