@@ -207,6 +207,9 @@ impl Store for MemoryStore {
             record.status = RecordStatus::Processing;
             record.token = self.next_token();
             record.locked_until = Some(locked_until);
+            // A record taken up again near the end of its life must outlive its new
+            // run, or it would expire mid-run and its key start a second operation.
+            record.expires_at = record.expires_at.max(now.saturating_add(request.ttl));
             return Ok(Claim::Acquired(Lease {
                 identity: digest,
                 operation_id: record.operation_id,

@@ -31,7 +31,8 @@ pub trait Store: Send + Sync + 'static {
     /// Claims `request.identity` atomically:
     /// - absent (or expired): insert `Processing` with a new operation id and token;
     /// - same fingerprint and `Released`, or `Processing` with a lapsed lease: take it
-    ///   over, keeping the operation id, with a new token;
+    ///   over, keeping the operation id, with a new token, and
+    ///   `expires_at = max(expires_at, now + ttl)` so the record outlives the new run;
     /// - otherwise return the record as it is.
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError>;
 

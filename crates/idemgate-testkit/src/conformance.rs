@@ -490,6 +490,37 @@ pub async fn completion_restarts_the_ttl(store: Arc<dyn Store>) {
     assert_eq!(read.record.status, RecordStatus::Completed);
 }
 
+/// A record taken up again near the end of its life lives on for the new run:
+/// `expires_at` becomes at least `now + ttl`, or it would expire mid-run and its key
+/// would start a second operation.
+pub async fn takeover_extends_the_record_life(store: Arc<dyn Store>) {
+    let request = ClaimRequest {
+        ttl: Duration::from_millis(600),
+        ..fresh_request()
+    };
+    let first = acquire(&*store, &request).await;
+    assert_eq!(
+        store.release(&first).await.expect("release"),
+        FencedWrite::Applied
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = acquire(
+        &*store,
+        &ClaimRequest {
+            ttl: DAY,
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(again.origin, LeaseOrigin::Released);
+    tokio::time::sleep(Duration::from_millis(600)).await; // past the first claim's expiry
+    let read = get(&*store, &request)
+        .await
+        .expect("the reclaimed record must not expire mid-run");
+    assert_eq!(read.record.operation_id, first.operation_id);
+    assert_eq!(read.record.token, again.token);
+}
+
 /// Renewal pushes `locked_until` out, so a live holder is not taken over.
 pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
     let request = ClaimRequest {

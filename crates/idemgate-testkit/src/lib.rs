@@ -34,6 +34,7 @@ macro_rules! store_conformance {
             ttl_expiry_without_purge,
             completion_restarts_the_ttl,
             renew_extends_the_lease,
+            takeover_extends_the_record_life,
             delete_frees_the_key,
             completed_record_refuses_further_writes,
             scopes_are_isolated,
