@@ -55,6 +55,9 @@ enum Written {
     Refused,
     /// The store stayed unavailable until the lease ran out.
     GaveUp(StoreError),
+    /// The handler's transaction did not commit: its writes are gone, and the
+    /// record was released so a retry runs the operation again.
+    RolledBack(StoreError),
 }
 
 impl Execution {
@@ -305,6 +308,13 @@ impl Execution {
                 tracing::error!(%error, "could not store the response; the client gets it, and a retry takes the operation over with the same operation id");
                 response
             }
+            Written::RolledBack(error) => {
+                // Answering the handler's success would describe writes that were
+                // rolled back: say the operation did not happen, and can be retried.
+                tracing::error!(%error, "the handler's transaction did not commit; its writes were rolled back");
+                ProblemDetails::store_unavailable(self.config.unavailable_retry_after)
+                    .into_response()
+            }
         }
     }
 
@@ -341,7 +351,7 @@ impl Execution {
                     Written::Applied
                 } else {
                     let _ = self.config.store.release(&self.lease).await;
-                    Written::GaveUp(error)
+                    Written::RolledBack(error)
                 }
             }
         }

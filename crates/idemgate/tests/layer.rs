@@ -955,3 +955,33 @@ async fn a_keyless_handler_transaction_commits_unless_5xx() {
     .await;
     assert_eq!(store.rollbacks.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_failed_commit_answers_503_and_the_retry_runs_again() {
+    let (app, gateway, store) = transactional_app();
+    store.commit_fails.store(true, Ordering::SeqCst);
+    let key = new_key();
+    let failed = send(
+        &app,
+        post_json("/transactional/201", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    assert_eq!(
+        failed.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "never a 201 for rolled-back writes"
+    );
+    assert_eq!(
+        failed.problem_type(),
+        "https://idemgate.dev/problems/store-unavailable"
+    );
+    let retry = send(
+        &app,
+        post_json("/transactional/201", Some("a"), Some(&key), ORDER),
+    )
+    .await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed(), "the released operation ran again");
+    assert_eq!(store.commits.load(Ordering::SeqCst), 1);
+    assert_eq!(gateway.charges(), 2);
+}

@@ -160,6 +160,8 @@ pub struct FakeTransactionalStore {
     pub memory: MemoryStore,
     pub commits: AtomicUsize,
     pub rollbacks: AtomicUsize,
+    /// The next commit fails (the database went away mid-commit).
+    pub commit_fails: std::sync::atomic::AtomicBool,
 }
 
 struct FakeTransaction {
@@ -173,6 +175,10 @@ impl PendingTransaction for FakeTransaction {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
+        if self.store.commit_fails.swap(false, Ordering::SeqCst) {
+            self.store.rollbacks.fetch_add(1, Ordering::SeqCst);
+            return Err(outage());
+        }
         let write = self.store.memory.complete(lease, completion).await?;
         match write {
             FencedWrite::Applied => self.store.commits.fetch_add(1, Ordering::SeqCst),
