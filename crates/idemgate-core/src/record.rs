@@ -69,6 +69,10 @@ impl FromStr for OperationId {
 /// Changes at every claim and takeover of a record. Writes carry the token they
 /// claimed with, and the store refuses them once the token moved on, so a holder
 /// whose lease was taken over cannot overwrite the new holder (PITFALLS 3).
+///
+/// A token is unique only together with its [`OperationId`]: some stores count per
+/// record and start again at 1 when an expired key starts a new operation. Fence on
+/// the pair, never on the token alone.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct FencingToken(pub u64);
 

@@ -57,7 +57,10 @@ if h.fp == fp and h.op then
   if origin then
     local tk = redis.call('HINCRBY', key, 'tk', 1)
     local until_ms = now + lease
-    redis.call('HSET', key, 'st', 'P', 'lu', num(until_ms))
+    -- Outlive the new run: a record taken up near its end must not expire mid-run.
+    local expires = math.max(tonumber(h.ea) or 0, now + ttl)
+    redis.call('HSET', key, 'st', 'P', 'lu', num(until_ms), 'ea', num(expires))
+    redis.call('PEXPIREAT', key, num(expires))
     return {origin, num(now), h.op, tk, num(until_ms)}
   end
 end
