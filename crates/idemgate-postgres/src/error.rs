@@ -1,6 +1,9 @@
 //! The crate's own errors, and how `sqlx` errors become [`StoreError`]s.
 
 use idemgate_core::StoreError;
+use idemgate_sqlx::ErrorClass;
+
+use crate::PostgresStore;
 
 /// What can go wrong outside the [`idemgate_core::Store`] methods: migrating, and
 /// starting the purge task. (Store methods answer [`StoreError`].)
@@ -24,41 +27,13 @@ pub enum Error {
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
 }
 
-/// How an error from `sqlx` is treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
-    /// The database cannot answer now: unreachable, timing out, shutting down, out of
-    /// connections. Retry later.
-    Transient,
-    /// A row that cannot be decoded.
-    Corrupt,
-    /// Anything else (a missing table, a permission error): still answered as
-    /// unavailable, so the layer fails closed, but logged as unexpected.
-    Unexpected,
-}
-
-/// Classifies by error variant and SQLSTATE, never by message text.
-pub(crate) fn classify(err: &sqlx::Error) -> Class {
-    use sqlx::Error as E;
-    match err {
-        E::Io(_)
-        | E::Tls(_)
-        | E::PoolTimedOut
-        | E::PoolClosed
-        | E::WorkerCrashed
-        | E::Protocol(_)
-        | E::BeginFailed => Class::Transient,
-        E::ColumnDecode { .. }
-        | E::Decode(_)
-        | E::ColumnNotFound(_)
-        | E::ColumnIndexOutOfBounds { .. }
-        | E::TypeNotFound { .. }
-        | E::RowNotFound => Class::Corrupt,
-        E::Database(db) => match db.code() {
-            Some(code) if is_transient_sqlstate(&code) => Class::Transient,
-            _ => Class::Unexpected,
-        },
-        _ => Class::Unexpected,
+/// Classifies a SQLSTATE: the ones that mean "try again later" are transient,
+/// every other one unexpected (still answered as unavailable, but logged).
+pub(crate) fn classify_sqlstate(code: &str) -> ErrorClass {
+    if is_transient_sqlstate(code) {
+        ErrorClass::Transient
+    } else {
+        ErrorClass::Unexpected
     }
 }
 
@@ -80,16 +55,10 @@ fn is_transient_sqlstate(code: &str) -> bool {
         )
 }
 
-/// Turns a `sqlx` error into the store's error, keeping it as the source.
+/// Turns a `sqlx` error into the store's error, keeping it as the source: by error
+/// variant and SQLSTATE ([`idemgate_sqlx::classify`]), never by message text.
 pub(crate) fn store_error(err: sqlx::Error) -> StoreError {
-    match classify(&err) {
-        Class::Transient => StoreError::unavailable(err),
-        Class::Corrupt => StoreError::corrupt(err),
-        Class::Unexpected => {
-            tracing::error!(error = %err, "unexpected PostgreSQL error in the idempotency store");
-            StoreError::unavailable(err)
-        }
-    }
+    idemgate_sqlx::store_error::<PostgresStore>(err)
 }
 
 /// A record read back that breaks the schema's invariants.
@@ -106,16 +75,20 @@ pub(crate) struct ClaimContended;
 mod tests {
     use super::*;
 
+    fn classify(err: &sqlx::Error) -> ErrorClass {
+        idemgate_sqlx::classify::<PostgresStore>(err)
+    }
+
     #[test]
     fn transport_and_pool_errors_are_transient() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert_eq!(classify(&sqlx::Error::Io(io)), Class::Transient);
-        assert_eq!(classify(&sqlx::Error::PoolTimedOut), Class::Transient);
-        assert_eq!(classify(&sqlx::Error::PoolClosed), Class::Transient);
-        assert_eq!(classify(&sqlx::Error::RowNotFound), Class::Corrupt);
+        assert_eq!(classify(&sqlx::Error::Io(io)), ErrorClass::Transient);
+        assert_eq!(classify(&sqlx::Error::PoolTimedOut), ErrorClass::Transient);
+        assert_eq!(classify(&sqlx::Error::PoolClosed), ErrorClass::Transient);
+        assert_eq!(classify(&sqlx::Error::RowNotFound), ErrorClass::Corrupt);
         assert_eq!(
             classify(&sqlx::Error::ColumnNotFound("token".into())),
-            Class::Corrupt
+            ErrorClass::Corrupt
         );
     }
 
@@ -125,9 +98,11 @@ mod tests {
             "08006", "08001", "57014", "57P01", "57P03", "53300", "40001",
         ] {
             assert!(is_transient_sqlstate(code), "{code}");
+            assert_eq!(classify_sqlstate(code), ErrorClass::Transient, "{code}");
         }
         for code in ["42P01", "23505", "22P02", "42501"] {
             assert!(!is_transient_sqlstate(code), "{code}");
+            assert_eq!(classify_sqlstate(code), ErrorClass::Unexpected, "{code}");
         }
     }
 }

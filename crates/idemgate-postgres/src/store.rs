@@ -17,11 +17,11 @@ use idemgate_core::time::Timestamp;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
 };
+use idemgate_sqlx::PurgeTask;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
 use crate::error::{ClaimContended, CorruptRecord, Error, store_error};
-use crate::purge::PurgeTask;
 use crate::sql::{self, Names, Statements};
 
 /// How often one claim re-runs when the record changes between its statements.
@@ -137,23 +137,15 @@ impl PostgresStore {
     /// that a claim holds locked, so purging never blocks traffic for long.
     /// A `batch` of 0 deletes nothing.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        if limit == 0 {
-            return Ok(0);
-        }
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
+        idemgate_sqlx::purge_in_batches(batch, |limit| async move {
+            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
                 .bind(limit)
                 .execute(&self.inner.pool)
                 .await
-                .map_err(store_error)?
-                .rows_affected();
-            total += deleted;
-            if deleted < limit.unsigned_abs() {
-                return Ok(total);
-            }
-        }
+                .map(|done| done.rows_affected())
+                .map_err(store_error)
+        })
+        .await
     }
 
     /// Runs [`PostgresStore::purge_expired`] every `every` on the current tokio
@@ -167,12 +159,12 @@ impl PostgresStore {
     /// # Ok(()) }
     /// ```
     pub fn spawn_purge(&self, every: Duration, batch: usize) -> Result<PurgeTask, Error> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(Error::NoRuntime)?;
         let store = self.clone();
-        Ok(PurgeTask::spawn(&runtime, every, move || {
+        PurgeTask::spawn(every, move || {
             let store = store.clone();
             async move { store.purge_expired(batch).await }
-        }))
+        })
+        .map_err(Error::NoRuntime)
     }
 
     pub(crate) fn signals(&self) -> &ChangeSignals {

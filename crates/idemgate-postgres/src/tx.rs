@@ -1,37 +1,24 @@
-//! The transactional mode: `Tx`, the business transaction the layer completes.
-
-use std::fmt;
-use std::ops::{Deref, DerefMut};
+//! The transactional mode on PostgreSQL: `Tx`, and what it needs from the store.
 
 use async_trait::async_trait;
-use axum::extract::{FromRef, FromRequestParts};
-use axum::response::{IntoResponse, Response};
-use http::StatusCode;
-use http::request::Parts;
-use idemgate_core::transaction::{AlreadyLent, PendingTransaction, TransactionSlot};
+use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
-use sqlx::{PgConnection, Postgres, Transaction};
+use idemgate_sqlx::{ErrorClass, SqlStore};
+use sqlx::{PgConnection, PgPool, Postgres};
 
-use crate::error::store_error;
-use crate::problem::Problem;
+use crate::error::{classify_sqlstate, store_error};
 use crate::store::{PostgresStore, applied};
 
-/// The problem `type` of [`TxRejection::NotBehindLayer`].
-pub const PROBLEM_NOT_BEHIND_LAYER: &str =
-    "https://idemgate.dev/problems/transaction-without-layer";
-/// The problem `type` of [`TxRejection::AlreadyLent`].
-pub const PROBLEM_ALREADY_LENT: &str = "https://idemgate.dev/problems/transaction-already-taken";
-/// The problem `type` of [`TxRejection::Unavailable`].
-pub const PROBLEM_UNAVAILABLE: &str = "https://idemgate.dev/problems/store-unavailable";
-
-/// A business transaction that commits together with the idempotency record.
+/// A business transaction that commits together with the idempotency record
+/// ([`idemgate_sqlx::Tx`] on a [`PostgresStore`]).
 ///
 /// Take it as an axum extractor (the state must provide a [`PostgresStore`] through
-/// `FromRef`), or with [`Tx::begin`]. It dereferences to the transaction's
+/// `FromRef`), or with `Tx::begin`. It dereferences to the transaction's
 /// [`PgConnection`], so queries run with `.execute(&mut *tx)`. Do not commit it
 /// yourself: when the handler drops it, the transaction goes back to the request's
-/// [`TransactionSlot`] uncommitted, and the layer adds the fenced completion to it
-/// and commits both, or rolls both back. One `Tx` per request.
+/// [`TransactionSlot`](idemgate_core::transaction::TransactionSlot) uncommitted, and
+/// the layer adds the fenced completion to it and commits both, or rolls both back.
+/// One `Tx` per request.
 ///
 /// A statement that fails inside the transaction aborts it (PostgreSQL refuses every
 /// later statement in it, SQLSTATE `25P02`): return an error response then, so the
@@ -42,213 +29,54 @@ pub const PROBLEM_UNAVAILABLE: &str = "https://idemgate.dev/problems/store-unava
 /// Holding a `Tx` holds a pooled connection until the layer finishes the request:
 /// size the pool for the transactional handlers that run at once plus the layer's
 /// own claims and renewals.
-pub struct Tx {
-    /// `Some` from `begin` until `drop`.
-    transaction: Option<Transaction<'static, Postgres>>,
-    slot: TransactionSlot,
-    store: PostgresStore,
-}
-
-impl Tx {
-    /// Lends the request's transaction from `slot` and begins it on `store`'s pool
-    /// (what the extractor does; for code outside axum).
-    ///
-    /// ```no_run
-    /// # async fn run(store: idemgate_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
-    /// use idemgate_core::transaction::{SlotContents, TransactionSlot};
-    /// use idemgate_postgres::Tx;
-    ///
-    /// let slot = TransactionSlot::new(); // the layer's, in real use
-    /// let mut tx = Tx::begin(&store, &slot).await?;
-    /// sqlx::query("INSERT INTO audit (note) VALUES ('hello')").execute(&mut *tx).await?;
-    /// drop(tx); // back to the slot, uncommitted
-    /// if let SlotContents::Returned(pending) = slot.take() {
-    ///     pending.commit().await?; // the layer's job
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn begin(store: &PostgresStore, slot: &TransactionSlot) -> Result<Self, TxRejection> {
-        slot.lend()?;
-        match store.pool().begin().await {
-            Ok(transaction) => Ok(Self {
-                transaction: Some(transaction),
-                slot: slot.clone(),
-                store: store.clone(),
-            }),
-            Err(err) => {
-                // Nothing was written: hand back an empty transaction, so the layer
-                // knows no business write can be pending.
-                slot.give_back(Box::new(PendingPostgres {
-                    transaction: None,
-                    store: store.clone(),
-                }));
-                Err(TxRejection::Unavailable(store_error(err)))
-            }
-        }
-    }
-}
-
-impl Deref for Tx {
-    type Target = PgConnection;
-
-    fn deref(&self) -> &PgConnection {
-        // Invariant: `transaction` is `Some` from `begin` until `drop` takes it.
-        self.transaction
-            .as_deref()
-            .expect("Tx used after it was handed back")
-    }
-}
-
-impl DerefMut for Tx {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        self.transaction
-            .as_deref_mut()
-            .expect("Tx used after it was handed back")
-    }
-}
-
-impl Drop for Tx {
-    fn drop(&mut self) {
-        if let Some(transaction) = self.transaction.take() {
-            self.slot.give_back(Box::new(PendingPostgres {
-                transaction: Some(transaction),
-                store: self.store.clone(),
-            }));
-        }
-    }
-}
-
-impl fmt::Debug for Tx {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tx")
-            .field("open", &self.transaction.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S> FromRequestParts<S> for Tx
-where
-    PostgresStore: FromRef<S>,
-    S: Send + Sync,
-{
-    type Rejection = TxRejection;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let slot = parts
-            .extensions
-            .get::<TransactionSlot>()
-            .cloned()
-            .ok_or(TxRejection::NotBehindLayer)?;
-        let store = PostgresStore::from_ref(state);
-        Self::begin(&store, &slot).await
-    }
-}
-
-/// Why a [`Tx`] could not be had. As a response: `application/problem+json`, 500 for
-/// the two programming errors, 503 with `Retry-After: 1` when the database is
-/// unavailable.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TxRejection {
-    /// The request has no [`TransactionSlot`]: the route is not behind
-    /// `IdempotencyLayer` (or the method is not one it covers).
-    #[error("route is not behind IdempotencyLayer: the request has no transaction slot")]
-    NotBehindLayer,
-    /// The handler already took its transaction.
-    #[error(transparent)]
-    AlreadyLent(#[from] AlreadyLent),
-    /// The transaction could not begin.
-    #[error("could not begin the business transaction")]
-    Unavailable(#[source] StoreError),
-}
-
-impl IntoResponse for TxRejection {
-    fn into_response(self) -> Response {
-        let detail = self.to_string();
-        let problem = match self {
-            Self::NotBehindLayer => Problem {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                kind: PROBLEM_NOT_BEHIND_LAYER,
-                title: "Transactional handler without idempotency layer",
-                detail,
-                retry_after: None,
-            },
-            Self::AlreadyLent(_) => Problem {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                kind: PROBLEM_ALREADY_LENT,
-                title: "Transaction already taken",
-                detail,
-                retry_after: None,
-            },
-            Self::Unavailable(_) => Problem {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                kind: PROBLEM_UNAVAILABLE,
-                title: "Store unavailable",
-                detail,
-                retry_after: Some(1),
-            },
-        };
-        problem.into_response()
-    }
-}
-
-/// A handler's transaction, back in the slot and waiting for the layer.
-struct PendingPostgres {
-    /// `None` when the transaction never began (nothing to commit).
-    transaction: Option<Transaction<'static, Postgres>>,
-    store: PostgresStore,
-}
+///
+/// Outside axum, `Tx::begin` lends the request's transaction from the slot and
+/// begins it on the store's pool, as the extractor does:
+///
+/// ```no_run
+/// # async fn run(store: idemgate_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+/// use idemgate_core::transaction::{SlotContents, TransactionSlot};
+/// use idemgate_postgres::Tx;
+///
+/// let slot = TransactionSlot::new(); // the layer's, in real use
+/// let mut tx = Tx::begin(&store, &slot).await?;
+/// sqlx::query("INSERT INTO audit (note) VALUES ('hello')").execute(&mut *tx).await?;
+/// drop(tx); // back to the slot, uncommitted
+/// if let SlotContents::Returned(pending) = slot.take() {
+///     pending.commit().await?; // the layer's job
+/// }
+/// # Ok(()) }
+/// ```
+pub type Tx = idemgate_sqlx::Tx<PostgresStore>;
 
 #[async_trait]
-impl PendingTransaction for PendingPostgres {
-    async fn complete_and_commit(
-        self: Box<Self>,
+impl SqlStore for PostgresStore {
+    type Database = Postgres;
+
+    const BACKEND: &'static str = "PostgreSQL";
+
+    fn pool(&self) -> &PgPool {
+        PostgresStore::pool(self)
+    }
+
+    async fn complete_in(
+        &self,
+        connection: &mut PgConnection,
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
-        let Self { transaction, store } = *self;
-        let Some(mut transaction) = transaction else {
-            return idemgate_core::Store::complete(&store, lease, completion).await;
-        };
-        let write = match store.complete_query(lease, completion) {
-            // An error drops the transaction, which rolls it back.
-            Some(query) => applied(
-                query
-                    .execute(&mut *transaction)
-                    .await
-                    .map_err(store_error)?
-                    .rows_affected(),
-            ),
-            None => FencedWrite::Refused,
-        };
-        if write == FencedWrite::Refused {
-            // The record moved on: the business writes go with the refused result.
-            // A failed rollback leaves nothing committed either (the connection
-            // rolls back when it is dropped), so the answer stays `Refused`.
-            if let Err(error) = transaction.rollback().await {
-                tracing::warn!(%error, "rolling back a refused transactional completion failed");
-            }
+        let Some(query) = self.complete_query(lease, completion) else {
             return Ok(FencedWrite::Refused);
-        }
-        transaction
-            .commit()
-            .await
-            .map_err(StoreError::unavailable)?;
-        store.signals().notify(&lease.identity);
-        Ok(FencedWrite::Applied)
+        };
+        let done = query.execute(connection).await.map_err(store_error)?;
+        Ok(applied(done.rows_affected()))
     }
 
-    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
-        match self.transaction {
-            Some(transaction) => transaction.commit().await.map_err(StoreError::unavailable),
-            None => Ok(()),
-        }
+    fn signals(&self) -> &ChangeSignals {
+        PostgresStore::signals(self)
     }
 
-    async fn rollback(self: Box<Self>) -> Result<(), StoreError> {
-        match self.transaction {
-            Some(transaction) => transaction.rollback().await.map_err(store_error),
-            None => Ok(()),
-        }
+    fn classify_code(code: &str) -> ErrorClass {
+        classify_sqlstate(code)
     }
 }

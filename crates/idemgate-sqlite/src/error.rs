@@ -1,6 +1,9 @@
 //! The crate's own errors, and how `sqlx` errors become [`StoreError`]s.
 
 use idemgate_core::StoreError;
+use idemgate_sqlx::ErrorClass;
+
+use crate::SqliteStore;
 
 /// What can go wrong outside the [`idemgate_core::Store`] methods: opening the
 /// database, migrating, and starting the purge task. (Store methods answer
@@ -28,18 +31,6 @@ pub enum Error {
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
 }
 
-/// How an error from `sqlx` is treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
-    /// The database cannot answer now (busy, locked, I/O, out of connections).
-    Transient,
-    /// A row or a database file that cannot be decoded.
-    Corrupt,
-    /// Anything else (a missing table, a read-only file): answered as unavailable,
-    /// so the layer fails closed, but logged as unexpected.
-    Unexpected,
-}
-
 // Primary result codes (https://www.sqlite.org/rescode.html). Extended codes carry
 // the primary one in their low byte.
 const SQLITE_BUSY: i32 = 5;
@@ -53,52 +44,26 @@ const SQLITE_CANTOPEN: i32 = 14;
 const SQLITE_PROTOCOL: i32 = 15;
 const SQLITE_NOTADB: i32 = 26;
 
-/// Classifies by error variant and SQLite result code, never by message text.
-pub(crate) fn classify(err: &sqlx::Error) -> Class {
-    use sqlx::Error as E;
-    match err {
-        E::Io(_)
-        | E::PoolTimedOut
-        | E::PoolClosed
-        | E::WorkerCrashed
-        | E::Protocol(_)
-        | E::BeginFailed => Class::Transient,
-        E::ColumnDecode { .. }
-        | E::Decode(_)
-        | E::ColumnNotFound(_)
-        | E::ColumnIndexOutOfBounds { .. }
-        | E::TypeNotFound { .. }
-        | E::RowNotFound => Class::Corrupt,
-        E::Database(db) => {
-            // sqlx reports SQLite's extended result code, in decimal.
-            match db.code().and_then(|code| code.parse::<i32>().ok()) {
-                Some(code) => classify_code(code),
-                None => Class::Unexpected,
-            }
-        }
-        _ => Class::Unexpected,
-    }
+/// Classifies SQLite's extended result code, as sqlx reports it (in decimal).
+pub(crate) fn classify_result_code(code: &str) -> ErrorClass {
+    code.parse::<i32>()
+        .map_or(ErrorClass::Unexpected, classify_code)
 }
 
-fn classify_code(code: i32) -> Class {
+fn classify_code(code: i32) -> ErrorClass {
     match code & 0xff {
         SQLITE_BUSY | SQLITE_LOCKED | SQLITE_NOMEM | SQLITE_INTERRUPT | SQLITE_IOERR
-        | SQLITE_FULL | SQLITE_CANTOPEN | SQLITE_PROTOCOL => Class::Transient,
-        SQLITE_CORRUPT | SQLITE_NOTADB => Class::Corrupt,
-        _ => Class::Unexpected,
+        | SQLITE_FULL | SQLITE_CANTOPEN | SQLITE_PROTOCOL => ErrorClass::Transient,
+        SQLITE_CORRUPT | SQLITE_NOTADB => ErrorClass::Corrupt,
+        _ => ErrorClass::Unexpected,
     }
 }
 
-/// Turns a `sqlx` error into the store's error, keeping it as the source.
+/// Turns a `sqlx` error into the store's error, keeping it as the source: by error
+/// variant and SQLite result code ([`idemgate_sqlx::classify`]), never by message
+/// text.
 pub(crate) fn store_error(err: sqlx::Error) -> StoreError {
-    match classify(&err) {
-        Class::Transient => StoreError::unavailable(err),
-        Class::Corrupt => StoreError::corrupt(err),
-        Class::Unexpected => {
-            tracing::error!(error = %err, "unexpected SQLite error in the idempotency store");
-            StoreError::unavailable(err)
-        }
-    }
+    idemgate_sqlx::store_error::<SqliteStore>(err)
 }
 
 /// A record read back that breaks the schema's invariants.
@@ -115,22 +80,29 @@ pub(crate) struct ClaimContended;
 mod tests {
     use super::*;
 
+    fn classify(err: &sqlx::Error) -> ErrorClass {
+        idemgate_sqlx::classify::<SqliteStore>(err)
+    }
+
     #[test]
     fn result_codes() {
-        assert_eq!(classify_code(5), Class::Transient); // SQLITE_BUSY
-        assert_eq!(classify_code(5 | (2 << 8)), Class::Transient); // SQLITE_BUSY_SNAPSHOT
-        assert_eq!(classify_code(6), Class::Transient); // SQLITE_LOCKED
-        assert_eq!(classify_code(10 | (3 << 8)), Class::Transient); // SQLITE_IOERR_WRITE
-        assert_eq!(classify_code(11), Class::Corrupt);
-        assert_eq!(classify_code(26), Class::Corrupt);
-        assert_eq!(classify_code(19 | (8 << 8)), Class::Unexpected); // constraint
-        assert_eq!(classify_code(1), Class::Unexpected); // SQLITE_ERROR: no such table
+        assert_eq!(classify_code(5), ErrorClass::Transient); // SQLITE_BUSY
+        assert_eq!(classify_code(5 | (2 << 8)), ErrorClass::Transient); // SQLITE_BUSY_SNAPSHOT
+        assert_eq!(classify_code(6), ErrorClass::Transient); // SQLITE_LOCKED
+        assert_eq!(classify_code(10 | (3 << 8)), ErrorClass::Transient); // SQLITE_IOERR_WRITE
+        assert_eq!(classify_code(11), ErrorClass::Corrupt);
+        assert_eq!(classify_code(26), ErrorClass::Corrupt);
+        assert_eq!(classify_code(19 | (8 << 8)), ErrorClass::Unexpected); // constraint
+        assert_eq!(classify_code(1), ErrorClass::Unexpected); // SQLITE_ERROR: no such table
+        assert_eq!(classify_result_code("517"), ErrorClass::Transient); // SQLITE_BUSY_SNAPSHOT
+        assert_eq!(classify_result_code("2067"), ErrorClass::Unexpected); // UNIQUE constraint
+        assert_eq!(classify_result_code("not a number"), ErrorClass::Unexpected);
     }
 
     #[test]
     fn pool_errors_are_transient() {
-        assert_eq!(classify(&sqlx::Error::PoolTimedOut), Class::Transient);
-        assert_eq!(classify(&sqlx::Error::PoolClosed), Class::Transient);
-        assert_eq!(classify(&sqlx::Error::RowNotFound), Class::Corrupt);
+        assert_eq!(classify(&sqlx::Error::PoolTimedOut), ErrorClass::Transient);
+        assert_eq!(classify(&sqlx::Error::PoolClosed), ErrorClass::Transient);
+        assert_eq!(classify(&sqlx::Error::RowNotFound), ErrorClass::Corrupt);
     }
 }

@@ -153,15 +153,13 @@
 
 mod error;
 mod migrate;
-mod problem;
-mod purge;
 mod sql;
 mod store;
 mod tx;
 
 pub use error::Error;
-pub use purge::PurgeTask;
-pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore};
-pub use tx::{
-    PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, Tx, TxRejection,
+pub use idemgate_sqlx::{
+    PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
+pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore};
+pub use tx::Tx;

@@ -18,6 +18,7 @@ use idemgate_core::time::Timestamp;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
 };
+use idemgate_sqlx::PurgeTask;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
@@ -25,7 +26,6 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
 
 use crate::error::{ClaimContended, CorruptRecord, Error, store_error};
-use crate::purge::PurgeTask;
 use crate::sql::{self, Statements};
 
 /// Durations beyond this are clamped (100 years), so millisecond sums never overflow.
@@ -152,23 +152,15 @@ impl SqliteStore {
     /// returns how many went. Each batch is its own short write, so claims get the
     /// write lock in between. A `batch` of 0 deletes nothing.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        if limit == 0 {
-            return Ok(0);
-        }
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
+        idemgate_sqlx::purge_in_batches(batch, |limit| async move {
+            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
                 .bind(limit)
                 .execute(&self.inner.pool)
                 .await
-                .map_err(store_error)?
-                .rows_affected();
-            total += deleted;
-            if deleted < limit.unsigned_abs() {
-                return Ok(total);
-            }
-        }
+                .map(|done| done.rows_affected())
+                .map_err(store_error)
+        })
+        .await
     }
 
     /// Runs [`SqliteStore::purge_expired`] every `every` on the current tokio runtime,
@@ -182,12 +174,12 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn spawn_purge(&self, every: Duration, batch: usize) -> Result<PurgeTask, Error> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(Error::NoRuntime)?;
         let store = self.clone();
-        Ok(PurgeTask::spawn(&runtime, every, move || {
+        PurgeTask::spawn(every, move || {
             let store = store.clone();
             async move { store.purge_expired(batch).await }
-        }))
+        })
+        .map_err(Error::NoRuntime)
     }
 
     pub(crate) fn signals(&self) -> &ChangeSignals {

@@ -1,0 +1,78 @@
+//! The sqlx plumbing shared by idemgate's SQL stores.
+//!
+//! `idemgate-postgres` and `idemgate-sqlite` keep their records in different SQL
+//! dialects, but their **transactional mode** is the same machinery: a handler takes
+//! a [`Tx`], writes its business rows through it, drops it, and the idempotency layer
+//! runs the fenced completion inside that same transaction and commits both — or
+//! rolls both back. This crate holds that machinery once:
+//!
+//! - [`Tx`], the axum extractor (and [`Tx::begin`] outside axum), generic over the
+//!   store; the store crates name it for their store (`idemgate_postgres::Tx`,
+//!   `idemgate_sqlite::Tx`), and applications use those names;
+//! - [`TxRejection`] and its `application/problem+json` answers ([`PROBLEM_NOT_BEHIND_LAYER`],
+//!   [`PROBLEM_ALREADY_LENT`], [`PROBLEM_UNAVAILABLE`]);
+//! - [`ErrorClass`], [`classify`] and [`store_error`]: how a `sqlx` error becomes a
+//!   [`StoreError`], by error variant and database code, never by message text;
+//! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run.
+//!
+//! A store plugs in by implementing [`SqlStore`]: its `sqlx` database, how it begins
+//! a business transaction, its fenced completion inside one, its change signals and
+//! how it classifies its database's error codes. Everything dialect-specific (the
+//! schema, the claim, the clock) stays in the store's own crate.
+
+mod error;
+mod problem;
+mod purge;
+mod tx;
+
+use async_trait::async_trait;
+use idemgate_core::signals::ChangeSignals;
+use idemgate_core::{Completion, FencedWrite, Lease, Store, StoreError};
+use sqlx::{Database, Pool, Transaction};
+
+pub use error::{ErrorClass, classify, store_error};
+pub use purge::{PurgeTask, purge_in_batches};
+pub use tx::{
+    PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, Tx, TxRejection,
+};
+
+/// A [`Store`] on a `sqlx` pool that can complete a record inside a business
+/// transaction: what [`Tx`] needs from a store.
+///
+/// Implemented by `idemgate_postgres::PostgresStore` and `idemgate_sqlite::SqliteStore`.
+/// Cheap to clone (a `Tx` keeps a clone until the layer finishes the request).
+#[async_trait]
+pub trait SqlStore: Store + Clone + Send + Sync + 'static {
+    /// The `sqlx` database the store lives in.
+    type Database: Database;
+
+    /// The database's name for log messages (`"PostgreSQL"`, `"SQLite"`).
+    const BACKEND: &'static str;
+
+    /// The pool the store, and every [`Tx`] on it, uses.
+    fn pool(&self) -> &Pool<Self::Database>;
+
+    /// Begins a business transaction on [`SqlStore::pool`]. A store whose database
+    /// must take its write lock up front (SQLite: `BEGIN IMMEDIATE`) says so here.
+    async fn begin(&self) -> Result<Transaction<'static, Self::Database>, sqlx::Error> {
+        self.pool().begin().await
+    }
+
+    /// Runs the fenced completion of `lease` on `connection` (the business
+    /// transaction), without committing: [`FencedWrite::Refused`] when the record no
+    /// longer holds the lease's (operation id, fencing token).
+    async fn complete_in(
+        &self,
+        connection: &mut <Self::Database as Database>::Connection,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError>;
+
+    /// The in-process change signals the store's waiters listen on; a transactional
+    /// completion notifies them once it has committed.
+    fn signals(&self) -> &ChangeSignals;
+
+    /// Classifies a database error by its code (a PostgreSQL SQLSTATE, SQLite's
+    /// extended result code in decimal); see [`classify`].
+    fn classify_code(code: &str) -> ErrorClass;
+}

@@ -1,0 +1,226 @@
+//! The transactional mode: `Tx`, the business transaction the layer completes.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+use async_trait::async_trait;
+use axum::extract::{FromRef, FromRequestParts};
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::request::Parts;
+use idemgate_core::transaction::{AlreadyLent, PendingTransaction, TransactionSlot};
+use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
+use sqlx::{Database, Transaction};
+
+use crate::problem::Problem;
+use crate::{SqlStore, store_error};
+
+/// The problem `type` of [`TxRejection::NotBehindLayer`].
+pub const PROBLEM_NOT_BEHIND_LAYER: &str =
+    "https://idemgate.dev/problems/transaction-without-layer";
+/// The problem `type` of [`TxRejection::AlreadyLent`].
+pub const PROBLEM_ALREADY_LENT: &str = "https://idemgate.dev/problems/transaction-already-taken";
+/// The problem `type` of [`TxRejection::Unavailable`].
+pub const PROBLEM_UNAVAILABLE: &str = "https://idemgate.dev/problems/store-unavailable";
+
+/// A business transaction that commits together with the idempotency record.
+///
+/// Applications use their store crate's name for it, `idemgate_postgres::Tx` or
+/// `idemgate_sqlite::Tx` (this type for their store), whose docs say what holding one
+/// costs on that database.
+///
+/// Take it as an axum extractor (the state must provide the store `S` through
+/// `FromRef`), or with [`Tx::begin`]. It dereferences to the transaction's
+/// connection (`PgConnection`, `SqliteConnection`), so queries run with
+/// `.execute(&mut *tx)`. Do not commit it yourself: when the handler drops it, the
+/// transaction goes back to the request's [`TransactionSlot`] uncommitted, and the
+/// layer adds the fenced completion to it and commits both, or rolls both back. One
+/// `Tx` per request.
+pub struct Tx<S: SqlStore> {
+    /// `Some` from `begin` until `drop`.
+    transaction: Option<Transaction<'static, S::Database>>,
+    slot: TransactionSlot,
+    store: S,
+}
+
+impl<S: SqlStore> Tx<S> {
+    /// Lends the request's transaction from `slot` and begins it on `store`'s pool
+    /// (what the extractor does; for code outside axum).
+    pub async fn begin(store: &S, slot: &TransactionSlot) -> Result<Self, TxRejection> {
+        slot.lend()?;
+        match store.begin().await {
+            Ok(transaction) => Ok(Self {
+                transaction: Some(transaction),
+                slot: slot.clone(),
+                store: store.clone(),
+            }),
+            Err(err) => {
+                // Nothing was written: hand back an empty transaction, so the layer
+                // knows no business write can be pending.
+                slot.give_back(Box::new(Pending {
+                    transaction: None,
+                    store: store.clone(),
+                }));
+                Err(TxRejection::Unavailable(store_error::<S>(err)))
+            }
+        }
+    }
+}
+
+impl<S: SqlStore> Deref for Tx<S> {
+    type Target = <S::Database as Database>::Connection;
+
+    fn deref(&self) -> &Self::Target {
+        // Invariant: `transaction` is `Some` from `begin` until `drop` takes it.
+        self.transaction
+            .as_deref()
+            .expect("Tx used after it was handed back")
+    }
+}
+
+impl<S: SqlStore> DerefMut for Tx<S> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.transaction
+            .as_deref_mut()
+            .expect("Tx used after it was handed back")
+    }
+}
+
+impl<S: SqlStore> Drop for Tx<S> {
+    fn drop(&mut self) {
+        if let Some(transaction) = self.transaction.take() {
+            self.slot.give_back(Box::new(Pending {
+                transaction: Some(transaction),
+                store: self.store.clone(),
+            }));
+        }
+    }
+}
+
+impl<S: SqlStore> fmt::Debug for Tx<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tx")
+            .field("open", &self.transaction.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, State> FromRequestParts<State> for Tx<S>
+where
+    S: SqlStore + FromRef<State>,
+    State: Send + Sync,
+{
+    type Rejection = TxRejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &State) -> Result<Self, Self::Rejection> {
+        let slot = parts
+            .extensions
+            .get::<TransactionSlot>()
+            .cloned()
+            .ok_or(TxRejection::NotBehindLayer)?;
+        let store = S::from_ref(state);
+        Self::begin(&store, &slot).await
+    }
+}
+
+/// Why a [`Tx`] could not be had. As a response: `application/problem+json`, 500 for
+/// the two programming errors, 503 with `Retry-After: 1` when the database is
+/// unavailable.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxRejection {
+    /// The request has no [`TransactionSlot`]: the route is not behind
+    /// `IdempotencyLayer` (or the method is not one it covers).
+    #[error("route is not behind IdempotencyLayer: the request has no transaction slot")]
+    NotBehindLayer,
+    /// The handler already took its transaction.
+    #[error(transparent)]
+    AlreadyLent(#[from] AlreadyLent),
+    /// The transaction could not begin.
+    #[error("could not begin the business transaction")]
+    Unavailable(#[source] StoreError),
+}
+
+impl IntoResponse for TxRejection {
+    fn into_response(self) -> Response {
+        let detail = self.to_string();
+        let problem = match self {
+            Self::NotBehindLayer => Problem {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                kind: PROBLEM_NOT_BEHIND_LAYER,
+                title: "Transactional handler without idempotency layer",
+                detail,
+                retry_after: None,
+            },
+            Self::AlreadyLent(_) => Problem {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                kind: PROBLEM_ALREADY_LENT,
+                title: "Transaction already taken",
+                detail,
+                retry_after: None,
+            },
+            Self::Unavailable(_) => Problem {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: PROBLEM_UNAVAILABLE,
+                title: "Store unavailable",
+                detail,
+                retry_after: Some(1),
+            },
+        };
+        problem.into_response()
+    }
+}
+
+/// A handler's transaction, back in the slot and waiting for the layer.
+struct Pending<S: SqlStore> {
+    /// `None` when the transaction never began (nothing to commit).
+    transaction: Option<Transaction<'static, S::Database>>,
+    store: S,
+}
+
+#[async_trait]
+impl<S: SqlStore> PendingTransaction for Pending<S> {
+    async fn complete_and_commit(
+        self: Box<Self>,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        let Self { transaction, store } = *self;
+        let Some(mut transaction) = transaction else {
+            return store.complete(lease, completion).await;
+        };
+        // An error drops the transaction, which rolls it back.
+        let write = store
+            .complete_in(&mut transaction, lease, completion)
+            .await?;
+        if write == FencedWrite::Refused {
+            // The record moved on: the business writes go with the refused result.
+            // A failed rollback leaves nothing committed either (the connection
+            // rolls back when it is dropped), so the answer stays `Refused`.
+            if let Err(error) = transaction.rollback().await {
+                tracing::warn!(%error, "rolling back a refused transactional completion failed");
+            }
+            return Ok(FencedWrite::Refused);
+        }
+        transaction
+            .commit()
+            .await
+            .map_err(StoreError::unavailable)?;
+        store.signals().notify(&lease.identity);
+        Ok(FencedWrite::Applied)
+    }
+
+    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        match self.transaction {
+            Some(transaction) => transaction.commit().await.map_err(StoreError::unavailable),
+            None => Ok(()),
+        }
+    }
+
+    async fn rollback(self: Box<Self>) -> Result<(), StoreError> {
+        match self.transaction {
+            Some(transaction) => transaction.rollback().await.map_err(store_error::<S>),
+            None => Ok(()),
+        }
+    }
+}
