@@ -23,7 +23,7 @@ use tokio::sync::Barrier;
 pub const RACERS: usize = 64;
 
 const LONG: Duration = Duration::from_secs(60);
-const DAY: Duration = Duration::from_secs(86_400);
+pub(crate) const DAY: Duration = Duration::from_secs(86_400);
 
 /// A claim request for a fresh, random identity.
 pub fn fresh_request() -> ClaimRequest {
@@ -87,7 +87,7 @@ pub fn awkward_response() -> StoredResponse {
     }
 }
 
-fn completion(response: StoredResponse) -> Completion {
+pub(crate) fn completion(response: StoredResponse) -> Completion {
     Completion {
         status: FinalStatus::Completed,
         response,
@@ -95,7 +95,7 @@ fn completion(response: StoredResponse) -> Completion {
     }
 }
 
-async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
+pub(crate) async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
     match store.try_claim(request).await.expect("claim") {
         Claim::Acquired(lease) => lease,
         Claim::Existing(snapshot) => {

@@ -10,8 +10,18 @@
 //! ```
 //!
 //! There is exactly one copy of the suite, so backends cannot drift apart.
+//!
+//! The SQL stores also share their transactional mode (`idemgate_sqlx::Tx`), and
+//! prove it with the `transactional` suite (feature `transactional`): one
+//! `TransactionalHarness` describing their test database, then
+//!
+//! ```ignore
+//! idemgate_testkit::transactional_conformance!(harness);
+//! ```
 
 pub mod conformance;
+#[cfg(feature = "transactional")]
+pub mod transactional;
 
 /// Instantiates every test of [`conformance`] for one store, as `#[tokio::test]`s on a
 /// multi-threaded runtime. `$factory` is an async fn returning `Arc<dyn Store>`;

@@ -1,0 +1,671 @@
+//! The transactional-mode suite: what every SQL store's [`Tx`] must do, as plain
+//! async functions. [`crate::transactional_conformance!`] instantiates all of them
+//! for one store.
+//!
+//! A store's tests describe its database once, in a [`TransactionalHarness`]: how to
+//! open a store on a test database of its own (a schema, a file), how to write one
+//! business row (an "order", keyed by a `UNIQUE` operation id) through a [`Tx`], and
+//! how to count rows. Each scenario gets a fresh harness, so it can count every order
+//! and every record in its database, and ends by calling
+//! [`TransactionalHarness::finish`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::routing::post;
+use axum::{Extension, Router};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use idemgate_core::record::{OperationId, RecordStatus, StoredBody, StoredResponse};
+use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
+use idemgate_core::{
+    Claim, ClaimRequest, Decision, FencedWrite, LeaseOrigin, Store, StoreError, decide,
+};
+use idemgate_sqlx::{PROBLEM_NOT_BEHIND_LAYER, PurgeTask, SqlStore, Tx};
+use tokio::sync::Barrier;
+use tower::ServiceExt;
+
+use crate::conformance::{DAY, acquire, awkward_response, completion, fresh_request};
+
+/// One store's test database, as the transactional suite needs it.
+///
+/// A harness is made fresh for every scenario and owns a database no other test
+/// uses (a PostgreSQL schema, an SQLite file), with an orders table beside the
+/// records: `operation_id` in a `UNIQUE` column, so one operation can write one order.
+#[async_trait]
+pub trait TransactionalHarness: Send + Sync + 'static {
+    /// The store under test.
+    type Store: SqlStore;
+
+    /// A store on a new pool of `max_connections` over this harness's database,
+    /// migrated, with the orders table in place. Two calls give two instances of a
+    /// service sharing one database.
+    async fn store(&self, max_connections: u32) -> Self::Store;
+
+    /// A store as a restarted instance opens it, once every earlier pool is closed.
+    async fn reopen(&self) -> Self::Store {
+        self.store(2).await
+    }
+
+    /// Inserts one order for `operation_id` through `tx`; fails (without panicking)
+    /// when that operation already has an order.
+    async fn insert_order(
+        &self,
+        tx: &mut Tx<Self::Store>,
+        operation_id: OperationId,
+    ) -> Result<(), sqlx::Error>;
+
+    /// How many committed orders `operation_id` has.
+    async fn orders_for(&self, store: &Self::Store, operation_id: OperationId) -> i64;
+
+    /// How many committed orders there are in this harness's database.
+    async fn orders(&self, store: &Self::Store) -> i64;
+
+    /// How many idempotency records there are in the store's table, expired or not.
+    async fn records(&self, store: &Self::Store) -> i64;
+
+    /// The store's `purge_expired(batch)`.
+    async fn purge_expired(&self, store: &Self::Store, batch: usize) -> Result<u64, StoreError>;
+
+    /// The store's `spawn_purge(every, batch)`, on the current runtime.
+    fn spawn_purge(&self, store: &Self::Store, every: Duration, batch: usize) -> PurgeTask;
+
+    /// Removes this harness's database (what `Drop` cannot do asynchronously).
+    async fn finish(&self) {}
+}
+
+/// Instantiates every test of [`crate::transactional`] for one SQL store, as
+/// `#[tokio::test]`s on a multi-threaded runtime. `$factory` is an async fn returning
+/// a fresh [`TransactionalHarness`]; it is called once per test.
+///
+/// The calling crate needs `tokio` (with `macros` and `rt-multi-thread`) among its
+/// dev-dependencies.
+#[macro_export]
+macro_rules! transactional_conformance {
+    ($factory:path) => {
+        $crate::transactional_conformance!(@tests $factory;
+            rollback_leaves_no_order_and_release_reclaims_the_operation,
+            abandoned_transaction_rolls_back_and_the_lapsed_lease_is_taken_over,
+            stale_transactional_completion_is_refused_and_rolled_back,
+            concurrent_transactional_requests_on_two_instances_write_one_order,
+            completed_records_survive_reopening,
+            keyless_transactions_commit_or_roll_back,
+            transactional_commit_wakes_waiters,
+            extractor_lends_the_slot_transaction,
+            extractor_without_the_layer_answers_a_problem,
+            a_second_transaction_in_one_request_is_refused,
+            purge_deletes_only_expired_records_in_batches,
+            background_purge_runs_until_dropped,
+        );
+    };
+    (@tests $factory:path; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                $crate::transactional::$name(::std::sync::Arc::new($factory().await)).await;
+            }
+        )*
+    };
+}
+
+fn returned(slot: &TransactionSlot) -> Box<dyn PendingTransaction> {
+    match slot.take() {
+        SlotContents::Returned(pending) => pending,
+        SlotContents::Unused => panic!("the slot is unused"),
+        SlotContents::StillLent => panic!("the transaction was not given back"),
+    }
+}
+
+async fn begin<S: SqlStore>(store: &S, slot: &TransactionSlot) -> Tx<S> {
+    Tx::begin(store, slot).await.expect("begin")
+}
+
+/// (a) A failure after the business insert and before commit: the layer rolls back,
+/// no order row remains, and the record can be released and reclaimed with the same
+/// operation id; the retry then commits order and record together.
+pub async fn rollback_leaves_no_order_and_release_reclaims_the_operation<
+    H: TransactionalHarness,
+>(
+    harness: Arc<H>,
+) {
+    let store = harness.store(4).await;
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+
+    let slot = TransactionSlot::new();
+    let mut tx = begin(&store, &slot).await;
+    harness
+        .insert_order(&mut tx, lease.operation_id)
+        .await
+        .expect("insert");
+    drop(tx); // the handler fails here: a 5xx whose effects the rollback undoes
+    returned(&slot).rollback().await.expect("rollback");
+    assert_eq!(
+        harness.orders_for(&store, lease.operation_id).await,
+        0,
+        "rolled-back order is visible"
+    );
+    assert_eq!(
+        store.release(&lease).await.expect("release"),
+        FencedWrite::Applied
+    );
+
+    let retry = acquire(&store, &request).await;
+    assert_eq!(retry.origin, LeaseOrigin::Released);
+    assert_eq!(
+        retry.operation_id, lease.operation_id,
+        "a retry continues the same operation"
+    );
+    let slot = TransactionSlot::new();
+    let mut tx = begin(&store, &slot).await;
+    harness
+        .insert_order(&mut tx, retry.operation_id)
+        .await
+        .expect("insert");
+    drop(tx);
+    let write = returned(&slot)
+        .complete_and_commit(&retry, &completion(awkward_response()))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    assert_eq!(harness.orders_for(&store, retry.operation_id).await, 1);
+    let snapshot = store
+        .get(request.identity.digest())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(snapshot.record.status, RecordStatus::Completed);
+    assert_eq!(snapshot.record.response, Some(awkward_response()));
+    harness.finish().await;
+}
+
+/// (a') The process dies between the business insert and the commit: the pending
+/// transaction is simply dropped. Nothing is committed, and once the lease lapses the
+/// next request takes the record over with the same operation id.
+pub async fn abandoned_transaction_rolls_back_and_the_lapsed_lease_is_taken_over<
+    H: TransactionalHarness,
+>(
+    harness: Arc<H>,
+) {
+    let store = harness.store(4).await;
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    };
+    let lease = acquire(&store, &request).await;
+    let slot = TransactionSlot::new();
+    let mut tx = begin(&store, &slot).await;
+    harness
+        .insert_order(&mut tx, lease.operation_id)
+        .await
+        .expect("insert");
+    drop(tx);
+    drop(returned(&slot)); // never committed
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(harness.orders_for(&store, lease.operation_id).await, 0);
+    let takeover = acquire(
+        &store,
+        &ClaimRequest {
+            lease: DAY,
+            ..request
+        },
+    )
+    .await;
+    assert_eq!(takeover.origin, LeaseOrigin::TakenOver);
+    assert_eq!(takeover.operation_id, lease.operation_id);
+    assert_ne!(takeover.token, lease.token);
+    harness.finish().await;
+}
+
+/// (c) A holder whose lease was taken over completes in its transaction: refused, and
+/// its order row is rolled back with it; the new holder's commit goes through.
+pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: TransactionalHarness>(
+    harness: Arc<H>,
+) {
+    let store = harness.store(4).await;
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    };
+    let stale = acquire(&store, &request).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let current = acquire(
+        &store,
+        &ClaimRequest {
+            lease: DAY,
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(current.origin, LeaseOrigin::TakenOver);
+
+    let slot = TransactionSlot::new();
+    let mut tx = begin(&store, &slot).await;
+    harness
+        .insert_order(&mut tx, stale.operation_id)
+        .await
+        .expect("insert");
+    drop(tx);
+    let write = returned(&slot)
+        .complete_and_commit(&stale, &completion(awkward_response()))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Refused);
+    assert_eq!(
+        harness.orders_for(&store, stale.operation_id).await,
+        0,
+        "a refused completion kept its order"
+    );
+    let snapshot = store
+        .get(request.identity.digest())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(snapshot.record.status, RecordStatus::Processing);
+    assert_eq!(snapshot.record.token, current.token);
+
+    let slot = TransactionSlot::new();
+    let mut tx = begin(&store, &slot).await;
+    harness
+        .insert_order(&mut tx, current.operation_id)
+        .await
+        .expect("insert");
+    drop(tx);
+    let write = returned(&slot)
+        .complete_and_commit(&current, &completion(awkward_response()))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    assert_eq!(harness.orders_for(&store, current.operation_id).await, 1);
+    harness.finish().await;
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Executed,
+    Replayed(StoredResponse),
+}
+
+/// One "request" as the layer would run it, with a transactional handler that writes
+/// one order. The first holder is slow, so its lease lapses and another request takes
+/// the operation over while it still runs.
+async fn transactional_request<H: TransactionalHarness>(
+    harness: Arc<H>,
+    store: H::Store,
+    request: Arc<ClaimRequest>,
+    refused: Arc<AtomicUsize>,
+) -> Outcome {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        match store.try_claim(&request).await.expect("claim") {
+            Claim::Acquired(lease) => {
+                let slot = TransactionSlot::new();
+                let mut tx = begin(&store, &slot).await;
+                let inserted = harness.insert_order(&mut tx, lease.operation_id).await;
+                if lease.origin == LeaseOrigin::New {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                drop(tx);
+                let pending = returned(&slot);
+                if inserted.is_err() {
+                    pending.rollback().await.expect("rollback");
+                    let _ = store.release(&lease).await.expect("release");
+                    continue;
+                }
+                let body = StoredResponse {
+                    body: StoredBody::Retained(Bytes::from(lease.operation_id.to_string())),
+                    ..awkward_response()
+                };
+                match pending
+                    .complete_and_commit(&lease, &completion(body))
+                    .await
+                    .expect("complete")
+                {
+                    FencedWrite::Applied => return Outcome::Executed,
+                    FencedWrite::Refused => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Claim::Existing(snapshot) => match decide(&snapshot, &request.fingerprint) {
+                Decision::Replay(response) => return Outcome::Replayed(response.clone()),
+                Decision::InProgress { .. } => tokio::time::sleep(Duration::from_millis(20)).await,
+                Decision::Claimable => {}
+                Decision::Mismatch => panic!("same request, other fingerprint"),
+            },
+        }
+    }
+    panic!("a request neither executed nor replayed within 20 s");
+}
+
+/// (b) 64 concurrent requests with one key over two pools on one database ("two
+/// instances"): exactly one order row, one COMPLETED record, one executed response
+/// that all others replay.
+pub async fn concurrent_transactional_requests_on_two_instances_write_one_order<
+    H: TransactionalHarness,
+>(
+    harness: Arc<H>,
+) {
+    const REQUESTS: usize = 64;
+    let instances = [harness.store(8).await, harness.store(8).await];
+    let request = Arc::new(ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    });
+    let barrier = Arc::new(Barrier::new(REQUESTS));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let store = instances[i % 2].clone();
+            let (harness, request, barrier, refused) = (
+                Arc::clone(&harness),
+                Arc::clone(&request),
+                Arc::clone(&barrier),
+                Arc::clone(&refused),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                transactional_request(harness, store, request, refused).await
+            })
+        })
+        .collect();
+    let mut executed = 0;
+    let mut replays = Vec::new();
+    for task in tasks {
+        match task.await.expect("task") {
+            Outcome::Executed => executed += 1,
+            Outcome::Replayed(response) => replays.push(response),
+        }
+    }
+    assert_eq!(
+        executed, 1,
+        "{executed} of {REQUESTS} requests executed; exactly one may"
+    );
+    let snapshot = instances[0]
+        .get(request.identity.digest())
+        .await
+        .expect("get")
+        .expect("record");
+    assert_eq!(snapshot.record.status, RecordStatus::Completed);
+    let operation_id = snapshot.record.operation_id;
+    assert_eq!(
+        harness.orders_for(&instances[0], operation_id).await,
+        1,
+        "one operation must write exactly one order"
+    );
+    assert_eq!(harness.orders(&instances[1]).await, 1);
+    let stored = snapshot.record.response.expect("stored response");
+    assert_eq!(
+        stored.body,
+        StoredBody::Retained(Bytes::from(operation_id.to_string()))
+    );
+    assert!(
+        replays.iter().all(|r| *r == stored),
+        "a replay differs from the stored response"
+    );
+    eprintln!(
+        "{} refused transactional completion(s) rolled back",
+        refused.load(Ordering::Relaxed)
+    );
+    harness.finish().await;
+}
+
+/// (d) Durability: complete, close the pool, reopen (a restarted instance): the
+/// replayed response is identical and the one order is there.
+pub async fn completed_records_survive_reopening<H: TransactionalHarness>(harness: Arc<H>) {
+    let request = fresh_request();
+    let operation_id = {
+        let store = harness.store(2).await;
+        let lease = acquire(&store, &request).await;
+        let slot = TransactionSlot::new();
+        let mut tx = begin(&store, &slot).await;
+        harness
+            .insert_order(&mut tx, lease.operation_id)
+            .await
+            .expect("insert");
+        drop(tx);
+        let write = returned(&slot)
+            .complete_and_commit(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete");
+        assert_eq!(write, FencedWrite::Applied);
+        store.pool().close().await;
+        lease.operation_id
+    };
+
+    let store = harness.reopen().await;
+    match store.try_claim(&request).await.expect("claim") {
+        Claim::Existing(snapshot) => {
+            assert_eq!(snapshot.record.status, RecordStatus::Completed);
+            assert_eq!(snapshot.record.operation_id, operation_id);
+            assert_eq!(snapshot.record.response, Some(awkward_response()));
+        }
+        Claim::Acquired(lease) => panic!("a completed record was lost: acquired {lease:?}"),
+    }
+    assert_eq!(harness.orders_for(&store, operation_id).await, 1);
+    harness.finish().await;
+}
+
+/// Keyless requests: `commit` keeps the business writes, `rollback` drops them.
+pub async fn keyless_transactions_commit_or_roll_back<H: TransactionalHarness>(harness: Arc<H>) {
+    let store = harness.store(2).await;
+    for commit in [true, false] {
+        let operation_id = OperationId::random();
+        let slot = TransactionSlot::new();
+        let mut tx = begin(&store, &slot).await;
+        harness
+            .insert_order(&mut tx, operation_id)
+            .await
+            .expect("insert");
+        drop(tx);
+        let pending = returned(&slot);
+        if commit {
+            pending.commit().await.expect("commit");
+        } else {
+            pending.rollback().await.expect("rollback");
+        }
+        assert_eq!(
+            harness.orders_for(&store, operation_id).await,
+            i64::from(commit)
+        );
+    }
+    harness.finish().await;
+}
+
+/// A transactional completion wakes a waiter on the same instance at once.
+pub async fn transactional_commit_wakes_waiters<H: TransactionalHarness>(harness: Arc<H>) {
+    let store = harness.store(4).await;
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    let digest = *request.identity.digest();
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            store
+                .wait_for_change(&digest, Duration::from_secs(10))
+                .await;
+            start.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let slot = TransactionSlot::new();
+    drop(begin(&store, &slot).await);
+    let write = returned(&slot)
+        .complete_and_commit(&lease, &completion(awkward_response()))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    let waited = waiter.await.expect("waiter");
+    assert!(
+        waited < Duration::from_secs(5),
+        "woke only after {waited:?}"
+    );
+    harness.finish().await;
+}
+
+// --- the axum extractor ---------------------------------------------------------------
+
+/// A route whose handler takes a `Tx` and writes the order of the operation id in the
+/// request's extensions.
+fn order_route<H: TransactionalHarness>(harness: &Arc<H>) -> Router<H::Store> {
+    let harness = Arc::clone(harness);
+    let handler = move |mut tx: Tx<H::Store>, Extension(operation_id): Extension<OperationId>| async move {
+        harness
+            .insert_order(&mut tx, operation_id)
+            .await
+            .expect("insert");
+        "created"
+    };
+    Router::new().route("/orders", post(handler))
+}
+
+async fn post_orders(app: Router) -> axum::response::Response {
+    app.oneshot(
+        Request::post("/orders")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await
+    .expect("infallible")
+}
+
+async fn body_text(response: axum::response::Response) -> String {
+    let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .expect("body");
+    String::from_utf8(bytes.to_vec()).expect("utf-8")
+}
+
+/// The extractor lends the slot's transaction; nothing commits before the layer does.
+pub async fn extractor_lends_the_slot_transaction<H: TransactionalHarness>(harness: Arc<H>) {
+    let store = harness.store(4).await;
+    let operation_id = OperationId::random();
+    let slot = TransactionSlot::new();
+    let app = order_route(&harness)
+        .layer(Extension(slot.clone()))
+        .layer(Extension(operation_id))
+        .with_state(store.clone());
+    let response = post_orders(app).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let pending = returned(&slot);
+    assert_eq!(
+        harness.orders_for(&store, operation_id).await,
+        0,
+        "nothing commits before the layer"
+    );
+    pending.commit().await.expect("commit");
+    assert_eq!(harness.orders_for(&store, operation_id).await, 1);
+    harness.finish().await;
+}
+
+/// A route with a `Tx` but no layer (no slot): a 500 problem+json, not a panic.
+pub async fn extractor_without_the_layer_answers_a_problem<H: TransactionalHarness>(
+    harness: Arc<H>,
+) {
+    let store = harness.store(2).await;
+    let app = order_route(&harness)
+        .layer(Extension(OperationId::random()))
+        .with_state(store);
+    let response = post_orders(app).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        response.headers()[http::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body = body_text(response).await;
+    assert!(
+        body.contains("route is not behind IdempotencyLayer"),
+        "{body}"
+    );
+    assert!(body.contains(PROBLEM_NOT_BEHIND_LAYER), "{body}");
+    assert!(body.contains("\"status\":500"), "{body}");
+    harness.finish().await;
+}
+
+/// A handler that takes two `Tx`s: the second is refused with a problem+json 500, and
+/// the first still goes back to the slot.
+pub async fn a_second_transaction_in_one_request_is_refused<H: TransactionalHarness>(
+    harness: Arc<H>,
+) {
+    async fn greedy<S: SqlStore>(_first: Tx<S>, _second: Tx<S>) -> &'static str {
+        "unreachable"
+    }
+    let store = harness.store(4).await;
+    let slot = TransactionSlot::new();
+    let app = Router::new()
+        .route("/orders", post(greedy::<H::Store>))
+        .layer(Extension(slot.clone()))
+        .with_state(store);
+    let response = post_orders(app).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        response.headers()[http::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    assert!(
+        body_text(response)
+            .await
+            .contains("already took its transaction")
+    );
+    // The first transaction went back to the slot when the handler's arguments dropped.
+    assert!(matches!(slot.take(), SlotContents::Returned(_)));
+    harness.finish().await;
+}
+
+// --- purge ----------------------------------------------------------------------------
+
+async fn claim_with_ttl<S: SqlStore>(store: &S, ttl: Duration) {
+    let request = ClaimRequest {
+        ttl,
+        ..fresh_request()
+    };
+    acquire(store, &request).await;
+}
+
+/// `purge_expired` deletes the expired records, in batches, and nothing else.
+pub async fn purge_deletes_only_expired_records_in_batches<H: TransactionalHarness>(
+    harness: Arc<H>,
+) {
+    let store = harness.store(2).await;
+    for _ in 0..25 {
+        claim_with_ttl(&store, Duration::from_millis(100)).await;
+    }
+    for _ in 0..5 {
+        claim_with_ttl(&store, DAY).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(harness.purge_expired(&store, 0).await.expect("purge"), 0);
+    assert_eq!(harness.purge_expired(&store, 10).await.expect("purge"), 25);
+    assert_eq!(harness.records(&store).await, 5);
+    assert_eq!(harness.purge_expired(&store, 10).await.expect("purge"), 0);
+    harness.finish().await;
+}
+
+/// The purge task purges on its own, and stops when its handle is dropped.
+pub async fn background_purge_runs_until_dropped<H: TransactionalHarness>(harness: Arc<H>) {
+    let store = harness.store(2).await;
+    for _ in 0..10 {
+        claim_with_ttl(&store, Duration::from_millis(50)).await;
+    }
+    let task = harness.spawn_purge(&store, Duration::from_millis(50), 3);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while harness.records(&store).await > 0 {
+        assert!(Instant::now() < deadline, "the purge task did not purge");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(task);
+    for _ in 0..4 {
+        claim_with_ttl(&store, Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        harness.records(&store).await,
+        4,
+        "the dropped task still purges"
+    );
+    harness.finish().await;
+}
