@@ -1,33 +1,27 @@
-//! `SqliteStore` on real files: the conformance suite, the transactional mode,
-//! durability across reopening, purging, migrations and error classification.
+//! `SqliteStore` on real files: the store conformance suite, the transactional suite
+//! (both from `idemgate-testkit`; durability across reopening the file among them),
+//! and what is SQLite's own: the file's settings, migrations, `SQLITE_BUSY` and
+//! result-code classification, SQLite's clock.
 //!
 //! Every test gets a database file of its own in the temp directory, removed when
-//! the test's store is dropped.
+//! the test's `TempDb` (or transactional harness) is dropped.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use axum::body::Body;
-use axum::routing::post;
-use axum::{Extension, Router};
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use idemgate_core::record::{OperationId, RecordStatus, StoredBody, StoredResponse};
+use idemgate_core::record::{OperationId, StoredResponse};
 use idemgate_core::scope::IdentityDigest;
-use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
+use idemgate_core::transaction::TransactionSlot;
 use idemgate_core::{
-    Claim, ClaimRequest, Completion, Decision, FencedWrite, FinalStatus, Lease, LeaseOrigin,
-    Snapshot, Store, StoreError, decide,
+    Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, Snapshot, Store, StoreError,
 };
-use idemgate_sqlite::{Error, SqliteStore, Tx};
+use idemgate_sqlite::{Error, PurgeTask, SqliteStore, Tx};
 use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Connection, SqlitePool};
-use tokio::sync::Barrier;
-use tower::ServiceExt;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -122,29 +116,6 @@ mod conformance {
     idemgate_testkit::store_conformance!(super::conformance_store);
 }
 
-async fn insert_order(tx: &mut Tx, operation_id: OperationId) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO orders (operation_id, amount) VALUES (?1, 4200)")
-        .bind(operation_id.as_bytes().to_vec())
-        .execute(&mut **tx)
-        .await
-        .map(|_| ())
-}
-
-async fn orders_for(store: &SqliteStore, operation_id: OperationId) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM orders WHERE operation_id = ?1")
-        .bind(operation_id.as_bytes().to_vec())
-        .fetch_one(store.pool())
-        .await
-        .expect("count orders")
-}
-
-async fn count_records(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM idemgate_records")
-        .fetch_one(store.pool())
-        .await
-        .expect("count records")
-}
-
 fn completion(response: StoredResponse) -> Completion {
     Completion {
         status: FinalStatus::Completed,
@@ -159,14 +130,6 @@ async fn acquire(store: &SqliteStore, request: &ClaimRequest) -> Lease {
         Claim::Existing(snapshot) => {
             panic!("expected to acquire, found {:?}", snapshot.record.status)
         }
-    }
-}
-
-fn returned(slot: &TransactionSlot) -> Box<dyn PendingTransaction> {
-    match slot.take() {
-        SlotContents::Returned(pending) => pending,
-        SlotContents::Unused => panic!("the slot is unused"),
-        SlotContents::StillLent => panic!("the transaction was not given back"),
     }
 }
 
@@ -209,482 +172,78 @@ async fn opening_an_impossible_path_is_an_error() {
     assert!(matches!(err, Error::Open(_)), "{err:?}");
 }
 
-// --- transactional mode -------------------------------------------------------------
+// --- the transactional suite ----------------------------------------------------------
 
-/// (a) A failure after the business insert and before commit: the layer rolls back,
-/// no order row remains, and the record can be released and reclaimed with the same
-/// operation id; the retry then commits order and record together.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollback_leaves_no_order_and_release_reclaims_the_operation() {
-    let db = TempDb::new();
-    let store = db.store(4).await;
-    let request = fresh_request();
-    let lease = acquire(&store, &request).await;
-
-    let slot = TransactionSlot::new();
-    let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-    insert_order(&mut tx, lease.operation_id)
-        .await
-        .expect("insert");
-    drop(tx);
-    returned(&slot).rollback().await.expect("rollback");
-    assert_eq!(
-        orders_for(&store, lease.operation_id).await,
-        0,
-        "rolled-back order is visible"
-    );
-    assert_eq!(
-        store.release(&lease).await.expect("release"),
-        FencedWrite::Applied
-    );
-
-    let retry = acquire(&store, &request).await;
-    assert_eq!(retry.origin, LeaseOrigin::Released);
-    assert_eq!(
-        retry.operation_id, lease.operation_id,
-        "a retry continues the same operation"
-    );
-    let slot = TransactionSlot::new();
-    let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-    insert_order(&mut tx, retry.operation_id)
-        .await
-        .expect("insert");
-    drop(tx);
-    let write = returned(&slot)
-        .complete_and_commit(&retry, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Applied);
-    assert_eq!(orders_for(&store, retry.operation_id).await, 1);
-    let snapshot = store
-        .get(request.identity.digest())
-        .await
-        .expect("get")
-        .expect("record");
-    assert_eq!(snapshot.record.status, RecordStatus::Completed);
-    assert_eq!(snapshot.record.response, Some(awkward_response()));
+/// The transactional suite's database: a file of its own per test, holding the
+/// records and an `orders` table (one order per operation id).
+struct SqliteHarness {
+    db: TempDb,
 }
 
-/// (a') The process dies between the business insert and the commit: nothing is
-/// committed, and once the lease lapses the next request takes the record over with
-/// the same operation id.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abandoned_transaction_rolls_back_and_the_lapsed_lease_is_taken_over() {
-    let db = TempDb::new();
-    let store = db.store(4).await;
-    let request = ClaimRequest {
-        lease: Duration::from_millis(200),
-        ..fresh_request()
-    };
-    let lease = acquire(&store, &request).await;
-    let slot = TransactionSlot::new();
-    let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-    insert_order(&mut tx, lease.operation_id)
-        .await
-        .expect("insert");
-    drop(tx);
-    drop(returned(&slot)); // never committed
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(orders_for(&store, lease.operation_id).await, 0);
-    let takeover = acquire(
-        &store,
-        &ClaimRequest {
-            lease: DAY,
-            ..request
-        },
-    )
-    .await;
-    assert_eq!(takeover.origin, LeaseOrigin::TakenOver);
-    assert_eq!(takeover.operation_id, lease.operation_id);
-    assert_ne!(takeover.token, lease.token);
+async fn transactional_harness() -> SqliteHarness {
+    SqliteHarness { db: TempDb::new() }
 }
 
-/// (c) A holder whose lease was taken over completes in its transaction: refused, and
-/// its order row is rolled back with it; the new holder's commit goes through.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_transactional_completion_is_refused_and_rolled_back() {
-    let db = TempDb::new();
-    let store = db.store(4).await;
-    let request = ClaimRequest {
-        lease: Duration::from_millis(200),
-        ..fresh_request()
-    };
-    let stale = acquire(&store, &request).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let current = acquire(
-        &store,
-        &ClaimRequest {
-            lease: DAY,
-            ..request.clone()
-        },
-    )
-    .await;
-    assert_eq!(current.origin, LeaseOrigin::TakenOver);
+#[async_trait]
+impl TransactionalHarness for SqliteHarness {
+    type Store = SqliteStore;
 
-    let slot = TransactionSlot::new();
-    let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-    insert_order(&mut tx, stale.operation_id)
-        .await
-        .expect("insert");
-    drop(tx);
-    let write = returned(&slot)
-        .complete_and_commit(&stale, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Refused);
-    assert_eq!(
-        orders_for(&store, stale.operation_id).await,
-        0,
-        "a refused completion kept its order"
-    );
-    let snapshot = store
-        .get(request.identity.digest())
-        .await
-        .expect("get")
-        .expect("record");
-    assert_eq!(snapshot.record.status, RecordStatus::Processing);
-    assert_eq!(snapshot.record.token, current.token);
-
-    let slot = TransactionSlot::new();
-    let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-    insert_order(&mut tx, current.operation_id)
-        .await
-        .expect("insert");
-    drop(tx);
-    let write = returned(&slot)
-        .complete_and_commit(&current, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Applied);
-    assert_eq!(orders_for(&store, current.operation_id).await, 1);
-}
-
-#[derive(Debug)]
-enum Outcome {
-    Executed,
-    Replayed(StoredResponse),
-}
-
-/// One "request" as the layer would run it, with a transactional handler that writes
-/// one order; the first holder is slow (its lease lapses while it runs).
-async fn transactional_request(
-    store: SqliteStore,
-    request: Arc<ClaimRequest>,
-    refused: Arc<AtomicUsize>,
-) -> Outcome {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        match store.try_claim(&request).await.expect("claim") {
-            Claim::Acquired(lease) => {
-                let slot = TransactionSlot::new();
-                let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-                let inserted = insert_order(&mut tx, lease.operation_id).await;
-                if lease.origin == LeaseOrigin::New {
-                    tokio::time::sleep(Duration::from_millis(400)).await;
-                }
-                drop(tx);
-                let pending = returned(&slot);
-                if inserted.is_err() {
-                    pending.rollback().await.expect("rollback");
-                    let _ = store.release(&lease).await.expect("release");
-                    continue;
-                }
-                let body = StoredResponse {
-                    body: StoredBody::Retained(Bytes::from(lease.operation_id.to_string())),
-                    ..awkward_response()
-                };
-                match pending
-                    .complete_and_commit(&lease, &completion(body))
-                    .await
-                    .expect("complete")
-                {
-                    FencedWrite::Applied => return Outcome::Executed,
-                    FencedWrite::Refused => {
-                        refused.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            Claim::Existing(snapshot) => match decide(&snapshot, &request.fingerprint) {
-                Decision::Replay(response) => return Outcome::Replayed(response.clone()),
-                Decision::InProgress { .. } => tokio::time::sleep(Duration::from_millis(20)).await,
-                Decision::Claimable => {}
-                Decision::Mismatch => panic!("same request, other fingerprint"),
-            },
-        }
+    async fn store(&self, max_connections: u32) -> SqliteStore {
+        self.db.store(max_connections).await
     }
-    panic!("a request neither executed nor replayed within 20 s");
-}
 
-/// (b) 64 concurrent requests with one key over two pools on one file ("two
-/// instances"): exactly one order row, one COMPLETED record, one executed response
-/// that all others replay.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_transactional_requests_on_two_instances_write_one_order() {
-    const REQUESTS: usize = 64;
-    let db = TempDb::new();
-    let instances = [db.store(8).await, db.store(8).await];
-    let request = Arc::new(ClaimRequest {
-        lease: Duration::from_millis(200),
-        ..fresh_request()
-    });
-    let barrier = Arc::new(Barrier::new(REQUESTS));
-    let refused = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..REQUESTS)
-        .map(|i| {
-            let store = instances[i % 2].clone();
-            let (request, barrier, refused) = (
-                Arc::clone(&request),
-                Arc::clone(&barrier),
-                Arc::clone(&refused),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                transactional_request(store, request, refused).await
-            })
-        })
-        .collect();
-    let mut executed = 0;
-    let mut replays = Vec::new();
-    for task in tasks {
-        match task.await.expect("task") {
-            Outcome::Executed => executed += 1,
-            Outcome::Replayed(response) => replays.push(response),
-        }
+    /// The file reopened the way an application opens it, and migrated again.
+    async fn reopen(&self) -> SqliteStore {
+        let store = SqliteStore::open(&self.db.path).await.expect("reopen");
+        store.migrate().await.expect("migrate again is a no-op");
+        store
     }
-    assert_eq!(
-        executed, 1,
-        "{executed} of {REQUESTS} requests executed; exactly one may"
-    );
-    let snapshot = instances[0]
-        .get(request.identity.digest())
-        .await
-        .expect("get")
-        .expect("record");
-    assert_eq!(snapshot.record.status, RecordStatus::Completed);
-    let operation_id = snapshot.record.operation_id;
-    assert_eq!(
-        orders_for(&instances[0], operation_id).await,
-        1,
-        "one operation must write exactly one order"
-    );
-    let all_orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(instances[1].pool())
-        .await
-        .expect("count");
-    assert_eq!(all_orders, 1);
-    let stored = snapshot.record.response.expect("stored response");
-    assert_eq!(
-        stored.body,
-        StoredBody::Retained(Bytes::from(operation_id.to_string()))
-    );
-    assert!(
-        replays.iter().all(|r| *r == stored),
-        "a replay differs from the stored response"
-    );
-    eprintln!(
-        "{} refused transactional completion(s) rolled back",
-        refused.load(Ordering::Relaxed)
-    );
-}
 
-/// (d) Durability: complete, close the pool, reopen the same file: the replayed
-/// response is identical and the one order is there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn completed_records_survive_reopening_the_file() {
-    let db = TempDb::new();
-    let request = fresh_request();
-    let operation_id = {
-        let store = db.store(2).await;
-        let lease = acquire(&store, &request).await;
-        let slot = TransactionSlot::new();
-        let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-        insert_order(&mut tx, lease.operation_id)
+    async fn insert_order(
+        &self,
+        tx: &mut Tx,
+        operation_id: OperationId,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO orders (operation_id, amount) VALUES (?1, 4200)")
+            .bind(operation_id.as_bytes().to_vec())
+            .execute(&mut **tx)
             .await
-            .expect("insert");
-        drop(tx);
-        let write = returned(&slot)
-            .complete_and_commit(&lease, &completion(awkward_response()))
-            .await
-            .expect("complete");
-        assert_eq!(write, FencedWrite::Applied);
-        store.pool().close().await;
-        lease.operation_id
-    };
-
-    let store = SqliteStore::open(&db.path).await.expect("reopen");
-    store.migrate().await.expect("migrate again is a no-op");
-    match store.try_claim(&request).await.expect("claim") {
-        Claim::Existing(snapshot) => {
-            assert_eq!(snapshot.record.status, RecordStatus::Completed);
-            assert_eq!(snapshot.record.operation_id, operation_id);
-            assert_eq!(snapshot.record.response, Some(awkward_response()));
-        }
-        Claim::Acquired(lease) => panic!("a completed record was lost: acquired {lease:?}"),
+            .map(|_| ())
     }
-    assert_eq!(orders_for(&store, operation_id).await, 1);
-}
 
-/// Keyless requests: `commit` keeps the business writes, `rollback` drops them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyless_transactions_commit_or_roll_back() {
-    let db = TempDb::new();
-    let store = db.store(2).await;
-    for commit in [true, false] {
-        let operation_id = OperationId::random();
-        let slot = TransactionSlot::new();
-        let mut tx = Tx::begin(&store, &slot).await.expect("begin");
-        insert_order(&mut tx, operation_id).await.expect("insert");
-        drop(tx);
-        let pending = returned(&slot);
-        if commit {
-            pending.commit().await.expect("commit");
-        } else {
-            pending.rollback().await.expect("rollback");
-        }
-        assert_eq!(orders_for(&store, operation_id).await, i64::from(commit));
+    async fn orders_for(&self, store: &SqliteStore, operation_id: OperationId) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE operation_id = ?1")
+            .bind(operation_id.as_bytes().to_vec())
+            .fetch_one(store.pool())
+            .await
+            .expect("count orders")
+    }
+
+    async fn orders(&self, store: &SqliteStore) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders")
+            .fetch_one(store.pool())
+            .await
+            .expect("count orders")
+    }
+
+    async fn records(&self, store: &SqliteStore) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idemgate_records")
+            .fetch_one(store.pool())
+            .await
+            .expect("count records")
+    }
+
+    async fn purge_expired(&self, store: &SqliteStore, batch: usize) -> Result<u64, StoreError> {
+        store.purge_expired(batch).await
+    }
+
+    fn spawn_purge(&self, store: &SqliteStore, every: Duration, batch: usize) -> PurgeTask {
+        store.spawn_purge(every, batch).expect("spawn")
     }
 }
 
-/// A transactional completion wakes a waiter on the same instance at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transactional_commit_wakes_waiters() {
-    let db = TempDb::new();
-    let store = db.store(4).await;
-    let request = fresh_request();
-    let lease = acquire(&store, &request).await;
-    let digest = *request.identity.digest();
-    let waiter = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let start = Instant::now();
-            store
-                .wait_for_change(&digest, Duration::from_secs(10))
-                .await;
-            start.elapsed()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let slot = TransactionSlot::new();
-    drop(Tx::begin(&store, &slot).await.expect("begin"));
-    let write = returned(&slot)
-        .complete_and_commit(&lease, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Applied);
-    let waited = waiter.await.expect("waiter");
-    assert!(
-        waited < Duration::from_secs(5),
-        "woke only after {waited:?}"
-    );
-}
-
-// --- the axum extractor ---------------------------------------------------------------
-
-async fn order_handler(
-    mut tx: Tx,
-    Extension(operation_id): Extension<OperationId>,
-) -> &'static str {
-    insert_order(&mut tx, operation_id).await.expect("insert");
-    "created"
-}
-
-async fn greedy_handler(_first: Tx, _second: Tx) -> &'static str {
-    "unreachable"
-}
-
-async fn body_text(response: axum::response::Response) -> String {
-    let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024)
-        .await
-        .expect("body");
-    String::from_utf8(bytes.to_vec()).expect("utf-8")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extractor_lends_the_slot_transaction() {
-    let db = TempDb::new();
-    let store = db.store(4).await;
-    let operation_id = OperationId::random();
-    let slot = TransactionSlot::new();
-    let app = Router::new()
-        .route("/orders", post(order_handler))
-        .layer(Extension(slot.clone()))
-        .layer(Extension(operation_id))
-        .with_state(store.clone());
-    let response = app
-        .oneshot(
-            Request::post("/orders")
-                .body(Body::empty())
-                .expect("request"),
-        )
-        .await
-        .expect("infallible");
-    assert_eq!(response.status(), StatusCode::OK);
-    let pending = returned(&slot);
-    assert_eq!(
-        orders_for(&store, operation_id).await,
-        0,
-        "nothing commits before the layer"
-    );
-    pending.commit().await.expect("commit");
-    assert_eq!(orders_for(&store, operation_id).await, 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extractor_without_the_layer_answers_a_problem() {
-    let db = TempDb::new();
-    let store = db.store(2).await;
-    let app = Router::new()
-        .route("/orders", post(order_handler))
-        .layer(Extension(OperationId::random()))
-        .with_state(store);
-    let response = app
-        .oneshot(
-            Request::post("/orders")
-                .body(Body::empty())
-                .expect("request"),
-        )
-        .await
-        .expect("infallible");
-    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        response.headers()[http::header::CONTENT_TYPE],
-        "application/problem+json"
-    );
-    let body = body_text(response).await;
-    assert!(
-        body.contains("route is not behind IdempotencyLayer"),
-        "{body}"
-    );
-    assert!(
-        body.contains(idemgate_sqlite::PROBLEM_NOT_BEHIND_LAYER),
-        "{body}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_transaction_in_one_request_is_refused() {
-    let db = TempDb::new();
-    let store = db.store(4).await;
-    let slot = TransactionSlot::new();
-    let app = Router::new()
-        .route("/orders", post(greedy_handler))
-        .layer(Extension(slot.clone()))
-        .with_state(store);
-    let response = app
-        .oneshot(
-            Request::post("/orders")
-                .body(Body::empty())
-                .expect("request"),
-        )
-        .await
-        .expect("infallible");
-    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(
-        body_text(response)
-            .await
-            .contains("already took its transaction")
-    );
-    assert!(matches!(slot.take(), SlotContents::Returned(_)));
+mod transactional {
+    idemgate_testkit::transactional_conformance!(super::transactional_harness);
 }
 
 // --- purge ----------------------------------------------------------------------------
@@ -697,48 +256,22 @@ async fn claim_with_ttl(store: &SqliteStore, ttl: Duration) {
     acquire(store, &request).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_deletes_only_expired_records_in_batches() {
+#[test]
+fn spawning_a_purge_outside_a_runtime_is_an_error() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let db = TempDb::new();
-    let store = db.store(2).await;
-    for _ in 0..25 {
-        claim_with_ttl(&store, Duration::from_millis(100)).await;
-    }
-    for _ in 0..5 {
-        claim_with_ttl(&store, DAY).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(store.purge_expired(0).await.expect("purge"), 0);
-    assert_eq!(store.purge_expired(10).await.expect("purge"), 25);
-    assert_eq!(count_records(&store).await, 5);
-    assert_eq!(store.purge_expired(10).await.expect("purge"), 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn background_purge_runs_until_dropped() {
-    let db = TempDb::new();
-    let store = db.store(2).await;
-    for _ in 0..10 {
-        claim_with_ttl(&store, Duration::from_millis(50)).await;
-    }
-    let task = store
-        .spawn_purge(Duration::from_millis(50), 3)
-        .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while count_records(&store).await > 0 {
-        assert!(Instant::now() < deadline, "the purge task did not purge");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    drop(task);
-    for _ in 0..4 {
-        claim_with_ttl(&store, Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        count_records(&store).await,
-        4,
-        "the dropped task still purges"
-    );
+    let store = runtime.block_on(async {
+        SqliteStore::new(
+            SqlitePoolOptions::new().connect_lazy_with(SqliteStore::connect_options(&db.path)),
+        )
+    });
+    let err = store
+        .spawn_purge(Duration::from_secs(1), 10)
+        .expect_err("no runtime");
+    assert!(matches!(err, Error::NoRuntime(_)), "{err:?}");
 }
 
 // --- migrations -----------------------------------------------------------------------
