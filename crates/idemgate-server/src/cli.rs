@@ -123,6 +123,13 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+
+    /// Benchmarks only: serve the same routes and handlers with no idempotency
+    /// layer, so `idemgate-bench` can measure what the layer costs against this
+    /// `bare` baseline. Hidden from `--help`, no environment variable: without the
+    /// layer a retried POST charges and stores twice.
+    #[arg(long, hide = true)]
+    pub no_idempotency: bool,
 }
 
 /// A setting that cannot work, naming the flag and the variable to fix.
@@ -190,6 +197,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// Log format.
     pub log_format: LogFormat,
+    /// The hidden benchmark baseline: no idempotency layer at all.
+    pub no_idempotency: bool,
 }
 
 impl ServeArgs {
@@ -280,6 +289,7 @@ impl ServeArgs {
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
             log_format: self.log_format,
+            no_idempotency: self.no_idempotency,
         })
     }
 }
@@ -309,6 +319,19 @@ mod tests {
         assert_eq!(s.lease, Duration::from_secs(30));
         assert_eq!(s.idempotency_store, IdempotencyStore::Database);
         assert!(s.wait.is_none());
+        assert!(!s.no_idempotency);
+    }
+
+    #[test]
+    fn the_benchmark_baseline_flag_is_hidden() {
+        let s = args(&["--no-idempotency"]).unwrap();
+        assert!(s.no_idempotency);
+        let mut command = <Cli as clap::CommandFactory>::command();
+        let serve = command
+            .find_subcommand_mut("serve")
+            .expect("serve subcommand");
+        let help = serve.render_long_help().to_string();
+        assert!(!help.contains("no-idempotency"), "{help}");
     }
 
     #[test]

@@ -52,12 +52,26 @@ pub struct AppState {
 /// The whole service: `/api/v1/orders` behind bearer authentication and the
 /// idempotency layer, plus `/healthz` and `/metrics`.
 pub fn app(state: AppState, idempotency: IdempotencyLayer) -> Router {
-    let api = Router::new()
+    routes(state, Some(idempotency))
+}
+
+/// The same routes and handlers with no idempotency layer: the `bare` baseline
+/// `idemgate-bench` measures the layer against (the hidden `--no-idempotency`).
+/// Handlers then get no operation and no transaction slot, so orders are written
+/// directly. Never for production: a retried POST charges and stores twice.
+pub fn app_without_idempotency(state: AppState) -> Router {
+    routes(state, None)
+}
+
+fn routes(state: AppState, idempotency: Option<IdempotencyLayer>) -> Router {
+    let mut api = Router::new()
         .route("/api/v1/orders", get(list_orders).post(create_order))
-        .route("/api/v1/orders/{id}", get(get_order))
+        .route("/api/v1/orders/{id}", get(get_order));
+    if let Some(idempotency) = idempotency {
         // Route layers: only matched routes reach them, so 404/405 are not stored.
-        .route_layer(idempotency)
-        .route_layer(middleware::from_fn(authenticate));
+        api = api.route_layer(idempotency);
+    }
+    let api = api.route_layer(middleware::from_fn(authenticate));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(render_metrics))

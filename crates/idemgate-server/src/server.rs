@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::cli::{IdempotencyStore, Settings};
 use crate::gateway::Gateway;
-use crate::http::{AppState, OrderWrites, app};
+use crate::http::{AppState, OrderWrites, app, app_without_idempotency};
 use crate::repository::OrdersDb;
 
 /// How often expired idempotency records are purged from the SQL stores.
@@ -102,7 +102,17 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
     };
     let orders = OrdersDb::connect(&settings.database).await?;
     orders.migrate().await?;
-    let (store, writes, _purge) = idempotency_store(&settings, &orders).await?;
+    let (store, writes, _purge) = if settings.no_idempotency {
+        // The benchmark baseline: the layer below is built (for its task handle)
+        // but never installed, so its unused in-memory store sees no request.
+        tracing::warn!(
+            "--no-idempotency: serving without the idempotency layer (a benchmark baseline); retries run twice"
+        );
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        (store, OrderWrites::Direct, None)
+    } else {
+        idempotency_store(&settings, &orders).await?
+    };
     let gateway = match &settings.gateway_url {
         Some(url) => Gateway::http(url, settings.gateway_timeout)?,
         None => {
@@ -126,7 +136,11 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         metrics,
         tasks: tasks.clone(),
     };
-    let router = app(state, layer);
+    let router = if settings.no_idempotency {
+        app_without_idempotency(state)
+    } else {
+        app(state, layer)
+    };
 
     let listener =
         TcpListener::bind(settings.listen)
@@ -179,6 +193,9 @@ fn database_kind(orders: &OrdersDb) -> &'static str {
 
 impl Settings {
     fn idempotency_store_kind(&self) -> &'static str {
+        if self.no_idempotency {
+            return "none";
+        }
         match self.idempotency_store {
             IdempotencyStore::Database => "database",
             IdempotencyStore::Memory => "memory",
