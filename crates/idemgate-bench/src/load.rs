@@ -1,0 +1,360 @@
+//! The closed-loop load: a fixed number of keep-alive connections, each sending
+//! its next request as soon as the previous answer arrived, for a warm-up and then
+//! a measured window.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::BoxError;
+use crate::client::{Connection, Reply, RequestTemplate};
+
+/// What the requests carry, and what the server is expected to answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Scenario {
+    /// The server without the idempotency layer (`--no-idempotency`), no key.
+    Bare,
+    /// The layer is there; the request has no `Idempotency-Key`.
+    NoKey,
+    /// A fresh UUID key on every request: claim, run, complete.
+    NewKey,
+    /// Keys completed before the measurement, sent again: replays.
+    Replay,
+    /// 64 connections on 8 keys at a time (a new set every 100 ms): executions,
+    /// 409s and replays, all expected.
+    Contended,
+}
+
+impl Scenario {
+    pub(crate) const ALL: [Self; 5] = [
+        Self::Bare,
+        Self::NoKey,
+        Self::NewKey,
+        Self::Replay,
+        Self::Contended,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::NoKey => "no-key",
+            Self::NewKey => "new-key",
+            Self::Replay => "replay",
+            Self::Contended => "contended",
+        }
+    }
+
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Whether a reply is what this scenario expects.
+    fn expects(self, reply: Reply) -> bool {
+        match self {
+            Self::Bare | Self::NoKey | Self::NewKey => reply.status == 201 && !reply.replayed,
+            Self::Replay => reply.status == 201 && reply.replayed,
+            Self::Contended => reply.status == 201 || reply.status == 409,
+        }
+    }
+}
+
+/// How many keys `replay` cycles through, each completed once before the warm-up.
+pub(crate) const REPLAY_KEYS: usize = 256;
+/// How many keys `contended` hammers at a time.
+pub(crate) const CONTENDED_KEYS: u64 = 8;
+/// How long one set of contended keys lasts.
+pub(crate) const CONTENDED_PERIOD: Duration = Duration::from_millis(100);
+
+/// One load run's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadPlan {
+    pub(crate) scenario: Scenario,
+    pub(crate) connections: usize,
+    pub(crate) warmup: Duration,
+    pub(crate) measure: Duration,
+    /// The bearer token, fresh per run so keys never meet an earlier run's records.
+    pub(crate) principal: String,
+}
+
+/// What one run measured, inside the measured window only.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct LoadResult {
+    /// The measured window, in seconds.
+    pub(crate) seconds: f64,
+    /// Expected answers completed in the window.
+    pub(crate) good: u64,
+    /// 2xx answers that were not replays.
+    pub(crate) executed: u64,
+    /// 2xx answers marked `Idempotent-Replayed: true`.
+    pub(crate) replayed: u64,
+    /// 409 answers.
+    pub(crate) conflicts: u64,
+    /// Unexpected answers and I/O failures, by kind.
+    pub(crate) errors: BTreeMap<String, u64>,
+    /// Latency percentiles of every completed request in the window, microseconds.
+    pub(crate) p50_us: u64,
+    pub(crate) p99_us: u64,
+    pub(crate) p999_us: u64,
+    pub(crate) max_us: u64,
+}
+
+impl LoadResult {
+    pub(crate) fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+}
+
+/// Per-connection tallies, merged at the end.
+struct Tally {
+    histogram: Histogram<u64>,
+    result: LoadResult,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Self {
+            // 1 µs to 100 s at 3 significant digits: constant, valid bounds.
+            histogram: Histogram::new_with_bounds(1, 100_000_000, 3)
+                .expect("constant histogram bounds are valid"),
+            result: LoadResult::default(),
+        }
+    }
+}
+
+/// The instants that bound a run, shared by its connections.
+struct Clock {
+    started: Instant,
+    measure_from: Instant,
+    until: Instant,
+}
+
+/// Completes `keys` once each (sequentially over a few connections), so `replay`
+/// has records to replay. Every answer must be a fresh 201.
+pub(crate) async fn precomplete(
+    addr: SocketAddr,
+    principal: &str,
+    keys: &[String],
+) -> Result<(), BoxError> {
+    let template = RequestTemplate::orders(addr, principal);
+    let mut request = Vec::new();
+    let mut connection = Connection::connect(addr).await?;
+    for key in keys {
+        template.write(&mut request, Some(key));
+        let reply = connection.send(&request).await?;
+        if reply.status != 201 || reply.replayed {
+            return Err(format!(
+                "completing a replay key answered {} (replayed: {})",
+                reply.status, reply.replayed
+            )
+            .into());
+        }
+        if connection.closed {
+            connection = Connection::connect(addr).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The replay scenario's keys for a run.
+pub(crate) fn replay_keys(run: &str) -> Vec<String> {
+    (0..REPLAY_KEYS)
+        .map(|i| format!("{run}-replay-{i}"))
+        .collect()
+}
+
+/// Drives the server at `addr` with `plan` and returns what the measured window
+/// saw. `on_window` is called at the start and at the end of the measured window
+/// (to sample the server's CPU time), in this task, without delaying requests.
+pub(crate) async fn run(
+    addr: SocketAddr,
+    plan: &LoadPlan,
+    replay_keys: Rc<Vec<String>>,
+    mut on_window: impl FnMut(),
+) -> Result<LoadResult, BoxError> {
+    let started = Instant::now();
+    let clock = Rc::new(Clock {
+        started,
+        measure_from: started + plan.warmup,
+        until: started + plan.warmup + plan.measure,
+    });
+    let template = Rc::new(RequestTemplate::orders(addr, &plan.principal));
+    let local = tokio::task::LocalSet::new();
+    let mut handles = Vec::with_capacity(plan.connections);
+    for index in 0..plan.connections {
+        let clock = Rc::clone(&clock);
+        let template = Rc::clone(&template);
+        let keys = Rc::clone(&replay_keys);
+        let scenario = plan.scenario;
+        let principal = plan.principal.clone();
+        handles.push(local.spawn_local(async move {
+            drive(addr, index, scenario, &principal, &clock, &template, &keys).await
+        }));
+    }
+    let sampler = {
+        let clock = Rc::clone(&clock);
+        async move {
+            tokio::time::sleep_until(clock.measure_from).await;
+            on_window();
+            tokio::time::sleep_until(clock.until).await;
+            on_window();
+        }
+    };
+    let mut tallies = Vec::with_capacity(handles.len());
+    local
+        .run_until(async {
+            sampler.await;
+            for handle in handles {
+                tallies.push(handle.await);
+            }
+        })
+        .await;
+    let mut histogram = Tally::new().histogram;
+    let mut total = LoadResult {
+        seconds: plan.measure.as_secs_f64(),
+        ..LoadResult::default()
+    };
+    for tally in tallies {
+        let tally = tally.map_err(|e| format!("connection task failed: {e}"))??;
+        histogram.add(&tally.histogram)?;
+        let r = tally.result;
+        total.good += r.good;
+        total.executed += r.executed;
+        total.replayed += r.replayed;
+        total.conflicts += r.conflicts;
+        for (kind, count) in r.errors {
+            *total.errors.entry(kind).or_default() += count;
+        }
+    }
+    total.p50_us = histogram.value_at_quantile(0.50);
+    total.p99_us = histogram.value_at_quantile(0.99);
+    total.p999_us = histogram.value_at_quantile(0.999);
+    total.max_us = histogram.max();
+    Ok(total)
+}
+
+/// One connection's loop.
+async fn drive(
+    addr: SocketAddr,
+    index: usize,
+    scenario: Scenario,
+    principal: &str,
+    clock: &Clock,
+    template: &RequestTemplate,
+    replay_keys: &[String],
+) -> Result<Tally, BoxError> {
+    let mut tally = Tally::new();
+    let mut connection = Connection::connect(addr).await?;
+    let mut request = Vec::with_capacity(512);
+    let mut key = String::with_capacity(64);
+    let mut rng = XorShift::new(index as u64 + 1);
+    let mut replay_next = index;
+    loop {
+        let sent_at = Instant::now();
+        if sent_at >= clock.until {
+            break;
+        }
+        let key = match scenario {
+            Scenario::Bare | Scenario::NoKey => None,
+            Scenario::NewKey => {
+                key.clear();
+                key.push_str(
+                    uuid::Uuid::new_v4()
+                        .hyphenated()
+                        .encode_lower(&mut uuid::Uuid::encode_buffer()),
+                );
+                Some(key.as_str())
+            }
+            Scenario::Replay => {
+                let k = &replay_keys[replay_next % replay_keys.len()];
+                replay_next += 1;
+                Some(k.as_str())
+            }
+            Scenario::Contended => {
+                let generation = sent_at.duration_since(clock.started).as_millis()
+                    / CONTENDED_PERIOD.as_millis();
+                key.clear();
+                use std::fmt::Write as _;
+                let _ = write!(
+                    key,
+                    "{principal}-{generation}-{}",
+                    rng.next() % CONTENDED_KEYS
+                );
+                Some(key.as_str())
+            }
+        };
+        template.write(&mut request, key);
+        let reply = connection.send(&request).await;
+        let done_at = Instant::now();
+        let counted = done_at >= clock.measure_from && done_at < clock.until;
+        match reply {
+            Ok(reply) => {
+                if counted {
+                    let micros = done_at.duration_since(sent_at).as_micros() as u64;
+                    let _ = tally.histogram.record(micros.max(1));
+                    let r = &mut tally.result;
+                    if (200..300).contains(&reply.status) {
+                        if reply.replayed {
+                            r.replayed += 1;
+                        } else {
+                            r.executed += 1;
+                        }
+                    } else if reply.status == 409 {
+                        r.conflicts += 1;
+                    }
+                    if scenario.expects(reply) {
+                        r.good += 1;
+                    } else {
+                        let kind = format!(
+                            "HTTP {}{}",
+                            reply.status,
+                            if reply.replayed { " (replayed)" } else { "" }
+                        );
+                        *r.errors.entry(kind).or_default() += 1;
+                    }
+                }
+                if connection.closed {
+                    connection = Connection::connect(addr).await?;
+                }
+            }
+            Err(error) => {
+                if counted {
+                    *tally
+                        .result
+                        .errors
+                        .entry(format!("I/O: {}", error.kind()))
+                        .or_default() += 1;
+                }
+                if Instant::now() >= clock.until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                connection = Connection::connect(addr).await?;
+            }
+        }
+    }
+    Ok(tally)
+}
+
+/// A tiny PRNG for picking contended keys (no allocation, no syscalls).
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
