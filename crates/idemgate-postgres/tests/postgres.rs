@@ -11,14 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idemgate_core::record::{OperationId, StoredResponse};
+use idemgate_core::record::OperationId;
 use idemgate_core::transaction::TransactionSlot;
-use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, LeaseOrigin, Store,
-    StoreError,
-};
+use idemgate_core::{Claim, ClaimRequest, FencedWrite, Lease, LeaseOrigin, Store, StoreError};
 use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx};
-use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -59,23 +56,6 @@ async fn conformance_store() -> Arc<dyn Store> {
 
 mod conformance {
     idemgate_testkit::store_conformance!(super::conformance_store);
-}
-
-fn completion(response: StoredResponse) -> Completion {
-    Completion {
-        status: FinalStatus::Completed,
-        response,
-        ttl: DAY,
-    }
-}
-
-async fn acquire(store: &PostgresStore, request: &ClaimRequest) -> Lease {
-    match store.try_claim(request).await.expect("claim") {
-        Claim::Acquired(lease) => lease,
-        Claim::Existing(snapshot) => {
-            panic!("expected to acquire, found {:?}", snapshot.record.status)
-        }
-    }
 }
 
 /// A schema of its own, for tests that count or delete every row of a table.

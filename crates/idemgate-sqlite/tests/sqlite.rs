@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idemgate_core::record::{OperationId, StoredResponse};
+use idemgate_core::record::OperationId;
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::transaction::TransactionSlot;
 use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, Snapshot, Store, StoreError,
+    Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
 };
 use idemgate_sqlite::{Error, PurgeTask, SqliteStore, Tx};
-use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Connection, SqlitePool};
@@ -114,23 +114,6 @@ async fn conformance_store() -> Arc<dyn Store> {
 
 mod conformance {
     idemgate_testkit::store_conformance!(super::conformance_store);
-}
-
-fn completion(response: StoredResponse) -> Completion {
-    Completion {
-        status: FinalStatus::Completed,
-        response,
-        ttl: DAY,
-    }
-}
-
-async fn acquire(store: &SqliteStore, request: &ClaimRequest) -> Lease {
-    match store.try_claim(request).await.expect("claim") {
-        Claim::Acquired(lease) => lease,
-        Claim::Existing(snapshot) => {
-            panic!("expected to acquire, found {:?}", snapshot.record.status)
-        }
-    }
 }
 
 // --- the file -------------------------------------------------------------------------
@@ -254,24 +237,6 @@ async fn claim_with_ttl(store: &SqliteStore, ttl: Duration) {
         ..fresh_request()
     };
     acquire(store, &request).await;
-}
-
-#[test]
-fn spawning_a_purge_outside_a_runtime_is_an_error() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let db = TempDb::new();
-    let store = runtime.block_on(async {
-        SqliteStore::new(
-            SqlitePoolOptions::new().connect_lazy_with(SqliteStore::connect_options(&db.path)),
-        )
-    });
-    let err = store
-        .spawn_purge(Duration::from_secs(1), 10)
-        .expect_err("no runtime");
-    assert!(matches!(err, Error::NoRuntime(_)), "{err:?}");
 }
 
 // --- migrations -----------------------------------------------------------------------

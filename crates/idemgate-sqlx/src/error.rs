@@ -22,6 +22,10 @@ pub enum ErrorClass {
 /// transient, decoding failures corrupt — and a database error by its code, through
 /// [`SqlStore::classify_code`]. Never by message text.
 pub fn classify<S: SqlStore>(err: &sqlx::Error) -> ErrorClass {
+    classify_by(err, S::classify_code)
+}
+
+fn classify_by(err: &sqlx::Error, by_code: impl FnOnce(&str) -> ErrorClass) -> ErrorClass {
     use sqlx::Error as E;
     match err {
         E::Io(_)
@@ -39,7 +43,7 @@ pub fn classify<S: SqlStore>(err: &sqlx::Error) -> ErrorClass {
         | E::RowNotFound => ErrorClass::Corrupt,
         E::Database(db) => db
             .code()
-            .map_or(ErrorClass::Unexpected, |code| S::classify_code(&code)),
+            .map_or(ErrorClass::Unexpected, |code| by_code(&code)),
         _ => ErrorClass::Unexpected,
     }
 }
@@ -58,5 +62,76 @@ pub fn store_error<S: SqlStore>(err: sqlx::Error) -> StoreError {
             );
             StoreError::unavailable(err)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use sqlx::error::{DatabaseError, ErrorKind};
+
+    use super::*;
+
+    /// A database error with a code, or none.
+    #[derive(Debug, thiserror::Error)]
+    #[error("database error")]
+    struct Coded(Option<&'static str>);
+
+    impl DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "database error"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            self.0.map(Cow::Borrowed)
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> ErrorKind {
+            ErrorKind::Other
+        }
+    }
+
+    fn never_a_code(code: &str) -> ErrorClass {
+        panic!("only database errors have codes, got {code}")
+    }
+
+    #[test]
+    fn variants_are_classified_without_the_backend() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        for (err, class) in [
+            (sqlx::Error::Io(io), ErrorClass::Transient),
+            (sqlx::Error::PoolTimedOut, ErrorClass::Transient),
+            (sqlx::Error::PoolClosed, ErrorClass::Transient),
+            (sqlx::Error::WorkerCrashed, ErrorClass::Transient),
+            (sqlx::Error::BeginFailed, ErrorClass::Transient),
+            (sqlx::Error::RowNotFound, ErrorClass::Corrupt),
+            (
+                sqlx::Error::ColumnNotFound("token".into()),
+                ErrorClass::Corrupt,
+            ),
+            (sqlx::Error::Decode("bad".into()), ErrorClass::Corrupt),
+        ] {
+            assert_eq!(classify_by(&err, never_a_code), class, "{err:?}");
+        }
+    }
+
+    #[test]
+    fn database_errors_are_classified_by_their_code() {
+        let coded = sqlx::Error::Database(Box::new(Coded(Some("57014"))));
+        let class = classify_by(&coded, |code| {
+            assert_eq!(code, "57014");
+            ErrorClass::Transient
+        });
+        assert_eq!(class, ErrorClass::Transient);
+        let uncoded = sqlx::Error::Database(Box::new(Coded(None)));
+        assert_eq!(classify_by(&uncoded, never_a_code), ErrorClass::Unexpected);
     }
 }

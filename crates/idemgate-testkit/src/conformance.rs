@@ -87,7 +87,8 @@ pub fn awkward_response() -> StoredResponse {
     }
 }
 
-pub(crate) fn completion(response: StoredResponse) -> Completion {
+/// A `Completed` completion of `response`, kept for a day.
+pub fn completion(response: StoredResponse) -> Completion {
     Completion {
         status: FinalStatus::Completed,
         response,
@@ -95,7 +96,8 @@ pub(crate) fn completion(response: StoredResponse) -> Completion {
     }
 }
 
-pub(crate) async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
+/// Claims `request`, which must be acquired (a fresh or claimable record).
+pub async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
     match store.try_claim(request).await.expect("claim") {
         Claim::Acquired(lease) => lease,
         Claim::Existing(snapshot) => {
