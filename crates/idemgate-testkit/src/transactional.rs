@@ -123,6 +123,24 @@ async fn begin<S: SqlStore>(store: &S, slot: &TransactionSlot) -> Tx<S> {
     Tx::begin(store, slot).await.expect("begin")
 }
 
+/// What a transactional handler does: takes a `Tx` from a fresh slot, writes the order
+/// of `operation_id` through it and drops it. Returns the transaction the layer then
+/// finishes.
+async fn handler_writes_order<H: TransactionalHarness>(
+    harness: &H,
+    store: &H::Store,
+    operation_id: OperationId,
+) -> Box<dyn PendingTransaction> {
+    let slot = TransactionSlot::new();
+    let mut tx = begin(store, &slot).await;
+    harness
+        .insert_order(&mut tx, operation_id)
+        .await
+        .expect("insert");
+    drop(tx);
+    returned(&slot)
+}
+
 /// (a) A failure after the business insert and before commit: the layer rolls back,
 /// no order row remains, and the record can be released and reclaimed with the same
 /// operation id; the retry then commits order and record together.
@@ -135,14 +153,9 @@ pub async fn rollback_leaves_no_order_and_release_reclaims_the_operation<
     let request = fresh_request();
     let lease = acquire(&store, &request).await;
 
-    let slot = TransactionSlot::new();
-    let mut tx = begin(&store, &slot).await;
-    harness
-        .insert_order(&mut tx, lease.operation_id)
-        .await
-        .expect("insert");
-    drop(tx); // the handler fails here: a 5xx whose effects the rollback undoes
-    returned(&slot).rollback().await.expect("rollback");
+    // The handler fails after its insert: a 5xx whose effects the rollback undoes.
+    let pending = handler_writes_order(&*harness, &store, lease.operation_id).await;
+    pending.rollback().await.expect("rollback");
     assert_eq!(
         harness.orders_for(&store, lease.operation_id).await,
         0,
@@ -159,14 +172,8 @@ pub async fn rollback_leaves_no_order_and_release_reclaims_the_operation<
         retry.operation_id, lease.operation_id,
         "a retry continues the same operation"
     );
-    let slot = TransactionSlot::new();
-    let mut tx = begin(&store, &slot).await;
-    harness
-        .insert_order(&mut tx, retry.operation_id)
+    let write = handler_writes_order(&*harness, &store, retry.operation_id)
         .await
-        .expect("insert");
-    drop(tx);
-    let write = returned(&slot)
         .complete_and_commit(&retry, &completion(awkward_response()))
         .await
         .expect("complete");
@@ -196,14 +203,7 @@ pub async fn abandoned_transaction_rolls_back_and_the_lapsed_lease_is_taken_over
         ..fresh_request()
     };
     let lease = acquire(&store, &request).await;
-    let slot = TransactionSlot::new();
-    let mut tx = begin(&store, &slot).await;
-    harness
-        .insert_order(&mut tx, lease.operation_id)
-        .await
-        .expect("insert");
-    drop(tx);
-    drop(returned(&slot)); // never committed
+    drop(handler_writes_order(&*harness, &store, lease.operation_id).await); // never committed
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(harness.orders_for(&store, lease.operation_id).await, 0);
     let takeover = acquire(
@@ -242,14 +242,8 @@ pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: Transa
     .await;
     assert_eq!(current.origin, LeaseOrigin::TakenOver);
 
-    let slot = TransactionSlot::new();
-    let mut tx = begin(&store, &slot).await;
-    harness
-        .insert_order(&mut tx, stale.operation_id)
+    let write = handler_writes_order(&*harness, &store, stale.operation_id)
         .await
-        .expect("insert");
-    drop(tx);
-    let write = returned(&slot)
         .complete_and_commit(&stale, &completion(awkward_response()))
         .await
         .expect("complete");
@@ -267,14 +261,8 @@ pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: Transa
     assert_eq!(snapshot.record.status, RecordStatus::Processing);
     assert_eq!(snapshot.record.token, current.token);
 
-    let slot = TransactionSlot::new();
-    let mut tx = begin(&store, &slot).await;
-    harness
-        .insert_order(&mut tx, current.operation_id)
+    let write = handler_writes_order(&*harness, &store, current.operation_id)
         .await
-        .expect("insert");
-    drop(tx);
-    let write = returned(&slot)
         .complete_and_commit(&current, &completion(awkward_response()))
         .await
         .expect("complete");
@@ -420,14 +408,8 @@ pub async fn completed_records_survive_reopening<H: TransactionalHarness>(harnes
     let operation_id = {
         let store = harness.store(2).await;
         let lease = acquire(&store, &request).await;
-        let slot = TransactionSlot::new();
-        let mut tx = begin(&store, &slot).await;
-        harness
-            .insert_order(&mut tx, lease.operation_id)
+        let write = handler_writes_order(&*harness, &store, lease.operation_id)
             .await
-            .expect("insert");
-        drop(tx);
-        let write = returned(&slot)
             .complete_and_commit(&lease, &completion(awkward_response()))
             .await
             .expect("complete");
@@ -454,14 +436,7 @@ pub async fn keyless_transactions_commit_or_roll_back<H: TransactionalHarness>(h
     let store = harness.store(2).await;
     for commit in [true, false] {
         let operation_id = OperationId::random();
-        let slot = TransactionSlot::new();
-        let mut tx = begin(&store, &slot).await;
-        harness
-            .insert_order(&mut tx, operation_id)
-            .await
-            .expect("insert");
-        drop(tx);
-        let pending = returned(&slot);
+        let pending = handler_writes_order(&*harness, &store, operation_id).await;
         if commit {
             pending.commit().await.expect("commit");
         } else {
