@@ -80,15 +80,33 @@ impl Statements {
         // `expired` is judged against the statement's one clock reading, which the
         // proposed row carries as `EXCLUDED.created_at`.
         let expired = "r.expires_at <= EXCLUDED.created_at";
+        // One round trip for every outcome. `blocking` reads, in the statement's
+        // snapshot, a live record this request cannot claim (another fingerprint,
+        // a final response, a live lease): then nothing is inserted, no row is
+        // locked and no transaction id is taken, so a replay, a 409 or a 422 is a
+        // plain read (no WAL flush at commit) that returns the record itself.
+        // Otherwise the upsert runs as the atomic claim; if it meets a row our
+        // snapshot did not see and cannot take it, the statement returns nothing
+        // and the caller reads the record separately.
         let claim = format!(
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+             blocking AS MATERIALIZED ( \
+                 SELECT r.fingerprint, r.format_version, r.operation_id, r.token, r.status, \
+                     {locked_until} AS locked_until_ms, r.response_status, r.response_headers, \
+                     r.response_body, r.body_retained, {created} AS created_ms, \
+                     {expires} AS expires_ms, {now_ms} AS now_ms \
+                 FROM now JOIN {t} r ON r.identity = $1 AND r.expires_at > now.t \
+                 WHERE NOT (r.fingerprint = $6 AND (r.status = 'RELEASED' \
+                     OR (r.status = 'PROCESSING' AND (r.locked_until IS NULL \
+                         OR r.locked_until <= now.t))))), \
+             claimed AS ( \
              INSERT INTO {t} AS r (identity, principal, method, path, idempotency_key, \
                  fingerprint, format_version, operation_id, token, status, lease_origin, \
                  locked_until, created_at, expires_at) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, nextval('{seq_literal}'), 'PROCESSING', 'NEW', \
                  now.t + $9 * interval '1 millisecond', now.t, \
                  now.t + $10 * interval '1 millisecond' \
-             FROM now \
+             FROM now WHERE NOT EXISTS (SELECT 1 FROM blocking) \
              ON CONFLICT (identity) DO UPDATE SET \
                  fingerprint = EXCLUDED.fingerprint, \
                  format_version = CASE WHEN {expired} THEN EXCLUDED.format_version \
@@ -111,10 +129,26 @@ impl Statements {
                     OR (r.status = 'PROCESSING' AND (r.locked_until IS NULL \
                         OR r.locked_until <= EXCLUDED.created_at)))) \
              RETURNING r.operation_id, r.token, r.lease_origin, \
-                 {locked_until} AS locked_until_ms",
+                 {locked_until} AS locked_until_ms) \
+             SELECT 'claimed' AS outcome, c.operation_id, c.token, c.lease_origin, \
+                 c.locked_until_ms, NULL::bytea AS fingerprint, NULL::integer AS format_version, \
+                 NULL::text AS status, NULL::integer AS response_status, \
+                 NULL::bytea AS response_headers, NULL::bytea AS response_body, \
+                 NULL::boolean AS body_retained, NULL::bigint AS created_ms, \
+                 NULL::bigint AS expires_ms, NULL::bigint AS now_ms \
+             FROM claimed c \
+             UNION ALL \
+             SELECT 'existing', b.operation_id, b.token, NULL, b.locked_until_ms, \
+                 b.fingerprint, b.format_version, b.status, b.response_status, \
+                 b.response_headers, b.response_body, b.body_retained, b.created_ms, \
+                 b.expires_ms, b.now_ms \
+             FROM blocking b",
             // nextval takes the sequence's name as a string literal.
             seq_literal = seq.replace('\'', "''"),
             locked_until = ms("r.locked_until"),
+            created = ms("r.created_at"),
+            expires = ms("r.expires_at"),
+            now_ms = ms("now.t"),
         );
         let read = format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t) \

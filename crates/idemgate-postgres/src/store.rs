@@ -355,8 +355,10 @@ impl Store for PostgresStore {
         let identity = request.identity.digest();
         let scope = request.identity.scope();
         for attempt in 1..=CLAIM_ATTEMPTS {
-            // One statement inserts, replaces an expired record, or takes over; it
-            // returns no row when the existing record stays as it is.
+            // One statement inserts, replaces an expired record, or takes over
+            // (`claimed`); or returns the live record that blocks the claim
+            // (`existing`, read without a write); or, when the record changed under
+            // it, nothing.
             let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
                 .bind(identity.as_bytes().as_slice())
                 .bind(scope.principal.as_str())
@@ -372,7 +374,12 @@ impl Store for PostgresStore {
                 .await
                 .map_err(store_error)?;
             if let Some(row) = row {
-                return decode_lease(&row, *identity).map(Claim::Acquired);
+                let outcome: String = column(&row, "outcome")?;
+                return if outcome == "claimed" {
+                    decode_lease(&row, *identity).map(Claim::Acquired)
+                } else {
+                    decode_snapshot(&row).map(Claim::Existing)
+                };
             }
             // The read only reports what blocked the claim; it never decides to
             // insert. If the record expired, went away or became claimable in
