@@ -180,7 +180,13 @@ async fn create_order(
         operation_id,
         charge_id: charge_id.as_deref(),
     };
-    let slot = slot.map(|Extension(slot)| slot);
+    // Without a key there is no record to commit with the order, so it is written
+    // directly, as in the memory and Redis modes: a transaction would only add a
+    // BEGIN and a COMMIT round trip and, on SQLite, hold the one write lock across
+    // the insert and its read-back.
+    let slot = slot
+        .map(|Extension(slot)| slot)
+        .filter(|_| operation.is_some());
     match store_order(&app, slot.as_ref(), placement, &order).await {
         Ok(order) => created(order),
         Err(error) => {
