@@ -245,7 +245,9 @@ fn request(key: Option<&str>) -> Request<Body> {
 }
 
 /// The layer in-process: the same router with and without it, a trivial handler,
-/// `MemoryStore`. What is left is the layer's own CPU cost per request.
+/// `MemoryStore`. What is left is the layer's own CPU cost per request (on one
+/// thread: the hand-off of the detached handler task between workers is not here;
+/// the end-to-end runs of `idemgate-bench` include it).
 fn layer(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -18,8 +18,12 @@ const COLORS: [RGBColor; 5] = [
     RGBColor(219, 68, 55),   // contended
 ];
 
-/// Renders the chart as an SVG document.
-pub(crate) fn render(cells: &BTreeMap<(StoreKind, Scenario), Cell>) -> Result<String, BoxError> {
+/// Renders the chart as an SVG document; `ceilings` (store, operations/s) are
+/// drawn as dashed lines over their store's throughput bars.
+pub(crate) fn render(
+    cells: &BTreeMap<(StoreKind, Scenario), Cell>,
+    ceilings: &[(StoreKind, f64)],
+) -> Result<String, BoxError> {
     let stores: Vec<StoreKind> = StoreKind::ALL
         .into_iter()
         .filter(|store| cells.keys().any(|(s, _)| s == store))
@@ -33,9 +37,10 @@ pub(crate) fn render(cells: &BTreeMap<(StoreKind, Scenario), Cell>) -> Result<St
             &top,
             cells,
             &stores,
-            "Throughput: expected answers per second (log scale)",
+            "Throughput: expected answers per second (log scale; dashed: the store's ceiling)",
             "req/s",
             |c| c.rps,
+            ceilings,
         )?;
         panel(
             &bottom,
@@ -44,6 +49,7 @@ pub(crate) fn render(cells: &BTreeMap<(StoreKind, Scenario), Cell>) -> Result<St
             "Server CPU time per request, µs (log scale)",
             "µs/req",
             |c| c.cpu_us,
+            &[],
         )?;
         root.present()?;
     }
@@ -57,6 +63,7 @@ fn panel(
     title: &str,
     unit: &str,
     metric: impl Fn(&Cell) -> Figure,
+    ceilings: &[(StoreKind, f64)],
 ) -> Result<(), BoxError> {
     let values: Vec<f64> = cells
         .values()
@@ -64,15 +71,16 @@ fn panel(
             let f = metric(c);
             [f.min, f.max, f.median]
         })
+        .chain(ceilings.iter().map(|(_, c)| *c))
         .filter(|v| v.is_finite() && *v > 0.0)
         .collect();
     let low = values.iter().copied().fold(f64::INFINITY, f64::min);
     let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let (low, high) = if low.is_finite() && high.is_finite() {
-        (
-            10f64.powf(low.log10().floor()),
-            10f64.powf((high * 1.5).log10().ceil()),
-        )
+        let low = 10f64.powf(low.log10().floor());
+        // Leave the top third of the panel to the legend.
+        let (l, h) = (low.log10(), high.max(low * 10.0).log10());
+        (low, 10f64.powf((h - 0.34 * l) / 0.66))
     } else {
         (1.0, 10.0)
     };
@@ -143,6 +151,17 @@ fn panel(
             .label(scenario.name())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
         chart.draw_series(whiskers)?;
+    }
+    for (store, ceiling) in ceilings {
+        if let Some(group) = stores.iter().position(|s| s == store) {
+            let x0 = group as f64 + 0.05;
+            chart.draw_series(DashedLineSeries::new(
+                [(x0, *ceiling), (x0 + 0.9, *ceiling)],
+                6,
+                4,
+                BLACK.stroke_width(2),
+            ))?;
+        }
     }
     chart
         .configure_series_labels()

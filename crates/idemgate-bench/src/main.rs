@@ -29,7 +29,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::load::{LoadPlan, Scenario};
 use crate::report::{Report, RunRecord, Settings, StoreKind};
-use crate::server::ServerProcess;
+use crate::server::{ServerProcess, StoreProcesses};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,7 +42,7 @@ const END_MARK: &str = "<!-- END GENERATED -->";
 enum Mode {
     /// For development: 1 round, 1 s warm-up, 3 s measured, 3 s ceilings.
     Quick,
-    /// For the record: 4 rounds, 2 s warm-up, 7 s measured, 15 s ceilings
+    /// For the record: 5 rounds, 2 s warm-up, 7 s measured, 15 s ceilings
     /// (about 20 minutes for every store).
     Full,
 }
@@ -133,7 +133,8 @@ struct Args {
 
 fn workspace_root() -> PathBuf {
     // crates/idemgate-bench → the workspace.
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or(root)
 }
 
 fn main() -> std::process::ExitCode {
@@ -168,7 +169,15 @@ async fn run(args: Args) -> Result<(), BoxError> {
     println!("{markdown}");
     if args.write_docs {
         let docs = root.join("docs");
-        std::fs::write(docs.join(chart_name), chart::render(&report.cells())?)?;
+        let ceilings: Vec<_> = report
+            .ceilings
+            .iter()
+            .filter_map(|c| Some((StoreKind::parse(&c.store)?, c.ops_per_sec)))
+            .collect();
+        std::fs::write(
+            docs.join(chart_name),
+            chart::render(&report.cells(), &ceilings)?,
+        )?;
         write_generated(&docs.join("benchmarks.md"), &markdown)?;
         eprintln!("[bench] wrote docs/benchmarks.md and docs/{chart_name}");
     }
@@ -195,7 +204,7 @@ fn write_generated(path: &Path, generated: &str) -> Result<(), BoxError> {
 async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
     let (rounds, warmup, measure, ceiling_s) = match args.mode {
         Mode::Quick => (1, 1.0, 3.0, 3),
-        Mode::Full => (4, 2.0, 7.0, 15),
+        Mode::Full => (5, 2.0, 7.0, 15),
     };
     let rounds = args.rounds.unwrap_or(rounds).max(1);
     let warmup = Duration::from_secs_f64(args.warmup.unwrap_or(warmup));
@@ -244,6 +253,11 @@ async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
         postgres_admin: args.postgres_url.clone(),
         postgres_bench: database_url(&args.postgres_url, BENCH_DATABASE)?,
         redis: args.redis_url.clone(),
+        redis_pid: if stores.contains(&StoreKind::Redis) {
+            redis_pid(&args.redis_url).await
+        } else {
+            None
+        },
         ttl: args.ttl,
     };
     let machine = machine::describe(&args.postgres_url, &args.redis_url, &scratch);
@@ -292,13 +306,17 @@ async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
                     match one_run(&context, *store, round, &plan).await {
                         Ok(record) => {
                             eprintln!(
-                                "[bench] {:>8} {:>9} round {round}: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms, CPU {:.0} µs/req, RSS {:.1} MiB, errors {}",
+                                "[bench] {:>8} {:>9} round {round}: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms, CPU {:.0} µs/req (store {}, client {:.0}), RSS {:.1} MiB, errors {}",
                                 store.name(),
                                 scenario.name(),
                                 record.rps,
                                 record.load.p50_us as f64 / 1000.0,
                                 record.load.p99_us as f64 / 1000.0,
                                 record.cpu_us_per_req,
+                                record
+                                    .store_cpu_us_per_req
+                                    .map_or("-".to_owned(), |c| format!("{c:.0}")),
+                                record.client_cpu_us_per_req,
                                 record.peak_rss_kib as f64 / 1024.0,
                                 record.load.error_count()
                             );
@@ -363,6 +381,24 @@ async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
 
 const BENCH_DATABASE: &str = "idemgate_bench";
 
+/// The Redis server's pid, when it runs on this machine and says so.
+async fn redis_pid(url: &str) -> Option<u32> {
+    let out = tokio::process::Command::new("redis-cli")
+        .args(["-u", url, "INFO", "server"])
+        .output()
+        .await
+        .ok()?;
+    let pid = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    std::path::Path::new(&format!("/proc/{pid}"))
+        .exists()
+        .then_some(pid)
+}
+
 /// `url` with its database replaced by `database`.
 fn database_url(url: &str, database: &str) -> Result<String, BoxError> {
     let (scheme, rest) = url.split_once("://").ok_or("a postgres:// URL")?;
@@ -381,6 +417,8 @@ struct Context {
     postgres_admin: String,
     postgres_bench: String,
     redis: String,
+    /// The Redis server's pid (from `INFO server`), for its CPU time.
+    redis_pid: Option<u32>,
     ttl: u64,
 }
 
@@ -455,32 +493,55 @@ async fn one_run(
         .join(format!("{}-{}-{round}", store.name(), plan.scenario.name()));
     std::fs::create_dir_all(&dir)?;
     let args = server_args(context, store, plan.scenario, &dir).await?;
+    let store_processes = match (store, plan.scenario) {
+        (StoreKind::Memory | StoreKind::Sqlite, _) | (StoreKind::Redis, Scenario::Bare) => {
+            StoreProcesses::None
+        }
+        (StoreKind::Redis, _) => context
+            .redis_pid
+            .map_or(StoreProcesses::None, StoreProcesses::Pid),
+        (StoreKind::Postgres, _) => StoreProcesses::PostgresBackends(BENCH_DATABASE.to_owned()),
+    };
     let server = ServerProcess::start(&context.binary, &args).await?;
-    let result = drive(&server, plan).await;
+    let result = drive(&server, plan, &store_processes).await;
     let peak_rss_kib = server.peak_rss_kib();
     let warnings = server.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
     let (load, cpu) = result?;
     let good = load.good.max(1) as f64;
+    let per_request = |d: Duration| d.as_secs_f64() * 1e6 / good;
     Ok(RunRecord {
         store,
         scenario: plan.scenario,
         round,
         connections: plan.connections,
         rps: load.good as f64 / load.seconds,
-        cpu_us_per_req: cpu.as_secs_f64() * 1e6 / good,
+        cpu_us_per_req: per_request(cpu.server),
+        store_cpu_us_per_req: cpu.store.map(per_request),
+        client_cpu_us_per_req: per_request(cpu.client),
         peak_rss_kib: peak_rss_kib?,
         load,
         server_warnings: warnings,
     })
 }
 
-/// Prepares the scenario's keys, runs the load, and samples the server's CPU time
-/// at both ends of the measured window.
+/// CPU time spent in the measured window.
+struct WindowCpu {
+    server: Duration,
+    /// The store's own processes (Redis, PostgreSQL backends); `None` when the
+    /// store runs inside the server or the run uses no store.
+    store: Option<Duration>,
+    /// This load generator.
+    client: Duration,
+}
+
+/// Prepares the scenario's keys, runs the load, and samples the CPU time of the
+/// server, the store and this process at both ends of the measured window.
 async fn drive(
     server: &ServerProcess,
     plan: &LoadPlan,
-) -> Result<(load::LoadResult, Duration), BoxError> {
+    store: &StoreProcesses,
+) -> Result<(load::LoadResult, WindowCpu), BoxError> {
     let keys = if plan.scenario == Scenario::Replay {
         let keys = load::replay_keys(&plan.principal);
         load::precomplete(server.addr, &plan.principal, &keys).await?;
@@ -488,13 +549,24 @@ async fn drive(
     } else {
         vec!["unused".to_owned()]
     };
+    let own_pid = std::process::id();
     let mut samples = Vec::with_capacity(2);
     let result = load::run(server.addr, plan, Rc::new(keys), || {
-        samples.push(server.cpu_time());
+        samples.push((
+            server.cpu_time(),
+            store.sample(),
+            server::process_cpu_time(own_pid),
+        ));
     })
     .await?;
     let [start, end] = <[_; 2]>::try_from(samples).map_err(|_| "missing CPU samples")?;
-    Ok((result, end?.saturating_sub(start?)))
+    let cpu = WindowCpu {
+        server: end.0?.saturating_sub(start.0?),
+        store: (!matches!(store, StoreProcesses::None))
+            .then(|| StoreProcesses::spent(&start.1, &end.1)),
+        client: end.2?.saturating_sub(start.2?),
+    };
+    Ok((result, cpu))
 }
 
 /// Migrates a fresh bench database with the store's own migration (by starting the

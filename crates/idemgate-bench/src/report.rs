@@ -61,6 +61,13 @@ pub(crate) struct RunRecord {
     pub(crate) rps: f64,
     /// Server CPU time (user + system) in the window, per expected answer.
     pub(crate) cpu_us_per_req: f64,
+    /// The store's own processes' CPU time (Redis, PostgreSQL backends) per
+    /// expected answer; `None` for in-process stores and `bare`.
+    #[serde(default)]
+    pub(crate) store_cpu_us_per_req: Option<f64>,
+    /// The load generator's CPU time per expected answer.
+    #[serde(default)]
+    pub(crate) client_cpu_us_per_req: f64,
     /// The server process's peak RSS (`VmHWM`) at the end of the window.
     pub(crate) peak_rss_kib: u64,
     /// WARN/ERROR lines the server logged.
@@ -113,6 +120,10 @@ pub(crate) struct Cell {
     /// Median over rounds of (CPU µs/request − bare's, same round).
     pub(crate) cpu_added_us: f64,
     pub(crate) rss_mib: Figure,
+    /// Median store-process CPU µs/request (NaN when not measured).
+    pub(crate) store_cpu_us: f64,
+    /// Median load-generator CPU µs/request.
+    pub(crate) client_cpu_us: f64,
     pub(crate) executed: u64,
     pub(crate) replayed: u64,
     pub(crate) conflicts: u64,
@@ -190,6 +201,18 @@ impl Report {
                 cpu_us: figure(&pairs(&|r| r.cpu_us_per_req)),
                 cpu_added_us: median(&mut added),
                 rss_mib: figure(&pairs(&|r| r.peak_rss_kib as f64 / 1024.0)),
+                store_cpu_us: median(
+                    &mut runs
+                        .iter()
+                        .filter_map(|r| r.store_cpu_us_per_req)
+                        .collect::<Vec<_>>(),
+                ),
+                client_cpu_us: median(
+                    &mut runs
+                        .iter()
+                        .map(|r| r.client_cpu_us_per_req)
+                        .collect::<Vec<_>>(),
+                ),
                 connections: runs.first().map_or(0, |r| r.connections),
                 ..Cell::default()
             };
@@ -356,13 +379,13 @@ impl Report {
         let _ = writeln!(out, "### Throughput and server CPU\n");
         let _ = writeln!(
             out,
-            "| store | scenario | req/s | × bare | CPU µs/req | × bare | +CPU µs/req | errors |"
+            "| store | scenario | req/s | × bare | server CPU µs/req | × bare | +CPU µs/req | store CPU µs/req | client CPU µs/req | errors |"
         );
-        let _ = writeln!(out, "|---|---|---:|---|---:|---|---:|---:|");
+        let _ = writeln!(out, "|---|---|---:|---|---:|---|---:|---:|---:|---:|");
         for ((store, scenario), c) in &cells {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {} | {:.0} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {} | {:.0} | {} | {} | {} | {:.0} | {} |",
                 store.name(),
                 scenario.name(),
                 c.rps.median,
@@ -374,6 +397,12 @@ impl Report {
                 } else {
                     format!("{:+.0}", c.cpu_added_us)
                 },
+                if c.store_cpu_us.is_nan() {
+                    "—".to_owned()
+                } else {
+                    format!("{:.0}", c.store_cpu_us)
+                },
+                c.client_cpu_us,
                 c.errors
             );
         }
@@ -559,6 +588,8 @@ mod tests {
             load: LoadResult::default(),
             rps,
             cpu_us_per_req: 100.0,
+            store_cpu_us_per_req: None,
+            client_cpu_us_per_req: 10.0,
             peak_rss_kib: 1024,
             server_warnings: Vec::new(),
         };

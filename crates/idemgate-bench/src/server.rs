@@ -128,22 +128,7 @@ impl ServerProcess {
 
     /// The process's user + system CPU time so far, all threads.
     pub(crate) fn cpu_time(&self) -> Result<Duration, BoxError> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
-        // Fields after the parenthesized command name: state is field 3, utime 14,
-        // stime 15 (proc(5)).
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .ok_or("unreadable /proc/PID/stat")?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |index: usize| -> Result<u64, BoxError> {
-            Ok(fields
-                .get(index)
-                .ok_or("short /proc/PID/stat")?
-                .parse::<u64>()?)
-        };
-        let total = ticks(11)? + ticks(12)?;
-        Ok(Duration::from_secs_f64(total as f64 / clock_ticks() as f64))
+        process_cpu_time(self.pid)
     }
 
     /// The process's peak resident set size (`VmHWM`), in KiB.
@@ -179,6 +164,80 @@ impl ServerProcess {
             .ok()
             .and_then(Result::ok)
             .unwrap_or_default()
+    }
+}
+
+/// A process's user + system CPU time so far, all threads (/proc/PID/stat).
+pub(crate) fn process_cpu_time(pid: u32) -> Result<Duration, BoxError> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesized command name: state is field 3, utime 14,
+    // stime 15 (proc(5)).
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or("unreadable /proc/PID/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |index: usize| -> Result<u64, BoxError> {
+        Ok(fields
+            .get(index)
+            .ok_or("short /proc/PID/stat")?
+            .parse::<u64>()?)
+    };
+    let total = ticks(11)? + ticks(12)?;
+    Ok(Duration::from_secs_f64(total as f64 / clock_ticks() as f64))
+}
+
+/// The processes whose CPU a store spends on the benchmark.
+#[derive(Debug, Clone)]
+pub(crate) enum StoreProcesses {
+    /// No separate process (memory, SQLite: in the server).
+    None,
+    /// One server process (Redis).
+    Pid(u32),
+    /// The PostgreSQL backends connected to this database (found by their
+    /// process title, `postgres: USER DATABASE …`).
+    PostgresBackends(String),
+}
+
+impl StoreProcesses {
+    /// CPU time so far, per process.
+    pub(crate) fn sample(&self) -> Vec<(u32, Duration)> {
+        match self {
+            Self::None => Vec::new(),
+            Self::Pid(pid) => process_cpu_time(*pid)
+                .map(|cpu| vec![(*pid, cpu)])
+                .unwrap_or_default(),
+            Self::PostgresBackends(database) => {
+                let needle = format!(" {database} ");
+                let Ok(entries) = std::fs::read_dir("/proc") else {
+                    return Vec::new();
+                };
+                entries
+                    .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                    .filter(|pid| {
+                        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                            let title = String::from_utf8_lossy(&cmdline);
+                            title.starts_with("postgres: ") && title.contains(&needle)
+                        })
+                    })
+                    .filter_map(|pid| process_cpu_time(pid).ok().map(|cpu| (pid, cpu)))
+                    .collect()
+            }
+        }
+    }
+
+    /// CPU spent between two samples; a process absent from `start` began
+    /// after it, so all of its time counts.
+    pub(crate) fn spent(start: &[(u32, Duration)], end: &[(u32, Duration)]) -> Duration {
+        end.iter()
+            .map(|(pid, cpu)| {
+                let before = start
+                    .iter()
+                    .find(|(p, _)| p == pid)
+                    .map_or(Duration::ZERO, |(_, c)| *c);
+                cpu.saturating_sub(before)
+            })
+            .sum()
     }
 }
 
