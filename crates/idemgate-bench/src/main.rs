@@ -42,8 +42,8 @@ const END_MARK: &str = "<!-- END GENERATED -->";
 enum Mode {
     /// For development: 1 round, 1 s warm-up, 3 s measured, 3 s ceilings.
     Quick,
-    /// For the record: 5 rounds, 2 s warm-up, 7 s measured, 15 s ceilings
-    /// (about 20 minutes for every store).
+    /// For the record: 3 rounds of bare, s1, bare, s2, …, bare; 1.5 s warm-up,
+    /// 6 s measured, 15 s ceilings (about 20 minutes for every store).
     Full,
 }
 
@@ -204,7 +204,7 @@ fn write_generated(path: &Path, generated: &str) -> Result<(), BoxError> {
 async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
     let (rounds, warmup, measure, ceiling_s) = match args.mode {
         Mode::Quick => (1, 1.0, 3.0, 3),
-        Mode::Full => (5, 2.0, 7.0, 15),
+        Mode::Full => (3, 1.5, 6.0, 15),
     };
     let rounds = args.rounds.unwrap_or(rounds).max(1);
     let warmup = Duration::from_secs_f64(args.warmup.unwrap_or(warmup));
@@ -283,14 +283,21 @@ async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
     };
     let outcome = async {
         for store in &stores {
+            let mut seq = 0;
             for round in 0..rounds {
                 let mut order = scenarios.clone();
                 let len = order.len();
                 if len > 0 {
                     order.rotate_left(round % len);
                 }
-                order.insert(0, Scenario::Bare);
+                // bare, s1, bare, s2, …, bare: every scenario run sits between two
+                // bare runs, and is divided by their mean.
+                let mut sequence = vec![Scenario::Bare];
                 for scenario in order {
+                    sequence.extend([scenario, Scenario::Bare]);
+                }
+                for scenario in sequence {
+                    seq += 1;
                     let connections = if scenario == Scenario::Contended {
                         args.contended_connections
                     } else {
@@ -304,7 +311,8 @@ async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
                         principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
                     };
                     match one_run(&context, *store, round, &plan).await {
-                        Ok(record) => {
+                        Ok(mut record) => {
+                            record.seq = seq;
                             eprintln!(
                                 "[bench] {:>8} {:>9} round {round}: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms, CPU {:.0} µs/req (store {}, client {:.0}), RSS {:.1} MiB, errors {}",
                                 store.name(),
@@ -444,9 +452,11 @@ async fn drop_database(context: &Context) -> Result<(), BoxError> {
 /// A fresh, empty bench database.
 async fn fresh_database(context: &Context) -> Result<(), BoxError> {
     drop_database(context).await?;
+    // FILE_COPY checkpoints at once: every run starts from the same WAL state
+    // instead of meeting a checkpoint at a random moment.
     psql(
         &context.postgres_admin,
-        &format!("CREATE DATABASE {BENCH_DATABASE}"),
+        &format!("CREATE DATABASE {BENCH_DATABASE} STRATEGY = FILE_COPY"),
     )
     .await
 }
@@ -514,6 +524,7 @@ async fn one_run(
         store,
         scenario: plan.scenario,
         round,
+        seq: 0,
         connections: plan.connections,
         rps: load.good as f64 / load.seconds,
         cpu_us_per_req: per_request(cpu.server),
