@@ -12,6 +12,8 @@
 //! in a user's build, and it silently keeps the last of duplicate member names, which
 //! PROTOCOL §4 hashes as raw bytes instead.
 
+use std::ops::Range;
+
 /// Why a body has no canonical form (it is then fingerprinted as raw bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NotCanonical {
@@ -29,7 +31,12 @@ pub(crate) const MAX_DEPTH: usize = 128;
 
 /// The canonical form of a JSON text.
 pub(crate) fn canonicalize(input: &[u8]) -> Result<Vec<u8>, NotCanonical> {
-    let mut parser = Parser { input, pos: 0 };
+    let mut parser = Parser {
+        input,
+        pos: 0,
+        buffers: Vec::new(),
+        digits: Vec::new(),
+    };
     let mut out = Vec::with_capacity(input.len());
     parser.skip_whitespace();
     parser.value(&mut out, 0)?;
@@ -43,6 +50,11 @@ pub(crate) fn canonicalize(input: &[u8]) -> Result<Vec<u8>, NotCanonical> {
 struct Parser<'a> {
     input: &'a [u8],
     pos: usize,
+    /// Spare buffers for objects' members and string values, reused so that a
+    /// document costs a few allocations rather than several per value.
+    buffers: Vec<Vec<u8>>,
+    /// A number's digits (numbers do not nest, so one buffer serves all).
+    digits: Vec<u8>,
 }
 
 impl Parser<'_> {
@@ -64,6 +76,15 @@ impl Parser<'_> {
         }
     }
 
+    fn buffer(&mut self) -> Vec<u8> {
+        self.buffers.pop().unwrap_or_default()
+    }
+
+    fn give_back(&mut self, mut buffer: Vec<u8>) {
+        buffer.clear();
+        self.buffers.push(buffer);
+    }
+
     fn skip_whitespace(&mut self) {
         while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
             self.pos += 1;
@@ -78,9 +99,13 @@ impl Parser<'_> {
             b'{' => self.object(out, depth),
             b'[' => self.array(out, depth),
             b'"' => {
-                let s = self.string()?;
-                write_string(out, &s);
-                Ok(())
+                let mut text = self.buffer();
+                let parsed = self.string(&mut text);
+                if parsed.is_ok() {
+                    write_string(out, &text);
+                }
+                self.give_back(text);
+                parsed
             }
             b't' => self.literal(out, b"true"),
             b'f' => self.literal(out, b"false"),
@@ -101,48 +126,70 @@ impl Parser<'_> {
     }
 
     fn object(&mut self, out: &mut Vec<u8>, depth: usize) -> Result<(), NotCanonical> {
+        // Names (unescaped) and canonical values go to one buffer; members are
+        // ranges into it, sorted, then written out in order.
+        let mut buffer = self.buffer();
+        let mut members = Vec::new();
+        let parsed = self.members(&mut buffer, &mut members, depth);
+        if parsed.is_ok() {
+            // RFC 8785 §3.2.3: order by the UTF-16 code units of the unescaped names.
+            members.sort_by(|(a, _), (b, _)| utf16_cmp(&buffer[a.clone()], &buffer[b.clone()]));
+            if members
+                .windows(2)
+                .any(|pair| buffer[pair[0].0.clone()] == buffer[pair[1].0.clone()])
+            {
+                self.give_back(buffer);
+                return Err(NotCanonical::DuplicateMember);
+            }
+            out.push(b'{');
+            for (i, (name, value)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(out, &buffer[name.clone()]);
+                out.push(b':');
+                out.extend_from_slice(&buffer[value.clone()]);
+            }
+            out.push(b'}');
+        }
+        self.give_back(buffer);
+        parsed
+    }
+
+    /// An object's members into `buffer`, as (name, value) ranges of it.
+    fn members(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        members: &mut Vec<(Range<usize>, Range<usize>)>,
+        depth: usize,
+    ) -> Result<(), NotCanonical> {
         self.expect(b'{')?;
-        let mut members: Vec<(String, Vec<u8>)> = Vec::new();
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.pos += 1;
-        } else {
-            loop {
-                self.skip_whitespace();
-                if self.peek() != Some(b'"') {
-                    return Err(NotCanonical::Syntax);
-                }
-                let name = self.string()?;
-                self.skip_whitespace();
-                self.expect(b':')?;
-                self.skip_whitespace();
-                let mut value = Vec::new();
-                self.value(&mut value, depth + 1)?;
-                members.push((name, value));
-                self.skip_whitespace();
-                match self.next()? {
-                    b',' => continue,
-                    b'}' => break,
-                    _ => return Err(NotCanonical::Syntax),
-                }
+            return Ok(());
+        }
+        loop {
+            self.skip_whitespace();
+            if self.peek() != Some(b'"') {
+                return Err(NotCanonical::Syntax);
+            }
+            let name_start = buffer.len();
+            self.string(buffer)?;
+            let name = name_start..buffer.len();
+            self.skip_whitespace();
+            self.expect(b':')?;
+            self.skip_whitespace();
+            let value_start = buffer.len();
+            self.value(buffer, depth + 1)?;
+            members.push((name, value_start..buffer.len()));
+            self.skip_whitespace();
+            match self.next()? {
+                b',' => continue,
+                b'}' => return Ok(()),
+                _ => return Err(NotCanonical::Syntax),
             }
         }
-        // RFC 8785 §3.2.3: order by the UTF-16 code units of the unescaped names.
-        members.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-        if members.windows(2).any(|pair| pair[0].0 == pair[1].0) {
-            return Err(NotCanonical::DuplicateMember);
-        }
-        out.push(b'{');
-        for (i, (name, value)) in members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_string(out, name);
-            out.push(b':');
-            out.extend_from_slice(value);
-        }
-        out.push(b'}');
-        Ok(())
     }
 
     fn array(&mut self, out: &mut Vec<u8>, depth: usize) -> Result<(), NotCanonical> {
@@ -167,11 +214,19 @@ impl Parser<'_> {
         Ok(())
     }
 
-    /// A string literal, unescaped.
-    fn string(&mut self) -> Result<String, NotCanonical> {
+    /// A string literal, unescaped, appended to `out` (checked to be UTF-8).
+    fn string(&mut self, out: &mut Vec<u8>) -> Result<(), NotCanonical> {
         self.expect(b'"')?;
-        let mut bytes = Vec::new();
+        let start = out.len();
         loop {
+            // Copy the run up to the next quote, backslash or control byte at once.
+            let rest = &self.input[self.pos..];
+            let run = rest
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                .ok_or(NotCanonical::Syntax)?;
+            out.extend_from_slice(&rest[..run]);
+            self.pos += run;
             match self.next()? {
                 b'"' => break,
                 b'\\' => {
@@ -188,13 +243,13 @@ impl Parser<'_> {
                         _ => return Err(NotCanonical::Syntax),
                     };
                     let mut buf = [0; 4];
-                    bytes.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
                 }
-                byte if byte < 0x20 => return Err(NotCanonical::Syntax),
-                byte => bytes.push(byte),
+                _ => return Err(NotCanonical::Syntax), // a control byte
             }
         }
-        String::from_utf8(bytes).map_err(|_| NotCanonical::Syntax)
+        std::str::from_utf8(&out[start..]).map_err(|_| NotCanonical::Syntax)?;
+        Ok(())
     }
 
     /// `\uXXXX`, with surrogate pairs joined. A lone surrogate has no UTF-8 form, so
@@ -231,15 +286,27 @@ impl Parser<'_> {
         if negative {
             self.pos += 1;
         }
-        let mut digits: Vec<u8> = Vec::new();
-        let int_digits = self.digit_run(&mut digits);
+        let mut digits = std::mem::take(&mut self.digits);
+        digits.clear();
+        let parsed = self.number_parts(&mut digits);
+        if let Ok(exponent) = parsed {
+            write_decimal(out, negative, &digits, exponent);
+        }
+        self.digits = digits;
+        parsed.map(drop)
+    }
+
+    /// A number's digits into `digits` (integer then fraction part); returns the
+    /// decimal exponent that applies to them.
+    fn number_parts(&mut self, digits: &mut Vec<u8>) -> Result<i64, NotCanonical> {
+        let int_digits = self.digit_run(digits);
         if int_digits == 0 || (int_digits > 1 && digits[0] == b'0') {
             return Err(NotCanonical::Syntax);
         }
         let mut exponent: i64 = 0;
         if self.peek() == Some(b'.') {
             self.pos += 1;
-            let frac_digits = self.digit_run(&mut digits);
+            let frac_digits = self.digit_run(digits);
             if frac_digits == 0 {
                 return Err(NotCanonical::Syntax);
             }
@@ -258,24 +325,26 @@ impl Parser<'_> {
                 }
                 _ => 1,
             };
-            let mut exp_digits = Vec::new();
-            let count = self.digit_run(&mut exp_digits);
+            let start = self.pos;
+            while let Some(b'0'..=b'9') = self.peek() {
+                self.pos += 1;
+            }
+            let exp_digits = &self.input[start..self.pos];
             // Eighteen digits fit an i64 with room for the adjustments below; a
             // longer exponent is no number anyone means, so hash the body raw.
-            let exp_text = std::str::from_utf8(&exp_digits).map_err(|_| NotCanonical::Syntax)?;
-            let exp_text = exp_text.trim_start_matches('0');
-            if count == 0 || exp_text.len() > 18 {
+            let significant = exp_digits
+                .iter()
+                .position(|&d| d != b'0')
+                .map_or(&[][..], |first| &exp_digits[first..]);
+            if exp_digits.is_empty() || significant.len() > 18 {
                 return Err(NotCanonical::Syntax);
             }
-            let value: i64 = if exp_text.is_empty() {
-                0
-            } else {
-                exp_text.parse().map_err(|_| NotCanonical::Syntax)?
-            };
+            let value = significant
+                .iter()
+                .fold(0i64, |value, &d| value * 10 + i64::from(d - b'0'));
             exponent += sign * value;
         }
-        write_decimal(out, negative, &digits, exponent);
-        Ok(())
+        Ok(exponent)
     }
 
     fn digit_run(&mut self, digits: &mut Vec<u8>) -> usize {
@@ -329,33 +398,191 @@ fn write_decimal(out: &mut Vec<u8>, negative: bool, digits: &[u8], mut exponent:
 }
 
 /// RFC 8785 §3.2.2.2: `"` and `\` escaped, the short escapes for b f n r t, other
-/// control characters as lower-case `\u00xx`, everything else as UTF-8.
-fn write_string(out: &mut Vec<u8>, s: &str) {
+/// control characters as lower-case `\u00xx`, everything else as UTF-8. `s` is
+/// UTF-8: every byte that needs an escape is ASCII, so runs of the others are
+/// copied as they are.
+fn write_string(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
-            '\u{8}' => out.extend_from_slice(b"\\b"),
-            '\u{c}' => out.extend_from_slice(b"\\f"),
-            '\n' => out.extend_from_slice(b"\\n"),
-            '\r' => out.extend_from_slice(b"\\r"),
-            '\t' => out.extend_from_slice(b"\\t"),
-            c if (c as u32) < 0x20 => {
-                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes());
-            }
-            c => {
-                let mut buf = [0; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            }
+    let mut rest = s;
+    while let Some(at) = rest
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+    {
+        out.extend_from_slice(&rest[..at]);
+        match rest[at] {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            control => out.extend_from_slice(format!("\\u{control:04x}").as_bytes()),
         }
+        rest = &rest[at + 1..];
     }
+    out.extend_from_slice(rest);
     out.push(b'"');
 }
+
+/// RFC 8785's member order: by UTF-16 code units. Below U+E000 (every UTF-8 byte
+/// under 0xEE) that is the byte order; otherwise the names are compared as UTF-16.
+fn utf16_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    if a.iter().chain(b).all(|&byte| byte < 0xEE) {
+        return a.cmp(b);
+    }
+    // Both were checked to be UTF-8 when parsed.
+    let utf16 = |bytes| {
+        std::str::from_utf8(bytes)
+            .unwrap_or_default()
+            .encode_utf16()
+    };
+    utf16(a).cmp(utf16(b))
+}
+
+#[cfg(test)]
+#[path = "canonical_reference.rs"]
+mod reference;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The optimized canonicalizer answers exactly what the reference one does, on
+    /// every input of the tests below and on random documents full of the cases
+    /// that matter: escapes, non-ASCII and astral names, numbers in every layout,
+    /// duplicates, nesting, and broken JSON.
+    #[test]
+    fn agrees_with_the_reference_byte_for_byte() {
+        let mut corpus: Vec<Vec<u8>> = [
+            r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#,
+            r#"{"\u20ac":1,"\r":2,"\ufb33":3,"1":4,"\ud83d\ude00":5,"\u0080":6,"\u00f6":7}"#,
+            r#"{"a":1,"\u0061":2}"#,
+            "\"\\u001f\"",
+            "\"a\u{1}\"",
+            "[1e400, -0.0e5, 15e-1, 0.0000001, 123456789012345678901234567890]",
+            "1e9999999999999999999",
+            "1e000000000000000000000000005",
+            "\"\\ud800\"",
+            "{\"\u{e000}\":1,\"\u{ffff}\":2,\"\u{10000}\":3,\"\u{ee}\":4}",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+        corpus.push(vec![b'"', 0xc3, b'\\', b'u', b'0', b'0', b'4', b'1', b'"']);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..3000 {
+            let mut doc = String::new();
+            random_value(&mut doc, &mut random, 0);
+            // Now and then, break it.
+            if random(8) == 0 && !doc.is_empty() {
+                let cut = random(doc.len() as u64) as usize;
+                let cut = (0..=cut)
+                    .rev()
+                    .find(|&i| doc.is_char_boundary(i))
+                    .unwrap_or(0);
+                doc.truncate(cut);
+            }
+            corpus.push(doc.into_bytes());
+        }
+        for input in corpus {
+            assert_eq!(
+                canonicalize(&input),
+                reference::canonicalize(&input),
+                "input {:?}",
+                String::from_utf8_lossy(&input)
+            );
+        }
+    }
+
+    fn random_value(out: &mut String, random: &mut impl FnMut(u64) -> u64, depth: usize) {
+        const NAMES: [&str; 12] = [
+            "a",
+            "b",
+            "id",
+            "é",
+            "\\u00e9",
+            "€",
+            "\\u20ac",
+            "😀",
+            "\\ud83d\\ude00",
+            "\u{ff21}",
+            "\\\"q",
+            "a\\nb",
+        ];
+        const STRINGS: [&str; 8] = [
+            "",
+            "plain",
+            "\\t\\u0001\\/",
+            "caf\\u00e9 \\\"x\\\"",
+            "😀€",
+            "\\u001F",
+            "\\b\\f\\r",
+            "a/b\\\\c",
+        ];
+        const NUMBERS: [&str; 12] = [
+            "0",
+            "-0",
+            "1.50",
+            "15e-1",
+            "1E+3",
+            "0.000001",
+            "1e-7",
+            "-12.3400e2",
+            "9007199254740993",
+            "1e21",
+            "100e-2",
+            "0e10",
+        ];
+        let space = |out: &mut String, random: &mut dyn FnMut(u64) -> u64| {
+            if random(3) == 0 {
+                out.push_str([" ", "\n", "\t ", "\r\n"][random(4) as usize]);
+            }
+        };
+        match if depth > 4 { random(3) + 2 } else { random(6) } {
+            0 => {
+                out.push('{');
+                let members = random(5);
+                for i in 0..members {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    space(out, random);
+                    out.push('"');
+                    out.push_str(NAMES[random(NAMES.len() as u64) as usize]);
+                    out.push('"');
+                    space(out, random);
+                    out.push(':');
+                    random_value(out, random, depth + 1);
+                }
+                out.push('}');
+            }
+            1 => {
+                out.push('[');
+                for i in 0..random(5) {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    space(out, random);
+                    random_value(out, random, depth + 1);
+                }
+                out.push(']');
+            }
+            2 => {
+                out.push('"');
+                out.push_str(STRINGS[random(STRINGS.len() as u64) as usize]);
+                out.push('"');
+            }
+            3 | 4 => out.push_str(NUMBERS[random(NUMBERS.len() as u64) as usize]),
+            _ => out.push_str(["true", "false", "null"][random(3) as usize]),
+        }
+    }
 
     fn canon(input: &str) -> String {
         String::from_utf8(canonicalize(input.as_bytes()).unwrap()).unwrap()
