@@ -3,7 +3,8 @@
 //! load tools at the same connection count as the HTTP runs.
 
 use std::path::Path;
-use std::time::Duration;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, StatusCode};
 use idemgate_core::record::{StoredBody, StoredResponse};
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
 use crate::BoxError;
+use crate::server::StoreProcesses;
 
 /// One tool's measurement of a store's ceiling.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -23,6 +25,10 @@ pub(crate) struct Ceiling {
     pub(crate) command: String,
     /// Operations per second.
     pub(crate) ops_per_sec: f64,
+    /// The store's own CPU time per operation while the tool ran (Redis's
+    /// process, or the PostgreSQL backends of the bench database).
+    #[serde(default)]
+    pub(crate) store_cpu_us_per_op: Option<f64>,
     /// Checks made on the way (script identity, rows completed).
     pub(crate) notes: Vec<String>,
 }
@@ -65,12 +71,53 @@ async fn output(command: &mut Command) -> Result<String, BoxError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Runs `command` to completion while sampling `store`'s CPU time from 1 s after
+/// its start to 1 s before `duration` has passed; returns its output and that
+/// CPU time per second of wall time.
+async fn output_sampling(
+    command: &mut Command,
+    store: &StoreProcesses,
+    duration: Duration,
+) -> Result<(String, Option<f64>), BoxError> {
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let sampling = async {
+        let margin = Duration::from_secs(1);
+        if duration <= margin * 3 {
+            return None;
+        }
+        tokio::time::sleep(margin).await;
+        let (started, start) = (Instant::now(), store.sample());
+        tokio::time::sleep(duration - margin * 2).await;
+        let (ended, end) = (Instant::now(), store.sample());
+        let spent = StoreProcesses::spent(&start, &end);
+        (!end.is_empty()).then(|| spent.as_secs_f64() / ended.duration_since(started).as_secs_f64())
+    };
+    let (out, cpu_per_second) = tokio::join!(child.wait_with_output(), sampling);
+    let out = out?;
+    if !out.status.success() {
+        return Err(format!(
+            "{command:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok((
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        cpu_per_second,
+    ))
+}
+
 /// `redis-benchmark` running `EVALSHA <claim> 1 <fresh key> …` on new keys at
 /// `connections` connections for about `duration`.
 pub(crate) async fn redis(
     url: &str,
     connections: usize,
     duration: Duration,
+    redis: &StoreProcesses,
 ) -> Result<Ceiling, BoxError> {
     let script = redis_claim_script()?;
     let sha = sha1_smol::Sha1::from(&script).digest().to_string();
@@ -131,7 +178,9 @@ pub(crate) async fn redis(
     let probe = rps(&output(Command::new("redis-benchmark").args(args(20_000))).await?)?;
     let n = ((probe * duration.as_secs_f64()) as u64).max(20_000);
     let argv = args(n);
-    let measured = rps(&output(Command::new("redis-benchmark").args(&argv)).await?)?;
+    let (csv, cpu_per_second) =
+        output_sampling(Command::new("redis-benchmark").args(&argv), redis, duration).await?;
+    let measured = rps(&csv)?;
     notes.push(format!(
         "{n} claims of fresh keys (each answers `N`: a new record)"
     ));
@@ -140,6 +189,7 @@ pub(crate) async fn redis(
         operation: "claim (1 EVALSHA)".to_owned(),
         command: format!("redis-benchmark {}", shell_words(&argv)),
         ops_per_sec: measured,
+        store_cpu_us_per_op: cpu_per_second.map(|cpu| cpu * 1e6 / measured),
         notes,
     })
 }
@@ -229,6 +279,7 @@ pub(crate) async fn postgres(
     connections: usize,
     duration: Duration,
     scratch: &Path,
+    backends: &StoreProcesses,
 ) -> Result<Ceiling, BoxError> {
     let script_path = scratch.join("claim-complete.pgbench.sql");
     std::fs::write(&script_path, pgbench_script())?;
@@ -249,7 +300,8 @@ pub(crate) async fn postgres(
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    let out = output(Command::new("pgbench").args(&argv)).await?;
+    let (out, cpu_per_second) =
+        output_sampling(Command::new("pgbench").args(&argv), backends, duration).await?;
     let tps = out
         .lines()
         .find_map(|line| line.strip_prefix("tps = "))
@@ -267,6 +319,7 @@ pub(crate) async fn postgres(
         operation: "claim + fenced completion (2 statements, 2 commits)".to_owned(),
         command: format!("pgbench {}", shell_words(&argv)),
         ops_per_sec: tps,
+        store_cpu_us_per_op: cpu_per_second.map(|cpu| cpu * 1e6 / tps),
         notes: vec![format!(
             "records completed / written: {} (every completion passed its fence)",
             counts.trim().replace('|', " / ")

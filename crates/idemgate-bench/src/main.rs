@@ -42,7 +42,7 @@ const END_MARK: &str = "<!-- END GENERATED -->";
 enum Mode {
     /// For development: 1 round, 1 s warm-up, 3 s measured, 3 s ceilings.
     Quick,
-    /// For the record: 3 rounds of bare, s1, bare, s2, …, bare; 1.5 s warm-up,
+    /// For the record: 4 rounds of bare, s1, bare, s2, …, bare; 1.5 s warm-up,
     /// 6 s measured, 15 s ceilings (about 20 minutes for every store).
     Full,
 }
@@ -204,7 +204,7 @@ fn write_generated(path: &Path, generated: &str) -> Result<(), BoxError> {
 async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
     let (rounds, warmup, measure, ceiling_s) = match args.mode {
         Mode::Quick => (1, 1.0, 3.0, 3),
-        Mode::Full => (3, 1.5, 6.0, 15),
+        Mode::Full => (4, 1.5, 6.0, 15),
     };
     let rounds = args.rounds.unwrap_or(rounds).max(1);
     let warmup = Duration::from_secs_f64(args.warmup.unwrap_or(warmup));
@@ -346,7 +346,10 @@ async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
                 let duration = Duration::from_secs(ceiling_s);
                 let measured = match store {
                     StoreKind::Redis => {
-                        Some(ceiling::redis(&context.redis, args.connections, duration).await)
+                        let redis = context
+                            .redis_pid
+                            .map_or(StoreProcesses::None, StoreProcesses::Pid);
+                        Some(ceiling::redis(&context.redis, args.connections, duration, &redis).await)
                     }
                     StoreKind::Postgres => Some(postgres_ceiling(&context, args.connections, duration).await),
                     StoreKind::Memory | StoreKind::Sqlite => None,
@@ -592,7 +595,15 @@ async fn postgres_ceiling(
     let args = server_args(context, StoreKind::Postgres, Scenario::NewKey, &dir).await?;
     let server = ServerProcess::start(&context.binary, &args).await?;
     server.stop().await;
-    ceiling::postgres(&context.postgres_bench, connections, duration, &dir).await
+    let backends = StoreProcesses::PostgresBackends(BENCH_DATABASE.to_owned());
+    ceiling::postgres(
+        &context.postgres_bench,
+        connections,
+        duration,
+        &dir,
+        &backends,
+    )
+    .await
 }
 
 #[cfg(test)]

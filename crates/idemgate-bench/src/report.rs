@@ -489,9 +489,9 @@ impl Report {
         } else {
             let _ = writeln!(
                 out,
-                "| store | one operation | ceiling ops/s | new-key req/s | new-key / ceiling | bare req/s / ceiling |"
+                "| store | one operation | ceiling ops/s | store CPU µs/op at the ceiling | new-key req/s | store CPU µs/new-key | new-key / ceiling | bare req/s / ceiling |"
             );
-            let _ = writeln!(out, "|---|---|---:|---:|---:|---:|");
+            let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|");
             for ceiling in &self.ceilings {
                 let store = StoreKind::parse(&ceiling.store);
                 let rps = |scenario| {
@@ -499,13 +499,20 @@ impl Report {
                         .and_then(|s| cells.get(&(s, scenario)))
                         .map_or(f64::NAN, |c| c.rps.median)
                 };
+                let new_key_cpu = store
+                    .and_then(|s| cells.get(&(s, Scenario::NewKey)))
+                    .map_or(f64::NAN, |c| c.store_cpu_us);
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |",
+                    "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.3} | {:.3} |",
                     ceiling.store,
                     ceiling.operation,
                     ceiling.ops_per_sec,
+                    ceiling
+                        .store_cpu_us_per_op
+                        .map_or("—".to_owned(), |c| format!("{c:.0}")),
                     rps(Scenario::NewKey),
+                    new_key_cpu,
                     rps(Scenario::NewKey) / ceiling.ops_per_sec,
                     rps(Scenario::Bare) / ceiling.ops_per_sec,
                 );
