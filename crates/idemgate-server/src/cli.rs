@@ -80,6 +80,16 @@ pub struct ServeArgs {
     )]
     pub gateway_timeout_ms: u64,
 
+    /// Without --gateway-url: how long the simulated gateway takes per charge, in
+    /// milliseconds (0 by default). A few seconds let you watch a duplicate get 409.
+    #[arg(
+        long,
+        env = "IDEMGATE_SIMULATED_GATEWAY_DELAY_MS",
+        default_value_t = 0,
+        value_name = "MS"
+    )]
+    pub simulated_gateway_delay_ms: u64,
+
     /// How long a completed idempotency record is kept, in seconds; after it the
     /// key is new.
     #[arg(
@@ -187,6 +197,8 @@ pub struct Settings {
     pub gateway_url: Option<reqwest::Url>,
     /// Gateway timeout.
     pub gateway_timeout: Duration,
+    /// How long each simulated charge takes.
+    pub simulated_gateway_delay: Duration,
     /// Record TTL.
     pub ttl: Duration,
     /// Lease length.
@@ -284,6 +296,7 @@ impl ServeArgs {
             idempotency_store,
             gateway_url,
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
+            simulated_gateway_delay: Duration::from_millis(self.simulated_gateway_delay_ms),
             ttl: Duration::from_secs(self.ttl),
             lease: Duration::from_secs(self.lease),
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),

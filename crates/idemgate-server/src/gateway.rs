@@ -50,8 +50,12 @@ pub enum Gateway {
         /// `{base}/charges`.
         charges_url: reqwest::Url,
     },
-    /// Approves everything, in-process: the default run needs nothing else.
-    Simulated,
+    /// Approves everything, in-process, after `delay`: the default run needs
+    /// nothing else, and a delay lets a newcomer see a 409 by hand.
+    Simulated {
+        /// How long each charge takes.
+        delay: Duration,
+    },
 }
 
 impl Gateway {
@@ -78,7 +82,10 @@ impl Gateway {
         idempotency_key: Option<&str>,
     ) -> ChargeOutcome {
         let (client, url) = match self {
-            Self::Simulated => {
+            Self::Simulated { delay } => {
+                if !delay.is_zero() {
+                    tokio::time::sleep(*delay).await;
+                }
                 return ChargeOutcome::Approved {
                     charge_id: Some(format!("sim_{}", request.order_ref.simple())),
                 };

@@ -119,7 +119,9 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
             tracing::info!(
                 "no payment gateway configured: using the built-in simulated gateway (approves every charge)"
             );
-            Gateway::Simulated
+            Gateway::Simulated {
+                delay: settings.simulated_gateway_delay,
+            }
         }
     };
     let mut layer = IdempotencyLayer::from_arc(store)

@@ -657,6 +657,7 @@ fn serve_help_names_every_flag_and_variable() {
         "PORT",
         "--gateway-timeout-ms",
         "--shutdown-timeout",
+        "--simulated-gateway-delay-ms",
     ] {
         assert!(
             help.contains(needle),
@@ -678,4 +679,38 @@ fn a_bad_setting_names_its_flag_and_variable() {
         stderr.contains("--database") && stderr.contains("DATABASE_URL"),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_of_a_running_request_is_409_then_replayed() {
+    // The README's session: the default run, with a slow simulated gateway.
+    let (db, _dir) = sqlite_url();
+    let mut options = Options::new(&db);
+    options.simulated_delay_ms = 1_500;
+    let server = Server::start(options).await;
+    let client = Client::new();
+    let key = new_key();
+    let first = {
+        let (client, url, key) = (client.clone(), orders_url(&server), key.clone());
+        tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let duplicate = client.post(&orders_url(&server), Some(&key), ORDER).await;
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    assert_eq!(
+        duplicate.problem_type(),
+        "https://idemgate.dev/problems/in-progress"
+    );
+    let retry_after: u64 = duplicate.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let replay = client.post(&orders_url(&server), Some(&key), ORDER).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(client.orders(&server.url("")).await.len(), 1);
 }

@@ -48,6 +48,7 @@ pub struct Options {
     pub lease_seconds: u64,
     pub wait_ms: u64,
     pub gateway_timeout_ms: u64,
+    pub simulated_delay_ms: u64,
 }
 
 impl Options {
@@ -60,6 +61,7 @@ impl Options {
             lease_seconds: 30,
             wait_ms: 0,
             gateway_timeout_ms: 10_000,
+            simulated_delay_ms: 0,
         }
     }
 
@@ -97,6 +99,10 @@ impl Server {
                 &options.gateway_timeout_ms.to_string(),
             ])
             .args(["--shutdown-timeout", "10"])
+            .args([
+                "--simulated-gateway-delay-ms",
+                &options.simulated_delay_ms.to_string(),
+            ])
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -112,6 +118,7 @@ impl Server {
             "IDEMPOTENCY_LEASE_SECONDS",
             "IDEMPOTENCY_WAIT_MS",
             "IDEMGATE_LOG_FORMAT",
+            "IDEMGATE_SIMULATED_GATEWAY_DELAY_MS",
         ] {
             command.env_remove(variable);
         }
