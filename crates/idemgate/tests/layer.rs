@@ -10,7 +10,6 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use idemgate::{IdempotencyLayer, MemoryStore, PathSource, ServerErrorPolicy};
 use support::*;
-use tokio::sync::Barrier;
 
 fn memory_app() -> (axum::Router, Arc<Gateway>) {
     let gateway = Arc::new(Gateway::default());
@@ -60,26 +59,7 @@ async fn race(concurrency: usize) {
     let (app, gateway) = memory_app();
     gateway.delay_ms.store(500, Ordering::SeqCst);
     let key = new_key();
-    let barrier = Arc::new(Barrier::new(concurrency));
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (app, key, barrier) = (app.clone(), key.clone(), Arc::clone(&barrier));
-            tokio::spawn(async move {
-                barrier.wait().await;
-                send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await
-            })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    assert_eq!(
-        gateway.charges(),
-        1,
-        "{concurrency} concurrent identical requests charged {} times",
-        gateway.charges()
-    );
+    let answers = send_concurrently(&app, concurrency, "alice", &key).await;
     let created: Vec<_> = answers
         .iter()
         .filter(|a| a.status == StatusCode::CREATED)
@@ -131,19 +111,9 @@ async fn wait_mode_turns_conflicts_into_replays() {
     let layer = IdempotencyLayer::new(MemoryStore::new()).with_wait(Duration::from_secs(5));
     let app = app(layer, Arc::clone(&gateway));
     let key = new_key();
-    let barrier = Arc::new(Barrier::new(20));
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (app, key, barrier) = (app.clone(), key.clone(), Arc::clone(&barrier));
-            tokio::spawn(async move {
-                barrier.wait().await;
-                send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await
-            })
-        })
-        .collect();
+    let answers = send_concurrently(&app, 20, "alice", &key).await;
     let mut bodies = Vec::new();
-    for task in tasks {
-        let answer = task.await.unwrap();
+    for answer in answers {
         assert_eq!(
             answer.status,
             StatusCode::CREATED,
@@ -162,12 +132,7 @@ async fn wait_mode_gives_up_with_409_after_its_bound() {
     let layer = IdempotencyLayer::new(MemoryStore::new()).with_wait(Duration::from_millis(200));
     let app = app(layer, Arc::clone(&gateway));
     let key = new_key();
-    let first = {
-        let (app, key) = (app.clone(), key.clone());
-        tokio::spawn(
-            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
-        )
-    };
+    let first = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
     gateway.charging.notified().await;
     let start = std::time::Instant::now();
     let second = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
@@ -198,12 +163,7 @@ async fn payload_tampering_is_422_and_never_runs() {
     // Tampering while the first request still runs is a 422 too, not a 409.
     gateway.delay_ms.store(400, Ordering::SeqCst);
     let key = new_key();
-    let running = {
-        let (app, key) = (app.clone(), key.clone());
-        tokio::spawn(async move {
-            send(&app, post_json("/orders", Some("alice"), Some(&key), ORDER)).await
-        })
-    };
+    let running = send_in_background(&app, post_json("/orders", Some("alice"), Some(&key), ORDER));
     gateway.charging.notified().await;
     let during = send(
         &app,
@@ -658,12 +618,7 @@ async fn a_client_that_disconnects_mid_handler_gets_a_replay_on_retry() {
     let (app, gateway) = memory_app();
     gateway.delay_ms.store(300, Ordering::SeqCst);
     let key = new_key();
-    let client = {
-        let (app, key) = (app.clone(), key.clone());
-        tokio::spawn(
-            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
-        )
-    };
+    let client = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
     gateway.charging.notified().await;
     client.abort(); // the connection drops: axum drops the request future
     assert!(client.await.unwrap_err().is_cancelled());
@@ -682,16 +637,10 @@ async fn shutdown_waits_for_handlers_whose_clients_left() {
     let layer = IdempotencyLayer::new(MemoryStore::new());
     let tasks = layer.detached_tasks();
     let app = app(layer, Arc::clone(&gateway));
-    let client = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            send(
-                &app,
-                post_json("/orders", Some("a"), Some(&new_key()), ORDER),
-            )
-            .await
-        })
-    };
+    let client = send_in_background(
+        &app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    );
     gateway.charging.notified().await;
     client.abort();
     assert_eq!(tasks.running(), 1);
@@ -812,12 +761,7 @@ async fn a_fenced_completion_gives_the_client_the_winners_outcome() {
     let layer = IdempotencyLayer::from_arc(store.clone()).with_lease(Duration::from_millis(200));
     let app = app(layer, Arc::clone(&gateway));
     let key = new_key();
-    let slow = {
-        let (app, key) = (app.clone(), key.clone());
-        tokio::spawn(
-            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
-        )
-    };
+    let slow = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
     gateway.charging.notified().await;
     tokio::time::sleep(Duration::from_millis(300)).await; // the first lease has lapsed
     gateway.delay_ms.store(0, Ordering::SeqCst);
@@ -846,12 +790,7 @@ async fn the_handler_sees_its_operation_and_renewal_keeps_a_slow_holder() {
     let layer = IdempotencyLayer::new(MemoryStore::new()).with_lease(Duration::from_millis(300));
     let app = app(layer, Arc::clone(&gateway));
     let key = new_key();
-    let slow = {
-        let (app, key) = (app.clone(), key.clone());
-        tokio::spawn(
-            async move { send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await },
-        )
-    };
+    let slow = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
     gateway.charging.notified().await;
     tokio::time::sleep(Duration::from_millis(500)).await; // past the first lease length
     let duplicate = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
@@ -877,16 +816,10 @@ async fn too_many_keyed_requests_in_flight_are_503() {
         IdempotencyLayer::new(MemoryStore::new()).with_max_in_flight(1),
         &gateway,
     );
-    let first = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            send(
-                &app,
-                post_json("/orders", Some("a"), Some(&new_key()), ORDER),
-            )
-            .await
-        })
-    };
+    let first = send_in_background(
+        &app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    );
     gateway.charging.notified().await;
     let second = send(
         &app,

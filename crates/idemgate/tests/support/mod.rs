@@ -318,6 +318,33 @@ impl Answer {
     }
 }
 
+/// Sends `request` from a task of its own (a client that may be cut off).
+pub fn send_in_background(app: &Router, request: Request) -> tokio::task::JoinHandle<Answer> {
+    let app = app.clone();
+    tokio::spawn(async move { send(&app, request).await })
+}
+
+/// `n` identical keyed orders from `user`, released at once by a barrier, from
+/// `n` tasks: a real race, not a loop.
+pub async fn send_concurrently(app: &Router, n: usize, user: &str, key: &str) -> Vec<Answer> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (app, barrier) = (app.clone(), Arc::clone(&barrier));
+            let request = post_json("/orders", Some(user), Some(key), ORDER);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&app, request).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(n);
+    for task in tasks {
+        answers.push(task.await.expect("request task"));
+    }
+    answers
+}
+
 pub async fn send(app: &Router, request: Request) -> Answer {
     let response = app.clone().oneshot(request).await.unwrap();
     let (parts, body) = response.into_parts();
