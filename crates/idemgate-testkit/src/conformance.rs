@@ -117,15 +117,14 @@ async fn get(store: &dyn Store, request: &ClaimRequest) -> Option<Snapshot> {
     store.get(request.identity.digest()).await.expect("get")
 }
 
-/// N ≥ 64 real tasks claim one identity at once: exactly one wins, every other sees
-/// the winner's `Processing` record.
-pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
-    let request = Arc::new(fresh_request());
-    let barrier = Arc::new(Barrier::new(RACERS));
-    let tasks: Vec<_> = (0..RACERS)
+/// `n` real tasks claim with `request` at once, released by a barrier.
+async fn claim_concurrently(store: &Arc<dyn Store>, request: ClaimRequest, n: usize) -> Vec<Claim> {
+    let request = Arc::new(request);
+    let barrier = Arc::new(Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
         .map(|_| {
             let (store, request, barrier) = (
-                Arc::clone(&store),
+                Arc::clone(store),
                 Arc::clone(&request),
                 Arc::clone(&barrier),
             );
@@ -135,10 +134,21 @@ pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
             })
         })
         .collect();
+    let mut claims = Vec::with_capacity(n);
+    for task in tasks {
+        claims.push(task.await.expect("claim task"));
+    }
+    claims
+}
+
+/// N ≥ 64 real tasks claim one identity at once: exactly one wins, every other sees
+/// the winner's `Processing` record.
+pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
+    let claims = claim_concurrently(&store, fresh_request(), RACERS).await;
     let mut winners = Vec::new();
     let mut losers = Vec::new();
-    for task in tasks {
-        match task.await.expect("task") {
+    for claim in claims {
+        match claim {
             Claim::Acquired(lease) => winners.push(lease),
             Claim::Existing(snapshot) => losers.push(snapshot),
         }
@@ -293,27 +303,14 @@ pub async fn lapsed_lease_has_exactly_one_takeover(store: Arc<dyn Store>) {
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
 
-    let request = Arc::new(ClaimRequest {
+    let request = ClaimRequest {
         lease: LONG,
         ..request
-    });
-    let barrier = Arc::new(Barrier::new(16));
-    let tasks: Vec<_> = (0..16)
-        .map(|_| {
-            let (store, request, barrier) = (
-                Arc::clone(&store),
-                Arc::clone(&request),
-                Arc::clone(&barrier),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                store.try_claim(&request).await.expect("claim")
-            })
-        })
-        .collect();
+    };
+    let claims = claim_concurrently(&store, request, 16).await;
     let mut takeovers = Vec::new();
-    for task in tasks {
-        if let Claim::Acquired(lease) = task.await.expect("task") {
+    for claim in claims {
+        if let Claim::Acquired(lease) = claim {
             takeovers.push(lease);
         }
     }
