@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use http::response::Parts;
 use http::{Request, Response, StatusCode};
@@ -45,8 +45,8 @@ struct Handled {
 enum CollectedBody {
     /// The whole body, within the limit.
     Complete(Bytes),
-    /// Over the limit: what was read, and the rest, still to stream.
-    Overflow { head: Bytes, rest: Body },
+    /// Over the limit: the frames read, and the rest, still to stream.
+    Overflow { head: Vec<Bytes>, rest: Body },
 }
 
 /// How a store write after the handler ended.
@@ -419,30 +419,38 @@ impl Drop for Renewal {
 /// Reads a response body up to `limit` bytes.
 async fn collect(response: Response<Body>, limit: usize) -> Result<Handled, BoxError> {
     let (parts, mut body) = response.into_parts();
-    let mut head = BytesMut::new();
+    // Frames are kept as they came: a body sent in one frame (the usual case) is
+    // stored and sent on without a copy.
+    let mut head = Vec::new();
+    let mut len = 0;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             continue; // trailers are not stored
         };
-        head.extend_from_slice(&data);
-        if head.len() > limit {
-            let head = head.freeze();
+        len += data.len();
+        head.push(data);
+        if len > limit {
             return Ok(Handled {
                 parts,
                 body: CollectedBody::Overflow { head, rest: body },
             });
         }
     }
+    let whole = match head.len() {
+        0 => Bytes::new(),
+        1 => head.swap_remove(0),
+        _ => head.concat().into(),
+    };
     Ok(Handled {
         parts,
-        body: CollectedBody::Complete(head.freeze()),
+        body: CollectedBody::Complete(whole),
     })
 }
 
-/// `head` then the rest of `body`, as one streaming body.
-fn chain(head: Bytes, rest: Body) -> Body {
-    let head =
-        futures_util::stream::once(async move { Ok::<_, BoxError>(http_body::Frame::data(head)) });
+/// The frames already read, then the rest of `body`, as one streaming body.
+fn chain(head: Vec<Bytes>, rest: Body) -> Body {
+    let head = futures_util::stream::iter(head)
+        .map(|data| Ok::<_, BoxError>(http_body::Frame::data(data)));
     let rest = BodyStream::new(rest).map(|frame| frame.map_err(BoxError::from));
     Body::new(StreamBody::new(head.chain(rest)))
 }
