@@ -68,12 +68,19 @@ impl DetachedTasks {
     /// Sets the `idemgate_in_flight` and `idemgate_oldest_in_flight_seconds` gauges;
     /// call it before rendering metrics so the age is current.
     pub fn record_gauges(&self) {
+        self.change_in_flight(|_| {});
+    }
+
+    /// Changes the set of running operations and sets the gauges from it, under
+    /// one lock.
+    fn change_in_flight(&self, change: impl FnOnce(&mut BTreeSet<(Instant, u64)>)) {
         let (count, oldest) = {
-            let in_flight = self
+            let mut in_flight = self
                 .inner
                 .in_flight
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            change(&mut in_flight);
             (
                 in_flight.len(),
                 in_flight.first().map(|(started, _)| started.elapsed()),
@@ -113,12 +120,9 @@ impl DetachedTasks {
             Instant::now(),
             self.inner.next_id.fetch_add(1, Ordering::Relaxed),
         );
-        self.inner
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(entry);
-        self.record_gauges();
+        self.change_in_flight(|in_flight| {
+            in_flight.insert(entry);
+        });
         InFlight {
             tasks: self.clone(),
             entry,
@@ -134,13 +138,10 @@ pub(crate) struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.tasks
-            .inner
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.entry);
-        self.tasks.record_gauges();
+        let entry = self.entry;
+        self.tasks.change_in_flight(|in_flight| {
+            in_flight.remove(&entry);
+        });
     }
 }
 
