@@ -12,7 +12,7 @@ use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
 use crate::service::Idempotency;
-use crate::tasks::DetachedTasks;
+use crate::tasks::{DetachedTasks, InFlightLimit};
 
 /// Which path names the scope and the fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -43,6 +43,9 @@ pub(crate) struct Config {
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) replay_set_cookie: bool,
     pub(crate) unavailable_retry_after: Duration,
+    pub(crate) in_flight_limit: InFlightLimit,
+    /// Created once with the layer and never replaced: every handle from
+    /// [`IdempotencyLayer::detached_tasks`] tracks the tasks the layer spawns.
     pub(crate) tasks: DetachedTasks,
 }
 
@@ -115,7 +118,8 @@ impl IdempotencyLayer {
                 fingerprint_headers: Vec::new(),
                 replay_set_cookie: false,
                 unavailable_retry_after: Duration::from_secs(1),
-                tasks: DetachedTasks::new(1024),
+                in_flight_limit: InFlightLimit::new(1024),
+                tasks: DetachedTasks::new(),
             }),
         }
     }
@@ -288,8 +292,10 @@ impl IdempotencyLayer {
     /// let layer = layer.with_max_in_flight(256);
     /// ```
     pub fn with_max_in_flight(self, max: usize) -> Self {
-        let tasks = DetachedTasks::new(max.max(1));
-        self.with(|c| c.tasks = tasks)
+        // Only the limit is replaced: the task tracker stays, so a handle taken
+        // from `detached_tasks` before this call still sees every handler.
+        let limit = InFlightLimit::new(max);
+        self.with(|c| c.in_flight_limit = limit)
     }
 
     /// The `Retry-After` sent with 503s for store failures (default 1 s).
@@ -302,7 +308,9 @@ impl IdempotencyLayer {
         self.with(|c| c.unavailable_retry_after = after)
     }
 
-    /// The handle on detached handler tasks, for graceful shutdown and gauges.
+    /// The handle on detached handler tasks, for graceful shutdown and gauges. It
+    /// may be taken at any point of the builder chain: the layer built from it, and
+    /// its clones, spawn their handlers on the same tracker.
     pub fn detached_tasks(&self) -> DetachedTasks {
         self.config.tasks.clone()
     }

@@ -236,7 +236,7 @@ where
         lease: config.lease,
         ttl: config.ttl,
     };
-    let Some(permit) = config.tasks.try_permit() else {
+    let Some(permit) = config.in_flight_limit.try_permit() else {
         count_outcome(Outcome::Overloaded);
         return ProblemDetails::overloaded(Duration::from_secs(1)).into_response();
     };
