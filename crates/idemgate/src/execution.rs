@@ -12,16 +12,16 @@ use http::response::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use tokio::sync::OwnedSemaphorePermit;
-use tower_service::Service;
 use tracing::Instrument;
 
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
 use idemgate_core::{BoxError, Completion, Decision, FencedWrite, Lease, StoreError, decide};
 
+use crate::config::Config;
 use crate::context::OperationContext;
-use crate::finality::{Finality, Settlement, settle};
-use crate::layer::Config;
+use crate::finality::{Finality, Settlement, settlement_for};
+use crate::handler::Handler;
 use crate::problem::ProblemDetails;
 use crate::response::{replay, storable_headers};
 use crate::telemetry::{count, timed};
@@ -73,19 +73,12 @@ impl Execution {
     /// Spawns the handler detached from the caller and waits for its answer. If
     /// the caller goes away (the client disconnected), the task still finishes and
     /// settles the record, so the retry replays (PITFALLS 5).
-    pub(crate) async fn spawn<S, ResBody>(
+    pub(crate) async fn spawn(
         self,
-        inner: S,
+        handler: Handler,
         mut request: Request<Body>,
         permit: OwnedSemaphorePermit,
-    ) -> Response<Body>
-    where
-        S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError> + Send + 'static,
-        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-        ResBody::Error: Into<BoxError>,
-    {
+    ) -> Response<Body> {
         let slot = TransactionSlot::new();
         request.extensions_mut().insert(slot.clone());
         request.extensions_mut().insert(OperationContext {
@@ -97,7 +90,7 @@ impl Execution {
         let task = async move {
             let _permit = permit;
             let _in_flight = self.config.tasks.enter();
-            self.run(inner, request, slot).await
+            self.run(handler, request, slot).await
         };
         match tasks.spawn(task.in_current_span()).await {
             Ok(response) => response,
@@ -110,26 +103,19 @@ impl Execution {
         }
     }
 
-    async fn run<S, ResBody>(
+    async fn run(
         self,
-        mut inner: S,
+        handler: Handler,
         request: Request<Body>,
         slot: TransactionSlot,
-    ) -> Response<Body>
-    where
-        S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError> + Send + 'static,
-        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-        ResBody::Error: Into<BoxError>,
-    {
+    ) -> Response<Body> {
         let renewal = self.start_renewal();
         let limit = self.config.response_limit;
-        let handler = async move {
-            let response = inner.call(request).await.map_err(Into::into)?;
-            collect(response.map(Body::new), limit).await
+        let handled = async move {
+            let response = handler.call(request).await?;
+            collect(response, limit).await
         };
-        let handled = match AssertUnwindSafe(handler).catch_unwind().await {
+        let handled = match AssertUnwindSafe(handled).catch_unwind().await {
             Ok(Ok(handled)) => Some(handled),
             Ok(Err(error)) => {
                 tracing::error!(%error, "handler failed");
@@ -140,7 +126,7 @@ impl Execution {
                 None
             }
         };
-        let response = self.settle(handled, slot.take()).await;
+        let response = self.record_result(handled, slot.take()).await;
         drop(renewal);
         response
     }
@@ -187,8 +173,9 @@ impl Execution {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Settles the record by PROTOCOL §8 and decides what the client gets.
-    async fn settle(&self, handled: Option<Handled>, slot: SlotContents) -> Response<Body> {
+    /// Decides by PROTOCOL §8 what becomes of the record after the handler's
+    /// answer (or failure), writes it, and returns what the client gets.
+    async fn record_result(&self, handled: Option<Handled>, slot: SlotContents) -> Response<Body> {
         let (transaction, kept_transaction) = match slot {
             SlotContents::Unused => (None, false),
             SlotContents::Returned(transaction) => (Some(transaction), false),
@@ -198,7 +185,7 @@ impl Execution {
             // A panic or an error: 500, settled like an unmarked 5xx.
             let answer = ProblemDetails::handler_failed();
             let rolled_back = transaction.is_some() || kept_transaction;
-            let settlement = settle(
+            let settlement = settlement_for(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 None,
                 self.config.server_error_policy,
@@ -212,7 +199,7 @@ impl Execution {
                 .unwrap_or_default();
             let response = Response::from_parts(parts, Body::from(bytes.clone()));
             return self
-                .finish(
+                .write_settlement(
                     settlement,
                     transaction,
                     response,
@@ -231,7 +218,7 @@ impl Execution {
             return ProblemDetails::handler_failed().into_response();
         }
         let mark = handled.parts.extensions.get::<Finality>().copied();
-        let settlement = settle(
+        let settlement = settlement_for(
             handled.parts.status,
             mark,
             self.config.server_error_policy,
@@ -250,13 +237,13 @@ impl Execution {
                 )
             }
         };
-        self.finish(settlement, transaction, response, stored_body)
+        self.write_settlement(settlement, transaction, response, stored_body)
             .await
     }
 
     /// Writes the settlement and returns what the client gets: normally `response`
     /// itself; the winner's outcome when our completion was fenced off.
-    async fn finish(
+    async fn write_settlement(
         &self,
         settlement: Settlement,
         transaction: Option<Box<dyn PendingTransaction>>,

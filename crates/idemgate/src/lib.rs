@@ -1,8 +1,10 @@
 #![doc = include_str!("../README.md")]
 
+mod config;
 pub mod context;
 mod execution;
 pub mod finality;
+mod handler;
 mod layer;
 pub mod principal;
 pub mod problem;
@@ -13,9 +15,10 @@ pub mod telemetry;
 
 pub use idemgate_core::*;
 
+pub use config::PathSource;
 pub use context::OperationContext;
 pub use finality::{Finality, ServerErrorPolicy};
-pub use layer::{IdempotencyLayer, PathSource};
+pub use layer::IdempotencyLayer;
 pub use principal::{DefaultPrincipal, Principal, PrincipalError, PrincipalExtractor};
 pub use problem::ProblemDetails;
 pub use response::{IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED};
