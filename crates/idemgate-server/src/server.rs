@@ -16,6 +16,9 @@ use crate::repository::OrdersDb;
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// How many expired records one purge statement deletes.
 const PURGE_BATCH: usize = 1_000;
+/// The `Retry-After` of every 503 for a store that failed: the idempotency
+/// layer's, and the orders handler's when its order could not be stored.
+const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +129,8 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
     };
     let mut layer = IdempotencyLayer::from_arc(store)
         .with_ttl(settings.ttl)
-        .with_lease(settings.lease);
+        .with_lease(settings.lease)
+        .with_unavailable_retry_after(UNAVAILABLE_RETRY_AFTER);
     if let Some(wait) = settings.wait {
         layer = layer.with_wait(wait);
     }
@@ -137,6 +141,7 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         gateway,
         metrics,
         tasks: tasks.clone(),
+        unavailable_retry_after: UNAVAILABLE_RETRY_AFTER,
     };
     let router = if settings.no_idempotency {
         app_without_idempotency(state)

@@ -43,7 +43,13 @@ pub(crate) struct Config {
     pub(crate) path_source: PathSource,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) replay_set_cookie: bool,
+    /// `Retry-After` of the 503s for store trouble (unavailable, full, a
+    /// transaction that did not commit).
     pub(crate) unavailable_retry_after: Duration,
+    /// `Retry-After` when the layer itself is busy: the 503 for too many requests
+    /// in flight, and a 409 whose record gives no better estimate (the claim kept
+    /// losing races, or a fenced completion found no readable record).
+    pub(crate) busy_retry_after: Duration,
     pub(crate) in_flight_limit: InFlightLimit,
     /// Created once with the layer and never replaced: every handle from
     /// [`IdempotencyLayer::detached_tasks`] tracks the tasks the layer spawns.

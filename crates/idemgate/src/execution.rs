@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use http::response::Parts;
@@ -183,7 +184,6 @@ impl Execution {
         };
         let Some(handled) = handled else {
             // A panic or an error: 500, settled like an unmarked 5xx.
-            let answer = ProblemDetails::handler_failed();
             let rolled_back = transaction.is_some() || kept_transaction;
             let settlement = settlement_for(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -191,19 +191,13 @@ impl Execution {
                 self.config.server_error_policy,
                 rolled_back,
             );
-            let (parts, body) = answer.into_response().into_parts();
-            let bytes = body
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            let response = Response::from_parts(parts, Body::from(bytes.clone()));
+            let (response, body) = ProblemDetails::handler_failed().render();
             return self
                 .write_settlement(
                     settlement,
                     transaction,
                     response,
-                    StoredBody::Retained(bytes),
+                    StoredBody::Retained(body),
                 )
                 .await;
         };
@@ -379,7 +373,7 @@ impl Execution {
             Ok(Some(snapshot)) if snapshot.record.operation_id == self.lease.operation_id => {
                 snapshot
             }
-            _ => return ProblemDetails::in_progress(Duration::from_secs(1)).into_response(),
+            _ => return ProblemDetails::in_progress(self.config.busy_retry_after).into_response(),
         };
         match decide(&snapshot, &snapshot.record.fingerprint) {
             Decision::Replay(stored) => replay(stored),
@@ -387,7 +381,7 @@ impl Execution {
                 ProblemDetails::in_progress(retry_after).into_response()
             }
             Decision::Mismatch | Decision::Claimable => {
-                ProblemDetails::in_progress(Duration::from_secs(1)).into_response()
+                ProblemDetails::in_progress(self.config.busy_retry_after).into_response()
             }
         }
     }

@@ -77,6 +77,7 @@ impl IdempotencyLayer {
                 fingerprint_headers: Vec::new(),
                 replay_set_cookie: false,
                 unavailable_retry_after: Duration::from_secs(1),
+                busy_retry_after: Duration::from_secs(1),
                 in_flight_limit: InFlightLimit::new(1024),
                 tasks: DetachedTasks::new(),
             }),
@@ -257,7 +258,9 @@ impl IdempotencyLayer {
         self.with(|c| c.in_flight_limit = limit)
     }
 
-    /// The `Retry-After` sent with 503s for store failures (default 1 s).
+    /// The `Retry-After` sent with 503s for store failures (default 1 s): the store
+    /// unreachable or full, or a handler's transaction that did not commit, keyed
+    /// or not.
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -265,6 +268,19 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_unavailable_retry_after(self, after: Duration) -> Self {
         self.with(|c| c.unavailable_retry_after = after)
+    }
+
+    /// The `Retry-After` sent when the layer is busy (default 1 s): the 503 for too
+    /// many keyed requests in flight, and a 409 whose record does not say how long
+    /// its lease has left. A 409 for a running request otherwise says the seconds
+    /// left on that request's lease.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_busy_retry_after(std::time::Duration::from_secs(2));
+    /// ```
+    pub fn with_busy_retry_after(self, after: Duration) -> Self {
+        self.with(|c| c.busy_retry_after = after)
     }
 
     /// The handle on detached handler tasks, for graceful shutdown and gauges. It

@@ -6,10 +6,11 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, OriginalUri};
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
@@ -106,7 +107,7 @@ where
         }
         Ok(None) => {
             count_outcome(Outcome::PassedThrough);
-            return keyless(handler, request).await;
+            return keyless(&config, handler, request).await;
         }
         Err(error) => {
             count_outcome(Outcome::InvalidKey);
@@ -127,6 +128,7 @@ where
 /// A covered request without a key: plain processing, no claim and no spawn. A
 /// transaction the handler opened is committed unless the answer is a 5xx.
 async fn keyless<E: Send + 'static>(
+    config: &Config,
     handler: Handler<E>,
     mut request: Request<Body>,
 ) -> Result<Response<Body>, E> {
@@ -150,7 +152,7 @@ async fn keyless<E: Send + 'static>(
         Ok(()) => response,
         Err(error) => {
             tracing::error!(%error, "committing the handler's transaction failed");
-            ProblemDetails::store_unavailable(Duration::from_secs(1)).into_response()
+            ProblemDetails::store_unavailable(config.unavailable_retry_after).into_response()
         }
     })
 }
@@ -216,7 +218,7 @@ async fn keyed(
     };
     let Some(permit) = config.in_flight_limit.try_permit() else {
         count_outcome(Outcome::Overloaded);
-        return ProblemDetails::overloaded(Duration::from_secs(1)).into_response();
+        return ProblemDetails::overloaded(config.busy_retry_after).into_response();
     };
     match claim_or_answer(&config, &claim).await {
         Claimed::Lease(lease, claimed_at) => {
@@ -298,7 +300,7 @@ async fn claim_or_answer(config: &Config, request: &ClaimRequest) -> Claimed {
         }
     }
     count_outcome(Outcome::Conflict);
-    Claimed::Answer(ProblemDetails::in_progress(Duration::from_secs(1)).into_response())
+    Claimed::Answer(ProblemDetails::in_progress(config.busy_retry_after).into_response())
 }
 
 /// Answers from an existing record, waiting for it first in wait mode. `None` when
@@ -342,7 +344,7 @@ async fn answer_from_existing(
 }
 
 /// The answer to a store error before anything ran: fail closed (PROTOCOL §9).
-pub(crate) fn store_failure(config: &Config, error: &StoreError) -> Response<Body> {
+fn store_failure(config: &Config, error: &StoreError) -> Response<Body> {
     tracing::error!(error = %error, cause = ?std::error::Error::source(error), "idempotency store failed");
     let problem = match error {
         StoreError::Full => {
