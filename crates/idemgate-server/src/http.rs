@@ -36,7 +36,7 @@ pub enum OrderWrites {
 }
 
 /// What handlers share.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState {
     /// Orders storage.
     pub orders: OrdersDb,

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate::{IdempotencyLayer, MemoryStore, Store};
+use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 
@@ -51,16 +52,18 @@ pub enum StartupError {
     Serve(std::io::Error),
 }
 
-/// The idempotency store and how orders are written with it.
+/// The idempotency store, how orders are written with it, and the SQL stores'
+/// purge task, which runs until the returned handle drops. Both SQL stores name
+/// the same [`PurgeTask`].
 async fn idempotency_store(
     settings: &Settings,
     orders: &OrdersDb,
-) -> Result<(Arc<dyn Store>, OrderWrites, Option<PurgeGuard>), StartupError> {
+) -> Result<(Arc<dyn Store>, OrderWrites, Option<PurgeTask>), StartupError> {
     Ok(match (&settings.idempotency_store, orders) {
         (IdempotencyStore::Database, OrdersDb::Sqlite(pool)) => {
             let store = idemgate_sqlite::SqliteStore::new(pool.clone());
             store.migrate().await?;
-            let purge = PurgeGuard::Sqlite(store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?);
+            let purge = store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?;
             (
                 Arc::new(store.clone()),
                 OrderWrites::SqliteTransaction(store),
@@ -70,7 +73,7 @@ async fn idempotency_store(
         (IdempotencyStore::Database, OrdersDb::Postgres(pool)) => {
             let store = idemgate_postgres::PostgresStore::new(pool.clone());
             store.migrate().await?;
-            let purge = PurgeGuard::Postgres(store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?);
+            let purge = store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?;
             (
                 Arc::new(store.clone()),
                 OrderWrites::PostgresTransaction(store),
@@ -83,13 +86,6 @@ async fn idempotency_store(
             (Arc::new(store), OrderWrites::Direct, None)
         }
     })
-}
-
-/// Keeps a store's purge task alive while the server runs.
-#[allow(dead_code)] // held for its Drop
-enum PurgeGuard {
-    Sqlite(idemgate_sqlite::PurgeTask),
-    Postgres(idemgate_postgres::PurgeTask),
 }
 
 /// Runs the service until SIGINT or SIGTERM, then shuts down gracefully: stop

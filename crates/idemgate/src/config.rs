@@ -17,6 +17,7 @@ use crate::tasks::{DetachedTasks, InFlightLimit};
 
 /// Which path names the scope and the fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum PathSource {
     /// The normalized original request path (the full path, even under a nested
     /// router). The default.

@@ -8,6 +8,9 @@ use idemgate_core::FinalStatus;
 /// A handler's say on what happens to the record after its response, put in the
 /// response extensions. Without it, the status decides (see [`ServerErrorPolicy`]).
 ///
+/// Exhaustive on purpose: the layer must act on every mark, and a new one would
+/// change what handlers can ask for.
+///
 /// With axum, return it beside the response:
 ///
 /// ```
@@ -45,6 +48,7 @@ impl IntoResponseParts for Finality {
 
 /// What to do with a 5xx (or a panic) the handler did not mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ServerErrorPolicy {
     /// Store it as `FAILED` and replay it: the outcome is not known to be rolled
     /// back, so running again could do it twice (the seeds' rule). The default.

@@ -35,6 +35,7 @@ use crate::tasks::{DetachedTasks, InFlightLimit};
 ///     // .layer(compression)  // outside: replays are encoded per request
 /// ```
 #[derive(Clone)]
+#[must_use = "a layer does nothing until it wraps a service (Router::route_layer, ServiceBuilder::layer)"]
 pub struct IdempotencyLayer {
     config: Arc<Config>,
 }

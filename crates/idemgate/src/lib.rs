@@ -13,7 +13,18 @@ mod service;
 mod tasks;
 pub mod telemetry;
 
-pub use idemgate_core::*;
+// The protocol from `idemgate-core`, so an application depends on this crate
+// alone. Listed one by one: a core item is part of this crate's API only once it
+// is named here (CONTRIBUTING.md, "Public API").
+#[doc(inline)]
+pub use idemgate_core::{
+    BoxError, Claim, ClaimRequest, Completion, Decision, FencedWrite, FinalStatus, Lease,
+    LeaseOrigin, MemoryStore, Snapshot, Store, StoreError,
+};
+#[doc(inline)]
+pub use idemgate_core::{
+    decide, fingerprint, key, memory, record, scope, signals, store, time, transaction,
+};
 
 pub use config::PathSource;
 pub use context::OperationContext;

@@ -76,6 +76,7 @@ impl std::fmt::Debug for DefaultPrincipal {
 
 impl DefaultPrincipal {
     /// Extension only: requests without a [`Principal`] extension get 401.
+    #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
@@ -83,6 +84,11 @@ impl DefaultPrincipal {
     /// Also accepts an `Authorization` header, scoped by its HMAC under `secret`.
     /// Keep the secret stable across restarts and instances, or replays stop
     /// matching.
+    ///
+    /// ```
+    /// let principal = idemgate::DefaultPrincipal::with_authorization_secret(b"a stable secret");
+    /// ```
+    #[must_use]
     pub fn with_authorization_secret(secret: impl AsRef<[u8]>) -> Self {
         Self {
             secret: Some(Arc::from(secret.as_ref())),
@@ -110,7 +116,7 @@ impl PrincipalExtractor for DefaultPrincipal {
 }
 
 /// HMAC-SHA256 of `message` under `secret`, as lower-case hex.
-pub fn hmac_hex(secret: &[u8], message: &[u8]) -> String {
+fn hmac_hex(secret: &[u8], message: &[u8]) -> String {
     // HMAC accepts keys of any length, so this cannot fail.
     let mut mac =
         <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key length");
