@@ -919,6 +919,61 @@ async fn too_many_keyed_requests_in_flight_are_503() {
     assert_eq!(gateway.charges(), 1);
 }
 
+#[tokio::test]
+async fn every_retry_after_comes_from_the_configuration() {
+    // The overload 503: the busy Retry-After.
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(300, Ordering::SeqCst);
+    let busy_app = app_with(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_max_in_flight(1)
+            .with_busy_retry_after(Duration::from_secs(7))
+            .with_unavailable_retry_after(Duration::from_secs(9)),
+        &gateway,
+    );
+    let first = send_in_background(
+        &busy_app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    );
+    gateway.charging.notified().await;
+    let overloaded = send(
+        &busy_app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    )
+    .await;
+    assert_eq!(
+        overloaded.problem_type(),
+        "https://idemgate.dev/problems/overloaded"
+    );
+    assert_eq!(overloaded.headers[axum::http::header::RETRY_AFTER], "7");
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(gateway.charges(), 1, "the overloaded request did not run");
+
+    // A keyless request whose transaction did not commit: the unavailable one.
+    let gateway = Arc::new(Gateway::default());
+    let store = Arc::new(FakeTransactionalStore::default());
+    let app = app(
+        IdempotencyLayer::from_arc(store.clone())
+            .with_unavailable_retry_after(Duration::from_secs(9)),
+        Arc::clone(&gateway),
+    )
+    .layer(axum::Extension(Arc::clone(&store)));
+    store.commit_fails.store(true, Ordering::SeqCst);
+    let failed = send(
+        &app,
+        post_json("/transactional/201", Some("a"), None, ORDER),
+    )
+    .await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        failed.problem_type(),
+        "https://idemgate.dev/problems/store-unavailable"
+    );
+    assert_eq!(failed.headers[axum::http::header::RETRY_AFTER], "9");
+    assert_eq!(store.commits.load(Ordering::SeqCst), 0);
+    assert_eq!(store.rollbacks.load(Ordering::SeqCst), 1);
+}
+
 // --- The transactional hand-over ------------------------------------------------------
 
 fn transactional_app() -> (axum::Router, Arc<Gateway>, Arc<FakeTransactionalStore>) {
