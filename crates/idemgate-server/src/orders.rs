@@ -78,7 +78,8 @@ pub enum InvalidOrder {
 impl NewOrder {
     /// Parses and checks a request body.
     pub fn parse(body: &[u8]) -> Result<Self, InvalidOrder> {
-        let body = std::str::from_utf8(body).map_err(|error| InvalidOrder::NotUtf8(error.valid_up_to()))?;
+        let body = std::str::from_utf8(body)
+            .map_err(|error| InvalidOrder::NotUtf8(error.valid_up_to()))?;
         let request: OrderRequest = serde_json::from_str(body)
             .map_err(|error| InvalidOrder::Malformed(error.to_string()))?;
         if request.items.is_empty() {

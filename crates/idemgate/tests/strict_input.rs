@@ -15,7 +15,9 @@ use support::*;
 
 const AMBIGUOUS: &str = "https://idemgate.dev/problems/ambiguous-header";
 
-fn counted_app(principal: Option<DefaultPrincipal>) -> (axum::Router, Arc<FaultyStore>, Arc<Gateway>) {
+fn counted_app(
+    principal: Option<DefaultPrincipal>,
+) -> (axum::Router, Arc<FaultyStore>, Arc<Gateway>) {
     let store = Arc::new(FaultyStore::default());
     let gateway = Arc::new(Gateway::default());
     let mut layer = IdempotencyLayer::from_arc(store.clone());

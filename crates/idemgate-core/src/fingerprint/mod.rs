@@ -174,7 +174,11 @@ mod tests {
                 })
             };
             assert_eq!(hash(&body("")), hash(&body("")));
-            assert_ne!(hash(&body("")), hash(&body(" ")), "hashed raw, not canonicalized");
+            assert_ne!(
+                hash(&body("")),
+                hash(&body(" ")),
+                "hashed raw, not canonicalized"
+            );
         }
     }
 

@@ -200,7 +200,10 @@ async fn slow_bodies_get_408_and_nothing_is_claimed_or_charged() {
     }
     eprintln!("slow bodies: {got_408} of 20 read their 408 before the close");
     assert!(got_408 > 0, "no slow body was told 408");
-    assert!(gateway.calls().is_empty(), "a slow body reached the gateway");
+    assert!(
+        gateway.calls().is_empty(),
+        "a slow body reached the gateway"
+    );
     let client = Client::new().with_token(token);
     assert!(client.orders(&server.url("")).await.is_empty());
     // Nothing was claimed: the same key with the whole body runs, once.
@@ -323,7 +326,10 @@ async fn beyond_the_connection_bound_new_connections_are_shed_and_open_ones_work
         if matches!(&answer, Ok(answer) if answer.status == StatusCode::CREATED) {
             break;
         }
-        assert!(Instant::now() < deadline, "no room after closing: {answer:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no room after closing: {answer:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -390,7 +396,11 @@ async fn with_every_file_descriptor_taken_by_half_sent_requests_a_normal_post_is
             closed += 1;
         }
     }
-    assert_eq!(closed, limit + 100, "half-sent requests outlived the header timeout");
+    assert_eq!(
+        closed,
+        limit + 100,
+        "half-sent requests outlived the header timeout"
+    );
     assert_eq!(gateway.calls().len(), 1);
     assert_eq!(gateway.distinct_charges(), 1);
     assert_eq!(client.orders(&server.url("")).await.len(), 1);

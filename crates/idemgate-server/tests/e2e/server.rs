@@ -108,7 +108,9 @@ impl Server {
             // prlimit sets the limit and execs the binary: the same process.
             Some(limit) => {
                 let mut command = Command::new("prlimit");
-                command.arg(format!("--nofile={limit}:{limit}")).args(["--", binary]);
+                command
+                    .arg(format!("--nofile={limit}:{limit}"))
+                    .args(["--", binary]);
                 command
             }
             None => Command::new(binary),

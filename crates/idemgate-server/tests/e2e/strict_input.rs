@@ -27,7 +27,8 @@ async fn started() -> (MockGateway, Server, crate::server::TempDir) {
 
 /// The seed order with its last member's value replaced by raw bytes.
 fn order_with_raw_string(raw: &[u8]) -> Vec<u8> {
-    let mut body = br#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500,"x":""#.to_vec();
+    let mut body =
+        br#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500,"x":""#.to_vec();
     body.extend_from_slice(raw);
     body.extend_from_slice(b"\"}");
     body
@@ -60,7 +61,10 @@ async fn a_body_that_is_not_utf8_is_400_and_charges_nothing() {
             "{answer:?}"
         );
     }
-    assert!(gateway.calls().is_empty(), "invalid UTF-8 reached the gateway");
+    assert!(
+        gateway.calls().is_empty(),
+        "invalid UTF-8 reached the gateway"
+    );
     assert!(client.orders(&server.url("")).await.is_empty());
     // The refusal freed the key: the corrected body runs once.
     let answer = client.post(&url, Some(&key), ORDER).await;
