@@ -405,3 +405,100 @@ async fn with_every_file_descriptor_taken_by_half_sent_requests_a_normal_post_is
     assert_eq!(gateway.distinct_charges(), 1);
     assert_eq!(client.orders(&server.url("")).await.len(), 1);
 }
+
+/// CPU time (user + system) the process has used, in clock ticks.
+fn cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("comm")
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+fn open_fds(pid: &str) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .count() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_accept_loop_survives_emfile_without_spinning() {
+    let gateway = MockGateway::start().await;
+    let (db, _dir) = sqlite_url();
+    let header = Duration::from_millis(2_000);
+    let server = Server::start(
+        Options::new(&db)
+            .gateway(gateway.url())
+            .arg("--header-read-timeout-ms", header.as_millis()),
+    )
+    .await;
+    let url = server.url("/api/v1/orders");
+    let warm = Client::new();
+    assert_eq!(
+        warm.post(&url, Some(&new_key()), ORDER).await.status,
+        StatusCode::CREATED
+    );
+    // Lower the running server's limit to a few descriptors above what it holds:
+    // its connection bound (computed at startup) no longer protects it, so
+    // accept() itself fails with EMFILE.
+    let pid = server.pid();
+    let limit = open_fds(&pid) + 16;
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, &format!("--nofile={limit}:{limit}")])
+        .status()
+        .expect("prlimit");
+    assert!(status.success());
+    let half = b"POST /api/v1/orders HTTP/1.1\r\nhost: idemgate\r\n".to_vec();
+    let mut attackers = Vec::new();
+    for _ in 0..40 {
+        let mut stream = TcpStream::connect(server.addr).await.expect("connect");
+        let _ = stream.write_all(&half).await;
+        attackers.push(stream);
+    }
+    // While accept() fails, the loop pauses between attempts instead of spinning.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (ticks_before, wall) = (cpu_ticks(&pid), Instant::now());
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let used = cpu_ticks(&pid) - ticks_before;
+    let elapsed_ticks = wall.elapsed().as_millis() as u64 / 10; // USER_HZ = 100
+    assert!(
+        used * 2 < elapsed_ticks,
+        "the server used {used} of {elapsed_ticks} ticks while out of descriptors: spinning"
+    );
+    // As the half-sent requests time out, the backlog drains and a normal POST
+    // (retried with its key while refused) is served.
+    let client = Client::with_timeout(Duration::from_secs(5));
+    let key = new_key();
+    let started = Instant::now();
+    loop {
+        match client.try_post(&url, Some(&key), ORDER).await {
+            Ok(answer) if answer.status == StatusCode::CREATED => break,
+            other => {
+                assert!(
+                    started.elapsed() < header * 4 + MARGIN,
+                    "no normal request served after the descriptors ran out: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    eprintln!(
+        "EMFILE: {used} of {elapsed_ticks} CPU ticks while out of descriptors; normal POST served after {:?}",
+        started.elapsed()
+    );
+    drop(attackers);
+    let metrics = Client::new().get(&server.url("/metrics")).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let errors: f64 = text
+        .lines()
+        .find(|line| line.starts_with("idemgate_http_accept_errors_total"))
+        .and_then(|line| line.split_whitespace().last())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no accept errors counted:\n{text}"));
+    assert!(errors > 0.0);
+    assert_eq!(client.orders(&server.url("")).await.len(), 1);
+    assert_eq!(gateway.distinct_charges(), 2, "one charge per key");
+}

@@ -198,7 +198,7 @@ impl Server {
         format!("http://{}{}", self.addr, path)
     }
 
-    fn pid(&self) -> String {
+    pub fn pid(&self) -> String {
         self.child.id().expect("running").to_string()
     }
 

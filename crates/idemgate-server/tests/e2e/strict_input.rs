@@ -153,3 +153,34 @@ async fn two_content_type_or_idempotency_key_lines_are_400_and_claim_nothing() {
     assert!(!answer.replayed());
     assert_eq!(gateway.calls().len(), 1);
 }
+
+/// Framing headers are hyper's: two different `Content-Length` lines are refused
+/// with 400 before any handler or the layer sees the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_different_content_length_lines_are_400_and_charge_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (gateway, server, _dir) = started().await;
+    let client = Client::new();
+    let request = format!(
+        "POST /api/v1/orders HTTP/1.1\r\nhost: idemgate\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\nidempotency-key: {}\r\n\
+         content-length: {}\r\ncontent-length: 2\r\n\r\n{ORDER}",
+        client.token,
+        new_key(),
+        ORDER.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("an answer and a close");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(gateway.calls().is_empty());
+    assert!(client.orders(&server.url("")).await.is_empty());
+}
