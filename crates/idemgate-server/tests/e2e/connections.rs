@@ -502,3 +502,59 @@ async fn the_accept_loop_survives_emfile_without_spinning() {
     assert_eq!(client.orders(&server.url("")).await.len(), 1);
     assert_eq!(gateway.distinct_charges(), 2, "one charge per key");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn graceful_shutdown_finishes_in_flight_requests_and_does_not_wait_on_slow_clients() {
+    let gateway = MockGateway::start().await;
+    gateway.set_delay(Duration::from_millis(1_000));
+    let (db, _dir) = sqlite_url();
+    let header = Duration::from_millis(1_500);
+    let server = Server::start(
+        Options::new(&db)
+            .gateway(gateway.url())
+            .arg("--header-read-timeout-ms", header.as_millis()),
+    )
+    .await;
+    // Slow heads and an idle keep-alive connection stay open across the signal.
+    let head = order_head("slowloris", None, ORDER.len());
+    let slow: Vec<_> = (0..10)
+        .map(|_| {
+            dribbler(
+                server.addr,
+                head.clone().into_bytes(),
+                Duration::from_millis(250),
+                header + MARGIN,
+            )
+        })
+        .collect();
+    let mut idle = TcpStream::connect(server.addr).await.unwrap();
+    assert!(health_on(&mut idle).await.starts_with("HTTP/1.1 200"));
+    let client = Client::new();
+    let url = server.url("/api/v1/orders");
+    let key = new_key();
+    let in_flight = {
+        let (client, url, key) = (client.clone(), url.clone(), key.clone());
+        let arrived = gateway.next_arrival();
+        let request = tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await });
+        arrived.await;
+        request
+    };
+    let stopping = Instant::now();
+    server.terminate();
+    let answer = in_flight.await.unwrap();
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    let exit = server.wait_exit().await;
+    assert!(exit.success(), "{exit}");
+    assert!(
+        stopping.elapsed() < header + MARGIN,
+        "shutdown waited {:?} on slow clients",
+        stopping.elapsed()
+    );
+    for slow in slow {
+        assert!(
+            slow.await.unwrap().is_some(),
+            "a slow client outlived the server"
+        );
+    }
+    assert_eq!(gateway.calls().len(), 1);
+}
