@@ -558,3 +558,44 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_does_not_wait_on_slow
     }
     assert_eq!(gateway.calls().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_http2_connection_that_sends_no_request_is_closed_at_the_header_timeout() {
+    let (db, _dir) = sqlite_url();
+    let header = Duration::from_millis(1_000);
+    let server =
+        Server::start(Options::new(&db).arg("--header-read-timeout-ms", header.as_millis())).await;
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    // The HTTP/2 preface and an empty SETTINGS frame: a valid h2c start, then silence.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let (reader, _writer) = stream.into_split();
+    let ending = read_until_closed(reader, started, header + MARGIN)
+        .await
+        .expect("an HTTP/2 connection without a request outlived the header timeout");
+    // The server spoke HTTP/2 (its SETTINGS frame, type 4) before closing.
+    assert!(
+        ending.received.len() >= 9 && ending.received[3] == 4,
+        "{:?}",
+        ending.received
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_soft_open_file_limit_is_raised_to_the_hard_limit_at_startup() {
+    let (db, _dir) = sqlite_url();
+    let server = Server::start(Options::new(&db).open_file_limits(256, 4096)).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.pid())).unwrap();
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .expect("Max open files")
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .collect();
+    assert_eq!(open_files, ["4096", "4096"], "{limits}");
+}

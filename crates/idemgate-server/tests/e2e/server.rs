@@ -51,8 +51,8 @@ pub struct Options {
     pub simulated_delay_ms: u64,
     /// More `serve` flags, as (flag, value).
     pub extra: Vec<(String, String)>,
-    /// Run under `prlimit --nofile=N:N` (util-linux).
-    pub nofile: Option<u64>,
+    /// Run under `prlimit --nofile=SOFT:HARD` (util-linux).
+    pub nofile: Option<(u64, u64)>,
 }
 
 impl Options {
@@ -78,8 +78,13 @@ impl Options {
     }
 
     /// Starts the server with soft and hard `RLIMIT_NOFILE` at `limit`.
-    pub fn open_file_limit(mut self, limit: u64) -> Self {
-        self.nofile = Some(limit);
+    pub fn open_file_limit(self, limit: u64) -> Self {
+        self.open_file_limits(limit, limit)
+    }
+
+    /// Starts the server with these soft and hard `RLIMIT_NOFILE`.
+    pub fn open_file_limits(mut self, soft: u64, hard: u64) -> Self {
+        self.nofile = Some((soft, hard));
         self
     }
 
@@ -106,10 +111,10 @@ impl Server {
         let binary = env!("CARGO_BIN_EXE_idemgate");
         let mut command = match options.nofile {
             // prlimit sets the limit and execs the binary: the same process.
-            Some(limit) => {
+            Some((soft, hard)) => {
                 let mut command = Command::new("prlimit");
                 command
-                    .arg(format!("--nofile={limit}:{limit}"))
+                    .arg(format!("--nofile={soft}:{hard}"))
                     .args(["--", binary]);
                 command
             }
