@@ -84,11 +84,16 @@ fn routes(state: AppState, idempotency: Option<IdempotencyLayer>) -> Router {
 }
 
 /// `Authorization: Bearer <token>`: the token names the principal; only its
-/// SHA-256 is kept. Missing or empty → 401, before the idempotency layer.
+/// SHA-256 is kept. Missing or empty → 401, two `Authorization` lines → 400
+/// `ambiguous-header`, both before the idempotency layer.
 async fn authenticate(mut request: Request, next: Next) -> Response {
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
+    let mut lines = request.headers().get_all(header::AUTHORIZATION).iter();
+    let (first, second) = (lines.next(), lines.next());
+    if second.is_some() {
+        // Which credentials are meant is ambiguous: refused before any claim.
+        return ProblemDetails::ambiguous_header(&header::AUTHORIZATION).into_response();
+    }
+    let token = first
         .and_then(|value| value.to_str().ok())
         .and_then(|value| {
             value

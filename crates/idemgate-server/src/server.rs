@@ -6,11 +6,11 @@ use std::time::Duration;
 use idemgate::{IdempotencyLayer, MemoryStore, Store};
 use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tokio::net::TcpListener;
 
 use crate::cli::{IdempotencyStore, Settings};
 use crate::gateway::Gateway;
 use crate::http::{AppState, OrderWrites, app, app_without_idempotency};
+use crate::listener::{Listener, raise_fd_limit};
 use crate::repository::OrdersDb;
 
 /// How often expired idempotency records are purged from the SQL stores.
@@ -145,32 +145,38 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         app(state, layer)
     };
 
-    let listener =
-        TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| StartupError::Listen {
-                addr: settings.listen,
-                source,
-            })?;
+    let open_files = raise_fd_limit();
+    let listener = Listener::bind(settings.listen, settings.connections)
+        .await
+        .map_err(|source| StartupError::Listen {
+            addr: settings.listen,
+            source,
+        })?;
     let addr = listener.local_addr().map_err(StartupError::Serve)?;
-    tracing::info!(%addr, database = database_kind(&orders), store = ?settings.idempotency_store_kind(), "idemgate listening on http://{addr}");
+    tracing::info!(
+        %addr,
+        database = database_kind(&orders),
+        store = ?settings.idempotency_store_kind(),
+        max_connections = listener.max_connections(),
+        open_files,
+        "idemgate listening on http://{addr}"
+    );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(async move {
         let mut stop_rx = stop_rx;
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
+        listener
+            .serve(router, async move {
                 let _ = stop_rx.wait_for(|stop| *stop).await;
             })
-            .await
+            .await;
     });
     shutdown_signal().await;
     tracing::info!(deadline = ?settings.shutdown_timeout, "shutting down: no new connections; finishing in-flight requests");
     let _ = stop_tx.send(true);
     let deadline = tokio::time::Instant::now() + settings.shutdown_timeout;
     match tokio::time::timeout_at(deadline, server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(error))) => return Err(StartupError::Serve(error)),
+        Ok(Ok(())) => {}
         Ok(Err(error)) => tracing::error!(%error, "server task failed"),
         Err(_) => tracing::warn!("open connections did not finish before the deadline"),
     }

@@ -21,6 +21,11 @@ pub enum PrincipalError {
     /// Credentials were present but refused.
     #[error("credentials refused: {0}")]
     Refused(String),
+    /// A header that names the principal came more than once: which line is meant
+    /// is ambiguous (a proxy in front may have checked one, the layer would scope
+    /// by another), so the request is refused with 400 before any claim.
+    #[error("the {0} header appears more than once; send it once")]
+    Ambiguous(http::HeaderName),
 }
 
 /// Finds the principal of a request from its parts.
@@ -101,10 +106,13 @@ impl PrincipalExtractor for DefaultPrincipal {
         if let Some(principal) = parts.extensions.get::<Principal>() {
             return Ok(principal.clone());
         }
-        let (Some(secret), Some(credentials)) = (&self.secret, parts.headers.get(AUTHORIZATION))
-        else {
+        let mut lines = parts.headers.get_all(AUTHORIZATION).iter();
+        let (Some(secret), Some(credentials)) = (&self.secret, lines.next()) else {
             return Err(PrincipalError::Missing);
         };
+        if lines.next().is_some() {
+            return Err(PrincipalError::Ambiguous(AUTHORIZATION));
+        }
         if credentials.is_empty() {
             return Err(PrincipalError::Missing);
         }
@@ -162,6 +170,19 @@ mod tests {
             other_secret
                 .extract(&parts(Some("Bearer token-a")))
                 .unwrap()
+        );
+    }
+
+    #[test]
+    fn two_authorization_lines_are_ambiguous() {
+        let mut parts = parts(Some("Bearer a"));
+        parts
+            .headers
+            .append(AUTHORIZATION, http::HeaderValue::from_static("Bearer b"));
+        let extractor = DefaultPrincipal::with_authorization_secret("s");
+        assert_eq!(
+            extractor.extract(&parts),
+            Err(PrincipalError::Ambiguous(AUTHORIZATION))
         );
     }
 

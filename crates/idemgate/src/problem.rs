@@ -127,6 +127,17 @@ impl ProblemDetails {
         )
     }
 
+    /// 400: a header the request must send at most once (`Authorization`,
+    /// `Content-Type`) came on several lines, so what it says is ambiguous.
+    pub fn ambiguous_header(name: &http::HeaderName) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "ambiguous-header",
+            "Ambiguous header",
+            format!("the {name} header appears more than once; send it once"),
+        )
+    }
+
     /// 413: request body over the limit.
     pub fn too_large(limit: usize) -> Self {
         Self::new(

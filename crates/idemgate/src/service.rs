@@ -30,6 +30,7 @@ use idemgate_core::{
 use crate::config::{Config, PathSource};
 use crate::execution::Execution;
 use crate::handler::{BoxFuture, Handler};
+use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
 use crate::response::replay;
 use crate::telemetry::{Outcome, count, count_outcome, timed};
@@ -164,8 +165,17 @@ async fn keyed(
     key: IdempotencyKey,
 ) -> Response<Body> {
     let (parts, body) = request.into_parts();
+    // The fingerprint reads `Content-Type` to decide whether the body is JSON.
+    if parts.headers.get_all(CONTENT_TYPE).iter().nth(1).is_some() {
+        count_outcome(Outcome::Rejected);
+        return ProblemDetails::ambiguous_header(&CONTENT_TYPE).into_response();
+    }
     let principal = match config.principal.extract(&parts) {
         Ok(principal) => principal,
+        Err(PrincipalError::Ambiguous(name)) => {
+            count_outcome(Outcome::Rejected);
+            return ProblemDetails::ambiguous_header(&name).into_response();
+        }
         Err(error) => {
             count_outcome(Outcome::Unauthenticated);
             return ProblemDetails::unauthenticated(error.to_string()).into_response();
