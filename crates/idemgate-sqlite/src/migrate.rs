@@ -3,8 +3,7 @@
 use sqlx::{AssertSqlSafe, SqlitePool};
 
 use crate::error::Error;
-use crate::sql::{self, SCHEMA_VERSION, VERSION_TABLE};
-use crate::store::BEGIN_IMMEDIATE;
+use crate::sql::{self, BEGIN_IMMEDIATE, SCHEMA_VERSION, VERSION_TABLE};
 
 pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
     // IMMEDIATE takes the write lock first: concurrent migrators queue on the busy

@@ -14,6 +14,12 @@ pub(crate) const VERSION_TABLE: &str = "idemgate_schema_versions";
 /// value.
 pub(crate) const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
 
+/// What a write transaction begins with: it takes the write lock at once, so a
+/// transaction never has to upgrade a read lock (which fails at once with
+/// `SQLITE_BUSY` instead of waiting). The store, its migration and [`crate::Tx`]
+/// all begin with it.
+pub(crate) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
 /// Quotes an identifier, so any name is safe to splice into SQL.
 pub(crate) fn quote(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))

@@ -26,7 +26,7 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
 
 use crate::error::{ClaimContended, CorruptRecord, Error, store_error};
-use crate::sql::{self, Statements};
+use crate::sql::{self, BEGIN_IMMEDIATE, Statements};
 
 /// Durations beyond this are clamped (100 years), so millisecond sums never overflow.
 const MAX_MILLIS: i64 = 100 * 365 * 86_400_000;
@@ -34,11 +34,6 @@ const MAX_MILLIS: i64 = 100 * 365 * 86_400_000;
 /// How long a connection waits for another's write lock before answering
 /// `SQLITE_BUSY` (→ [`StoreError::Unavailable`]).
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What a write transaction begins with: it takes the write lock at once, so a
-/// transaction never has to upgrade a read lock (which fails at once with
-/// `SQLITE_BUSY` instead of waiting).
-pub(crate) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
 /// Idempotency records in one SQLite file: the embedded default.
 ///

@@ -7,7 +7,8 @@ use idemgate_sqlx::{ErrorClass, SqlStore};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::error::{classify_result_code, store_error};
-use crate::store::{BEGIN_IMMEDIATE, SqliteStore, applied};
+use crate::sql::BEGIN_IMMEDIATE;
+use crate::store::{SqliteStore, applied};
 
 /// A business transaction that commits together with the idempotency record
 /// ([`idemgate_sqlx::Tx`] on a [`SqliteStore`]).
