@@ -4,37 +4,46 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use http::StatusCode;
-use idemgate_core::fingerprint::Fingerprint;
-use idemgate_core::record::{
-    FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordStatus, StoredBody,
-    StoredResponse,
-};
+use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::time::Timestamp;
 use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
+    Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
 };
-use idemgate_sqlx::PurgeTask;
-use sqlx::postgres::{PgArguments, PgRow};
+use idemgate_sqlx::{CompletionColumns, PurgeTask, applied, millis, token_param};
+use sqlx::postgres::{PgArguments, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
 
-use crate::error::{ClaimContended, CorruptRecord, Error, store_error};
+use crate::error::{ClaimContended, Error, store_error};
 use crate::sql::{self, Names, Statements};
+
+/// The pool size [`PostgresStore::connect`] opens.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// How long [`PostgresStore::connect`]'s pool waits for a free connection before a
+/// call fails with [`StoreError::Unavailable`] (the layer's 503).
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often one claim re-runs when the record changes between its statements.
 const CLAIM_ATTEMPTS: usize = 4;
-
-/// Durations beyond this are clamped (100 years), so interval arithmetic never
-/// overflows.
-const MAX_MILLIS: i64 = 100 * 365 * 86_400_000;
 
 /// Idempotency records in PostgreSQL.
 ///
 /// Cheap to clone (an `Arc` inside): clones share the pool and the in-process
 /// change signals. Configure with the `with_*` methods before cloning it around.
+///
+/// [`PostgresStore::connect`] gives a store ready to use (connected, table
+/// migrated):
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemgate_postgres::Error> {
+/// let store = idemgate_postgres::PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
+/// # Ok(()) }
+/// ```
+///
+/// [`PostgresStore::new`] takes a pool of your own and touches nothing: run
+/// [`PostgresStore::migrate`] before the first request, or every request answers
+/// [`StoreError::Misconfigured`] (the layer's 500 `store-misconfigured`).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -57,8 +66,37 @@ struct Inner {
 }
 
 impl PostgresStore {
+    /// Connects to `url` on a pool of [`DEFAULT_MAX_CONNECTIONS`] connections that
+    /// waits at most [`DEFAULT_ACQUIRE_TIMEOUT`] for a free one, and runs
+    /// [`PostgresStore::migrate`] for `idemgate_records` on the `search_path`: the
+    /// store is ready to use. For other pool settings, a TLS setup or another table,
+    /// build the pool yourself and use [`PostgresStore::new`].
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemgate_postgres::Error> {
+    /// let store = idemgate_postgres::PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
+    /// // Hand `store` to `IdempotencyLayer::new`.
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let pool = PgPoolOptions::new()
+            .max_connections(DEFAULT_MAX_CONNECTIONS)
+            .acquire_timeout(DEFAULT_ACQUIRE_TIMEOUT)
+            .connect(url)
+            .await
+            .map_err(Error::Connect)?;
+        let store = Self::new(pool);
+        store.migrate().await?;
+        Ok(store)
+    }
+
     /// A store on `pool`, with its records in `idemgate_records` on the connection's
-    /// `search_path`. Call [`PostgresStore::migrate`] once before use.
+    /// `search_path`.
+    ///
+    /// Nothing is created: the caller runs [`PostgresStore::migrate`] (once per
+    /// start is fine, from many instances at once) before the store serves. Until
+    /// then every call fails with [`StoreError::Misconfigured`], which the layer
+    /// answers 500 `store-misconfigured` and logs with this fix.
     pub fn new(pool: PgPool) -> Self {
         Self::build(
             pool,
@@ -87,7 +125,8 @@ impl PostgresStore {
     }
 
     /// Keeps records in `table` instead of `idemgate_records`. The name is quoted, so
-    /// any name is safe; the sequence and index are named after it.
+    /// any name is safe; the sequence and index are named after it. The renamed
+    /// table needs its own [`PostgresStore::migrate`].
     ///
     /// ```no_run
     /// # let pool: sqlx::PgPool = unimplemented!();
@@ -177,24 +216,19 @@ impl PostgresStore {
         lease: &Lease,
         completion: &Completion,
     ) -> Option<sqlx::query::Query<'static, Postgres, PgArguments>> {
-        let token = i64::try_from(lease.token.0).ok()?;
-        let response = &completion.response;
-        let status = RecordStatus::from(completion.status).as_str();
-        let (body, retained) = match &response.body {
-            StoredBody::Retained(body) => (Some(body.as_ref()), true),
-            StoredBody::NotRetained => (None, false),
-        };
+        let token = token_param(lease.token)?;
+        let columns = CompletionColumns::of(completion);
         Some(
             sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
                 .bind(lease.identity.as_bytes().as_slice())
                 .bind(lease.operation_id.as_uuid())
                 .bind(token)
-                .bind(status)
-                .bind(i32::from(response.status.as_u16()))
-                .bind(response.encode_headers())
-                .bind(body)
-                .bind(retained)
-                .bind(millis(completion.ttl)),
+                .bind(columns.status)
+                .bind(i32::from(columns.response_status))
+                .bind(columns.headers)
+                .bind(columns.body)
+                .bind(columns.retained)
+                .bind(columns.ttl_ms),
         )
     }
 
@@ -206,8 +240,7 @@ impl PostgresStore {
         lease: &Lease,
         extra: Option<i64>,
     ) -> Result<FencedWrite, StoreError> {
-        // A token the database cannot hold was never handed out by it.
-        let Ok(token) = i64::try_from(lease.token.0) else {
+        let Some(token) = token_param(lease.token) else {
             return Ok(FencedWrite::Refused);
         };
         let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
@@ -231,122 +264,14 @@ impl PostgresStore {
     }
 }
 
-pub(crate) fn applied(rows: u64) -> FencedWrite {
-    if rows == 1 {
-        FencedWrite::Applied
-    } else {
-        FencedWrite::Refused
-    }
-}
-
-/// A duration as whole milliseconds, clamped to [`MAX_MILLIS`].
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).map_or(MAX_MILLIS, |ms| ms.min(MAX_MILLIS))
-}
-
-/// Whether `request` could claim the record `snapshot` shows (it changed between the
-/// claim statement and the read).
-fn claimable_by(snapshot: &Snapshot, request: &ClaimRequest) -> bool {
-    let record = &snapshot.record;
-    record.fingerprint == request.fingerprint
-        && match record.status {
-            RecordStatus::Released => true,
-            RecordStatus::Processing => !record.lease_is_live(snapshot.now),
-            RecordStatus::Completed | RecordStatus::Failed => false,
-        }
-}
-
-fn corrupt(what: &'static str) -> StoreError {
-    StoreError::corrupt(CorruptRecord(what))
-}
-
-fn column<'r, T>(row: &'r PgRow, name: &str) -> Result<T, StoreError>
-where
-    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
-{
-    row.try_get(name).map_err(StoreError::corrupt)
-}
-
 fn decode_lease(row: &PgRow, identity: IdentityDigest) -> Result<Lease, StoreError> {
-    let operation_id: uuid::Uuid = column(row, "operation_id")?;
-    let token: i64 = column(row, "token")?;
-    let origin: String = column(row, "lease_origin")?;
-    let locked_until: Option<i64> = column(row, "locked_until_ms")?;
-    let origin = match origin.as_str() {
-        "NEW" => LeaseOrigin::New,
-        "RELEASED" => LeaseOrigin::Released,
-        "TAKEN_OVER" => LeaseOrigin::TakenOver,
-        _ => return Err(corrupt("unknown lease origin")),
-    };
-    Ok(Lease {
-        identity,
-        operation_id: OperationId::from(operation_id),
-        token: FencingToken(u64::try_from(token).map_err(|_| corrupt("negative token"))?),
-        origin,
-        locked_until: Timestamp::from_millis(
-            locked_until.ok_or_else(|| corrupt("claimed record without a lease"))?,
-        ),
-    })
+    idemgate_sqlx::decode_lease::<_, uuid::Uuid>(row, identity)
 }
 
+/// PostgreSQL keeps `format_version` and `response_status` as `INTEGER` and the
+/// operation id as a `UUID`.
 fn decode_snapshot(row: &PgRow) -> Result<Snapshot, StoreError> {
-    let fingerprint: Vec<u8> = column(row, "fingerprint")?;
-    let format_version: i32 = column(row, "format_version")?;
-    let operation_id: uuid::Uuid = column(row, "operation_id")?;
-    let token: i64 = column(row, "token")?;
-    let status: String = column(row, "status")?;
-    let locked_until: Option<i64> = column(row, "locked_until_ms")?;
-    let response_status: Option<i32> = column(row, "response_status")?;
-    let headers: Option<Vec<u8>> = column(row, "response_headers")?;
-    let body: Option<Vec<u8>> = column(row, "response_body")?;
-    let retained: Option<bool> = column(row, "body_retained")?;
-    let created: i64 = column(row, "created_ms")?;
-    let expires: i64 = column(row, "expires_ms")?;
-    let now: i64 = column(row, "now_ms")?;
-
-    let status: RecordStatus = status.parse().map_err(StoreError::corrupt)?;
-    let fingerprint: [u8; 32] = fingerprint
-        .try_into()
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let response = if status.is_final() {
-        let code = response_status
-            .and_then(|code| u16::try_from(code).ok())
-            .and_then(|code| StatusCode::from_u16(code).ok())
-            .ok_or_else(|| corrupt("final record without a valid response status"))?;
-        let headers = StoredResponse::decode_headers(
-            headers
-                .as_deref()
-                .ok_or_else(|| corrupt("final record without headers"))?,
-        )
-        .map_err(StoreError::corrupt)?;
-        let body = match (retained, body) {
-            (Some(true), Some(body)) => StoredBody::Retained(Bytes::from(body)),
-            (Some(false), _) => StoredBody::NotRetained,
-            _ => return Err(corrupt("final record without a body")),
-        };
-        Some(StoredResponse {
-            status: code,
-            headers,
-            body,
-        })
-    } else {
-        None
-    };
-    Ok(Snapshot {
-        record: Record {
-            fingerprint: Fingerprint::from_bytes(fingerprint),
-            format_version: u16::try_from(format_version)
-                .map_err(|_| corrupt("format version out of range"))?,
-            operation_id: OperationId::from(operation_id),
-            token: FencingToken(u64::try_from(token).map_err(|_| corrupt("negative token"))?),
-            status,
-            locked_until: locked_until.map(Timestamp::from_millis),
-            response,
-            created_at: Timestamp::from_millis(created),
-            expires_at: Timestamp::from_millis(expires),
-        },
-        now: Timestamp::from_millis(now),
-    })
+    idemgate_sqlx::decode_snapshot::<_, i32, uuid::Uuid>(row)
 }
 
 #[async_trait]
@@ -374,7 +299,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(store_error)?;
             if let Some(row) = row {
-                let outcome: String = column(&row, "outcome")?;
+                let outcome: String = row.try_get("outcome").map_err(StoreError::corrupt)?;
                 return if outcome == "claimed" {
                     decode_lease(&row, *identity).map(Claim::Acquired)
                 } else {
@@ -386,7 +311,11 @@ impl Store for PostgresStore {
             // between, the claim statement runs again.
             match self.read(identity).await? {
                 Some(snapshot)
-                    if attempt == CLAIM_ATTEMPTS || !claimable_by(&snapshot, request) =>
+                    if attempt == CLAIM_ATTEMPTS
+                        || snapshot
+                            .record
+                            .claim_origin(&request.fingerprint, snapshot.now)
+                            .is_none() =>
                 {
                     return Ok(Claim::Existing(snapshot));
                 }
@@ -439,18 +368,5 @@ impl Store for PostgresStore {
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
         self.inner.signals.wait(identity, timeout).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_are_clamped() {
-        assert_eq!(millis(Duration::from_millis(1_500)), 1_500);
-        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
-        assert_eq!(applied(1), FencedWrite::Applied);
-        assert_eq!(applied(0), FencedWrite::Refused);
     }
 }

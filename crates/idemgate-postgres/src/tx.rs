@@ -3,11 +3,11 @@
 use async_trait::async_trait;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
-use idemgate_sqlx::{ErrorClass, SqlStore};
+use idemgate_sqlx::{ErrorClass, SqlStore, applied};
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::{classify_sqlstate, store_error};
-use crate::store::{PostgresStore, applied};
+use crate::store::PostgresStore;
 
 /// A business transaction that commits together with the idempotency record
 /// ([`idemgate_sqlx::Tx`] on a [`PostgresStore`]).

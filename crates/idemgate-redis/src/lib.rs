@@ -37,7 +37,7 @@
 //! };
 //! match store.try_claim(&request).await? {
 //!     Claim::Acquired(lease) => println!("run operation {}", lease.operation_id),
-//!     Claim::Existing(snapshot) => println!("found {:?}", snapshot.record.status),
+//!     Claim::Existing(snapshot) => println!("found {:?}", snapshot.record.status()),
 //! }
 //! # Ok(()) }
 //! ```

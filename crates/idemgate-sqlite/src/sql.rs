@@ -48,9 +48,10 @@ pub(crate) struct Statements {
     pub(crate) purge: Arc<str>,
 }
 
+/// What a read selects, named as `idemgate_sqlx::decode_snapshot` reads them.
 const RECORD_COLUMNS: &str = "fingerprint, format_version, operation_id, token, status, \
-     locked_until, response_status, response_headers, response_body, body_retained, \
-     created_at, expires_at";
+     locked_until AS locked_until_ms, response_status, response_headers, response_body, \
+     body_retained, created_at AS created_ms, expires_at AS expires_ms";
 
 impl Statements {
     pub(crate) fn new(table: &str) -> Self {
@@ -85,7 +86,7 @@ impl Statements {
                 OR (r.fingerprint = excluded.fingerprint AND (r.status = 'RELEASED' \
                     OR (r.status = 'PROCESSING' AND (r.locked_until IS NULL \
                         OR r.locked_until <= ?9)))) \
-             RETURNING operation_id, token, lease_origin, locked_until"
+             RETURNING operation_id, token, lease_origin, locked_until AS locked_until_ms"
         );
         let read_at = format!(
             "SELECT {RECORD_COLUMNS}, ?2 AS now_ms FROM {t} WHERE identity = ?1 AND expires_at > ?2"

@@ -3,12 +3,12 @@
 use async_trait::async_trait;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
-use idemgate_sqlx::{ErrorClass, SqlStore};
+use idemgate_sqlx::{ErrorClass, SqlStore, applied};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::error::{classify_result_code, store_error};
 use crate::sql::BEGIN_IMMEDIATE;
-use crate::store::{SqliteStore, applied};
+use crate::store::SqliteStore;
 
 /// A business transaction that commits together with the idempotency record
 /// ([`idemgate_sqlx::Tx`] on a [`SqliteStore`]).

@@ -443,3 +443,66 @@ async fn readable_parts_and_the_clock() {
     let skew = snapshot.now.as_millis() - idemgate_core::time::Timestamp::now().as_millis();
     assert!(skew.abs() < 1_000, "SQLite's clock is {skew} ms off");
 }
+
+// --- a newcomer's setup -------------------------------------------------------------
+
+/// A store built with `new(pool)` on a fresh file is `Misconfigured` (SQLite's
+/// result code, not its message), and the layer answers 500 `store-misconfigured`
+/// without running the handler; migrated, the same store serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
+    use idemgate_testkit::setup::{assert_misconfigured, assert_serves, counting_orders};
+    use std::sync::atomic::AtomicUsize;
+
+    let db = TempDb::new();
+    let store = SqliteStore::new(db.pool(2).await);
+    let err = store
+        .try_claim(&fresh_request())
+        .await
+        .expect_err("no table");
+    let StoreError::Misconfigured(source) = &err else {
+        panic!("expected Misconfigured, got {err:?}");
+    };
+    let code = source
+        .downcast_ref::<idemgate_sqlx::Misconfiguration>()
+        .and_then(|m| m.cause.as_database_error())
+        .and_then(|e| e.code())
+        .map(|code| code.into_owned());
+    assert_eq!(code.as_deref(), Some("1"), "SQLITE_ERROR");
+    assert!(
+        err.to_string().contains("migrate()"),
+        "the error names the fix: {err}"
+    );
+
+    let executions = Arc::new(AtomicUsize::new(0));
+    let app = counting_orders(Arc::clone(&executions))
+        .route_layer(idemgate::IdempotencyLayer::new(store.clone()));
+    let key = uuid::Uuid::new_v4().to_string();
+    assert_misconfigured(&app, &executions, &key).await;
+    store.migrate().await.expect("migrate");
+    assert_serves(&app, &executions, &key).await;
+}
+
+/// `SqliteStore::open` migrates: on a fresh file, the store it returns claims and
+/// replays at once, and a second open of the same file keeps the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_is_ready_to_use_without_migrate() {
+    let db = TempDb::new();
+    let store = SqliteStore::open(&db.path).await.expect("open");
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    let write = store
+        .complete(&lease, &completion(awkward_response()))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    store.pool().close().await;
+    let reopened = SqliteStore::open(&db.path).await.expect("reopen");
+    match reopened.try_claim(&request).await.expect("claim") {
+        Claim::Existing(snapshot) => {
+            assert_eq!(snapshot.record.response(), Some(&awkward_response()));
+        }
+        Claim::Acquired(_) => panic!("a completed record must replay"),
+    }
+    reopened.pool().close().await;
+}

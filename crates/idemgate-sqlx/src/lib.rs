@@ -12,8 +12,13 @@
 //! - [`TxRejection`] and its `application/problem+json` answers ([`PROBLEM_NOT_BEHIND_LAYER`],
 //!   [`PROBLEM_ALREADY_LENT`], [`PROBLEM_UNAVAILABLE`]);
 //! - [`ErrorClass`], [`classify`] and [`store_error`]: how a `sqlx` error becomes a
-//!   [`StoreError`], by error variant and database code, never by message text;
-//! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run.
+//!   [`StoreError`], by error variant and database code, never by message text (a
+//!   missing table or a refused permission is [`StoreError::Misconfigured`], with a
+//!   [`Misconfiguration`] that names the fix);
+//! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run;
+//! - [`decode_snapshot`], [`decode_lease`], [`CompletionColumns`], [`millis`],
+//!   [`applied`] and [`CorruptRecord`]: how a record row becomes a
+//!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect.
 //!
 //! A store plugs in by implementing [`SqlStore`]: its `sqlx` database, how it begins
 //! a business transaction, its fenced completion inside one, its change signals and
@@ -23,6 +28,7 @@
 mod error;
 mod problem;
 mod purge;
+mod record;
 mod tx;
 
 use async_trait::async_trait;
@@ -30,8 +36,12 @@ use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, Store, StoreError};
 use sqlx::{Database, Pool, Transaction};
 
-pub use error::{ErrorClass, classify, store_error};
+pub use error::{ErrorClass, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
+pub use record::{
+    CompletionColumns, CorruptRecord, MAX_MILLIS, OperationIdColumn, applied, corrupt,
+    decode_lease, decode_snapshot, millis, token_param,
+};
 pub use tx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, Tx, TxRejection,
 };
