@@ -1,18 +1,14 @@
-//! `PostgresStore`: the [`Store`] on a `sqlx::PgPool`.
+//! `PostgresStore`: the [`Store`](idemgate_core::Store) on a `sqlx::PgPool`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
-use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
-};
-use idemgate_sqlx::{CompletionColumns, PurgeTask, applied, millis, token_param};
-use sqlx::postgres::{PgArguments, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, PgPool, Postgres, Row};
+use idemgate_core::{Claim, ClaimRequest, StoreError};
+use idemgate_sqlx::{PurgeTask, millis};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use crate::error::{ClaimContended, Error, store_error};
 use crate::sql::{self, Names, Statements};
@@ -176,15 +172,7 @@ impl PostgresStore {
     /// that a claim holds locked, so purging never blocks traffic for long.
     /// A `batch` of 0 deletes nothing.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        idemgate_sqlx::purge_in_batches(batch, |limit| async move {
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
-                .bind(limit)
-                .execute(&self.inner.pool)
-                .await
-                .map(|done| done.rows_affected())
-                .map_err(store_error)
-        })
-        .await
+        self.purge_now(batch).await
     }
 
     /// Runs [`PostgresStore::purge_expired`] every `every` on the current tokio
@@ -198,85 +186,15 @@ impl PostgresStore {
     /// # Ok(()) }
     /// ```
     pub fn spawn_purge(&self, every: Duration, batch: usize) -> Result<PurgeTask, Error> {
-        let store = self.clone();
-        PurgeTask::spawn(every, move || {
-            let store = store.clone();
-            async move { store.purge_expired(batch).await }
-        })
-        .map_err(Error::NoRuntime)
-    }
-
-    pub(crate) fn signals(&self) -> &ChangeSignals {
-        &self.inner.signals
-    }
-
-    /// The fenced completion, for the pool or a transaction.
-    pub(crate) fn complete_query(
-        &self,
-        lease: &Lease,
-        completion: &Completion,
-    ) -> Option<sqlx::query::Query<'static, Postgres, PgArguments>> {
-        let token = token_param(lease.token)?;
-        let columns = CompletionColumns::of(completion);
-        Some(
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
-                .bind(lease.identity.as_bytes().as_slice())
-                .bind(lease.operation_id.as_uuid())
-                .bind(token)
-                .bind(columns.status)
-                .bind(i32::from(columns.response_status))
-                .bind(columns.headers)
-                .bind(columns.body)
-                .bind(columns.retained)
-                .bind(columns.ttl_ms),
-        )
-    }
-
-    /// Runs a fenced statement whose parameters are the fence (`$1..$3`) and,
-    /// optionally, one more bigint.
-    async fn fenced(
-        &self,
-        sql: &Arc<str>,
-        lease: &Lease,
-        extra: Option<i64>,
-    ) -> Result<FencedWrite, StoreError> {
-        let Some(token) = token_param(lease.token) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
-            .bind(lease.identity.as_bytes().as_slice())
-            .bind(lease.operation_id.as_uuid())
-            .bind(token);
-        if let Some(extra) = extra {
-            query = query.bind(extra);
-        }
-        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
-        Ok(applied(done.rows_affected()))
-    }
-
-    async fn read(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read)))
-            .bind(identity.as_bytes().as_slice())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(store_error)?;
-        row.as_ref().map(decode_snapshot).transpose()
+        self.spawn_purge_task(every, batch)
+            .map_err(Error::NoRuntime)
     }
 }
 
-fn decode_lease(row: &PgRow, identity: IdentityDigest) -> Result<Lease, StoreError> {
-    idemgate_sqlx::decode_lease::<_, uuid::Uuid>(row, identity)
-}
-
-/// PostgreSQL keeps `format_version` and `response_status` as `INTEGER` and the
-/// operation id as a `UUID`.
-fn decode_snapshot(row: &PgRow) -> Result<Snapshot, StoreError> {
-    idemgate_sqlx::decode_snapshot::<_, i32, uuid::Uuid>(row)
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+impl PostgresStore {
+    /// The claim: one statement, and a read when it returned nothing; see the
+    /// crate docs.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let identity = request.identity.digest();
         let scope = request.identity.scope();
         for attempt in 1..=CLAIM_ATTEMPTS {
@@ -301,9 +219,9 @@ impl Store for PostgresStore {
             if let Some(row) = row {
                 let outcome: String = row.try_get("outcome").map_err(StoreError::corrupt)?;
                 return if outcome == "claimed" {
-                    decode_lease(&row, *identity).map(Claim::Acquired)
+                    idemgate_sqlx::decode_lease(&row, *identity).map(Claim::Acquired)
                 } else {
-                    decode_snapshot(&row).map(Claim::Existing)
+                    idemgate_sqlx::decode_snapshot(&row).map(Claim::Existing)
                 };
             }
             // The read only reports what blocked the claim; it never decides to
@@ -324,49 +242,6 @@ impl Store for PostgresStore {
         }
         Err(StoreError::unavailable(ClaimContended))
     }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
-        completion: &Completion,
-    ) -> Result<FencedWrite, StoreError> {
-        let Some(query) = self.complete_query(lease, completion) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
-        let write = applied(done.rows_affected());
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
-        let write = self.fenced(&self.inner.sql.release, lease, None).await?;
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
-        self.fenced(&self.inner.sql.renew, lease, Some(millis(lease_for)))
-            .await
-    }
-
-    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
-        let write = self.fenced(&self.inner.sql.delete, lease, None).await?;
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
-        self.read(identity).await
-    }
-
-    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
-        self.inner.signals.wait(identity, timeout).await;
-    }
 }
+
+idemgate_sqlx::sql_store_methods!(PostgresStore);

@@ -1,22 +1,15 @@
-//! `SqliteStore`: the [`Store`] on a `sqlx::SqlitePool`.
+//! `SqliteStore`: the [`Store`](idemgate_core::Store) on a `sqlx::SqlitePool`.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
-use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
-};
-use idemgate_sqlx::{CompletionColumns, PurgeTask, applied, millis, token_param};
-use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
-use sqlx::{AssertSqlSafe, Sqlite, SqlitePool};
+use idemgate_core::{Claim, ClaimRequest, StoreError};
+use idemgate_sqlx::{PurgeTask, millis};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, SqlitePool};
 
 use crate::error::{ClaimContended, Error, store_error};
 use crate::sql::{self, BEGIN_IMMEDIATE, Statements};
@@ -161,15 +154,7 @@ impl SqliteStore {
     /// returns how many went. Each batch is its own short write, so claims get the
     /// write lock in between. A `batch` of 0 deletes nothing.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        idemgate_sqlx::purge_in_batches(batch, |limit| async move {
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
-                .bind(limit)
-                .execute(&self.inner.pool)
-                .await
-                .map(|done| done.rows_affected())
-                .map_err(store_error)
-        })
-        .await
+        self.purge_now(batch).await
     }
 
     /// Runs [`SqliteStore::purge_expired`] every `every` on the current tokio runtime,
@@ -183,60 +168,8 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn spawn_purge(&self, every: Duration, batch: usize) -> Result<PurgeTask, Error> {
-        let store = self.clone();
-        PurgeTask::spawn(every, move || {
-            let store = store.clone();
-            async move { store.purge_expired(batch).await }
-        })
-        .map_err(Error::NoRuntime)
-    }
-
-    pub(crate) fn signals(&self) -> &ChangeSignals {
-        &self.inner.signals
-    }
-
-    /// The fenced completion, for the pool or a transaction.
-    pub(crate) fn complete_query(
-        &self,
-        lease: &Lease,
-        completion: &Completion,
-    ) -> Option<sqlx::query::Query<'static, Sqlite, SqliteArguments>> {
-        let token = token_param(lease.token)?;
-        let columns = CompletionColumns::of(completion);
-        Some(
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
-                .bind(lease.identity.as_bytes().to_vec())
-                .bind(lease.operation_id.as_bytes().to_vec())
-                .bind(token)
-                .bind(columns.status)
-                .bind(i64::from(columns.response_status))
-                .bind(columns.headers)
-                .bind(columns.body.map(<[u8]>::to_vec))
-                .bind(columns.retained)
-                .bind(columns.ttl_ms),
-        )
-    }
-
-    /// Runs a fenced statement whose parameters are the fence (`?1..?3`) and,
-    /// optionally, one more integer.
-    async fn fenced(
-        &self,
-        sql: &Arc<str>,
-        lease: &Lease,
-        extra: Option<i64>,
-    ) -> Result<FencedWrite, StoreError> {
-        let Some(token) = token_param(lease.token) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
-            .bind(lease.identity.as_bytes().to_vec())
-            .bind(lease.operation_id.as_bytes().to_vec())
-            .bind(token);
-        if let Some(extra) = extra {
-            query = query.bind(extra);
-        }
-        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
-        Ok(applied(done.rows_affected()))
+        self.spawn_purge_task(every, batch)
+            .map_err(Error::NoRuntime)
     }
 
     /// The claim, in one `IMMEDIATE` transaction: the clock is read once the write
@@ -263,7 +196,7 @@ impl SqliteStore {
             .bind(request.identity.key().as_str().to_owned())
             .bind(request.fingerprint.as_bytes().to_vec())
             .bind(i64::from(RECORD_FORMAT_VERSION))
-            .bind(OperationId::random().as_bytes().to_vec())
+            .bind(OperationId::random().as_uuid())
             .bind(now)
             .bind(millis(request.lease))
             .bind(millis(request.ttl))
@@ -272,7 +205,7 @@ impl SqliteStore {
             .map_err(store_error)?;
         // An early return drops `tx`, which rolls the claim back.
         let claim = match row {
-            Some(row) => Claim::Acquired(decode_lease(&row, *identity)?),
+            Some(row) => Claim::Acquired(idemgate_sqlx::decode_lease(&row, *identity)?),
             None => {
                 let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read_at)))
                     .bind(identity.as_bytes().to_vec())
@@ -281,7 +214,7 @@ impl SqliteStore {
                     .await
                     .map_err(store_error)?;
                 match row {
-                    Some(row) => Claim::Existing(decode_snapshot(&row)?),
+                    Some(row) => Claim::Existing(idemgate_sqlx::decode_snapshot(&row)?),
                     // The insert conflicted, so the row is there under this lock.
                     None => return Err(StoreError::unavailable(ClaimContended)),
                 }
@@ -290,74 +223,6 @@ impl SqliteStore {
         tx.commit().await.map_err(store_error)?;
         Ok(claim)
     }
-
-    async fn read(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read)))
-            .bind(identity.as_bytes().to_vec())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(store_error)?;
-        row.as_ref().map(decode_snapshot).transpose()
-    }
 }
 
-fn decode_lease(row: &SqliteRow, identity: IdentityDigest) -> Result<Lease, StoreError> {
-    idemgate_sqlx::decode_lease::<_, Vec<u8>>(row, identity)
-}
-
-/// SQLite keeps integers as 64-bit and the operation id as a 16-byte `BLOB`.
-fn decode_snapshot(row: &SqliteRow) -> Result<Snapshot, StoreError> {
-    idemgate_sqlx::decode_snapshot::<_, i64, Vec<u8>>(row)
-}
-
-#[async_trait]
-impl Store for SqliteStore {
-    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.claim(request).await
-    }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
-        completion: &Completion,
-    ) -> Result<FencedWrite, StoreError> {
-        let Some(query) = self.complete_query(lease, completion) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
-        let write = applied(done.rows_affected());
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
-        let write = self.fenced(&self.inner.sql.release, lease, None).await?;
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
-        self.fenced(&self.inner.sql.renew, lease, Some(millis(lease_for)))
-            .await
-    }
-
-    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
-        let write = self.fenced(&self.inner.sql.delete, lease, None).await?;
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
-        self.read(identity).await
-    }
-
-    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
-        self.inner.signals.wait(identity, timeout).await;
-    }
-}
+idemgate_sqlx::sql_store_methods!(SqliteStore);

@@ -3,10 +3,10 @@
 use async_trait::async_trait;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
-use idemgate_sqlx::{ErrorClass, SqlStore, applied};
+use idemgate_sqlx::{ErrorClass, SqlStore};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
-use crate::error::{classify_result_code, store_error};
+use crate::error::classify_result_code;
 use crate::sql::BEGIN_IMMEDIATE;
 use crate::store::SqliteStore;
 
@@ -69,11 +69,7 @@ impl SqlStore for SqliteStore {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
-        let Some(query) = self.complete_query(lease, completion) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let done = query.execute(connection).await.map_err(store_error)?;
-        Ok(applied(done.rows_affected()))
+        self.complete_on(connection, lease, completion).await
     }
 
     fn signals(&self) -> &ChangeSignals {

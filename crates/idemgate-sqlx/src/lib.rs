@@ -18,7 +18,9 @@
 //! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run;
 //! - [`decode_snapshot`], [`decode_lease`], [`CompletionColumns`], [`millis`],
 //!   [`applied`] and [`CorruptRecord`]: how a record row becomes a
-//!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect.
+//!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect;
+//! - [`sql_store_methods!`]: the [`Store`] impl and the fenced writes, reads and
+//!   purges both stores run the same way, expanded on each store's own types.
 //!
 //! A store plugs in by implementing [`SqlStore`]: its `sqlx` database, how it begins
 //! a business transaction, its fenced completion inside one, its change signals and
@@ -29,6 +31,7 @@ mod error;
 mod problem;
 mod purge;
 mod record;
+mod store_methods;
 mod tx;
 
 use async_trait::async_trait;
@@ -39,9 +42,19 @@ use sqlx::{Database, Pool, Transaction};
 pub use error::{ErrorClass, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
 pub use record::{
-    CompletionColumns, CorruptRecord, MAX_MILLIS, OperationIdColumn, applied, corrupt,
-    decode_lease, decode_snapshot, millis, token_param,
+    CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_lease, decode_snapshot,
+    millis, token_param,
 };
+
+/// What [`sql_store_methods!`] expands to refers to, so a store crate needs no
+/// matching dependency versions of its own. Not API.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait;
+    pub use idemgate_core;
+    pub use sqlx;
+    pub use tokio;
+}
 pub use tx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, Tx, TxRejection,
 };

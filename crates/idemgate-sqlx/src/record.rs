@@ -6,9 +6,9 @@
 //! `operation_id`, `token`, `status`, `locked_until_ms`, `response_status`,
 //! `response_headers`, `response_body`, `body_retained`, `created_ms`, `expires_ms`,
 //! `now_ms`; a claim returns `operation_id`, `token`, `lease_origin`,
-//! `locked_until_ms`). Where their column types differ — PostgreSQL's `INTEGER` and
-//! `UUID` against SQLite's `INTEGER` (64-bit) and `BLOB` — the decoders take the
-//! Rust type as a parameter.
+//! `locked_until_ms`) and read them as the same Rust types: the operation id as a
+//! `uuid::Uuid` (PostgreSQL's `UUID`, SQLite's 16-byte `BLOB`), `format_version`
+//! and `response_status` as `i32`, times and tokens as `i64`.
 
 use std::time::Duration;
 
@@ -59,28 +59,6 @@ pub struct CorruptRecord(pub &'static str);
 /// A [`StoreError::Corrupt`] saying what is wrong.
 pub fn corrupt(what: &'static str) -> StoreError {
     StoreError::corrupt(CorruptRecord(what))
-}
-
-/// How a dialect's operation-id column becomes an [`OperationId`]: a PostgreSQL
-/// `UUID`, or SQLite's 16-byte `BLOB`.
-pub trait OperationIdColumn {
-    /// The id, or [`StoreError::Corrupt`] when the column cannot be one.
-    fn into_operation_id(self) -> Result<OperationId, StoreError>;
-}
-
-impl OperationIdColumn for uuid::Uuid {
-    fn into_operation_id(self) -> Result<OperationId, StoreError> {
-        Ok(OperationId::from(self))
-    }
-}
-
-impl OperationIdColumn for Vec<u8> {
-    fn into_operation_id(self) -> Result<OperationId, StoreError> {
-        let bytes: [u8; 16] = self
-            .try_into()
-            .map_err(|_| corrupt("operation id is not 16 bytes"))?;
-        Ok(OperationId::from_bytes(bytes))
-    }
 }
 
 /// What [`crate::SqlStore::complete_in`]'s statement writes for `completion`, in
@@ -137,12 +115,12 @@ fn token(token: i64) -> Result<FencingToken, StoreError> {
 }
 
 /// The lease a claim statement returned (`operation_id`, `token`, `lease_origin`,
-/// `locked_until_ms`), for `identity`. `Op` is the dialect's operation-id type.
-pub fn decode_lease<R, Op>(row: &R, identity: IdentityDigest) -> Result<Lease, StoreError>
+/// `locked_until_ms`), for `identity`.
+pub fn decode_lease<R>(row: &R, identity: IdentityDigest) -> Result<Lease, StoreError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
-    for<'r> Op: OperationIdColumn + Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
 {
@@ -150,7 +128,7 @@ where
     let locked_until: Option<i64> = column(row, "locked_until_ms")?;
     Ok(Lease {
         identity,
-        operation_id: column::<R, Op>(row, "operation_id")?.into_operation_id()?,
+        operation_id: OperationId::from(column::<R, uuid::Uuid>(row, "operation_id")?),
         token: token(column(row, "token")?)?,
         origin: origin.parse::<LeaseOrigin>().map_err(StoreError::corrupt)?,
         locked_until: Timestamp::from_millis(
@@ -159,23 +137,22 @@ where
     })
 }
 
-/// The record (and the store's clock, `now_ms`) a read selected. `Int` is the
-/// dialect's type for `format_version` and `response_status`, `Op` its operation-id
-/// type. A final record without a complete response, or a running one without a
-/// lease, is [`StoreError::Corrupt`]: [`RecordState`] cannot hold either.
-pub fn decode_snapshot<R, Int, Op>(row: &R) -> Result<Snapshot, StoreError>
+/// The record (and the store's clock, `now_ms`) a read selected. A final record
+/// without a complete response, or a running one without a lease, is
+/// [`StoreError::Corrupt`]: [`RecordState`] cannot hold either.
+pub fn decode_snapshot<R>(row: &R) -> Result<Snapshot, StoreError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
-    for<'r> Int: Into<i64> + Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Op: OperationIdColumn + Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
     let fingerprint: Vec<u8> = column(row, "fingerprint")?;
-    let format_version: Int = column(row, "format_version")?;
+    let format_version: i32 = column(row, "format_version")?;
     let status: String = column(row, "status")?;
     let locked_until: Option<i64> = column(row, "locked_until_ms")?;
     let created: i64 = column(row, "created_ms")?;
@@ -189,7 +166,7 @@ where
     // The response columns mean something only once the record is final; a claim
     // clears them, but a reader does not rely on that.
     let response = if status.is_final() {
-        Some(decode_response::<R, Int>(row)?)
+        Some(decode_response(row)?)
     } else {
         None
     };
@@ -198,9 +175,9 @@ where
     Ok(Snapshot {
         record: Record {
             fingerprint: Fingerprint::from_bytes(fingerprint),
-            format_version: u16::try_from(format_version.into())
+            format_version: u16::try_from(format_version)
                 .map_err(|_| corrupt("format version out of range"))?,
-            operation_id: column::<R, Op>(row, "operation_id")?.into_operation_id()?,
+            operation_id: OperationId::from(column::<R, uuid::Uuid>(row, "operation_id")?),
             token: token(column(row, "token")?)?,
             state,
             created_at: Timestamp::from_millis(created),
@@ -210,20 +187,20 @@ where
     })
 }
 
-fn decode_response<R, Int>(row: &R) -> Result<StoredResponse, StoreError>
+fn decode_response<R>(row: &R) -> Result<StoredResponse, StoreError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
-    for<'r> Int: Into<i64> + Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let response_status: Option<Int> = column(row, "response_status")?;
+    let response_status: Option<i32> = column(row, "response_status")?;
     let headers: Option<Vec<u8>> = column(row, "response_headers")?;
     let body: Option<Vec<u8>> = column(row, "response_body")?;
     let retained: Option<bool> = column(row, "body_retained")?;
     let status = response_status
-        .and_then(|code| u16::try_from(code.into()).ok())
+        .and_then(|code| u16::try_from(code).ok())
         .and_then(|code| StatusCode::from_u16(code).ok())
         .ok_or_else(|| corrupt("final record without a valid response status"))?;
     let headers = StoredResponse::decode_headers(
@@ -260,16 +237,5 @@ mod tests {
         assert_eq!(applied(0), FencedWrite::Refused);
         assert_eq!(token_param(FencingToken(u64::MAX)), None);
         assert_eq!(token_param(FencingToken(7)), Some(7));
-    }
-
-    #[test]
-    fn operation_ids_from_blobs_must_be_16_bytes() {
-        let id = OperationId::random();
-        assert_eq!(id.as_bytes().to_vec().into_operation_id().unwrap(), id);
-        assert!(matches!(
-            vec![0u8; 15].into_operation_id(),
-            Err(StoreError::Corrupt(_))
-        ));
-        assert_eq!(id.as_uuid().into_operation_id().unwrap(), id);
     }
 }
