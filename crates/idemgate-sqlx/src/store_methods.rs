@@ -19,8 +19,8 @@
 /// milliseconds, `complete`'s 4th–9th the [`CompletionColumns`](crate::CompletionColumns)),
 /// `read` (parameter 1: identity) and `purge` (parameter 1: the batch size); an
 /// inherent `async fn claim(&self, &ClaimRequest) -> Result<Claim, StoreError>`;
-/// and `crate::error::store_error`. It implements [`SqlStore`](crate::SqlStore),
-/// whose `Database` the expansion uses.
+/// and an impl of [`SqlStore`](crate::SqlStore), whose `Database` and error codes
+/// the expansion uses ([`store_error`](crate::store_error)).
 ///
 /// The expansion adds the inherent methods `complete_on` (the fenced completion on
 /// a connection, for [`SqlStore::complete_in`](crate::SqlStore::complete_in)),
@@ -79,7 +79,7 @@ macro_rules! sql_store_methods {
                 let done = query
                     .execute(connection)
                     .await
-                    .map_err(crate::error::store_error)?;
+                    .map_err($crate::store_error::<$store>)?;
                 ::std::result::Result::Ok($crate::applied(done.rows_affected()))
             }
 
@@ -113,7 +113,7 @@ macro_rules! sql_store_methods {
                 let done = query
                     .execute(&self.inner.pool)
                     .await
-                    .map_err(crate::error::store_error)?;
+                    .map_err($crate::store_error::<$store>)?;
                 let write = $crate::applied(done.rows_affected());
                 if notify && write == $crate::__private::idemgate_core::FencedWrite::Applied {
                     self.inner.signals.notify(&lease.identity);
@@ -134,7 +134,7 @@ macro_rules! sql_store_methods {
                 .bind(identity.as_bytes().to_vec())
                 .fetch_optional(&self.inner.pool)
                 .await
-                .map_err(crate::error::store_error)?;
+                .map_err($crate::store_error::<$store>)?;
                 row.as_ref().map($crate::decode_snapshot).transpose()
             }
 
@@ -151,7 +151,7 @@ macro_rules! sql_store_methods {
                     .execute(&self.inner.pool)
                     .await
                     .map(|done| done.rows_affected())
-                    .map_err(crate::error::store_error)
+                    .map_err($crate::store_error::<$store>)
                 })
                 .await
             }
@@ -202,7 +202,7 @@ macro_rules! sql_store_methods {
                     .pool
                     .acquire()
                     .await
-                    .map_err(crate::error::store_error)?;
+                    .map_err($crate::store_error::<$store>)?;
                 let write = self.complete_on(&mut connection, lease, completion).await?;
                 if write == $crate::__private::idemgate_core::FencedWrite::Applied {
                     self.inner.signals.notify(&lease.identity);
