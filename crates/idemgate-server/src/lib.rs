@@ -8,6 +8,12 @@
 //! `main.rs` only parses the command line; [`http::app`] builds the router that
 //! tests drive, and [`server::run`] wires stores, gateway and shutdown.
 
+/// The workspace README's examples, compiled as doctests here, where every store
+/// crate is a dependency.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod cli;
 pub mod gateway;
 pub mod http;
