@@ -30,6 +30,13 @@ pub enum Error {
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
 }
 
+impl From<idemgate_sqlx::SchemaTooNew> for Error {
+    fn from(too_new: idemgate_sqlx::SchemaTooNew) -> Self {
+        let idemgate_sqlx::SchemaTooNew { found, supported } = too_new;
+        Self::SchemaTooNew { found, supported }
+    }
+}
+
 /// Classifies a SQLSTATE: the ones that mean "try again later" are transient, a
 /// missing table or schema and a refused permission are misconfiguration, every
 /// other one unexpected (still answered as unavailable, but logged).

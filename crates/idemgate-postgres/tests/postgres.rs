@@ -486,12 +486,12 @@ async fn readable_identity_parts_are_stored() {
 // --- a newcomer's setup -------------------------------------------------------------
 
 /// A store built with `new(pool)` whose table was never migrated — in a fresh schema,
-/// and under a fresh table name in a migrated schema — is `Misconfigured`, and the
-/// layer answers 500 `store-misconfigured` without running the handler; migrated,
-/// the same store serves.
+/// and under a fresh table name in a migrated schema — is `Misconfigured` (by
+/// SQLSTATE), and the layer answers 500 `store-misconfigured` without running the
+/// handler; migrated, the same store serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
-    use idemgate_testkit::setup::{assert_misconfigured, assert_serves, counting_orders};
+    use idemgate_testkit::setup::{counting_orders, misconfiguration_code};
     use std::sync::atomic::AtomicUsize;
 
     let schema = TempSchema::new().await;
@@ -500,49 +500,31 @@ async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
         schema.store(),
         shared_store(2).await.with_table(fresh_table.clone()),
     ] {
-        let err = store
-            .try_claim(&fresh_request())
-            .await
-            .expect_err("no table");
-        let StoreError::Misconfigured(source) = &err else {
-            panic!("expected Misconfigured, got {err:?}");
-        };
-        let sqlstate = source
-            .downcast_ref::<idemgate_sqlx::Misconfiguration>()
-            .and_then(|m| m.cause.as_database_error())
-            .and_then(|e| e.code())
-            .map(|code| code.into_owned());
+        let sqlstate = misconfiguration_code(&store).await;
         assert!(
             matches!(sqlstate.as_deref(), Some("42P01" | "3F000")),
             "{sqlstate:?}"
         );
-        assert!(
-            err.to_string().contains("migrate()"),
-            "the error names the fix: {err}"
-        );
-
         let executions = Arc::new(AtomicUsize::new(0));
         let app = counting_orders(Arc::clone(&executions))
             .route_layer(idemgate::IdempotencyLayer::new(store.clone()));
-        let key = uuid::Uuid::new_v4().to_string();
-        assert_misconfigured(&app, &executions, &key).await;
-        store.migrate().await.expect("migrate");
-        assert_serves(&app, &executions, &key).await;
+        let migrate = async { store.migrate().await.expect("migrate") };
+        idemgate_testkit::setup::misconfigured_until_migrated(&app, &executions, migrate).await;
     }
-    let shared = pool(1).await;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}\"; \
          DROP SEQUENCE \"{SHARED_SCHEMA}\".\"{fresh_table}_token_seq\"; \
-         DELETE FROM \"{SHARED_SCHEMA}\".idemgate_schema_versions WHERE table_name = '{fresh_table}'"
+         DELETE FROM \"{SHARED_SCHEMA}\".idemgate_schema_versions \
+         WHERE table_name = '{fresh_table}'"
     )))
-    .execute(&shared)
+    .execute(&schema.pool)
     .await
     .expect("drop the fresh table");
     schema.drop_schema().await;
 }
 
 /// `PostgresStore::connect` migrates: on a database whose `search_path` has no
-/// record table yet, the store it returns claims and replays at once.
+/// record table yet, the store it returns claims, completes and replays at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_is_ready_to_use_without_migrate() {
     let schema = TempSchema::new().await;
@@ -557,19 +539,7 @@ async fn connect_is_ready_to_use_without_migrate() {
         schema.name
     );
     let store = PostgresStore::connect(&url).await.expect("connect");
-    let request = fresh_request();
-    let lease = acquire(&store, &request).await;
-    let write = store
-        .complete(&lease, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Applied);
-    match store.try_claim(&request).await.expect("claim") {
-        Claim::Existing(snapshot) => {
-            assert_eq!(snapshot.record.response(), Some(&awkward_response()));
-        }
-        Claim::Acquired(_) => panic!("a completed record must replay"),
-    }
+    idemgate_testkit::setup::ready_to_use(&store).await;
     assert_eq!(schema.count("idemgate_records").await, 1);
     store.pool().close().await;
     schema.drop_schema().await;

@@ -31,6 +31,13 @@ pub enum Error {
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
 }
 
+impl From<idemgate_sqlx::SchemaTooNew> for Error {
+    fn from(too_new: idemgate_sqlx::SchemaTooNew) -> Self {
+        let idemgate_sqlx::SchemaTooNew { found, supported } = too_new;
+        Self::SchemaTooNew { found, supported }
+    }
+}
+
 // Primary result codes (https://www.sqlite.org/rescode.html). Extended codes carry
 // the primary one in their low byte.
 const SQLITE_ERROR: i32 = 1;

@@ -59,6 +59,8 @@ impl Statements {
         let fence = fence();
         // `?9` is the clock reading taken inside the claim's IMMEDIATE transaction.
         let expired = "r.expires_at <= ?9";
+        // The upsert's `WHERE` restates `Record::claim_origin` (PROTOCOL §6.2) in
+        // SQL: same fingerprint, and `RELEASED` or a lapsed lease (or expired).
         let claim = format!(
             "INSERT INTO {t} AS r (identity, principal, method, path, idempotency_key, \
                  fingerprint, format_version, operation_id, token, status, lease_origin, \

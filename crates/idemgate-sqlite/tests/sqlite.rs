@@ -451,58 +451,33 @@ async fn readable_parts_and_the_clock() {
 /// without running the handler; migrated, the same store serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
-    use idemgate_testkit::setup::{assert_misconfigured, assert_serves, counting_orders};
+    use idemgate_testkit::setup::{counting_orders, misconfiguration_code};
     use std::sync::atomic::AtomicUsize;
 
     let db = TempDb::new();
     let store = SqliteStore::new(db.pool(2).await);
-    let err = store
-        .try_claim(&fresh_request())
-        .await
-        .expect_err("no table");
-    let StoreError::Misconfigured(source) = &err else {
-        panic!("expected Misconfigured, got {err:?}");
-    };
-    let code = source
-        .downcast_ref::<idemgate_sqlx::Misconfiguration>()
-        .and_then(|m| m.cause.as_database_error())
-        .and_then(|e| e.code())
-        .map(|code| code.into_owned());
-    assert_eq!(code.as_deref(), Some("1"), "SQLITE_ERROR");
-    assert!(
-        err.to_string().contains("migrate()"),
-        "the error names the fix: {err}"
+    let code = misconfiguration_code(&store).await;
+    assert_eq!(
+        code.as_deref(),
+        Some("1"),
+        "plain SQLITE_ERROR: no such table"
     );
-
     let executions = Arc::new(AtomicUsize::new(0));
     let app = counting_orders(Arc::clone(&executions))
         .route_layer(idemgate::IdempotencyLayer::new(store.clone()));
-    let key = uuid::Uuid::new_v4().to_string();
-    assert_misconfigured(&app, &executions, &key).await;
-    store.migrate().await.expect("migrate");
-    assert_serves(&app, &executions, &key).await;
+    let migrate = async { store.migrate().await.expect("migrate") };
+    idemgate_testkit::setup::misconfigured_until_migrated(&app, &executions, migrate).await;
 }
 
-/// `SqliteStore::open` migrates: on a fresh file, the store it returns claims and
-/// replays at once, and a second open of the same file keeps the record.
+/// `SqliteStore::open` migrates: on a fresh file, the store it returns claims,
+/// completes and replays at once; reopened, the file keeps the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_is_ready_to_use_without_migrate() {
     let db = TempDb::new();
     let store = SqliteStore::open(&db.path).await.expect("open");
-    let request = fresh_request();
-    let lease = acquire(&store, &request).await;
-    let write = store
-        .complete(&lease, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Applied);
-    store.pool().close().await;
+    idemgate_testkit::setup::ready_to_use(&store).await;
     let reopened = SqliteStore::open(&db.path).await.expect("reopen");
-    match reopened.try_claim(&request).await.expect("claim") {
-        Claim::Existing(snapshot) => {
-            assert_eq!(snapshot.record.response(), Some(&awkward_response()));
-        }
-        Claim::Acquired(_) => panic!("a completed record must replay"),
-    }
+    idemgate_testkit::setup::ready_to_use(&reopened).await;
+    store.pool().close().await;
     reopened.pool().close().await;
 }

@@ -19,6 +19,7 @@
 //! - [`decode_snapshot`], [`decode_lease`], [`CompletionColumns`], [`millis`],
 //!   [`applied`] and [`CorruptRecord`]: how a record row becomes a
 //!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect;
+//! - [`schema_step`]: the schema-version rule every migration keeps;
 //! - [`sql_store_methods!`]: the [`Store`] impl and the fenced writes, reads and
 //!   purges both stores run the same way, expanded on each store's own types.
 //!
@@ -31,6 +32,7 @@ mod error;
 mod problem;
 mod purge;
 mod record;
+mod setup;
 mod store_methods;
 mod tx;
 
@@ -45,6 +47,7 @@ pub use record::{
     CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_lease, decode_snapshot,
     millis, token_param,
 };
+pub use setup::{SchemaStep, SchemaTooNew, schema_step};
 
 /// What [`sql_store_methods!`] expands to refers to, so a store crate needs no
 /// matching dependency versions of its own. Not API.

@@ -17,7 +17,10 @@ use axum::routing::post;
 use http::header::CONTENT_TYPE;
 use http::{Request, StatusCode};
 use idemgate_core::scope::Principal;
+use idemgate_core::{Claim, FencedWrite, Store, StoreError};
 use tower::ServiceExt;
+
+use crate::conformance::{acquire, awkward_response, completion, fresh_request};
 
 /// The problem `type` of a misconfigured store (`docs/problems.md`).
 pub const STORE_MISCONFIGURED: &str = "https://idemgate.dev/problems/store-misconfigured";
@@ -118,4 +121,57 @@ pub async fn assert_serves(app: &Router, executions: &AtomicUsize, key: &str) {
         before + 1,
         "the retry must be a replay"
     );
+}
+
+/// Claims a fresh key on `store`, which is not migrated, and returns the database's
+/// code behind the [`StoreError::Misconfigured`] it must answer (a SQLSTATE, an
+/// SQLite result code), after checking that the error names the fix.
+pub async fn misconfiguration_code(store: &dyn Store) -> Option<String> {
+    let err = store
+        .try_claim(&fresh_request())
+        .await
+        .expect_err("a store without its table cannot claim");
+    let StoreError::Misconfigured(source) = &err else {
+        panic!("expected Misconfigured, got {err:?}");
+    };
+    assert!(
+        err.to_string().contains("migrate()"),
+        "the error names the fix: {err}"
+    );
+    source
+        .downcast_ref::<idemgate_sqlx::Misconfiguration>()
+        .and_then(|misconfiguration| misconfiguration.cause.as_database_error())
+        .and_then(|database| database.code())
+        .map(|code| code.into_owned())
+}
+
+/// Asserts [`assert_misconfigured`] on `app`, runs `migrate`, then asserts
+/// [`assert_serves`] with the same key: nothing ran before, it runs once after.
+pub async fn misconfigured_until_migrated(
+    app: &Router,
+    executions: &AtomicUsize,
+    migrate: impl Future<Output = ()>,
+) {
+    let key = uuid::Uuid::new_v4().to_string();
+    assert_misconfigured(app, executions, &key).await;
+    migrate.await;
+    assert_serves(app, executions, &key).await;
+}
+
+/// Asserts that `store`, as a connecting constructor returned it (no `migrate()`
+/// call), claims a fresh key, completes it and replays the response.
+pub async fn ready_to_use(store: &dyn Store) {
+    let request = fresh_request();
+    let lease = acquire(store, &request).await;
+    let write = store
+        .complete(&lease, &completion(awkward_response()))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    match store.try_claim(&request).await.expect("claim") {
+        Claim::Existing(snapshot) => {
+            assert_eq!(snapshot.record.response(), Some(&awkward_response()));
+        }
+        Claim::Acquired(_) => panic!("a completed record must replay"),
+    }
 }
