@@ -6,10 +6,12 @@
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
-use crate::record::{RecordStatus, StoredResponse};
+use crate::record::StoredResponse;
 use crate::store::Snapshot;
 
 /// What to answer a request whose claim found an existing record.
+///
+/// Exhaustive on purpose: every surface (the layer, a proxy) must answer each case.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision<'a> {
     /// Same key, other request: 422.
@@ -32,26 +34,25 @@ pub fn decide<'a>(snapshot: &'a Snapshot, fingerprint: &Fingerprint) -> Decision
     if record.fingerprint != *fingerprint {
         return Decision::Mismatch;
     }
-    match (record.status, &record.response) {
-        (RecordStatus::Completed | RecordStatus::Failed, Some(response)) => {
-            Decision::Replay(response)
-        }
-        _ if record.lease_is_live(snapshot.now) => {
-            let left = record
-                .locked_until
-                .map_or(Duration::ZERO, |until| until.duration_since(snapshot.now));
-            Decision::InProgress {
-                retry_after: left.max(Duration::from_secs(1)),
-            }
-        }
-        _ => Decision::Claimable,
+    if let Some(response) = record.response() {
+        return Decision::Replay(response);
+    }
+    if record.claim_origin(fingerprint, snapshot.now).is_some() {
+        return Decision::Claimable;
+    }
+    // Same fingerprint, not final, not claimable: a live lease.
+    let left = record
+        .locked_until()
+        .map_or(Duration::ZERO, |until| until.duration_since(snapshot.now));
+    Decision::InProgress {
+        retry_after: left.max(Duration::from_secs(1)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{FencingToken, OperationId, Record, StoredBody};
+    use crate::record::{FencingToken, OperationId, Record, RecordState, RecordStatus, StoredBody};
     use crate::time::Timestamp;
     use http::StatusCode;
 
@@ -65,15 +66,16 @@ mod tests {
             headers: vec![],
             body: StoredBody::Retained("done".into()),
         });
+        let state =
+            RecordState::from_parts(status, locked_until.map(Timestamp::from_millis), response)
+                .expect("a consistent test record");
         Snapshot {
             record: Record {
                 fingerprint: fp(1),
                 format_version: 1,
                 operation_id: OperationId::random(),
                 token: FencingToken(1),
-                status,
-                locked_until: locked_until.map(Timestamp::from_millis),
-                response,
+                state,
                 created_at: Timestamp::from_millis(0),
                 expires_at: Timestamp::from_millis(1_000_000),
             },

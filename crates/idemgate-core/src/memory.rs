@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordStatus};
+use crate::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordState};
 use crate::scope::IdentityDigest;
 use crate::signals::ChangeSignals;
 use crate::store::{
@@ -164,7 +164,7 @@ impl MemoryStore {
         let mut shard = self.lock(Self::shard_of(&lease.identity));
         let holds = shard.records.get(&lease.identity).is_some_and(|record| {
             record.expires_at > now
-                && record.status == RecordStatus::Processing
+                && matches!(record.state, RecordState::Processing { .. })
                 && record.operation_id == lease.operation_id
                 && record.token == lease.token
         });
@@ -190,23 +190,14 @@ impl Store for MemoryStore {
             .get_mut(&digest)
             .filter(|r| r.expires_at > now)
         {
-            let origin = match record.status {
-                _ if record.fingerprint != request.fingerprint => None,
-                RecordStatus::Released => Some(LeaseOrigin::Released),
-                RecordStatus::Processing if !record.lease_is_live(now) => {
-                    Some(LeaseOrigin::TakenOver)
-                }
-                _ => None,
-            };
-            let Some(origin) = origin else {
+            let Some(origin) = record.claim_origin(&request.fingerprint, now) else {
                 return Ok(Claim::Existing(Snapshot {
                     record: record.clone(),
                     now,
                 }));
             };
-            record.status = RecordStatus::Processing;
+            record.state = RecordState::Processing { locked_until };
             record.token = self.next_token();
-            record.locked_until = Some(locked_until);
             // A record taken up again near the end of its life must outlive its new
             // run, or it would expire mid-run and its key start a second operation.
             record.expires_at = record.expires_at.max(now.saturating_add(request.ttl));
@@ -227,9 +218,7 @@ impl Store for MemoryStore {
             format_version: RECORD_FORMAT_VERSION,
             operation_id: OperationId::random(),
             token: self.next_token(),
-            status: RecordStatus::Processing,
-            locked_until: Some(locked_until),
-            response: None,
+            state: RecordState::Processing { locked_until },
             created_at: now,
             expires_at: now.saturating_add(request.ttl),
         };
@@ -251,9 +240,7 @@ impl Store for MemoryStore {
     ) -> Result<FencedWrite, StoreError> {
         let write = self.fenced(lease, |shard, now| {
             if let Some(record) = shard.records.get_mut(&lease.identity) {
-                record.status = completion.status.into();
-                record.response = Some(completion.response.clone());
-                record.locked_until = None;
+                record.state = completion.state();
                 record.expires_at = now.saturating_add(completion.ttl);
             }
         });
@@ -264,8 +251,7 @@ impl Store for MemoryStore {
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         let write = self.fenced(lease, |shard, _| {
             if let Some(record) = shard.records.get_mut(&lease.identity) {
-                record.status = RecordStatus::Released;
-                record.locked_until = None;
+                record.state = RecordState::Released;
             }
         });
         self.signals.notify(&lease.identity);
@@ -275,7 +261,9 @@ impl Store for MemoryStore {
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
         Ok(self.fenced(lease, |shard, now| {
             if let Some(record) = shard.records.get_mut(&lease.identity) {
-                record.locked_until = Some(now.saturating_add(lease_for));
+                record.state = RecordState::Processing {
+                    locked_until: now.saturating_add(lease_for),
+                };
             }
         }))
     }

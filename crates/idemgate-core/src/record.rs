@@ -76,7 +76,9 @@ impl FromStr for OperationId {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct FencingToken(pub u64);
 
-/// Where an operation stands.
+/// Where an operation stands: the name of a [`RecordState`], as stores persist it.
+///
+/// Exhaustive on purpose: every store writes and reads back each status.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum RecordStatus {
     /// Claimed; a holder runs it until `locked_until`.
@@ -121,6 +123,8 @@ impl FromStr for RecordStatus {
 }
 
 /// A stored body, or the fact that it was too large to keep (PROTOCOL §8).
+///
+/// Exhaustive on purpose: a replay must handle both.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum StoredBody {
     /// The body, byte for byte.
@@ -254,6 +258,119 @@ fn get_headers(bytes: &mut &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, Deco
     Ok(headers)
 }
 
+/// How a claim came about.
+///
+/// Exhaustive on purpose: every store maps each origin to and from its stored
+/// form, and must handle every one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseOrigin {
+    /// A new operation.
+    New,
+    /// A `Released` record claimed again.
+    Released,
+    /// A `Processing` record whose holder's lease lapsed.
+    TakenOver,
+}
+
+impl LeaseOrigin {
+    /// The name stores persist (`NEW`, `RELEASED`, `TAKEN_OVER`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::New => "NEW",
+            Self::Released => "RELEASED",
+            Self::TakenOver => "TAKEN_OVER",
+        }
+    }
+}
+
+impl FromStr for LeaseOrigin {
+    type Err = DecodeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "NEW" => Ok(Self::New),
+            "RELEASED" => Ok(Self::Released),
+            "TAKEN_OVER" => Ok(Self::TakenOver),
+            _ => Err(DecodeError("unknown lease origin")),
+        }
+    }
+}
+
+/// Where an operation stands, with exactly what that state carries: a lease end
+/// while it runs, a response once it is final. A final record without a response,
+/// or a running one without a lease, cannot be built, so neither [`crate::decide()`]
+/// nor a store decoder has to guess what one would mean.
+///
+/// Exhaustive on purpose: a store must handle every state.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum RecordState {
+    /// Claimed; a holder runs it until `locked_until` (store clock).
+    Processing {
+        /// End of the current lease.
+        locked_until: Timestamp,
+    },
+    /// A retryable failure: claimable again by the same fingerprint, with the same
+    /// operation id.
+    Released,
+    /// A final result is stored and replayed.
+    Completed(StoredResponse),
+    /// A 5xx stored under the `store` policy; replayed like `Completed`.
+    Failed(StoredResponse),
+}
+
+impl RecordState {
+    /// Builds the state from the columns or fields a store keeps: the status, the
+    /// lease end and the response. Fails when the status needs a part that is
+    /// missing (a running record without a lease end, a final one without a
+    /// response) or carries a response it must not have. A lease end on a record
+    /// that is not running is ignored: stores clear it, but it means nothing there.
+    pub fn from_parts(
+        status: RecordStatus,
+        locked_until: Option<Timestamp>,
+        response: Option<StoredResponse>,
+    ) -> Result<Self, DecodeError> {
+        match (status, response) {
+            (RecordStatus::Processing, None) => locked_until
+                .map(|locked_until| Self::Processing { locked_until })
+                .ok_or(DecodeError("processing record without a lease")),
+            (RecordStatus::Released, None) => Ok(Self::Released),
+            (RecordStatus::Completed, Some(response)) => Ok(Self::Completed(response)),
+            (RecordStatus::Failed, Some(response)) => Ok(Self::Failed(response)),
+            (RecordStatus::Completed | RecordStatus::Failed, None) => {
+                Err(DecodeError("final record without a response"))
+            }
+            (RecordStatus::Processing | RecordStatus::Released, Some(_)) => {
+                Err(DecodeError("response on a record that is not final"))
+            }
+        }
+    }
+
+    /// The status name stores persist for this state.
+    pub const fn status(&self) -> RecordStatus {
+        match self {
+            Self::Processing { .. } => RecordStatus::Processing,
+            Self::Released => RecordStatus::Released,
+            Self::Completed(_) => RecordStatus::Completed,
+            Self::Failed(_) => RecordStatus::Failed,
+        }
+    }
+
+    /// End of the lease; `None` unless `Processing`.
+    pub const fn locked_until(&self) -> Option<Timestamp> {
+        match self {
+            Self::Processing { locked_until } => Some(*locked_until),
+            _ => None,
+        }
+    }
+
+    /// The response a replay gives back; `Some` exactly when final.
+    pub const fn response(&self) -> Option<&StoredResponse> {
+        match self {
+            Self::Completed(response) | Self::Failed(response) => Some(response),
+            Self::Processing { .. } | Self::Released => None,
+        }
+    }
+}
+
 /// One operation as a store holds it (PROTOCOL §5). The identity is the key the
 /// store found it under, so it is not repeated here.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -266,12 +383,8 @@ pub struct Record {
     pub operation_id: OperationId,
     /// The current holder's token.
     pub token: FencingToken,
-    /// Where it stands.
-    pub status: RecordStatus,
-    /// End of the current lease; `None` unless `Processing`.
-    pub locked_until: Option<Timestamp>,
-    /// The stored response; `Some` exactly when `status.is_final()`.
-    pub response: Option<StoredResponse>,
+    /// Where it stands, with its lease end or its response.
+    pub state: RecordState,
     /// First claim.
     pub created_at: Timestamp,
     /// After this instant the record is absent, purged or not.
@@ -279,10 +392,44 @@ pub struct Record {
 }
 
 impl Record {
+    /// Where it stands, as the name stores persist.
+    pub const fn status(&self) -> RecordStatus {
+        self.state.status()
+    }
+
+    /// End of the current lease; `None` unless `Processing`.
+    pub const fn locked_until(&self) -> Option<Timestamp> {
+        self.state.locked_until()
+    }
+
+    /// The stored response; `Some` exactly when final.
+    pub const fn response(&self) -> Option<&StoredResponse> {
+        self.state.response()
+    }
+
     /// Whether a `Processing` record's holder may still be running it at `now`.
     pub fn lease_is_live(&self, now: Timestamp) -> bool {
-        self.status == RecordStatus::Processing
-            && self.locked_until.is_some_and(|until| until > now)
+        self.locked_until().is_some_and(|until| until > now)
+    }
+
+    /// Whether a claim with `fingerprint` at `now` (store clock) may take this
+    /// live record up again, and how (PROTOCOL §6.2): a `Released` record, or a
+    /// `Processing` one whose lease lapsed, by the fingerprint it was made for.
+    /// `None` for every other request. The one place this rule is written in Rust;
+    /// stores whose claim runs inside the database restate it in their dialect.
+    pub fn claim_origin(&self, fingerprint: &Fingerprint, now: Timestamp) -> Option<LeaseOrigin> {
+        if self.fingerprint != *fingerprint {
+            return None;
+        }
+        match self.state {
+            RecordState::Released => Some(LeaseOrigin::Released),
+            RecordState::Processing { locked_until } if locked_until <= now => {
+                Some(LeaseOrigin::TakenOver)
+            }
+            RecordState::Processing { .. } | RecordState::Completed(_) | RecordState::Failed(_) => {
+                None
+            }
+        }
     }
 }
 
@@ -342,6 +489,75 @@ mod tests {
         }
         assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00\x00")).is_err());
         assert!(StoredResponse::decode_headers(b"\x00\x01\x00\x02a").is_err());
+    }
+
+    fn record(state: RecordState) -> Record {
+        Record {
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            format_version: RECORD_FORMAT_VERSION,
+            operation_id: OperationId::random(),
+            token: FencingToken(1),
+            state,
+            created_at: Timestamp::from_millis(0),
+            expires_at: Timestamp::from_millis(1_000_000),
+        }
+    }
+
+    #[test]
+    fn claimable_by_the_same_fingerprint_when_released_or_lapsed() {
+        let same = Fingerprint::from_bytes([1; 32]);
+        let other = Fingerprint::from_bytes([2; 32]);
+        let now = Timestamp::from_millis(1_000);
+        let lapsed = record(RecordState::Processing {
+            locked_until: Timestamp::from_millis(1_000),
+        });
+        let live = record(RecordState::Processing {
+            locked_until: Timestamp::from_millis(1_001),
+        });
+        let released = record(RecordState::Released);
+        let done = record(RecordState::Completed(sample(StoredBody::NotRetained)));
+        assert_eq!(
+            lapsed.claim_origin(&same, now),
+            Some(LeaseOrigin::TakenOver)
+        );
+        assert_eq!(
+            released.claim_origin(&same, now),
+            Some(LeaseOrigin::Released)
+        );
+        assert_eq!(live.claim_origin(&same, now), None);
+        assert_eq!(done.claim_origin(&same, now), None);
+        for record in [&lapsed, &live, &released, &done] {
+            assert_eq!(record.claim_origin(&other, now), None, "{:?}", record.state);
+        }
+    }
+
+    #[test]
+    fn states_need_their_parts() {
+        let response = || Some(sample(StoredBody::NotRetained));
+        let until = Some(Timestamp::from_millis(5));
+        assert!(RecordState::from_parts(RecordStatus::Processing, None, None).is_err());
+        assert!(RecordState::from_parts(RecordStatus::Completed, None, None).is_err());
+        assert!(RecordState::from_parts(RecordStatus::Failed, until, None).is_err());
+        assert!(RecordState::from_parts(RecordStatus::Released, None, response()).is_err());
+        assert!(RecordState::from_parts(RecordStatus::Processing, until, response()).is_err());
+        let completed = RecordState::from_parts(RecordStatus::Completed, until, response());
+        assert_eq!(completed.unwrap().locked_until(), None);
+        assert_eq!(
+            RecordState::from_parts(RecordStatus::Released, until, None),
+            Ok(RecordState::Released)
+        );
+    }
+
+    #[test]
+    fn lease_origins_round_trip() {
+        for origin in [
+            LeaseOrigin::New,
+            LeaseOrigin::Released,
+            LeaseOrigin::TakenOver,
+        ] {
+            assert_eq!(origin.as_str().parse::<LeaseOrigin>().unwrap(), origin);
+        }
+        assert!("TAKEN".parse::<LeaseOrigin>().is_err());
     }
 
     #[test]

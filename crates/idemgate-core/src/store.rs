@@ -5,7 +5,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::fingerprint::Fingerprint;
-use crate::record::{FencingToken, OperationId, Record, RecordStatus, StoredResponse};
+pub use crate::record::LeaseOrigin;
+use crate::record::{FencingToken, OperationId, Record, RecordState, RecordStatus, StoredResponse};
 use crate::scope::{Identity, IdentityDigest};
 use crate::time::Timestamp;
 
@@ -116,20 +117,6 @@ pub struct Lease {
     pub locked_until: Timestamp,
 }
 
-/// How a claim came about.
-///
-/// Exhaustive on purpose: every store maps each origin to and from its stored
-/// form, and must handle every one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseOrigin {
-    /// A new operation.
-    New,
-    /// A `Released` record claimed again.
-    Released,
-    /// A `Processing` record whose holder's lease lapsed.
-    TakenOver,
-}
-
 /// The final status of a completion.
 ///
 /// Exhaustive on purpose: every store must write, and read back, every final state.
@@ -161,6 +148,16 @@ pub struct Completion {
     pub ttl: Duration,
 }
 
+impl Completion {
+    /// The state the completed record holds: the response under its final status.
+    pub fn state(&self) -> RecordState {
+        match self.status {
+            FinalStatus::Completed => RecordState::Completed(self.response.clone()),
+            FinalStatus::Failed => RecordState::Failed(self.response.clone()),
+        }
+    }
+}
+
 /// Whether a fenced write happened.
 ///
 /// Exhaustive on purpose: a caller must handle both, and there is no third answer.
@@ -187,12 +184,22 @@ pub enum StoreError {
     /// A record that cannot be decoded (500).
     #[error("corrupt idempotency record")]
     Corrupt(#[source] BoxError),
+    /// The store is set up wrong: its table is missing (its `migrate()` never ran)
+    /// or its credentials lack a permission. Retrying does not help; an operator
+    /// must fix it, so the layer answers 500 and logs the fix, not 503.
+    #[error("idempotency store misconfigured: run the store's migrate() and check its permissions")]
+    Misconfigured(#[source] BoxError),
 }
 
 impl StoreError {
     /// An `Unavailable` error from any cause.
     pub fn unavailable(cause: impl Into<BoxError>) -> Self {
         Self::Unavailable(cause.into())
+    }
+
+    /// A `Misconfigured` error from any cause.
+    pub fn misconfigured(cause: impl Into<BoxError>) -> Self {
+        Self::Misconfigured(cause.into())
     }
 
     /// A `Corrupt` error from any cause.

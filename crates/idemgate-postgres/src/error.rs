@@ -10,6 +10,9 @@ use crate::PostgresStore;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// [`crate::PostgresStore::connect`] could not reach the database.
+    #[error("could not connect to the idemgate PostgreSQL database")]
+    Connect(#[source] sqlx::Error),
     /// The migration's statements failed.
     #[error("idemgate PostgreSQL migration failed")]
     Migrate(#[source] sqlx::Error),
@@ -27,14 +30,35 @@ pub enum Error {
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
 }
 
-/// Classifies a SQLSTATE: the ones that mean "try again later" are transient,
-/// every other one unexpected (still answered as unavailable, but logged).
+impl From<idemgate_sqlx::SchemaTooNew> for Error {
+    fn from(too_new: idemgate_sqlx::SchemaTooNew) -> Self {
+        let idemgate_sqlx::SchemaTooNew { found, supported } = too_new;
+        Self::SchemaTooNew { found, supported }
+    }
+}
+
+/// Classifies a SQLSTATE: the ones that mean "try again later" are transient, a
+/// missing table or schema and a refused permission are misconfiguration, every
+/// other one unexpected (still answered as unavailable, but logged).
 pub(crate) fn classify_sqlstate(code: &str) -> ErrorClass {
     if is_transient_sqlstate(code) {
         ErrorClass::Transient
+    } else if is_misconfiguration_sqlstate(code) {
+        ErrorClass::Misconfigured
     } else {
         ErrorClass::Unexpected
     }
+}
+
+/// SQLSTATEs that mean the store is not set up for this role: `migrate()` never ran
+/// (for this table or schema), or the role may not use what it created.
+fn is_misconfiguration_sqlstate(code: &str) -> bool {
+    matches!(
+        code,
+        "42P01" // undefined_table
+            | "3F000" // invalid_schema_name: `with_schema` before migrate()
+            | "42501" // insufficient_privilege
+    )
 }
 
 /// SQLSTATEs that mean "try again later".
@@ -60,11 +84,6 @@ fn is_transient_sqlstate(code: &str) -> bool {
 pub(crate) fn store_error(err: sqlx::Error) -> StoreError {
     idemgate_sqlx::store_error::<PostgresStore>(err)
 }
-
-/// A record read back that breaks the schema's invariants.
-#[derive(Debug, thiserror::Error)]
-#[error("corrupt idempotency record: {0}")]
-pub(crate) struct CorruptRecord(pub(crate) &'static str);
 
 /// A claim found the record changing under it on every bounded retry.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +119,11 @@ mod tests {
             assert!(is_transient_sqlstate(code), "{code}");
             assert_eq!(classify_sqlstate(code), ErrorClass::Transient, "{code}");
         }
-        for code in ["42P01", "23505", "22P02", "42501"] {
+        for code in ["42P01", "3F000", "42501"] {
+            assert!(!is_transient_sqlstate(code), "{code}");
+            assert_eq!(classify_sqlstate(code), ErrorClass::Misconfigured, "{code}");
+        }
+        for code in ["23505", "22P02", "42703"] {
             assert!(!is_transient_sqlstate(code), "{code}");
             assert_eq!(classify_sqlstate(code), ErrorClass::Unexpected, "{code}");
         }

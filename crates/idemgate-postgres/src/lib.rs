@@ -13,6 +13,16 @@
 //!
 //! # Quick start
 //!
+//! [`PostgresStore::connect`] connects and migrates in one call:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), idemgate_postgres::Error> {
+//! let store = idemgate_postgres::PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! With a pool of your own, [`PostgresStore::new`] creates nothing; migrate it:
+//!
 //! ```no_run
 //! use idemgate_postgres::PostgresStore;
 //! use std::time::Duration;
@@ -98,9 +108,12 @@
 //! resource exhaustion (`53*`, e.g. `53300` too many connections), serialization
 //! failures and deadlocks are [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable)
 //! (the layer's 503). A row that cannot be decoded is
-//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt). Anything else — a
-//! missing table, a permission error — is logged and answered as `Unavailable`, so
-//! the layer fails closed. The `sqlx` error is kept as the source.
+//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt). A missing table or
+//! schema (`42P01`, `3F000`: `migrate()` never ran for it) and a refused permission
+//! (`42501`) are [`StoreError::Misconfigured`](idemgate_core::StoreError::Misconfigured):
+//! the layer's 500 `store-misconfigured`, logged with the fix. Anything else is
+//! logged and answered as `Unavailable`, so the layer fails closed. The `sqlx` error
+//! is kept as the source.
 //!
 //! A server-side statement timeout is set on the pool's connect options, e.g.
 //! `PgConnectOptions::new().options([("statement_timeout", "5s")])`; a statement
@@ -187,5 +200,5 @@ pub use error::Error;
 pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
-pub use store::PostgresStore;
+pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PostgresStore};
 pub use tx::Tx;

@@ -2,6 +2,8 @@
 
 use sqlx::{AssertSqlSafe, PgPool};
 
+use idemgate_sqlx::SchemaStep;
+
 use crate::error::Error;
 use crate::sql::{self, Names, SCHEMA_VERSION};
 
@@ -19,20 +21,12 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
     let versions = names.versions();
     // Look before creating anything: once the schema is current, `migrate()` runs no
     // DDL at all, so a role without CREATE privileges can call it on every start.
-    match current_version(&mut tx, names).await? {
-        Some(found) if found > SCHEMA_VERSION => {
-            return Err(Error::SchemaTooNew {
-                found,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        Some(found) if found == SCHEMA_VERSION => {
-            return tx.commit().await.map_err(Error::Migrate);
-        }
-        // Nothing yet (or an older version: none exists before 1). Later versions
-        // add their steps below, guarded by the version found.
-        _ => {}
+    let found = current_version(&mut tx, names).await?;
+    if idemgate_sqlx::schema_step(found, SCHEMA_VERSION)? == SchemaStep::UpToDate {
+        return tx.commit().await.map_err(Error::Migrate);
     }
+    // Nothing yet (or an older version: none exists before 1). Later versions
+    // add their steps below, guarded by the version found.
     if let Some(schema) = &names.schema {
         let create = format!("CREATE SCHEMA IF NOT EXISTS {}", sql::quote(schema));
         sqlx::raw_sql(AssertSqlSafe(create))

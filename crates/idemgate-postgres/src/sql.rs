@@ -88,6 +88,8 @@ impl Statements {
         // Otherwise the upsert runs as the atomic claim; if it meets a row our
         // snapshot did not see and cannot take it, the statement returns nothing
         // and the caller reads the record separately.
+        // The upsert's `WHERE` restates `Record::claim_origin` (PROTOCOL §6.2) in
+        // SQL: same fingerprint, and `RELEASED` or a lapsed lease (or expired).
         let claim = format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t), \
              blocking AS MATERIALIZED ( \

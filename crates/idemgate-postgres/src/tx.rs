@@ -6,8 +6,8 @@ use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{ErrorClass, SqlStore};
 use sqlx::{PgConnection, PgPool, Postgres};
 
-use crate::error::{classify_sqlstate, store_error};
-use crate::store::{PostgresStore, applied};
+use crate::error::classify_sqlstate;
+use crate::store::PostgresStore;
 
 /// A business transaction that commits together with the idempotency record
 /// ([`idemgate_sqlx::Tx`] on a [`PostgresStore`]).
@@ -65,11 +65,7 @@ impl SqlStore for PostgresStore {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
-        let Some(query) = self.complete_query(lease, completion) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let done = query.execute(connection).await.map_err(store_error)?;
-        Ok(applied(done.rows_affected()))
+        self.complete_on(connection, lease, completion).await
     }
 
     fn signals(&self) -> &ChangeSignals {

@@ -336,7 +336,7 @@ async fn hash_partitioned_table_works() {
         .await
         .expect("get")
         .expect("record");
-    assert_eq!(snapshot.record.response, Some(awkward_response()));
+    assert_eq!(snapshot.record.response(), Some(&awkward_response()));
     for _ in 0..12 {
         claim_with_ttl(&store, Duration::from_millis(50)).await;
     }
@@ -481,4 +481,66 @@ async fn readable_identity_parts_are_stored() {
     assert_eq!(principal, scope.principal.as_str());
     assert_eq!((method.as_str(), path.as_str()), ("POST", "/orders"));
     assert_eq!(key, request.identity.key().as_str());
+}
+
+// --- a newcomer's setup -------------------------------------------------------------
+
+/// A store built with `new(pool)` whose table was never migrated — in a fresh schema,
+/// and under a fresh table name in a migrated schema — is `Misconfigured` (by
+/// SQLSTATE), and the layer answers 500 `store-misconfigured` without running the
+/// handler; migrated, the same store serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
+    use idemgate_testkit::setup::{counting_orders, misconfiguration_code};
+    use std::sync::atomic::AtomicUsize;
+
+    let schema = TempSchema::new().await;
+    let fresh_table = format!("records_{}", uuid::Uuid::new_v4().simple());
+    for store in [
+        schema.store(),
+        shared_store(2).await.with_table(fresh_table.clone()),
+    ] {
+        let sqlstate = misconfiguration_code(&store).await;
+        assert!(
+            matches!(sqlstate.as_deref(), Some("42P01" | "3F000")),
+            "{sqlstate:?}"
+        );
+        let executions = Arc::new(AtomicUsize::new(0));
+        let app = counting_orders(Arc::clone(&executions))
+            .route_layer(idemgate::IdempotencyLayer::new(store.clone()));
+        let migrate = async { store.migrate().await.expect("migrate") };
+        idemgate_testkit::setup::misconfigured_until_migrated(&app, &executions, migrate).await;
+    }
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}\"; \
+         DROP SEQUENCE \"{SHARED_SCHEMA}\".\"{fresh_table}_token_seq\"; \
+         DELETE FROM \"{SHARED_SCHEMA}\".idemgate_schema_versions \
+         WHERE table_name = '{fresh_table}'"
+    )))
+    .execute(&schema.pool)
+    .await
+    .expect("drop the fresh table");
+    schema.drop_schema().await;
+}
+
+/// `PostgresStore::connect` migrates: on a database whose `search_path` has no
+/// record table yet, the store it returns claims, completes and replays at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_is_ready_to_use_without_migrate() {
+    let schema = TempSchema::new().await;
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA \"{}\"", schema.name)))
+        .execute(&schema.pool)
+        .await
+        .expect("create schema");
+    let separator = if url().contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{separator}options=-c%20search_path%3D{}",
+        url(),
+        schema.name
+    );
+    let store = PostgresStore::connect(&url).await.expect("connect");
+    idemgate_testkit::setup::ready_to_use(&store).await;
+    assert_eq!(schema.count("idemgate_records").await, 1);
+    store.pool().close().await;
+    schema.drop_schema().await;
 }

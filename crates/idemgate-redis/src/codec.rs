@@ -3,8 +3,8 @@
 use bytes::Bytes;
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::record::{
-    DecodeError, FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordStatus,
-    StoredResponse,
+    DecodeError, FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordState,
+    RecordStatus, StoredResponse,
 };
 use idemgate_core::time::Timestamp;
 use redis::Value;
@@ -230,20 +230,13 @@ pub(crate) fn decode_record(
         return Err(DecodeError("unknown record format version").into());
     }
     let status = status.ok_or(missing("missing status"))?;
-    if status == RecordStatus::Processing && locked_until.is_none() {
-        return Err(DecodeError("processing record without a lease").into());
-    }
-    if status.is_final() != response.is_some() {
-        return Err(DecodeError("response present exactly when final").into());
-    }
+    let state = RecordState::from_parts(status, locked_until, response)?;
     Ok(Some(Record {
         fingerprint: fingerprint.ok_or(missing("missing fingerprint"))?,
         format_version,
         operation_id: operation_id.ok_or(missing("missing operation id"))?,
         token: FencingToken(token.ok_or(missing("missing token"))?),
-        status,
-        locked_until: locked_until.filter(|_| status == RecordStatus::Processing),
-        response,
+        state,
         created_at: created_at.ok_or(missing("missing created_at"))?,
         expires_at: expires_at.ok_or(missing("missing expires_at"))?,
     }))
@@ -341,10 +334,10 @@ mod tests {
         let record = decode_record(value(&base), &ResponseCodec::default())
             .unwrap()
             .unwrap();
-        assert_eq!(record.status, RecordStatus::Processing);
+        assert_eq!(record.status(), RecordStatus::Processing);
         assert_eq!(record.token, FencingToken(2));
         assert_eq!(
-            record.locked_until,
+            record.locked_until(),
             Some(Timestamp::from_millis(1_700_000_001_000))
         );
         assert_eq!(

@@ -66,14 +66,21 @@ impl From<DecodeError> for RedisStoreError {
 /// - `OOM` (`maxmemory` reached under `noeviction`): [`StoreError::Full`] (503), the
 ///   store refusing new records rather than evicting live ones;
 /// - `WRONGTYPE` (something else wrote a non-hash at a record key): [`StoreError::Corrupt`];
-/// - anything else (a script error, missing permissions): `Unavailable`, keeping the
-///   cause, so the layer fails closed.
+/// - `NOPERM` (the ACL user may not run a command or touch a key the store needs):
+///   [`StoreError::Misconfigured`] (500, logged with the fix);
+/// - anything else (a script error): `Unavailable`, keeping the cause, so the layer
+///   fails closed.
 pub(crate) fn classify(err: RedisError) -> StoreError {
     if err.code() == Some("OOM") {
         return StoreError::Full;
     }
     if err.code() == Some("WRONGTYPE") {
         return StoreError::corrupt(RedisStoreError::Redis(err));
+    }
+    if matches!(err.kind(), ErrorKind::Server(ServerErrorKind::NoPerm)) {
+        // An ACL user without the commands or keys the store needs: retrying does
+        // not help, an operator must grant them.
+        return StoreError::misconfigured(RedisStoreError::Redis(err));
     }
     let transient = err.is_timeout()
         || err.is_connection_dropped()
@@ -96,4 +103,20 @@ pub(crate) fn classify(err: RedisError) -> StoreError {
         tracing::error!(error = %err, "unexpected Redis error; answering as unavailable");
     }
     StoreError::unavailable(RedisStoreError::Redis(err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_permission_is_misconfiguration() {
+        let refused = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::NoPerm),
+            "this user has no permissions to run the 'evalsha' command",
+        ));
+        assert!(matches!(classify(refused), StoreError::Misconfigured(_)));
+        let busy = RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        assert!(matches!(classify(busy), StoreError::Unavailable(_)));
+    }
 }

@@ -37,7 +37,7 @@
 //! };
 //! match store.try_claim(&request).await? {
 //!     Claim::Acquired(lease) => println!("run operation {}", lease.operation_id),
-//!     Claim::Existing(snapshot) => println!("found {:?}", snapshot.record.status),
+//!     Claim::Existing(snapshot) => println!("found {:?}", snapshot.record.status()),
 //! }
 //! # Ok(()) }
 //! ```
@@ -121,7 +121,9 @@
 //! moved / try-again): `Unavailable`; `OOM` under `noeviction`:
 //! [`StoreError::Full`](idemgate_core::StoreError::Full) (503, no record evicted); a
 //! record that cannot be decoded, or a non-hash at a record key:
-//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt).
+//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt); an ACL user refused a
+//! command or key (`NOPERM`):
+//! [`StoreError::Misconfigured`](idemgate_core::StoreError::Misconfigured) (500).
 //!
 //! A call that times out may still have run on the server (a claim may have created
 //! its record). That is the protocol's ordinary case: the client gets a 503, its

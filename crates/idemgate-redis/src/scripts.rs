@@ -29,6 +29,7 @@ end
 /// `KEYS[1]` record; `ARGV`: fingerprint, new operation id (used only when creating),
 /// lease ms, ttl ms, format version.
 ///
+/// Its take-over test restates `Record::claim_origin` (PROTOCOL §6.2) in Lua.
 /// Returns `{origin, now, op, token, locked_until}` with origin `N` (created), `R`
 /// (released record claimed again) or `T` (lapsed lease taken over), or
 /// `{'E', now, {HGETALL…}}` for an existing record left as it was.

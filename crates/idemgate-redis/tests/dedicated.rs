@@ -52,7 +52,7 @@ impl Logs {
 async fn acquire(store: &RedisStore, request: &ClaimRequest) -> Lease {
     match store.try_claim(request).await.expect("claim") {
         Claim::Acquired(lease) => lease,
-        Claim::Existing(s) => panic!("expected to acquire, found {:?}", s.record.status),
+        Claim::Existing(s) => panic!("expected to acquire, found {:?}", s.record.status()),
     }
 }
 
@@ -195,7 +195,7 @@ async fn an_outage_gives_prompt_errors_and_the_store_recovers() {
         match store.try_claim(&request).await {
             Ok(Claim::Acquired(_)) => break,
             Ok(Claim::Existing(s)) => {
-                panic!("fresh identity found existing: {:?}", s.record.status)
+                panic!("fresh identity found existing: {:?}", s.record.status())
             }
             Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -328,7 +328,7 @@ async fn aof_always_keeps_every_record_across_kill_9() {
         Claim::Existing(snapshot) => snapshot,
         Claim::Acquired(_) => panic!("a completed record was lost"),
     };
-    assert_eq!(snapshot.record.response, Some(awkward_response()));
+    assert_eq!(snapshot.record.response(), Some(&awkward_response()));
     let key = store.record_key(completed.identity.digest());
     let expiry: i64 = redis::cmd("PEXPIRETIME")
         .arg(&key)

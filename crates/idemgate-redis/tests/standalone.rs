@@ -41,7 +41,7 @@ async fn admin() -> redis::aio::MultiplexedConnection {
 async fn acquire(store: &RedisStore, request: &ClaimRequest) -> idemgate_core::Lease {
     match store.try_claim(request).await.expect("claim") {
         Claim::Acquired(lease) => lease,
-        Claim::Existing(s) => panic!("expected to acquire, found {:?}", s.record.status),
+        Claim::Existing(s) => panic!("expected to acquire, found {:?}", s.record.status()),
     }
 }
 
@@ -178,7 +178,7 @@ async fn a_lapsed_lease_keeps_the_record_and_its_operation_id() {
         .await
         .unwrap()
         .expect("a lapsed lease is not an expired key");
-    assert_eq!(seen.record.status, RecordStatus::Processing);
+    assert_eq!(seen.record.status(), RecordStatus::Processing);
     assert!(!seen.record.lease_is_live(seen.now));
     assert_eq!(seen.record.operation_id, first.operation_id);
 }
@@ -216,7 +216,7 @@ async fn large_responses_are_stored_compressed() {
         body.len()
     );
     let replayed = store.get(request.identity.digest()).await.unwrap().unwrap();
-    assert_eq!(replayed.record.response, Some(response));
+    assert_eq!(replayed.record.response(), Some(&response));
 }
 
 #[tokio::test]

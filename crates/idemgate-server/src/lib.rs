@@ -9,6 +9,12 @@
 //! tests drive, [`listener`] accepts connections within their limits, and
 //! [`server::run`] wires stores, gateway and shutdown.
 
+/// The workspace README's examples, compiled as doctests here, where every store
+/// crate is a dependency.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod cli;
 pub mod gateway;
 pub mod http;

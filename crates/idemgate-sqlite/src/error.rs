@@ -31,17 +31,28 @@ pub enum Error {
     NoRuntime(#[source] tokio::runtime::TryCurrentError),
 }
 
+impl From<idemgate_sqlx::SchemaTooNew> for Error {
+    fn from(too_new: idemgate_sqlx::SchemaTooNew) -> Self {
+        let idemgate_sqlx::SchemaTooNew { found, supported } = too_new;
+        Self::SchemaTooNew { found, supported }
+    }
+}
+
 // Primary result codes (https://www.sqlite.org/rescode.html). Extended codes carry
 // the primary one in their low byte.
+const SQLITE_ERROR: i32 = 1;
+const SQLITE_PERM: i32 = 3;
 const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;
 const SQLITE_NOMEM: i32 = 7;
 const SQLITE_INTERRUPT: i32 = 9;
+const SQLITE_READONLY: i32 = 8;
 const SQLITE_IOERR: i32 = 10;
 const SQLITE_CORRUPT: i32 = 11;
 const SQLITE_FULL: i32 = 13;
 const SQLITE_CANTOPEN: i32 = 14;
 const SQLITE_PROTOCOL: i32 = 15;
+const SQLITE_AUTH: i32 = 23;
 const SQLITE_NOTADB: i32 = 26;
 
 /// Classifies SQLite's extended result code, as sqlx reports it (in decimal).
@@ -51,7 +62,16 @@ pub(crate) fn classify_result_code(code: &str) -> ErrorClass {
 }
 
 fn classify_code(code: i32) -> ErrorClass {
+    // Plain `SQLITE_ERROR` (no extended code) is how SQLite answers a statement that
+    // names a table or column the file does not have; the store's statements are
+    // fixed, so from them it means the schema is not the one `migrate()` creates.
+    // SQLite gives "no such table" no code of its own.
+    if code == SQLITE_ERROR {
+        return ErrorClass::Misconfigured;
+    }
     match code & 0xff {
+        // The file or the process may not write, or an authorizer refused.
+        SQLITE_PERM | SQLITE_READONLY | SQLITE_AUTH => ErrorClass::Misconfigured,
         SQLITE_BUSY | SQLITE_LOCKED | SQLITE_NOMEM | SQLITE_INTERRUPT | SQLITE_IOERR
         | SQLITE_FULL | SQLITE_CANTOPEN | SQLITE_PROTOCOL => ErrorClass::Transient,
         SQLITE_CORRUPT | SQLITE_NOTADB => ErrorClass::Corrupt,
@@ -65,11 +85,6 @@ fn classify_code(code: i32) -> ErrorClass {
 pub(crate) fn store_error(err: sqlx::Error) -> StoreError {
     idemgate_sqlx::store_error::<SqliteStore>(err)
 }
-
-/// A record read back that breaks the schema's invariants.
-#[derive(Debug, thiserror::Error)]
-#[error("corrupt idempotency record: {0}")]
-pub(crate) struct CorruptRecord(pub(crate) &'static str);
 
 /// A claim found no record to report although its insert conflicted.
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +108,11 @@ mod tests {
         assert_eq!(classify_code(11), ErrorClass::Corrupt);
         assert_eq!(classify_code(26), ErrorClass::Corrupt);
         assert_eq!(classify_code(19 | (8 << 8)), ErrorClass::Unexpected); // constraint
-        assert_eq!(classify_code(1), ErrorClass::Unexpected); // SQLITE_ERROR: no such table
+        assert_eq!(classify_code(1), ErrorClass::Misconfigured); // SQLITE_ERROR: no such table
+        assert_eq!(classify_code(1 | (2 << 8)), ErrorClass::Unexpected); // SQLITE_ERROR_RETRY
+        assert_eq!(classify_code(8), ErrorClass::Misconfigured); // SQLITE_READONLY
+        assert_eq!(classify_code(8 | (3 << 8)), ErrorClass::Misconfigured); // READONLY_ROLLBACK
+        assert_eq!(classify_code(23), ErrorClass::Misconfigured); // SQLITE_AUTH
         assert_eq!(classify_result_code("517"), ErrorClass::Transient); // SQLITE_BUSY_SNAPSHOT
         assert_eq!(classify_result_code("2067"), ErrorClass::Unexpected); // UNIQUE constraint
         assert_eq!(classify_result_code("not a number"), ErrorClass::Unexpected);

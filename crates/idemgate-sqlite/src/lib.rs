@@ -18,18 +18,19 @@
 //! use std::time::Duration;
 //!
 //! # async fn run() -> Result<(), idemgate_sqlite::Error> {
-//! let store = SqliteStore::open("/var/lib/myapp/idemgate.db").await?;
-//! store.migrate().await?;
+//! let store = SqliteStore::open("/var/lib/myapp/idemgate.db").await?; // migrated
 //! let _purge = store.spawn_purge(Duration::from_secs(300), 1_000)?;
 //! // Hand `store` (or `Arc::new(store)` as an `Arc<dyn Store>`) to the layer.
 //! # Ok(()) }
 //! ```
 //!
-//! [`SqliteStore::open`] creates the file if needed and opens it in WAL mode with
+//! [`SqliteStore::open`] creates the file and the record table if needed (it runs
+//! [`SqliteStore::migrate`]), and opens the file in WAL mode with
 //! `synchronous = FULL` (a completed record survives a crash or a power loss), a 5 s
 //! busy timeout and foreign keys on. [`SqliteStore::connect_options`] gives the same
-//! options to adjust for a pool of your own ([`SqliteStore::new`]). SQLite is
-//! bundled (no system library needed).
+//! options to adjust for a pool of your own ([`SqliteStore::new`], which creates
+//! nothing: call [`SqliteStore::migrate`] before serving). SQLite is bundled (no
+//! system library needed).
 //!
 //! # The clock
 //!
@@ -98,8 +99,13 @@
 //! disk, a file that cannot be opened, pool timeouts and a closed pool are
 //! [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable) (the layer's
 //! 503); an undecodable row or a corrupt file is
-//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt). Anything else is logged
-//! and answered as `Unavailable`, so the layer fails closed.
+//! [`StoreError::Corrupt`](idemgate_core::StoreError::Corrupt). A table the file does
+//! not have (plain `SQLITE_ERROR`: SQLite gives "no such table" no code of its own,
+//! and the store's statements are fixed) and a file or process that may not write
+//! (`SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH`) are
+//! [`StoreError::Misconfigured`](idemgate_core::StoreError::Misconfigured): the
+//! layer's 500 `store-misconfigured`, logged with the fix (run `migrate()`).
+//! Anything else is logged and answered as `Unavailable`, so the layer fails closed.
 //!
 //! # Transactional mode
 //!

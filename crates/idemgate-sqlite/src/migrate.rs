@@ -2,9 +2,10 @@
 
 use sqlx::{AssertSqlSafe, SqlitePool};
 
+use idemgate_sqlx::SchemaStep;
+
 use crate::error::Error;
-use crate::sql::{self, SCHEMA_VERSION, VERSION_TABLE};
-use crate::store::BEGIN_IMMEDIATE;
+use crate::sql::{self, BEGIN_IMMEDIATE, SCHEMA_VERSION, VERSION_TABLE};
 
 pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
     // IMMEDIATE takes the write lock first: concurrent migrators queue on the busy
@@ -32,17 +33,8 @@ pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
     .fetch_optional(&mut *tx)
     .await
     .map_err(Error::Migrate)?;
-    match found {
-        Some(found) if found > SCHEMA_VERSION => {
-            return Err(Error::SchemaTooNew {
-                found,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        Some(found) if found == SCHEMA_VERSION => {
-            return tx.commit().await.map_err(Error::Migrate);
-        }
-        _ => {}
+    if idemgate_sqlx::schema_step(found, SCHEMA_VERSION)? == SchemaStep::UpToDate {
+        return tx.commit().await.map_err(Error::Migrate);
     }
     // Version 1 is the only one so far; later versions add their steps here,
     // guarded by `found`.

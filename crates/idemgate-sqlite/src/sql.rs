@@ -14,6 +14,12 @@ pub(crate) const VERSION_TABLE: &str = "idemgate_schema_versions";
 /// value.
 pub(crate) const NOW: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
 
+/// What a write transaction begins with: it takes the write lock at once, so a
+/// transaction never has to upgrade a read lock (which fails at once with
+/// `SQLITE_BUSY` instead of waiting). The store, its migration and [`crate::Tx`]
+/// all begin with it.
+pub(crate) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
 /// Quotes an identifier, so any name is safe to splice into SQL.
 pub(crate) fn quote(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
@@ -42,9 +48,10 @@ pub(crate) struct Statements {
     pub(crate) purge: Arc<str>,
 }
 
+/// What a read selects, named as `idemgate_sqlx::decode_snapshot` reads them.
 const RECORD_COLUMNS: &str = "fingerprint, format_version, operation_id, token, status, \
-     locked_until, response_status, response_headers, response_body, body_retained, \
-     created_at, expires_at";
+     locked_until AS locked_until_ms, response_status, response_headers, response_body, \
+     body_retained, created_at AS created_ms, expires_at AS expires_ms";
 
 impl Statements {
     pub(crate) fn new(table: &str) -> Self {
@@ -52,6 +59,8 @@ impl Statements {
         let fence = fence();
         // `?9` is the clock reading taken inside the claim's IMMEDIATE transaction.
         let expired = "r.expires_at <= ?9";
+        // The upsert's `WHERE` restates `Record::claim_origin` (PROTOCOL §6.2) in
+        // SQL: same fingerprint, and `RELEASED` or a lapsed lease (or expired).
         let claim = format!(
             "INSERT INTO {t} AS r (identity, principal, method, path, idempotency_key, \
                  fingerprint, format_version, operation_id, token, status, lease_origin, \
@@ -79,7 +88,7 @@ impl Statements {
                 OR (r.fingerprint = excluded.fingerprint AND (r.status = 'RELEASED' \
                     OR (r.status = 'PROCESSING' AND (r.locked_until IS NULL \
                         OR r.locked_until <= ?9)))) \
-             RETURNING operation_id, token, lease_origin, locked_until"
+             RETURNING operation_id, token, lease_origin, locked_until AS locked_until_ms"
         );
         let read_at = format!(
             "SELECT {RECORD_COLUMNS}, ?2 AS now_ms FROM {t} WHERE identity = ?1 AND expires_at > ?2"

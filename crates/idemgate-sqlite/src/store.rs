@@ -1,56 +1,39 @@
-//! `SqliteStore`: the [`Store`] on a `sqlx::SqlitePool`.
+//! `SqliteStore`: the [`Store`](idemgate_core::Store) on a `sqlx::SqlitePool`.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use http::StatusCode;
-use idemgate_core::fingerprint::Fingerprint;
-use idemgate_core::record::{
-    FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordStatus, StoredBody,
-    StoredResponse,
-};
-use idemgate_core::scope::IdentityDigest;
+use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::time::Timestamp;
-use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
-};
-use idemgate_sqlx::PurgeTask;
-use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
+use idemgate_core::{Claim, ClaimRequest, StoreError};
+use idemgate_sqlx::{PurgeTask, millis};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, SqlitePool};
 
-use crate::error::{ClaimContended, CorruptRecord, Error, store_error};
-use crate::sql::{self, Statements};
-
-/// Durations beyond this are clamped (100 years), so millisecond sums never overflow.
-const MAX_MILLIS: i64 = 100 * 365 * 86_400_000;
+use crate::error::{ClaimContended, Error, store_error};
+use crate::sql::{self, BEGIN_IMMEDIATE, Statements};
 
 /// How long a connection waits for another's write lock before answering
 /// `SQLITE_BUSY` (→ [`StoreError::Unavailable`]).
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What a write transaction begins with: it takes the write lock at once, so a
-/// transaction never has to upgrade a read lock (which fails at once with
-/// `SQLITE_BUSY` instead of waiting).
-pub(crate) const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
 /// Idempotency records in one SQLite file: the embedded default.
 ///
 /// Cheap to clone (an `Arc` inside): clones share the pool and the in-process change
 /// signals. Configure with the `with_*` methods before cloning it around.
 ///
+/// [`SqliteStore::open`] gives a store ready to use (file created, table migrated):
+///
 /// ```no_run
 /// # async fn run() -> Result<(), idemgate_sqlite::Error> {
 /// let store = idemgate_sqlite::SqliteStore::open("idemgate.db").await?;
-/// store.migrate().await?;
 /// # Ok(()) }
 /// ```
+///
+/// [`SqliteStore::new`] takes a pool of your own and touches nothing: run
+/// [`SqliteStore::migrate`] before the first request, or every request answers
+/// [`StoreError::Misconfigured`] (the layer's 500 `store-misconfigured`).
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -87,7 +70,15 @@ impl SqliteStore {
 
     /// Opens (or creates) the database file at `path` with
     /// [`SqliteStore::connect_options`], on a pool of 8 connections that waits at most
-    /// 5 s for a free one. Call [`SqliteStore::migrate`] before use.
+    /// 5 s for a free one, and runs [`SqliteStore::migrate`]: the store is ready to
+    /// use. Opening a file a newer build migrated fails with [`Error::SchemaTooNew`].
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemgate_sqlite::Error> {
+    /// let store = idemgate_sqlite::SqliteStore::open("/var/lib/myapp/idemgate.db").await?;
+    /// // Hand `store` to `IdempotencyLayer::new`.
+    /// # Ok(()) }
+    /// ```
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
@@ -95,11 +86,18 @@ impl SqliteStore {
             .connect_with(Self::connect_options(path))
             .await
             .map_err(Error::Open)?;
-        Ok(Self::new(pool))
+        let store = Self::new(pool);
+        store.migrate().await?;
+        Ok(store)
     }
 
     /// A store on `pool`, with its records in `idemgate_records`. The pool should use
     /// WAL and a busy timeout (see [`SqliteStore::connect_options`]).
+    ///
+    /// Nothing is created: the caller runs [`SqliteStore::migrate`] (once per start
+    /// is fine) before the store serves. Until then every call fails with
+    /// [`StoreError::Misconfigured`], which the layer answers 500
+    /// `store-misconfigured` and logs with this fix.
     pub fn new(pool: SqlitePool) -> Self {
         Self::build(pool, sql::DEFAULT_TABLE.to_owned())
     }
@@ -116,11 +114,15 @@ impl SqliteStore {
     }
 
     /// Keeps records in `table` instead of `idemgate_records`. The name is quoted, so
-    /// any name is safe; the index is named after it.
+    /// any name is safe; the index is named after it. The renamed table needs its
+    /// own [`SqliteStore::migrate`].
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), idemgate_sqlite::Error> {
-    /// let store = idemgate_sqlite::SqliteStore::open("app.db").await?.with_table("idempotency");
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idemgate_sqlite::SqliteStore;
+    /// let pool = sqlx::SqlitePool::connect_with(SqliteStore::connect_options("app.db")).await?;
+    /// let store = SqliteStore::new(pool).with_table("idempotency");
+    /// store.migrate().await?;
     /// # Ok(()) }
     /// ```
     pub fn with_table(self, table: impl Into<String>) -> Self {
@@ -152,15 +154,7 @@ impl SqliteStore {
     /// returns how many went. Each batch is its own short write, so claims get the
     /// write lock in between. A `batch` of 0 deletes nothing.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        idemgate_sqlx::purge_in_batches(batch, |limit| async move {
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge)))
-                .bind(limit)
-                .execute(&self.inner.pool)
-                .await
-                .map(|done| done.rows_affected())
-                .map_err(store_error)
-        })
-        .await
+        self.purge_now(batch).await
     }
 
     /// Runs [`SqliteStore::purge_expired`] every `every` on the current tokio runtime,
@@ -174,66 +168,8 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn spawn_purge(&self, every: Duration, batch: usize) -> Result<PurgeTask, Error> {
-        let store = self.clone();
-        PurgeTask::spawn(every, move || {
-            let store = store.clone();
-            async move { store.purge_expired(batch).await }
-        })
-        .map_err(Error::NoRuntime)
-    }
-
-    pub(crate) fn signals(&self) -> &ChangeSignals {
-        &self.inner.signals
-    }
-
-    /// The fenced completion, for the pool or a transaction.
-    pub(crate) fn complete_query(
-        &self,
-        lease: &Lease,
-        completion: &Completion,
-    ) -> Option<sqlx::query::Query<'static, Sqlite, SqliteArguments>> {
-        let token = i64::try_from(lease.token.0).ok()?;
-        let response = &completion.response;
-        let status = RecordStatus::from(completion.status).as_str();
-        let (body, retained) = match &response.body {
-            StoredBody::Retained(body) => (Some(body.to_vec()), true),
-            StoredBody::NotRetained => (None, false),
-        };
-        Some(
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
-                .bind(lease.identity.as_bytes().to_vec())
-                .bind(lease.operation_id.as_bytes().to_vec())
-                .bind(token)
-                .bind(status)
-                .bind(i64::from(response.status.as_u16()))
-                .bind(response.encode_headers())
-                .bind(body)
-                .bind(retained)
-                .bind(millis(completion.ttl)),
-        )
-    }
-
-    /// Runs a fenced statement whose parameters are the fence (`?1..?3`) and,
-    /// optionally, one more integer.
-    async fn fenced(
-        &self,
-        sql: &Arc<str>,
-        lease: &Lease,
-        extra: Option<i64>,
-    ) -> Result<FencedWrite, StoreError> {
-        // A token the database cannot hold was never handed out by it.
-        let Ok(token) = i64::try_from(lease.token.0) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let mut query = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
-            .bind(lease.identity.as_bytes().to_vec())
-            .bind(lease.operation_id.as_bytes().to_vec())
-            .bind(token);
-        if let Some(extra) = extra {
-            query = query.bind(extra);
-        }
-        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
-        Ok(applied(done.rows_affected()))
+        self.spawn_purge_task(every, batch)
+            .map_err(Error::NoRuntime)
     }
 
     /// The claim, in one `IMMEDIATE` transaction: the clock is read once the write
@@ -260,7 +196,7 @@ impl SqliteStore {
             .bind(request.identity.key().as_str().to_owned())
             .bind(request.fingerprint.as_bytes().to_vec())
             .bind(i64::from(RECORD_FORMAT_VERSION))
-            .bind(OperationId::random().as_bytes().to_vec())
+            .bind(OperationId::random().as_uuid())
             .bind(now)
             .bind(millis(request.lease))
             .bind(millis(request.ttl))
@@ -269,7 +205,7 @@ impl SqliteStore {
             .map_err(store_error)?;
         // An early return drops `tx`, which rolls the claim back.
         let claim = match row {
-            Some(row) => Claim::Acquired(decode_lease(&row, *identity)?),
+            Some(row) => Claim::Acquired(idemgate_sqlx::decode_lease(&row, *identity)?),
             None => {
                 let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read_at)))
                     .bind(identity.as_bytes().to_vec())
@@ -278,7 +214,7 @@ impl SqliteStore {
                     .await
                     .map_err(store_error)?;
                 match row {
-                    Some(row) => Claim::Existing(decode_snapshot(&row)?),
+                    Some(row) => Claim::Existing(idemgate_sqlx::decode_snapshot(&row)?),
                     // The insert conflicted, so the row is there under this lock.
                     None => return Err(StoreError::unavailable(ClaimContended)),
                 }
@@ -287,191 +223,6 @@ impl SqliteStore {
         tx.commit().await.map_err(store_error)?;
         Ok(claim)
     }
-
-    async fn read(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read)))
-            .bind(identity.as_bytes().to_vec())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(store_error)?;
-        row.as_ref().map(decode_snapshot).transpose()
-    }
 }
 
-pub(crate) fn applied(rows: u64) -> FencedWrite {
-    if rows == 1 {
-        FencedWrite::Applied
-    } else {
-        FencedWrite::Refused
-    }
-}
-
-/// A duration as whole milliseconds, clamped to [`MAX_MILLIS`].
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).map_or(MAX_MILLIS, |ms| ms.min(MAX_MILLIS))
-}
-
-fn corrupt(what: &'static str) -> StoreError {
-    StoreError::corrupt(CorruptRecord(what))
-}
-
-fn column<'r, T>(row: &'r SqliteRow, name: &str) -> Result<T, StoreError>
-where
-    T: sqlx::Decode<'r, Sqlite> + sqlx::Type<Sqlite>,
-{
-    row.try_get(name).map_err(StoreError::corrupt)
-}
-
-fn operation_id(bytes: Vec<u8>) -> Result<OperationId, StoreError> {
-    let bytes: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| corrupt("operation id is not 16 bytes"))?;
-    Ok(OperationId::from_bytes(bytes))
-}
-
-fn token(token: i64) -> Result<FencingToken, StoreError> {
-    u64::try_from(token)
-        .map(FencingToken)
-        .map_err(|_| corrupt("negative token"))
-}
-
-fn decode_lease(row: &SqliteRow, identity: IdentityDigest) -> Result<Lease, StoreError> {
-    let origin: String = column(row, "lease_origin")?;
-    let locked_until: Option<i64> = column(row, "locked_until")?;
-    let origin = match origin.as_str() {
-        "NEW" => LeaseOrigin::New,
-        "RELEASED" => LeaseOrigin::Released,
-        "TAKEN_OVER" => LeaseOrigin::TakenOver,
-        _ => return Err(corrupt("unknown lease origin")),
-    };
-    Ok(Lease {
-        identity,
-        operation_id: operation_id(column(row, "operation_id")?)?,
-        token: token(column(row, "token")?)?,
-        origin,
-        locked_until: Timestamp::from_millis(
-            locked_until.ok_or_else(|| corrupt("claimed record without a lease"))?,
-        ),
-    })
-}
-
-fn decode_snapshot(row: &SqliteRow) -> Result<Snapshot, StoreError> {
-    let fingerprint: Vec<u8> = column(row, "fingerprint")?;
-    let format_version: i64 = column(row, "format_version")?;
-    let status: String = column(row, "status")?;
-    let locked_until: Option<i64> = column(row, "locked_until")?;
-    let response_status: Option<i64> = column(row, "response_status")?;
-    let headers: Option<Vec<u8>> = column(row, "response_headers")?;
-    let body: Option<Vec<u8>> = column(row, "response_body")?;
-    let retained: Option<bool> = column(row, "body_retained")?;
-    let created: i64 = column(row, "created_at")?;
-    let expires: i64 = column(row, "expires_at")?;
-    let now: i64 = column(row, "now_ms")?;
-
-    let status: RecordStatus = status.parse().map_err(StoreError::corrupt)?;
-    let fingerprint: [u8; 32] = fingerprint
-        .try_into()
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let response = if status.is_final() {
-        let code = response_status
-            .and_then(|code| u16::try_from(code).ok())
-            .and_then(|code| StatusCode::from_u16(code).ok())
-            .ok_or_else(|| corrupt("final record without a valid response status"))?;
-        let headers = StoredResponse::decode_headers(
-            headers
-                .as_deref()
-                .ok_or_else(|| corrupt("final record without headers"))?,
-        )
-        .map_err(StoreError::corrupt)?;
-        let body = match (retained, body) {
-            (Some(true), Some(body)) => StoredBody::Retained(Bytes::from(body)),
-            (Some(false), _) => StoredBody::NotRetained,
-            _ => return Err(corrupt("final record without a body")),
-        };
-        Some(StoredResponse {
-            status: code,
-            headers,
-            body,
-        })
-    } else {
-        None
-    };
-    Ok(Snapshot {
-        record: Record {
-            fingerprint: Fingerprint::from_bytes(fingerprint),
-            format_version: u16::try_from(format_version)
-                .map_err(|_| corrupt("format version out of range"))?,
-            operation_id: operation_id(column(row, "operation_id")?)?,
-            token: token(column(row, "token")?)?,
-            status,
-            locked_until: locked_until.map(Timestamp::from_millis),
-            response,
-            created_at: Timestamp::from_millis(created),
-            expires_at: Timestamp::from_millis(expires),
-        },
-        now: Timestamp::from_millis(now),
-    })
-}
-
-#[async_trait]
-impl Store for SqliteStore {
-    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.claim(request).await
-    }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
-        completion: &Completion,
-    ) -> Result<FencedWrite, StoreError> {
-        let Some(query) = self.complete_query(lease, completion) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let done = query.execute(&self.inner.pool).await.map_err(store_error)?;
-        let write = applied(done.rows_affected());
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
-        let write = self.fenced(&self.inner.sql.release, lease, None).await?;
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
-        self.fenced(&self.inner.sql.renew, lease, Some(millis(lease_for)))
-            .await
-    }
-
-    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
-        let write = self.fenced(&self.inner.sql.delete, lease, None).await?;
-        if write == FencedWrite::Applied {
-            self.inner.signals.notify(&lease.identity);
-        }
-        Ok(write)
-    }
-
-    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
-        self.read(identity).await
-    }
-
-    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
-        self.inner.signals.wait(identity, timeout).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_are_clamped() {
-        assert_eq!(millis(Duration::from_millis(1_500)), 1_500);
-        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
-    }
-}
+idemgate_sqlx::sql_store_methods!(SqliteStore);

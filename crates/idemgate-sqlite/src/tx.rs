@@ -6,8 +6,9 @@ use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{ErrorClass, SqlStore};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
-use crate::error::{classify_result_code, store_error};
-use crate::store::{BEGIN_IMMEDIATE, SqliteStore, applied};
+use crate::error::classify_result_code;
+use crate::sql::BEGIN_IMMEDIATE;
+use crate::store::SqliteStore;
 
 /// A business transaction that commits together with the idempotency record
 /// ([`idemgate_sqlx::Tx`] on a [`SqliteStore`]).
@@ -68,11 +69,7 @@ impl SqlStore for SqliteStore {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
-        let Some(query) = self.complete_query(lease, completion) else {
-            return Ok(FencedWrite::Refused);
-        };
-        let done = query.execute(connection).await.map_err(store_error)?;
-        Ok(applied(done.rows_affected()))
+        self.complete_on(connection, lease, completion).await
     }
 
     fn signals(&self) -> &ChangeSignals {

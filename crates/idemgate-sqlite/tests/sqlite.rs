@@ -443,3 +443,41 @@ async fn readable_parts_and_the_clock() {
     let skew = snapshot.now.as_millis() - idemgate_core::time::Timestamp::now().as_millis();
     assert!(skew.abs() < 1_000, "SQLite's clock is {skew} ms off");
 }
+
+// --- a newcomer's setup -------------------------------------------------------------
+
+/// A store built with `new(pool)` on a fresh file is `Misconfigured` (SQLite's
+/// result code, not its message), and the layer answers 500 `store-misconfigured`
+/// without running the handler; migrated, the same store serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
+    use idemgate_testkit::setup::{counting_orders, misconfiguration_code};
+    use std::sync::atomic::AtomicUsize;
+
+    let db = TempDb::new();
+    let store = SqliteStore::new(db.pool(2).await);
+    let code = misconfiguration_code(&store).await;
+    assert_eq!(
+        code.as_deref(),
+        Some("1"),
+        "plain SQLITE_ERROR: no such table"
+    );
+    let executions = Arc::new(AtomicUsize::new(0));
+    let app = counting_orders(Arc::clone(&executions))
+        .route_layer(idemgate::IdempotencyLayer::new(store.clone()));
+    let migrate = async { store.migrate().await.expect("migrate") };
+    idemgate_testkit::setup::misconfigured_until_migrated(&app, &executions, migrate).await;
+}
+
+/// `SqliteStore::open` migrates: on a fresh file, the store it returns claims,
+/// completes and replays at once; reopened, the file keeps the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_is_ready_to_use_without_migrate() {
+    let db = TempDb::new();
+    let store = SqliteStore::open(&db.path).await.expect("open");
+    idemgate_testkit::setup::ready_to_use(&store).await;
+    let reopened = SqliteStore::open(&db.path).await.expect("reopen");
+    idemgate_testkit::setup::ready_to_use(&reopened).await;
+    store.pool().close().await;
+    reopened.pool().close().await;
+}

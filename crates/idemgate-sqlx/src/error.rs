@@ -12,10 +12,29 @@ pub enum ErrorClass {
     Transient,
     /// A row, or a database file, that cannot be decoded. [`StoreError::Corrupt`].
     Corrupt,
-    /// Anything else (a missing table, a permission error, a read-only file): still
-    /// [`StoreError::Unavailable`], so the layer fails closed, but logged as
-    /// unexpected.
+    /// The store is set up wrong: its table is missing (`migrate()` never ran for
+    /// it) or the database refuses the role access. Retrying does not help.
+    /// [`StoreError::Misconfigured`], with a [`Misconfiguration`] naming the fix.
+    Misconfigured,
+    /// Anything else: still [`StoreError::Unavailable`], so the layer fails closed,
+    /// but logged as unexpected.
     Unexpected,
+}
+
+/// The cause of a [`StoreError::Misconfigured`] from a SQL store: what the database
+/// said, and what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the idemgate {backend} record table is missing or not accessible: run the store's \
+     migrate() (its open/connect constructor does), and grant the database role \
+     SELECT, INSERT, UPDATE and DELETE on it"
+)]
+pub struct Misconfiguration {
+    /// The database's name (`"PostgreSQL"`, `"SQLite"`).
+    pub backend: &'static str,
+    /// What the database answered.
+    #[source]
+    pub cause: sqlx::Error,
 }
 
 /// Classifies `err` by its `sqlx` variant — transport and pool failures are
@@ -54,6 +73,10 @@ pub fn store_error<S: SqlStore>(err: sqlx::Error) -> StoreError {
     match classify::<S>(&err) {
         ErrorClass::Transient => StoreError::unavailable(err),
         ErrorClass::Corrupt => StoreError::corrupt(err),
+        ErrorClass::Misconfigured => StoreError::misconfigured(Misconfiguration {
+            backend: S::BACKEND,
+            cause: err,
+        }),
         ErrorClass::Unexpected => {
             tracing::error!(
                 error = %err,

@@ -12,8 +12,16 @@
 //! - [`TxRejection`] and its `application/problem+json` answers ([`PROBLEM_NOT_BEHIND_LAYER`],
 //!   [`PROBLEM_ALREADY_LENT`], [`PROBLEM_UNAVAILABLE`]);
 //! - [`ErrorClass`], [`classify`] and [`store_error`]: how a `sqlx` error becomes a
-//!   [`StoreError`], by error variant and database code, never by message text;
-//! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run.
+//!   [`StoreError`], by error variant and database code, never by message text (a
+//!   missing table or a refused permission is [`StoreError::Misconfigured`], with a
+//!   [`Misconfiguration`] that names the fix);
+//! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run;
+//! - [`decode_snapshot`], [`decode_lease`], [`CompletionColumns`], [`millis`],
+//!   [`applied`] and [`CorruptRecord`]: how a record row becomes a
+//!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect;
+//! - [`schema_step`]: the schema-version rule every migration keeps;
+//! - [`sql_store_methods!`]: the [`Store`] impl and the fenced writes, reads and
+//!   purges both stores run the same way, expanded on each store's own types.
 //!
 //! A store plugs in by implementing [`SqlStore`]: its `sqlx` database, how it begins
 //! a business transaction, its fenced completion inside one, its change signals and
@@ -23,6 +31,9 @@
 mod error;
 mod problem;
 mod purge;
+mod record;
+mod setup;
+mod store_methods;
 mod tx;
 
 use async_trait::async_trait;
@@ -30,8 +41,23 @@ use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, Store, StoreError};
 use sqlx::{Database, Pool, Transaction};
 
-pub use error::{ErrorClass, classify, store_error};
+pub use error::{ErrorClass, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
+pub use record::{
+    CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_lease, decode_snapshot,
+    millis, token_param,
+};
+pub use setup::{SchemaStep, SchemaTooNew, schema_step};
+
+/// What [`sql_store_methods!`] expands to refers to, so a store crate needs no
+/// matching dependency versions of its own. Not API.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait;
+    pub use idemgate_core;
+    pub use sqlx;
+    pub use tokio;
+}
 pub use tx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, Tx, TxRejection,
 };

@@ -101,7 +101,7 @@ pub async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
     match store.try_claim(request).await.expect("claim") {
         Claim::Acquired(lease) => lease,
         Claim::Existing(snapshot) => {
-            panic!("expected to acquire, found {:?}", snapshot.record.status)
+            panic!("expected to acquire, found {:?}", snapshot.record.status())
         }
     }
 }
@@ -162,7 +162,7 @@ pub async fn concurrent_claims_have_exactly_one_winner(store: Arc<dyn Store>) {
     let winner = &winners[0];
     assert_eq!(winner.origin, LeaseOrigin::New);
     for loser in &losers {
-        assert_eq!(loser.record.status, RecordStatus::Processing);
+        assert_eq!(loser.record.status(), RecordStatus::Processing);
         assert_eq!(loser.record.operation_id, winner.operation_id);
         assert_eq!(loser.record.token, winner.token);
         assert!(loser.record.lease_is_live(loser.now));
@@ -182,13 +182,13 @@ pub async fn complete_then_claim_replays(store: Arc<dyn Store>) {
         FencedWrite::Applied
     );
     let snapshot = existing(&*store, &request).await;
-    assert_eq!(snapshot.record.status, RecordStatus::Completed);
+    assert_eq!(snapshot.record.status(), RecordStatus::Completed);
     assert_eq!(snapshot.record.operation_id, lease.operation_id);
-    assert_eq!(snapshot.record.response, Some(awkward_response()));
-    assert_eq!(snapshot.record.locked_until, None);
+    assert_eq!(snapshot.record.response(), Some(&awkward_response()));
+    assert_eq!(snapshot.record.locked_until(), None);
     assert_eq!(snapshot.record.fingerprint, request.fingerprint);
     let read = get(&*store, &request).await.expect("record present");
-    assert_eq!(read.record.response, Some(awkward_response()));
+    assert_eq!(read.record.response(), Some(&awkward_response()));
 }
 
 /// A `Failed` completion is stored and replayed like a `Completed` one.
@@ -210,8 +210,8 @@ pub async fn failed_completion_is_stored(store: Arc<dyn Store>) {
         FencedWrite::Applied
     );
     let snapshot = existing(&*store, &request).await;
-    assert_eq!(snapshot.record.status, RecordStatus::Failed);
-    assert_eq!(snapshot.record.response, Some(response));
+    assert_eq!(snapshot.record.status(), RecordStatus::Failed);
+    assert_eq!(snapshot.record.response(), Some(&response));
 }
 
 /// Same key, other fingerprint: the existing record is returned untouched, in every
@@ -225,7 +225,7 @@ pub async fn fingerprint_mismatch_is_visible(store: Arc<dyn Store>) {
     let lease = acquire(&*store, &request).await;
     let seen = existing(&*store, &other).await;
     assert_eq!(seen.record.fingerprint, request.fingerprint);
-    assert_eq!(seen.record.status, RecordStatus::Processing);
+    assert_eq!(seen.record.status(), RecordStatus::Processing);
 
     assert_eq!(
         store.release(&lease).await.expect("release"),
@@ -233,7 +233,7 @@ pub async fn fingerprint_mismatch_is_visible(store: Arc<dyn Store>) {
     );
     let seen = existing(&*store, &other).await;
     assert_eq!(
-        seen.record.status,
+        seen.record.status(),
         RecordStatus::Released,
         "a released record is not taken over by another fingerprint"
     );
@@ -248,7 +248,7 @@ pub async fn fingerprint_mismatch_is_visible(store: Arc<dyn Store>) {
         FencedWrite::Applied
     );
     let seen = existing(&*store, &other).await;
-    assert_eq!(seen.record.status, RecordStatus::Completed);
+    assert_eq!(seen.record.status(), RecordStatus::Completed);
     assert_eq!(seen.record.fingerprint, request.fingerprint);
 }
 
@@ -263,7 +263,7 @@ pub async fn release_makes_the_record_claimable(store: Arc<dyn Store>) {
     let read = get(&*store, &request)
         .await
         .expect("released record is kept");
-    assert_eq!(read.record.status, RecordStatus::Released);
+    assert_eq!(read.record.status(), RecordStatus::Released);
     let second = acquire(&*store, &request).await;
     assert_eq!(second.origin, LeaseOrigin::Released);
     assert_eq!(
@@ -297,7 +297,7 @@ pub async fn lapsed_lease_has_exactly_one_takeover(store: Arc<dyn Store>) {
     let first = acquire(&*store, &request).await;
     let live = existing(&*store, &request).await;
     assert_eq!(
-        live.record.status,
+        live.record.status(),
         RecordStatus::Processing,
         "a live lease is not taken over"
     );
@@ -378,7 +378,7 @@ pub async fn stale_lease_cannot_write(store: Arc<dyn Store>) {
         );
     }
     let read = get(&*store, &request).await.expect("record untouched");
-    assert_eq!(read.record.status, RecordStatus::Processing);
+    assert_eq!(read.record.status(), RecordStatus::Processing);
     assert_eq!(read.record.token, current.token);
     assert!(read.record.lease_is_live(read.now));
     assert_eq!(
@@ -486,7 +486,7 @@ pub async fn completion_restarts_the_ttl(store: Arc<dyn Store>) {
     let read = get(&*store, &request)
         .await
         .expect("completion set expires_at = now + ttl");
-    assert_eq!(read.record.status, RecordStatus::Completed);
+    assert_eq!(read.record.status(), RecordStatus::Completed);
 }
 
 /// A record taken up again near the end of its life lives on for the new run:
@@ -594,7 +594,7 @@ pub async fn completed_record_refuses_further_writes(store: Arc<dyn Store>) {
         FencedWrite::Refused
     );
     let read = get(&*store, &request).await.expect("kept");
-    assert_eq!(read.record.response, Some(awkward_response()));
+    assert_eq!(read.record.response(), Some(&awkward_response()));
 }
 
 /// Same key under another principal, method or path is an independent operation.
@@ -622,13 +622,13 @@ pub async fn scopes_are_isolated(store: Arc<dyn Store>) {
                 .await
                 .expect("own record")
                 .record
-                .response
+                .response()
                 .is_none()
         );
     }
     assert_eq!(
-        existing(&*store, &base).await.record.response,
-        Some(awkward_response())
+        existing(&*store, &base).await.record.response(),
+        Some(&awkward_response())
     );
 }
 
@@ -660,12 +660,8 @@ pub async fn responses_round_trip_byte_exact(store: Arc<dyn Store>) {
                 .expect("complete"),
             FencedWrite::Applied
         );
-        let replayed = existing(&*store, &request)
-            .await
-            .record
-            .response
-            .expect("stored response");
-        assert_eq!(replayed, response);
+        let replayed = existing(&*store, &request).await.record.state;
+        assert_eq!(replayed.response(), Some(&response));
     }
 }
 
@@ -702,7 +698,7 @@ pub async fn waiters_wake_on_completion(store: Arc<dyn Store>) {
                     .get(&digest)
                     .await
                     .expect("get")
-                    .is_some_and(|s| s.record.status.is_final());
+                    .is_some_and(|s| s.record.status().is_final());
                 if done || start.elapsed() > Duration::from_secs(20) {
                     return start.elapsed();
                 }

@@ -21,6 +21,8 @@
 
 pub mod conformance;
 #[cfg(feature = "transactional")]
+pub mod setup;
+#[cfg(feature = "transactional")]
 pub mod transactional;
 
 /// Instantiates every test of [`conformance`] for one store, as `#[tokio::test]`s on a

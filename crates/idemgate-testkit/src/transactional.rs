@@ -184,8 +184,8 @@ pub async fn rollback_leaves_no_order_and_release_reclaims_the_operation<
         .await
         .expect("get")
         .expect("record");
-    assert_eq!(snapshot.record.status, RecordStatus::Completed);
-    assert_eq!(snapshot.record.response, Some(awkward_response()));
+    assert_eq!(snapshot.record.status(), RecordStatus::Completed);
+    assert_eq!(snapshot.record.response(), Some(&awkward_response()));
     harness.finish().await;
 }
 
@@ -258,7 +258,7 @@ pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: Transa
         .await
         .expect("get")
         .expect("record");
-    assert_eq!(snapshot.record.status, RecordStatus::Processing);
+    assert_eq!(snapshot.record.status(), RecordStatus::Processing);
     assert_eq!(snapshot.record.token, current.token);
 
     let write = handler_writes_order(&*harness, &store, current.operation_id)
@@ -377,7 +377,7 @@ pub async fn concurrent_transactional_requests_on_two_instances_write_one_order<
         .await
         .expect("get")
         .expect("record");
-    assert_eq!(snapshot.record.status, RecordStatus::Completed);
+    assert_eq!(snapshot.record.status(), RecordStatus::Completed);
     let operation_id = snapshot.record.operation_id;
     assert_eq!(
         harness.orders_for(&instances[0], operation_id).await,
@@ -385,13 +385,13 @@ pub async fn concurrent_transactional_requests_on_two_instances_write_one_order<
         "one operation must write exactly one order"
     );
     assert_eq!(harness.orders(&instances[1]).await, 1);
-    let stored = snapshot.record.response.expect("stored response");
+    let stored = snapshot.record.response().expect("stored response");
     assert_eq!(
         stored.body,
         StoredBody::Retained(Bytes::from(operation_id.to_string()))
     );
     assert!(
-        replays.iter().all(|r| *r == stored),
+        replays.iter().all(|r| r == stored),
         "a replay differs from the stored response"
     );
     eprintln!(
@@ -421,9 +421,9 @@ pub async fn completed_records_survive_reopening<H: TransactionalHarness>(harnes
     let store = harness.reopen().await;
     match store.try_claim(&request).await.expect("claim") {
         Claim::Existing(snapshot) => {
-            assert_eq!(snapshot.record.status, RecordStatus::Completed);
+            assert_eq!(snapshot.record.status(), RecordStatus::Completed);
             assert_eq!(snapshot.record.operation_id, operation_id);
-            assert_eq!(snapshot.record.response, Some(awkward_response()));
+            assert_eq!(snapshot.record.response(), Some(&awkward_response()));
         }
         Claim::Acquired(lease) => panic!("a completed record was lost: acquired {lease:?}"),
     }

@@ -323,7 +323,7 @@ impl Execution {
                         .await
                         .is_ok_and(|snapshot| {
                             snapshot.is_some_and(|s| {
-                                s.record.status.is_final()
+                                s.record.status().is_final()
                                     && s.record.operation_id == self.lease.operation_id
                                     && s.record.token == self.lease.token
                             })

@@ -212,6 +212,17 @@ impl ProblemDetails {
         )
     }
 
+    /// 500: the idempotency store is set up wrong (its table is missing or not
+    /// accessible); nothing was run. The operator's fix is logged, not sent.
+    pub fn store_misconfigured() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "store-misconfigured",
+            "Idempotency store misconfigured",
+            "the idempotency store is not set up for this service; the request was not processed",
+        )
+    }
+
     /// 503: too many requests are being processed at once.
     pub fn overloaded(retry_after: Duration) -> Self {
         Self::new(

@@ -365,6 +365,11 @@ fn store_failure(config: &Config, error: &StoreError) -> Response<Body> {
             count_outcome(Outcome::Rejected);
             ProblemDetails::store_corrupt()
         }
+        // Logged above with the fix (the error says: run migrate(), check grants).
+        StoreError::Misconfigured(_) => {
+            count_outcome(Outcome::Rejected);
+            ProblemDetails::store_misconfigured()
+        }
         _ => {
             count_outcome(Outcome::StoreUnavailable);
             ProblemDetails::store_unavailable(config.unavailable_retry_after)

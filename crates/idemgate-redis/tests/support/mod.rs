@@ -251,5 +251,5 @@ pub async fn other_instance_wakes_waiter(
         "the other instance's waiter woke only after {waited:?}"
     );
     let seen = b.get(&digest).await.expect("get").expect("record");
-    assert!(seen.record.status.is_final());
+    assert!(seen.record.status().is_final());
 }

@@ -1,0 +1,241 @@
+//! How a record row becomes a [`Snapshot`] or a [`Lease`], and the values both SQL
+//! stores bind: the Rust half of their record I/O, written once. The SQL text that
+//! selects and writes those columns stays in each store's crate, in its dialect.
+//!
+//! Both stores select the same column names (`fingerprint`, `format_version`,
+//! `operation_id`, `token`, `status`, `locked_until_ms`, `response_status`,
+//! `response_headers`, `response_body`, `body_retained`, `created_ms`, `expires_ms`,
+//! `now_ms`; a claim returns `operation_id`, `token`, `lease_origin`,
+//! `locked_until_ms`) and read them as the same Rust types: the operation id as a
+//! `uuid::Uuid` (PostgreSQL's `UUID`, SQLite's 16-byte `BLOB`), `format_version`
+//! and `response_status` as `i32`, times and tokens as `i64`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::record::{
+    FencingToken, LeaseOrigin, OperationId, Record, RecordState, RecordStatus, StoredBody,
+    StoredResponse,
+};
+use idemgate_core::scope::IdentityDigest;
+use idemgate_core::time::Timestamp;
+use idemgate_core::{Completion, FencedWrite, Lease, Snapshot, StoreError};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+/// Durations beyond this are clamped (100 years), so millisecond sums in SQL never
+/// overflow.
+pub const MAX_MILLIS: i64 = 100 * 365 * 86_400_000;
+
+/// A duration as whole milliseconds, clamped to [`MAX_MILLIS`].
+pub fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).map_or(MAX_MILLIS, |ms| ms.min(MAX_MILLIS))
+}
+
+/// A fencing token as the `BIGINT` the stores keep; `None` for a token no database
+/// row can hold, which therefore was never handed out by one (the write is
+/// [`FencedWrite::Refused`] without asking).
+pub fn token_param(token: FencingToken) -> Option<i64> {
+    i64::try_from(token.0).ok()
+}
+
+/// A fenced statement's affected-row count as its outcome: exactly one row is the
+/// record that still held the lease.
+pub fn applied(rows: u64) -> FencedWrite {
+    if rows == 1 {
+        FencedWrite::Applied
+    } else {
+        FencedWrite::Refused
+    }
+}
+
+/// A record read back that breaks the schema's invariants: the cause of a
+/// [`StoreError::Corrupt`].
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt idempotency record: {0}")]
+pub struct CorruptRecord(pub &'static str);
+
+/// A [`StoreError::Corrupt`] saying what is wrong.
+pub fn corrupt(what: &'static str) -> StoreError {
+    StoreError::corrupt(CorruptRecord(what))
+}
+
+/// What [`crate::SqlStore::complete_in`]'s statement writes for `completion`, in
+/// column order: status, response status, headers, body, whether the body was
+/// retained, and the time to live in milliseconds.
+#[derive(Debug)]
+pub struct CompletionColumns<'a> {
+    /// `COMPLETED` or `FAILED`.
+    pub status: &'static str,
+    /// The response's HTTP status.
+    pub response_status: u16,
+    /// [`StoredResponse::encode_headers`].
+    pub headers: Vec<u8>,
+    /// The body; `None` when it was not retained.
+    pub body: Option<&'a [u8]>,
+    /// `false`: the body was too large to keep (replayed without one).
+    pub retained: bool,
+    /// How long the completed record lives, in milliseconds.
+    pub ttl_ms: i64,
+}
+
+impl<'a> CompletionColumns<'a> {
+    /// The columns of `completion`.
+    pub fn of(completion: &'a Completion) -> Self {
+        let response = &completion.response;
+        let (body, retained) = match &response.body {
+            StoredBody::Retained(body) => (Some(body.as_ref()), true),
+            StoredBody::NotRetained => (None, false),
+        };
+        Self {
+            status: RecordStatus::from(completion.status).as_str(),
+            response_status: response.status.as_u16(),
+            headers: response.encode_headers(),
+            body,
+            retained,
+            ttl_ms: millis(completion.ttl),
+        }
+    }
+}
+
+fn column<'r, R, T>(row: &'r R, name: &str) -> Result<T, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    T: Decode<'r, R::Database> + Type<R::Database>,
+{
+    row.try_get(name).map_err(StoreError::corrupt)
+}
+
+fn token(token: i64) -> Result<FencingToken, StoreError> {
+    u64::try_from(token)
+        .map(FencingToken)
+        .map_err(|_| corrupt("negative token"))
+}
+
+/// The lease a claim statement returned (`operation_id`, `token`, `lease_origin`,
+/// `locked_until_ms`), for `identity`.
+pub fn decode_lease<R>(row: &R, identity: IdentityDigest) -> Result<Lease, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let origin: String = column(row, "lease_origin")?;
+    let locked_until: Option<i64> = column(row, "locked_until_ms")?;
+    Ok(Lease {
+        identity,
+        operation_id: OperationId::from(column::<R, uuid::Uuid>(row, "operation_id")?),
+        token: token(column(row, "token")?)?,
+        origin: origin.parse::<LeaseOrigin>().map_err(StoreError::corrupt)?,
+        locked_until: Timestamp::from_millis(
+            locked_until.ok_or_else(|| corrupt("claimed record without a lease"))?,
+        ),
+    })
+}
+
+/// The record (and the store's clock, `now_ms`) a read selected. A final record
+/// without a complete response, or a running one without a lease, is
+/// [`StoreError::Corrupt`]: [`RecordState`] cannot hold either.
+pub fn decode_snapshot<R>(row: &R) -> Result<Snapshot, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let fingerprint: Vec<u8> = column(row, "fingerprint")?;
+    let format_version: i32 = column(row, "format_version")?;
+    let status: String = column(row, "status")?;
+    let locked_until: Option<i64> = column(row, "locked_until_ms")?;
+    let created: i64 = column(row, "created_ms")?;
+    let expires: i64 = column(row, "expires_ms")?;
+    let now: i64 = column(row, "now_ms")?;
+
+    let status: RecordStatus = status.parse().map_err(StoreError::corrupt)?;
+    let fingerprint: [u8; 32] = fingerprint
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    // The response columns mean something only once the record is final; a claim
+    // clears them, but a reader does not rely on that.
+    let response = if status.is_final() {
+        Some(decode_response(row)?)
+    } else {
+        None
+    };
+    let state = RecordState::from_parts(status, locked_until.map(Timestamp::from_millis), response)
+        .map_err(StoreError::corrupt)?;
+    Ok(Snapshot {
+        record: Record {
+            fingerprint: Fingerprint::from_bytes(fingerprint),
+            format_version: u16::try_from(format_version)
+                .map_err(|_| corrupt("format version out of range"))?,
+            operation_id: OperationId::from(column::<R, uuid::Uuid>(row, "operation_id")?),
+            token: token(column(row, "token")?)?,
+            state,
+            created_at: Timestamp::from_millis(created),
+            expires_at: Timestamp::from_millis(expires),
+        },
+        now: Timestamp::from_millis(now),
+    })
+}
+
+fn decode_response<R>(row: &R) -> Result<StoredResponse, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let response_status: Option<i32> = column(row, "response_status")?;
+    let headers: Option<Vec<u8>> = column(row, "response_headers")?;
+    let body: Option<Vec<u8>> = column(row, "response_body")?;
+    let retained: Option<bool> = column(row, "body_retained")?;
+    let status = response_status
+        .and_then(|code| u16::try_from(code).ok())
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or_else(|| corrupt("final record without a valid response status"))?;
+    let headers = StoredResponse::decode_headers(
+        headers
+            .as_deref()
+            .ok_or_else(|| corrupt("final record without headers"))?,
+    )
+    .map_err(StoreError::corrupt)?;
+    let body = match (retained, body) {
+        (Some(true), Some(body)) => StoredBody::Retained(Bytes::from(body)),
+        (Some(false), _) => StoredBody::NotRetained,
+        _ => return Err(corrupt("final record without a body")),
+    };
+    Ok(StoredResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_clamped() {
+        assert_eq!(millis(Duration::from_millis(1_500)), 1_500);
+        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
+    }
+
+    #[test]
+    fn one_affected_row_is_applied() {
+        assert_eq!(applied(1), FencedWrite::Applied);
+        assert_eq!(applied(0), FencedWrite::Refused);
+        assert_eq!(token_param(FencingToken(u64::MAX)), None);
+        assert_eq!(token_param(FencingToken(7)), Some(7));
+    }
+}

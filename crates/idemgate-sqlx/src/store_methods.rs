@@ -1,0 +1,264 @@
+//! The [`Store`](idemgate_core::Store) methods both SQL stores run the same way,
+//! written once: [`sql_store_methods!`](crate::sql_store_methods) expands them in
+//! each store's crate, on its concrete `sqlx` types.
+//!
+//! A macro, not generic functions, because what they do — execute a statement on a
+//! pool and count the rows it changed — has no generic form in `sqlx`
+//! (`QueryResult::rows_affected` belongs to each driver). What differs between the
+//! dialects stays in the store: the SQL text, the claim, the clock, the migration.
+
+/// Implements, for a SQL store type, everything around its statements that both SQL
+/// stores share: the [`Store`](idemgate_core::Store) impl (its `try_claim` calls
+/// the store's own `claim`), the fenced writes, the read, the purge and the change
+/// signals.
+///
+/// The store type must have `inner.pool` (its `sqlx` pool), `inner.signals`
+/// ([`ChangeSignals`](idemgate_core::signals::ChangeSignals)) and `inner.sql` with
+/// `Arc<str>` statements `complete`, `release`, `renew`, `delete` (fenced on
+/// parameters 1–3: identity, operation id, token; `renew`'s 4th is the lease in
+/// milliseconds, `complete`'s 4th–9th the [`CompletionColumns`](crate::CompletionColumns)),
+/// `read` (parameter 1: identity) and `purge` (parameter 1: the batch size); an
+/// inherent `async fn claim(&self, &ClaimRequest) -> Result<Claim, StoreError>`;
+/// and an impl of [`SqlStore`](crate::SqlStore), whose `Database` and error codes
+/// the expansion uses ([`store_error`](crate::store_error)).
+///
+/// The expansion adds the inherent methods `complete_on` (the fenced completion on
+/// a connection, for [`SqlStore::complete_in`](crate::SqlStore::complete_in)),
+/// `purge_now`, `spawn_purge_task` and `signals`.
+#[macro_export]
+macro_rules! sql_store_methods {
+    ($store:ty) => {
+        impl $store {
+            /// The fenced completion, for the pool or a transaction.
+            fn complete_query(
+                &self,
+                lease: &$crate::__private::idemgate_core::Lease,
+                completion: &$crate::__private::idemgate_core::Completion,
+            ) -> ::std::option::Option<
+                $crate::__private::sqlx::query::Query<
+                    'static,
+                    <$store as $crate::SqlStore>::Database,
+                    <<$store as $crate::SqlStore>::Database as $crate::__private::sqlx::Database>::Arguments,
+                >,
+            > {
+                let token = $crate::token_param(lease.token)?;
+                let columns = $crate::CompletionColumns::of(completion);
+                ::std::option::Option::Some(
+                    $crate::__private::sqlx::query($crate::__private::sqlx::AssertSqlSafe(
+                        ::std::sync::Arc::clone(&self.inner.sql.complete),
+                    ))
+                    .bind(lease.identity.as_bytes().to_vec())
+                    .bind(lease.operation_id.as_uuid())
+                    .bind(token)
+                    .bind(columns.status)
+                    .bind(i32::from(columns.response_status))
+                    .bind(columns.headers)
+                    .bind(columns.body.map(<[u8]>::to_vec))
+                    .bind(columns.retained)
+                    .bind(columns.ttl_ms),
+                )
+            }
+
+            /// The fenced completion on `connection` (a business transaction),
+            /// without committing.
+            pub(crate) async fn complete_on(
+                &self,
+                connection: &mut <<$store as $crate::SqlStore>::Database as $crate::__private::sqlx::Database>::Connection,
+                lease: &$crate::__private::idemgate_core::Lease,
+                completion: &$crate::__private::idemgate_core::Completion,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                let ::std::option::Option::Some(query) = self.complete_query(lease, completion)
+                else {
+                    return ::std::result::Result::Ok(
+                        $crate::__private::idemgate_core::FencedWrite::Refused,
+                    );
+                };
+                let done = query
+                    .execute(connection)
+                    .await
+                    .map_err($crate::store_error::<$store>)?;
+                ::std::result::Result::Ok($crate::applied(done.rows_affected()))
+            }
+
+            /// Runs a fenced statement whose parameters are the fence (1–3) and,
+            /// optionally, one more integer; wakes in-process waiters when it
+            /// applied and `notify` says the record changed for them.
+            async fn fenced(
+                &self,
+                sql: &::std::sync::Arc<str>,
+                lease: &$crate::__private::idemgate_core::Lease,
+                extra: ::std::option::Option<i64>,
+                notify: bool,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                let ::std::option::Option::Some(token) = $crate::token_param(lease.token) else {
+                    return ::std::result::Result::Ok(
+                        $crate::__private::idemgate_core::FencedWrite::Refused,
+                    );
+                };
+                let mut query = $crate::__private::sqlx::query(
+                    $crate::__private::sqlx::AssertSqlSafe(::std::sync::Arc::clone(sql)),
+                )
+                .bind(lease.identity.as_bytes().to_vec())
+                .bind(lease.operation_id.as_uuid())
+                .bind(token);
+                if let ::std::option::Option::Some(extra) = extra {
+                    query = query.bind(extra);
+                }
+                let done = query
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err($crate::store_error::<$store>)?;
+                let write = $crate::applied(done.rows_affected());
+                if notify && write == $crate::__private::idemgate_core::FencedWrite::Applied {
+                    self.inner.signals.notify(&lease.identity);
+                }
+                ::std::result::Result::Ok(write)
+            }
+
+            async fn read(
+                &self,
+                identity: &$crate::__private::idemgate_core::scope::IdentityDigest,
+            ) -> ::std::result::Result<
+                ::std::option::Option<$crate::__private::idemgate_core::Snapshot>,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                let row = $crate::__private::sqlx::query($crate::__private::sqlx::AssertSqlSafe(
+                    ::std::sync::Arc::clone(&self.inner.sql.read),
+                ))
+                .bind(identity.as_bytes().to_vec())
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err($crate::store_error::<$store>)?;
+                row.as_ref().map($crate::decode_snapshot).transpose()
+            }
+
+            /// Deletes expired records in batches of at most `batch`.
+            async fn purge_now(
+                &self,
+                batch: usize,
+            ) -> ::std::result::Result<u64, $crate::__private::idemgate_core::StoreError> {
+                $crate::purge_in_batches(batch, |limit| async move {
+                    $crate::__private::sqlx::query($crate::__private::sqlx::AssertSqlSafe(
+                        ::std::sync::Arc::clone(&self.inner.sql.purge),
+                    ))
+                    .bind(limit)
+                    .execute(&self.inner.pool)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err($crate::store_error::<$store>)
+                })
+                .await
+            }
+
+            /// Runs [`Self::purge_now`] every `every` on the current runtime.
+            fn spawn_purge_task(
+                &self,
+                every: ::std::time::Duration,
+                batch: usize,
+            ) -> ::std::result::Result<
+                $crate::PurgeTask,
+                $crate::__private::tokio::runtime::TryCurrentError,
+            > {
+                let store = ::std::clone::Clone::clone(self);
+                $crate::PurgeTask::spawn(every, move || {
+                    let store = ::std::clone::Clone::clone(&store);
+                    async move { store.purge_now(batch).await }
+                })
+            }
+
+            pub(crate) fn signals(&self) -> &$crate::__private::idemgate_core::signals::ChangeSignals {
+                &self.inner.signals
+            }
+        }
+
+        #[$crate::__private::async_trait::async_trait]
+        impl $crate::__private::idemgate_core::Store for $store {
+            async fn try_claim(
+                &self,
+                request: &$crate::__private::idemgate_core::ClaimRequest,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::Claim,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                self.claim(request).await
+            }
+
+            async fn complete(
+                &self,
+                lease: &$crate::__private::idemgate_core::Lease,
+                completion: &$crate::__private::idemgate_core::Completion,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                let mut connection = self
+                    .inner
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err($crate::store_error::<$store>)?;
+                let write = self.complete_on(&mut connection, lease, completion).await?;
+                if write == $crate::__private::idemgate_core::FencedWrite::Applied {
+                    self.inner.signals.notify(&lease.identity);
+                }
+                ::std::result::Result::Ok(write)
+            }
+
+            async fn release(
+                &self,
+                lease: &$crate::__private::idemgate_core::Lease,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                self.fenced(&self.inner.sql.release, lease, None, true).await
+            }
+
+            async fn renew(
+                &self,
+                lease: &$crate::__private::idemgate_core::Lease,
+                lease_for: ::std::time::Duration,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                self.fenced(&self.inner.sql.renew, lease, Some($crate::millis(lease_for)), false)
+                    .await
+            }
+
+            async fn delete(
+                &self,
+                lease: &$crate::__private::idemgate_core::Lease,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                self.fenced(&self.inner.sql.delete, lease, None, true).await
+            }
+
+            async fn get(
+                &self,
+                identity: &$crate::__private::idemgate_core::scope::IdentityDigest,
+            ) -> ::std::result::Result<
+                ::std::option::Option<$crate::__private::idemgate_core::Snapshot>,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                self.read(identity).await
+            }
+
+            async fn wait_for_change(
+                &self,
+                identity: &$crate::__private::idemgate_core::scope::IdentityDigest,
+                timeout: ::std::time::Duration,
+            ) {
+                self.inner.signals.wait(identity, timeout).await;
+            }
+        }
+    };
+}
