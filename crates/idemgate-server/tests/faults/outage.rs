@@ -30,18 +30,28 @@ enum Fault {
     Freeze,
 }
 
-/// What one load client saw for one key's first request.
+/// What the load clients saw: each key's first answer.
 #[derive(Default)]
 struct Seen {
+    /// Every key sent, with the body of its 201 when it got one.
+    keys: Vec<(Probe, Option<bytes::Bytes>)>,
     created: usize,
     unavailable: usize,
     violations: Vec<String>,
+    /// The longest a request took: how long the outage held clients (reported,
+    /// not asserted).
+    slowest: Duration,
 }
 
 impl Seen {
-    fn record(&mut self, probe: &Probe, answer: reqwest::Result<Answer>) {
+    fn record(&mut self, probe: Probe, answer: reqwest::Result<Answer>, took: Duration) {
+        self.slowest = self.slowest.max(took);
+        let mut created = None;
         match answer {
-            Ok(answer) if answer.status == StatusCode::CREATED => self.created += 1,
+            Ok(answer) if answer.status == StatusCode::CREATED => {
+                self.created += 1;
+                created = Some(answer.body);
+            }
             Ok(answer) if answer.status == StatusCode::SERVICE_UNAVAILABLE => {
                 assert_retryable_problem(&answer);
                 self.unavailable += 1;
@@ -53,6 +63,7 @@ impl Seen {
                 .violations
                 .push(format!("key {}: no answer: {error}", probe.key)),
         }
+        self.keys.push((probe, created));
     }
 }
 
@@ -62,23 +73,21 @@ fn start_load(
     clients: usize,
     base: String,
     stop: Arc<AtomicBool>,
-    log: Arc<Mutex<(Vec<Probe>, Seen)>>,
+    seen: Arc<Mutex<Seen>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     (0..clients)
         .map(|_| {
-            let (base, stop, log) = (base.clone(), Arc::clone(&stop), Arc::clone(&log));
+            let (base, stop, seen) = (base.clone(), Arc::clone(&stop), Arc::clone(&seen));
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let probe = Probe::new(REQUEST_TIMEOUT);
+                    let started = std::time::Instant::now();
                     let answer = probe.post(&base).await;
+                    let took = started.elapsed();
                     let unavailable = answer
                         .as_ref()
                         .is_ok_and(|a| a.status == StatusCode::SERVICE_UNAVAILABLE);
-                    {
-                        let mut log = log.lock().unwrap();
-                        log.1.record(&probe, answer);
-                        log.0.push(probe);
-                    }
+                    seen.lock().unwrap().record(probe, answer, took);
                     if unavailable {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -106,12 +115,19 @@ async fn store_outage_under_load<S: OwnStore>(
     server_options.lease_seconds = 2;
     let server = Server::start(server_options).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let log = Arc::new(Mutex::new((Vec::new(), Seen::default())));
-    let load = start_load(clients, server.url(""), Arc::clone(&stop), Arc::clone(&log));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let load = start_load(
+        clients,
+        server.url(""),
+        Arc::clone(&stop),
+        Arc::clone(&seen),
+    );
     let mut outages = Vec::new();
     for _ in 0..cycles {
         tokio::time::sleep(rng.millis(1_000, 2_000)).await;
-        let outage = span(rng.millis(1_500, 2_500), rng.millis(2_000, 6_000));
+        // Longer than the store timeouts (PostgreSQL's pool acquire: 5 s today), so
+        // requests meet the outage itself, not only a delay.
+        let outage = span(rng.millis(5_500, 7_000), rng.millis(5_500, 10_000));
         match fault {
             Fault::Kill => {
                 store.kill9();
@@ -131,7 +147,9 @@ async fn store_outage_under_load<S: OwnStore>(
     for task in load {
         task.await.expect("load task");
     }
-    let (probes, seen) = std::mem::take(&mut *log.lock().unwrap());
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+    let (probes, first_bodies): (Vec<Probe>, Vec<_>) =
+        std::mem::take(&mut seen.keys).into_iter().unzip();
     assert!(
         seen.violations.is_empty(),
         "{} of {} requests got neither a success nor a 503 problem:\n{}",
@@ -145,19 +163,27 @@ async fn store_outage_under_load<S: OwnStore>(
         assert!(seen.unavailable > 0, "the outage was not noticed: no 503");
     }
     let mut retried = 0;
-    for probe in &probes {
-        // Every key is retried: a 201 must replay, a 503 must now complete.
+    for (probe, first) in probes.iter().zip(first_bodies) {
+        // Every key is retried: a 503 must now complete, a 201 must come again.
         let last = probe.settle(&server.url(""), PATIENCE).await;
         retried += usize::from(!last.replayed());
+        if let Some(first) = first {
+            assert_eq!(
+                last.body, first,
+                "key {}: a 201 must stay the outcome",
+                probe.key
+            );
+        }
     }
     let totals = assert_exactly_once(&probes, &orders, &gateway).await;
     report(
         test,
         format_args!(
-            "{cycles} × {fault:?} ({outages:?}) under {clients} clients: {} keys, {} answered 201 and {} 503 during the run, {retried} completed only on retry; {} orders, {} distinct charges, {} gateway calls",
+            "{cycles} × {fault:?} ({outages:?}) under {clients} clients: {} keys, {} answered 201 and {} 503 during the run (slowest {:?}), {retried} executed on retry (not a replay); {} orders, {} distinct charges, {} gateway calls",
             totals.keys,
             seen.created,
             seen.unavailable,
+            seen.slowest,
             totals.orders,
             totals.charges,
             totals.gateway_calls

@@ -1,8 +1,9 @@
 //! A PostgreSQL and a Redis of the test's own, on free loopback ports, to kill and
-//! freeze (the shared servers on 5432 and 6379 are never touched). Each runs in its
-//! own process group, so a signal reaches the server and every child it forked (the
-//! PostgreSQL backends), and each is killed by that group id when its guard drops —
-//! on every exit path, panics included.
+//! freeze (the shared servers on 5432 and 6379 are never touched). A signal goes to
+//! the server and to every process it forked, each by PID (PostgreSQL backends put
+//! themselves in their own process groups, so a group signal would miss them), and
+//! the whole tree is killed when its guard drops — on every exit path, panics
+//! included.
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
@@ -22,12 +23,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One child process and its group, killed when dropped.
-struct Group {
+/// One child process and what it forks, killed when dropped.
+struct Tree {
     child: Child,
 }
 
-impl Group {
+impl Tree {
     fn spawn(command: &mut Command) -> Self {
         let child = command
             .process_group(0)
@@ -37,24 +38,66 @@ impl Group {
         Self { child }
     }
 
+    /// Signals the root first (a stopped root forks no more), then its descendants
+    /// as they are at that moment.
     fn signal(&self, signal: &str) {
-        send_signal(&format!("-{}", self.child.id()), signal);
+        let root = self.child.id();
+        send_signal(&root.to_string(), signal);
+        for pid in descendants(root) {
+            // A backend may exit between the listing and the signal.
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), "--", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 
     fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))
     }
-}
 
-impl Drop for Group {
-    fn drop(&mut self) {
-        // SIGKILL also ends a stopped process; then reap it.
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .stderr(Stdio::null())
-            .status();
+    /// `kill -9` of the tree, and the root reaped.
+    fn kill9(mut self) {
+        self.signal("KILL");
         let _ = self.child.wait();
     }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // SIGKILL also ends a stopped process; then reap the root.
+        if !self.exited() {
+            self.signal("KILL");
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Every process below `root`, from `/proc`.
+fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+            let after_comm = &stat[stat.rfind(')')? + 1..];
+            let ppid = after_comm.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for &(pid, ppid) in &parents {
+            if ppid == parent && !found.contains(&pid) {
+                found.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    found
 }
 
 /// Polls `ready` until it holds, or panics after `limit`.
@@ -73,11 +116,11 @@ async fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool
 pub trait OwnStore {
     /// The URL the server connects to.
     fn url(&self) -> String;
-    /// `kill -9` of the whole process group.
+    /// `kill -9` of the server and every process it forked.
     fn kill9(&mut self);
     /// Start again on the same data and port; returns once it accepts clients.
     fn restart(&mut self) -> impl Future<Output = ()>;
-    /// SIGSTOP of the whole process group.
+    /// SIGSTOP of the server and every process it forked.
     fn freeze(&self);
     /// SIGCONT.
     fn thaw(&self);
@@ -86,7 +129,7 @@ pub trait OwnStore {
 /// A PostgreSQL cluster in a temp directory, run as the `postgres` user (it refuses
 /// root).
 pub struct OwnPostgres {
-    process: Option<Group>,
+    process: Option<Tree>,
     bin: PathBuf,
     port: u16,
     user: (u32, u32),
@@ -129,9 +172,9 @@ impl OwnPostgres {
         postgres
     }
 
-    fn spawn(&self) -> Group {
+    fn spawn(&self) -> Tree {
         let dir = self.dir.path();
-        Group::spawn(
+        Tree::spawn(
             Command::new(self.bin.join("postgres"))
                 .arg("-D")
                 .arg(dir.join("data"))
@@ -162,9 +205,8 @@ impl OwnStore for OwnPostgres {
     }
 
     fn kill9(&mut self) {
-        if let Some(mut process) = self.process.take() {
-            process.signal("KILL");
-            let _ = process.child.wait();
+        if let Some(process) = self.process.take() {
+            process.kill9();
         }
     }
 
@@ -202,7 +244,7 @@ impl OwnStore for OwnPostgres {
 /// `kill -9` keeps every acknowledged record (without persistence a restart forgets
 /// completed keys and they run again: issue 9's durability check).
 pub struct OwnRedis {
-    process: Option<Group>,
+    process: Option<Tree>,
     port: u16,
     dir: TempDir,
 }
@@ -232,15 +274,14 @@ impl OwnStore for OwnRedis {
     }
 
     fn kill9(&mut self) {
-        if let Some(mut process) = self.process.take() {
-            process.signal("KILL");
-            let _ = process.child.wait();
+        if let Some(process) = self.process.take() {
+            process.kill9();
         }
     }
 
     async fn restart(&mut self) {
         let dir = self.dir.path();
-        let process = Group::spawn(
+        let process = Tree::spawn(
             Command::new("redis-server")
                 .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
                 .arg("--dir")
