@@ -126,13 +126,13 @@ pub trait OwnStore {
     fn thaw(&self);
 }
 
-/// A PostgreSQL cluster in a temp directory, run as the `postgres` user (it refuses
-/// root).
+/// A PostgreSQL cluster in a temp directory; as root, run as the `postgres` user
+/// (PostgreSQL refuses root), else as the test's own user.
 pub struct OwnPostgres {
     process: Option<Tree>,
     bin: PathBuf,
     port: u16,
-    user: (u32, u32),
+    user: Option<(u32, u32)>,
     dir: TempDir,
 }
 
@@ -140,10 +140,13 @@ impl OwnPostgres {
     /// `initdb` and start.
     pub async fn start() -> Self {
         let bin = postgres_bin();
-        let user = postgres_user();
+        let user = running_as_root().then(postgres_user);
         let dir = TempDir::new("idemgate-faults-pg");
-        std::os::unix::fs::chown(dir.path(), Some(user.0), Some(user.1)).expect("chown");
-        let status = Command::new(bin.join("initdb"))
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown");
+        }
+        let mut initdb = Command::new(bin.join("initdb"));
+        let status = as_user(&mut initdb, user)
             .args([
                 "-U",
                 "postgres",
@@ -154,8 +157,6 @@ impl OwnPostgres {
                 "-D",
             ])
             .arg(dir.path().join("data"))
-            .uid(user.0)
-            .gid(user.1)
             .stdout(Stdio::null())
             .stderr(log_file(dir.path(), "initdb.log"))
             .status()
@@ -175,7 +176,7 @@ impl OwnPostgres {
     fn spawn(&self) -> Tree {
         let dir = self.dir.path();
         Tree::spawn(
-            Command::new(self.bin.join("postgres"))
+            as_user(&mut Command::new(self.bin.join("postgres")), self.user)
                 .arg("-D")
                 .arg(dir.join("data"))
                 .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
@@ -184,8 +185,6 @@ impl OwnPostgres {
                 // tested is a process crash, not a power cut.
                 .args(["-c", "fsync=off", "-c", "shared_buffers=16MB"])
                 .args(["-c", "max_connections=100"])
-                .uid(self.user.0)
-                .gid(self.user.1)
                 .stdout(Stdio::null())
                 .stderr(log_file(dir, "postgres.log")),
         )
@@ -335,6 +334,27 @@ fn postgres_bin() -> PathBuf {
     versions
         .pop()
         .expect("an initdb under /usr/lib/postgresql/*/bin")
+}
+
+/// Whether this process runs as root (uid 0), from `/proc/self/status`.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+            line.split_whitespace()
+                .nth(2)
+                .map(|effective| effective == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// `command`, to run as `user` when one is given.
+fn as_user(command: &mut Command, user: Option<(u32, u32)>) -> &mut Command {
+    if let Some((uid, gid)) = user {
+        command.uid(uid).gid(gid);
+    }
+    command
 }
 
 /// The `postgres` user's uid and gid.
