@@ -24,4 +24,4 @@ export IDEMGATE_TEST_REDIS_URL="${IDEMGATE_TEST_REDIS_URL:-redis://127.0.0.1:637
 export IDEMGATE_FAULTS_FULL="${IDEMGATE_FAULTS_FULL:-1}"
 
 cargo test "${cargo_args[@]}" -p idemgate-server --test faults -- --nocapture "$@" 2>&1 \
-  | grep --line-buffered -v '^\[server '
+  | grep --line-buffered -v '^\[server'

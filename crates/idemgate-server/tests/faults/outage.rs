@@ -116,6 +116,7 @@ async fn store_outage_under_load<S: OwnStore>(
     let server = Server::start(server_options).await;
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
+    let load_started = std::time::Instant::now();
     let load = start_load(
         clients,
         server.url(""),
@@ -147,6 +148,7 @@ async fn store_outage_under_load<S: OwnStore>(
     for task in load {
         task.await.expect("load task");
     }
+    let load_ran = load_started.elapsed();
     let mut seen = std::mem::take(&mut *seen.lock().unwrap());
     let (probes, first_bodies): (Vec<Probe>, Vec<_>) =
         std::mem::take(&mut seen.keys).into_iter().unzip();
@@ -179,7 +181,8 @@ async fn store_outage_under_load<S: OwnStore>(
     report(
         test,
         format_args!(
-            "{cycles} × {fault:?} ({outages:?}) under {clients} clients: {} keys, {} answered 201 and {} 503 during the run (slowest {:?}), {retried} executed on retry (not a replay); {} orders, {} distinct charges, {} gateway calls",
+            "{cycles} × {fault:?} ({outages:?}) under {clients} clients for {load_ran:.1?} ({:.0} keys/s): {} keys, {} answered 201 and {} 503 during the run (slowest {:?}), {retried} executed on retry (not a replay); {} orders, {} distinct charges, {} gateway calls",
+            totals.keys as f64 / load_ran.as_secs_f64(),
             totals.keys,
             seen.created,
             seen.unavailable,

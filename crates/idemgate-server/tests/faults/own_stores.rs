@@ -24,7 +24,7 @@ fn free_port() -> u16 {
 }
 
 /// One child process and what it forks, killed when dropped.
-struct Tree {
+pub struct Tree {
     child: Child,
 }
 
@@ -116,14 +116,27 @@ async fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool
 pub trait OwnStore {
     /// The URL the server connects to.
     fn url(&self) -> String;
-    /// `kill -9` of the server and every process it forked.
-    fn kill9(&mut self);
     /// Start again on the same data and port; returns once it accepts clients.
     fn restart(&mut self) -> impl Future<Output = ()>;
+    /// The running process tree, if any.
+    fn process(&mut self) -> &mut Option<Tree>;
+
+    /// `kill -9` of the server and every process it forked.
+    fn kill9(&mut self) {
+        if let Some(process) = self.process().take() {
+            process.kill9();
+        }
+    }
+
     /// SIGSTOP of the server and every process it forked.
-    fn freeze(&self);
+    fn freeze(&mut self) {
+        self.process().as_ref().expect("running").signal("STOP");
+    }
+
     /// SIGCONT.
-    fn thaw(&self);
+    fn thaw(&mut self) {
+        self.process().as_ref().expect("running").signal("CONT");
+    }
 }
 
 /// A PostgreSQL cluster in a temp directory; as root, run as the `postgres` user
@@ -203,10 +216,8 @@ impl OwnStore for OwnPostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    fn kill9(&mut self) {
-        if let Some(process) = self.process.take() {
-            process.kill9();
-        }
+    fn process(&mut self) -> &mut Option<Tree> {
+        &mut self.process
     }
 
     async fn restart(&mut self) {
@@ -228,14 +239,6 @@ impl OwnStore for OwnPostgres {
             "own PostgreSQL did not start; see {:?}",
             self.dir.path().join("postgres.log")
         );
-    }
-
-    fn freeze(&self) {
-        self.process.as_ref().expect("running").signal("STOP");
-    }
-
-    fn thaw(&self) {
-        self.process.as_ref().expect("running").signal("CONT");
     }
 }
 
@@ -272,10 +275,8 @@ impl OwnStore for OwnRedis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    fn kill9(&mut self) {
-        if let Some(process) = self.process.take() {
-            process.kill9();
-        }
+    fn process(&mut self) -> &mut Option<Tree> {
+        &mut self.process
     }
 
     async fn restart(&mut self) {
@@ -299,14 +300,6 @@ impl OwnStore for OwnRedis {
         );
         self.process = Some(process);
         wait_until("own Redis", Duration::from_secs(30), || self.accepts()).await;
-    }
-
-    fn freeze(&self) {
-        self.process.as_ref().expect("running").signal("STOP");
-    }
-
-    fn thaw(&self) {
-        self.process.as_ref().expect("running").signal("CONT");
     }
 }
 
