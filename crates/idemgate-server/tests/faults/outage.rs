@@ -105,7 +105,7 @@ async fn store_outage_under_load<S: OwnStore>(
     orders: OrdersTable,
 ) {
     let mut rng = Rng::for_test(test);
-    let cycles = count(1, 3);
+    let cycles = count(1, 4);
     let clients = count(6, 16);
     let gateway = MockGateway::start().await;
     // A short hold at the gateway keeps requests between their claim and their

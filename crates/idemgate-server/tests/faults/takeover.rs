@@ -32,7 +32,7 @@ async fn fenced_completions(server: &Server) -> u64 {
 
 async fn frozen_holder_rounds(test: &str, shared: Shared) {
     let mut rng = Rng::for_test(test);
-    let rounds = count(2, 12);
+    let rounds = count(2, 20);
     let gateway = MockGateway::start().await;
     let setup = Setup::new(shared);
     let mut options = setup.options(gateway.url());
@@ -45,7 +45,10 @@ async fn frozen_holder_rounds(test: &str, shared: Shared) {
     for round in 0..rounds {
         let resume_while_winner_runs = round % 2 == 1;
         let probe = Probe::new(Duration::from_secs(60));
-        gateway.set_delay(rng.millis(300, 1_200));
+        // At least 1 s: the freeze must land while the gateway still holds the
+        // charge, even on a loaded machine; up to 3 s, so the thawed holder finds
+        // its gateway answer sometimes waiting, sometimes still to come.
+        gateway.set_delay(rng.millis(1_000, 3_000));
         let arrival = gateway.next_arrival();
         let held = {
             let (probe, base) = (probe.clone(), frozen.url(""));
