@@ -26,7 +26,7 @@ async fn kill_9_trials(test: &str, shared: Shared) {
     let mut options = setup.options(gateway.url());
     options.lease_seconds = 1;
     let mut server = Server::start(options.clone()).await;
-    let (mut probes, mut seen_created, mut lost) = (Vec::new(), 0, 0);
+    let (mut probes, mut seen_created, mut lost, mut charged_unanswered) = (Vec::new(), 0, 0, 0);
     for _ in 0..trials {
         // The gateway charges at once and holds its answer for `hold`; requests
         // start staggered, so the kill finds some before, some at and some past
@@ -55,6 +55,10 @@ async fn kill_9_trials(test: &str, shared: Shared) {
             .await
             .expect("a charge reached the gateway");
         tokio::time::sleep(rng.millis(0, hold.as_millis() as u64 + 300)).await;
+        let charged = trial
+            .iter()
+            .filter(|p| gateway.calls().iter().any(|c| c.body["amount"] == p.amount))
+            .count();
         server.kill9().await;
         let mut before_kill = Vec::new();
         for request in requests {
@@ -70,6 +74,9 @@ async fn kill_9_trials(test: &str, shared: Shared) {
                 }
             }
         }
+        // Charged at the kill, but no 201 reached the client: the gateway held the
+        // answer, or the server died writing the order or sending the response.
+        charged_unanswered += charged.saturating_sub(before_kill.iter().flatten().count());
         server = Server::start(options.clone()).await;
         for (probe, seen) in trial.iter().zip(before_kill) {
             let last = probe.settle(&server.url(""), PATIENCE).await;
@@ -87,7 +94,7 @@ async fn kill_9_trials(test: &str, shared: Shared) {
     report(
         test,
         format_args!(
-            "{trials} kill -9, {} keys ({seen_created} answered 201 before the kill, {lost} lost their response): {} orders, {} distinct charges, {} gateway calls",
+            "{trials} kill -9, {} keys ({seen_created} answered 201 before the kill, {lost} lost their response, {charged_unanswered} of those already charged): {} orders, {} distinct charges, {} gateway calls",
             totals.keys, totals.orders, totals.charges, totals.gateway_calls
         ),
     );

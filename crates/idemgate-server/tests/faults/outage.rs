@@ -159,10 +159,17 @@ async fn store_outage_under_load<S: OwnStore>(
         probes.len(),
         seen.violations.join("\n")
     );
-    // A dead store refuses connections at once; a frozen one may only delay
-    // requests (until a store timeout, if one is shorter than the freeze).
-    if fault == Fault::Kill {
-        assert!(seen.unavailable > 0, "the outage was not noticed: no 503");
+    // The fault must have been felt (a freeze that missed the store's worker
+    // processes once went unnoticed): a dead store answers 503 at the latest at its
+    // timeout; a frozen one may instead only hold requests until the thaw.
+    let shortest = outages.iter().min().copied().unwrap_or_default();
+    match fault {
+        Fault::Kill => assert!(seen.unavailable > 0, "the outage was not noticed: no 503"),
+        Fault::Freeze => assert!(
+            seen.unavailable > 0 || seen.slowest >= shortest / 2,
+            "the freeze was not noticed: no 503, slowest request {:?}",
+            seen.slowest
+        ),
     }
     let mut retried = 0;
     for (probe, first) in probes.iter().zip(first_bodies) {
