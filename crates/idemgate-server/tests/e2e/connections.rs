@@ -444,7 +444,7 @@ async fn the_accept_loop_survives_emfile_without_spinning() {
     // Lower the running server's limit to a few descriptors above what it holds:
     // its connection bound (computed at startup) no longer protects it, so
     // accept() itself fails with EMFILE.
-    let pid = server.pid();
+    let pid = server.pid().to_string();
     let limit = open_fds(&pid) + 16;
     let status = std::process::Command::new("prlimit")
         .args(["--pid", &pid, &format!("--nofile={limit}:{limit}")])

@@ -21,16 +21,28 @@ pub fn redis_url() -> String {
 
 /// A fresh SQLite database URL in its own temp directory.
 pub fn sqlite_url() -> (String, TempDir) {
-    let dir = std::env::temp_dir().join(format!("idemgate-e2e-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("idemgate-e2e");
     (
-        format!("sqlite://{}", dir.join("orders.db").display()),
-        TempDir(dir),
+        format!("sqlite://{}", dir.path().join("orders.db").display()),
+        dir,
     )
 }
 
 /// Removes its directory when dropped.
 pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A fresh, empty directory `<tmp>/<prefix>-<uuid>`.
+    pub fn new(prefix: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
 
 impl Drop for TempDir {
     fn drop(&mut self) {
@@ -203,8 +215,19 @@ impl Server {
         format!("http://{}{}", self.addr, path)
     }
 
-    pub fn pid(&self) -> String {
-        self.child.id().expect("running").to_string()
+    /// The process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// SIGSTOP: the process is frozen mid-whatever, its sockets stay open.
+    pub fn freeze(&self) {
+        send_signal(&self.pid().to_string(), "STOP");
+    }
+
+    /// SIGCONT: a frozen process resumes where it stopped.
+    pub fn thaw(&self) {
+        send_signal(&self.pid().to_string(), "CONT");
     }
 
     /// `kill -9`: no shutdown, no cleanup.
@@ -214,11 +237,7 @@ impl Server {
 
     /// SIGTERM, then wait for a clean exit.
     pub async fn stop(mut self) {
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid()])
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
+        send_signal(&self.pid().to_string(), "TERM");
         let exit = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
             .await
             .expect("the server did not stop within 20 s of SIGTERM")
@@ -228,9 +247,7 @@ impl Server {
 
     /// Sends SIGTERM and returns without waiting.
     pub fn terminate(&self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid()])
-            .status();
+        send_signal(&self.pid().to_string(), "TERM");
     }
 
     pub async fn wait_exit(mut self) -> std::process::ExitStatus {
@@ -239,4 +256,17 @@ impl Server {
             .expect("exit in time")
             .expect("wait")
     }
+}
+
+/// `kill -<signal> <target>`; a target of `-<pgid>` signals a whole process group.
+/// Panics when `kill` fails: a signal that was not delivered would make the test
+/// prove something other than what it says.
+pub fn send_signal(target: &str, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(target)
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} -- {target} failed");
 }

@@ -1,0 +1,30 @@
+//! The fault suite: the real `idemgate` binary killed with `kill -9` while the payment
+//! gateway holds its charge, two instances on one store with one frozen past its
+//! lease, and a PostgreSQL or Redis process of the test's own killed or frozen under
+//! load. Every scenario asserts effects, per idempotency key: the orders in the
+//! database and the distinct charges the counting mock gateway made.
+//!
+//! Small counts by default (part of `scripts/test.sh`); `IDEMGATE_FAULTS_FULL=1` runs
+//! the counts `docs/reliability.md` publishes, and `IDEMGATE_FAULTS_SEED` replays a
+//! run's random choices (each test prints its seed).
+//!
+//! The harness (server process, mock gateway, client) is the `e2e` target's, shared
+//! by path rather than copied.
+
+#![allow(dead_code, unreachable_pub)]
+
+#[path = "../e2e/client.rs"]
+mod client;
+#[path = "../e2e/gateway.rs"]
+mod gateway;
+#[path = "../e2e/server.rs"]
+mod server;
+
+mod budget;
+mod effects;
+mod own_stores;
+mod setups;
+
+mod crash;
+mod outage;
+mod takeover;
