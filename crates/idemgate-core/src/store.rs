@@ -89,6 +89,9 @@ pub struct Snapshot {
 }
 
 /// The result of [`Store::try_claim`].
+///
+/// Exhaustive on purpose, like every enum a store returns: callers must handle
+/// every answer a store can give, so a new one is a breaking change.
 #[derive(Clone, Debug)]
 pub enum Claim {
     /// The caller holds the operation and must run it.
@@ -114,6 +117,9 @@ pub struct Lease {
 }
 
 /// How a claim came about.
+///
+/// Exhaustive on purpose: every store maps each origin to and from its stored
+/// form, and must handle every one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseOrigin {
     /// A new operation.
@@ -125,6 +131,8 @@ pub enum LeaseOrigin {
 }
 
 /// The final status of a completion.
+///
+/// Exhaustive on purpose: every store must write, and read back, every final state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinalStatus {
     /// A final result.
@@ -154,6 +162,8 @@ pub struct Completion {
 }
 
 /// Whether a fenced write happened.
+///
+/// Exhaustive on purpose: a caller must handle both, and there is no third answer.
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FencedWrite {

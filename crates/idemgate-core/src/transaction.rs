@@ -38,6 +38,8 @@ pub trait PendingTransaction: Send {
 }
 
 /// What a slot holds when the layer looks at it after the handler.
+///
+/// Exhaustive on purpose: the layer must handle each case.
 pub enum SlotContents {
     /// The handler opened no transaction.
     Unused,
@@ -47,6 +49,17 @@ pub enum SlotContents {
     /// task that outlived the handler). Its writes will roll back when it is dropped,
     /// so the operation must be treated as not done.
     StillLent,
+}
+
+impl std::fmt::Debug for SlotContents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The transaction itself is opaque: only which case this is.
+        f.write_str(match self {
+            Self::Unused => "Unused",
+            Self::Returned(_) => "Returned(..)",
+            Self::StillLent => "StillLent",
+        })
+    }
 }
 
 enum State {

@@ -90,6 +90,7 @@ impl std::fmt::Debug for RedisStore {
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `connect` is called"]
 pub struct RedisStoreBuilder {
     key_prefix: String,
     codec: ResponseCodec,

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::listener::{ListenerArgs, ListenerOptions};
+
 /// The idemgate orders service: POST /api/v1/orders charges a payment gateway and
 /// stores an order exactly once per Idempotency-Key.
 #[derive(Debug, Parser)]
@@ -134,6 +136,10 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
 
+    /// Connection limits: header, body and idle timeouts, the connection bound.
+    #[command(flatten)]
+    pub connections: ListenerArgs,
+
     /// Benchmarks only: serve the same routes and handlers with no idempotency
     /// layer, so `idemgate-bench` can measure what the layer costs against this
     /// `bare` baseline. Hidden from `--help`, no environment variable: without the
@@ -155,7 +161,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(flag: &'static str, env: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(flag: &'static str, env: &'static str, reason: impl Into<String>) -> Self {
         Self {
             flag,
             env,
@@ -209,6 +215,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// Log format.
     pub log_format: LogFormat,
+    /// Connection limits of the listener.
+    pub connections: ListenerOptions,
     /// The hidden benchmark baseline: no idempotency layer at all.
     pub no_idempotency: bool,
 }
@@ -302,6 +310,7 @@ impl ServeArgs {
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
             log_format: self.log_format,
+            connections: self.connections.options()?,
             no_idempotency: self.no_idempotency,
         })
     }
@@ -333,6 +342,7 @@ mod tests {
         assert_eq!(s.idempotency_store, IdempotencyStore::Database);
         assert!(s.wait.is_none());
         assert!(!s.no_idempotency);
+        assert_eq!(s.connections, ListenerOptions::default());
     }
 
     #[test]

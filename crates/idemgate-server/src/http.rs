@@ -1,6 +1,7 @@
 //! The HTTP API: routes, authentication, and the orders handlers.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
@@ -35,7 +36,7 @@ pub enum OrderWrites {
 }
 
 /// What handlers share.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct AppState {
     /// Orders storage.
     pub orders: OrdersDb,
@@ -47,6 +48,9 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// The idempotency layer's detached handlers (for the in-flight gauges).
     pub tasks: DetachedTasks,
+    /// The `Retry-After` of a 503 for an order that could not be stored: the one
+    /// the idempotency layer sends for its store (`with_unavailable_retry_after`).
+    pub unavailable_retry_after: Duration,
 }
 
 /// The whole service: `/api/v1/orders` behind bearer authentication and the
@@ -80,11 +84,16 @@ fn routes(state: AppState, idempotency: Option<IdempotencyLayer>) -> Router {
 }
 
 /// `Authorization: Bearer <token>`: the token names the principal; only its
-/// SHA-256 is kept. Missing or empty → 401, before the idempotency layer.
+/// SHA-256 is kept. Missing or empty → 401, two `Authorization` lines → 400
+/// `ambiguous-header`, both before the idempotency layer.
 async fn authenticate(mut request: Request, next: Next) -> Response {
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
+    let mut lines = request.headers().get_all(header::AUTHORIZATION).iter();
+    let (first, second) = (lines.next(), lines.next());
+    if second.is_some() {
+        // Which credentials are meant is ambiguous: refused before any claim.
+        return ProblemDetails::ambiguous_header(&header::AUTHORIZATION).into_response();
+    }
+    let token = first
         .and_then(|value| value.to_str().ok())
         .and_then(|value| {
             value
@@ -105,21 +114,6 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
-fn problem(
-    status: StatusCode,
-    slug: &str,
-    title: &'static str,
-    detail: impl Into<String>,
-) -> Response {
-    ProblemDetails::new(status, slug, title, detail).into_response()
-}
-
-/// Marks a response's finality for the idempotency layer.
-fn marked(finality: Finality, mut response: Response) -> Response {
-    response.extensions_mut().insert(finality);
-    response
-}
-
 async fn create_order(
     State(app): State<Arc<AppState>>,
     Extension(principal): Extension<Principal>,
@@ -130,7 +124,7 @@ async fn create_order(
     let order = match NewOrder::parse(&body) {
         Ok(order) => order,
         // Nothing happened yet: free the key so the client can fix the body.
-        Err(error) => return marked(Finality::Rejected, invalid_order(&error)),
+        Err(error) => return (Finality::Rejected, invalid_order(&error)).into_response(),
     };
     let operation = operation.map(|Extension(op)| op);
     let operation_id = operation
@@ -146,33 +140,34 @@ async fn create_order(
         ChargeOutcome::Approved { charge_id } => charge_id,
         ChargeOutcome::Declined { reason } => {
             // Final: stored and replayed, the retry does not charge again.
-            return problem(
+            return ProblemDetails::new(
                 StatusCode::PAYMENT_REQUIRED,
                 "payment-declined",
                 "Payment declined",
                 reason,
-            );
+            )
+            .into_response();
         }
         ChargeOutcome::Failed { reason } => {
             tracing::warn!(%reason, "payment gateway failed");
             // The call carried the propagated key: a retry is folded into this
             // charge by the gateway, so the record is released.
-            let answer = problem(
+            let answer = ProblemDetails::new(
                 StatusCode::BAD_GATEWAY,
                 "gateway-failed",
                 "Payment gateway failed",
                 reason,
             );
-            return marked(Finality::Retryable, answer);
+            return (Finality::Retryable, answer).into_response();
         }
         ChargeOutcome::TimedOut => {
-            let answer = problem(
+            let answer = ProblemDetails::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "gateway-timeout",
                 "Payment gateway timed out",
                 "the payment gateway did not answer in time; retry with the same Idempotency-Key",
             );
-            return marked(Finality::Retryable, answer);
+            return (Finality::Retryable, answer).into_response();
         }
     };
     let placement = Placement {
@@ -193,9 +188,8 @@ async fn create_order(
             tracing::error!(error = %error, cause = ?std::error::Error::source(&error), "storing the order failed");
             // The charge carried the propagated key; a retry re-runs and the
             // gateway folds it into this charge.
-            let answer = ProblemDetails::store_unavailable(std::time::Duration::from_secs(1))
-                .into_response();
-            marked(Finality::Retryable, answer)
+            let answer = ProblemDetails::store_unavailable(app.unavailable_retry_after);
+            (Finality::Retryable, answer).into_response()
         }
     }
 }
@@ -253,8 +247,8 @@ fn created(order: Order) -> Response {
         .into_response()
 }
 
-fn invalid_order(error: &InvalidOrder) -> Response {
-    problem(
+fn invalid_order(error: &InvalidOrder) -> ProblemDetails {
+    ProblemDetails::new(
         StatusCode::BAD_REQUEST,
         "invalid-order",
         "Invalid order",
@@ -265,33 +259,35 @@ fn invalid_order(error: &InvalidOrder) -> Response {
 async fn list_orders(
     State(app): State<Arc<AppState>>,
     Extension(principal): Extension<Principal>,
-) -> Response {
-    match app.orders.list(principal.as_str()).await {
-        Ok(orders) => Json(serde_json::json!({ "orders": orders })).into_response(),
-        Err(error) => database_failure(&error),
-    }
+) -> Result<Json<serde_json::Value>, ProblemDetails> {
+    let orders = app
+        .orders
+        .list(principal.as_str())
+        .await
+        .map_err(database_failure)?;
+    Ok(Json(serde_json::json!({ "orders": orders })))
 }
 
 async fn get_order(
     State(app): State<Arc<AppState>>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<i64>,
-) -> Response {
+) -> Result<Json<Order>, ProblemDetails> {
     match app.orders.get(principal.as_str(), id).await {
-        Ok(Some(order)) => Json(order).into_response(),
-        Ok(None) => problem(
+        Ok(Some(order)) => Ok(Json(order)),
+        Ok(None) => Err(ProblemDetails::new(
             StatusCode::NOT_FOUND,
             "order-not-found",
             "Order not found",
             format!("no order {id}"),
-        ),
-        Err(error) => database_failure(&error),
+        )),
+        Err(error) => Err(database_failure(error)),
     }
 }
 
-fn database_failure(error: &sqlx::Error) -> Response {
+fn database_failure(error: sqlx::Error) -> ProblemDetails {
     tracing::error!(%error, "orders database failed");
-    problem(
+    ProblemDetails::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "database-unavailable",
         "Database unavailable",
@@ -299,11 +295,11 @@ fn database_failure(error: &sqlx::Error) -> Response {
     )
 }
 
-async fn healthz(State(app): State<Arc<AppState>>) -> Response {
-    match app.orders.ping().await {
-        Ok(()) => Json(serde_json::json!({ "status": "ok" })).into_response(),
-        Err(error) => database_failure(&error),
-    }
+async fn healthz(
+    State(app): State<Arc<AppState>>,
+) -> Result<Json<serde_json::Value>, ProblemDetails> {
+    app.orders.ping().await.map_err(database_failure)?;
+    Ok(Json(serde_json::json!({ "status": "ok" })))
 }
 
 async fn render_metrics(State(app): State<Arc<AppState>>) -> Response {

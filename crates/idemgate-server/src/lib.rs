@@ -6,11 +6,13 @@
 //! the same transaction as its idempotency record.
 //!
 //! `main.rs` only parses the command line; [`http::app`] builds the router that
-//! tests drive, and [`server::run`] wires stores, gateway and shutdown.
+//! tests drive, [`listener`] accepts connections within their limits, and
+//! [`server::run`] wires stores, gateway and shutdown.
 
 pub mod cli;
 pub mod gateway;
 pub mod http;
+pub mod listener;
 pub mod orders;
 pub mod repository;
 pub mod server;

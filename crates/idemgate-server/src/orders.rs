@@ -49,6 +49,10 @@ pub struct Order {
 /// Why an order request was refused (400, before any charge).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidOrder {
+    /// Not UTF-8 (so not JSON, RFC 8259 §8.1), anywhere, strings included: a
+    /// JSON parser skipping an unknown member would not notice.
+    #[error("the body is not valid UTF-8 (invalid bytes at offset {0}); JSON must be UTF-8")]
+    NotUtf8(usize),
     /// Not JSON of the expected shape.
     #[error("the body is not a valid order: {0}")]
     Malformed(String),
@@ -74,7 +78,9 @@ pub enum InvalidOrder {
 impl NewOrder {
     /// Parses and checks a request body.
     pub fn parse(body: &[u8]) -> Result<Self, InvalidOrder> {
-        let request: OrderRequest = serde_json::from_slice(body)
+        let body = std::str::from_utf8(body)
+            .map_err(|error| InvalidOrder::NotUtf8(error.valid_up_to()))?;
+        let request: OrderRequest = serde_json::from_str(body)
             .map_err(|error| InvalidOrder::Malformed(error.to_string()))?;
         if request.items.is_empty() {
             return Err(InvalidOrder::NoItems);
@@ -119,6 +125,23 @@ mod tests {
                 quantity: 1
             }]
         );
+    }
+
+    #[test]
+    fn refuses_bodies_that_are_not_utf8_even_in_an_unknown_member() {
+        let valid = br#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500,"x":"/"}"#;
+        assert!(NewOrder::parse(valid).is_ok());
+        let slash = valid.len() - 3;
+        for invalid in [&b"\xc3\x28"[..], &b"\xc0\xaf"[..], &b"\xff"[..]] {
+            let mut body = valid[..slash].to_vec();
+            body.extend_from_slice(invalid);
+            body.extend_from_slice(&valid[slash + 1..]);
+            assert_eq!(
+                NewOrder::parse(&body),
+                Err(InvalidOrder::NotUtf8(slash)),
+                "{body:?}"
+            );
+        }
     }
 
     #[test]

@@ -4,18 +4,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate::{IdempotencyLayer, MemoryStore, Store};
+use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tokio::net::TcpListener;
 
 use crate::cli::{IdempotencyStore, Settings};
 use crate::gateway::Gateway;
 use crate::http::{AppState, OrderWrites, app, app_without_idempotency};
+use crate::listener::{Listener, raise_fd_limit};
 use crate::repository::OrdersDb;
 
 /// How often expired idempotency records are purged from the SQL stores.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// How many expired records one purge statement deletes.
 const PURGE_BATCH: usize = 1_000;
+/// The `Retry-After` of every 503 for a store that failed: the idempotency
+/// layer's, and the orders handler's when its order could not be stored.
+const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -48,16 +52,18 @@ pub enum StartupError {
     Serve(std::io::Error),
 }
 
-/// The idempotency store and how orders are written with it.
+/// The idempotency store, how orders are written with it, and the SQL stores'
+/// purge task, which runs until the returned handle drops. Both SQL stores name
+/// the same [`PurgeTask`].
 async fn idempotency_store(
     settings: &Settings,
     orders: &OrdersDb,
-) -> Result<(Arc<dyn Store>, OrderWrites, Option<PurgeGuard>), StartupError> {
+) -> Result<(Arc<dyn Store>, OrderWrites, Option<PurgeTask>), StartupError> {
     Ok(match (&settings.idempotency_store, orders) {
         (IdempotencyStore::Database, OrdersDb::Sqlite(pool)) => {
             let store = idemgate_sqlite::SqliteStore::new(pool.clone());
             store.migrate().await?;
-            let purge = PurgeGuard::Sqlite(store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?);
+            let purge = store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?;
             (
                 Arc::new(store.clone()),
                 OrderWrites::SqliteTransaction(store),
@@ -67,7 +73,7 @@ async fn idempotency_store(
         (IdempotencyStore::Database, OrdersDb::Postgres(pool)) => {
             let store = idemgate_postgres::PostgresStore::new(pool.clone());
             store.migrate().await?;
-            let purge = PurgeGuard::Postgres(store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?);
+            let purge = store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?;
             (
                 Arc::new(store.clone()),
                 OrderWrites::PostgresTransaction(store),
@@ -80,13 +86,6 @@ async fn idempotency_store(
             (Arc::new(store), OrderWrites::Direct, None)
         }
     })
-}
-
-/// Keeps a store's purge task alive while the server runs.
-#[allow(dead_code)] // held for its Drop
-enum PurgeGuard {
-    Sqlite(idemgate_sqlite::PurgeTask),
-    Postgres(idemgate_postgres::PurgeTask),
 }
 
 /// Runs the service until SIGINT or SIGTERM, then shuts down gracefully: stop
@@ -126,7 +125,8 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
     };
     let mut layer = IdempotencyLayer::from_arc(store)
         .with_ttl(settings.ttl)
-        .with_lease(settings.lease);
+        .with_lease(settings.lease)
+        .with_unavailable_retry_after(UNAVAILABLE_RETRY_AFTER);
     if let Some(wait) = settings.wait {
         layer = layer.with_wait(wait);
     }
@@ -137,6 +137,7 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         gateway,
         metrics,
         tasks: tasks.clone(),
+        unavailable_retry_after: UNAVAILABLE_RETRY_AFTER,
     };
     let router = if settings.no_idempotency {
         app_without_idempotency(state)
@@ -144,32 +145,38 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         app(state, layer)
     };
 
-    let listener =
-        TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| StartupError::Listen {
-                addr: settings.listen,
-                source,
-            })?;
+    let open_files = raise_fd_limit();
+    let listener = Listener::bind(settings.listen, settings.connections)
+        .await
+        .map_err(|source| StartupError::Listen {
+            addr: settings.listen,
+            source,
+        })?;
     let addr = listener.local_addr().map_err(StartupError::Serve)?;
-    tracing::info!(%addr, database = database_kind(&orders), store = ?settings.idempotency_store_kind(), "idemgate listening on http://{addr}");
+    tracing::info!(
+        %addr,
+        database = database_kind(&orders),
+        store = ?settings.idempotency_store_kind(),
+        max_connections = listener.max_connections(),
+        open_files,
+        "idemgate listening on http://{addr}"
+    );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(async move {
         let mut stop_rx = stop_rx;
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
+        listener
+            .serve(router, async move {
                 let _ = stop_rx.wait_for(|stop| *stop).await;
             })
-            .await
+            .await;
     });
     shutdown_signal().await;
     tracing::info!(deadline = ?settings.shutdown_timeout, "shutting down: no new connections; finishing in-flight requests");
     let _ = stop_tx.send(true);
     let deadline = tokio::time::Instant::now() + settings.shutdown_timeout;
     match tokio::time::timeout_at(deadline, server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(error))) => return Err(StartupError::Serve(error)),
+        Ok(Ok(())) => {}
         Ok(Err(error)) => tracing::error!(%error, "server task failed"),
         Err(_) => tracing::warn!("open connections did not finish before the deadline"),
     }

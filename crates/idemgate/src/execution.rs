@@ -6,22 +6,23 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use http::response::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use tokio::sync::OwnedSemaphorePermit;
-use tower_service::Service;
 use tracing::Instrument;
 
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
 use idemgate_core::{BoxError, Completion, Decision, FencedWrite, Lease, StoreError, decide};
 
+use crate::config::Config;
 use crate::context::OperationContext;
-use crate::finality::{Finality, Settlement, settle};
-use crate::layer::Config;
+use crate::finality::{Finality, Settlement, settlement_for};
+use crate::handler::Handler;
 use crate::problem::ProblemDetails;
 use crate::response::{replay, storable_headers};
 use crate::telemetry::{count, timed};
@@ -73,19 +74,12 @@ impl Execution {
     /// Spawns the handler detached from the caller and waits for its answer. If
     /// the caller goes away (the client disconnected), the task still finishes and
     /// settles the record, so the retry replays (PITFALLS 5).
-    pub(crate) async fn spawn<S, ResBody>(
+    pub(crate) async fn spawn(
         self,
-        inner: S,
+        handler: Handler,
         mut request: Request<Body>,
         permit: OwnedSemaphorePermit,
-    ) -> Response<Body>
-    where
-        S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError> + Send + 'static,
-        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-        ResBody::Error: Into<BoxError>,
-    {
+    ) -> Response<Body> {
         let slot = TransactionSlot::new();
         request.extensions_mut().insert(slot.clone());
         request.extensions_mut().insert(OperationContext {
@@ -97,7 +91,7 @@ impl Execution {
         let task = async move {
             let _permit = permit;
             let _in_flight = self.config.tasks.enter();
-            self.run(inner, request, slot).await
+            self.run(handler, request, slot).await
         };
         match tasks.spawn(task.in_current_span()).await {
             Ok(response) => response,
@@ -110,26 +104,19 @@ impl Execution {
         }
     }
 
-    async fn run<S, ResBody>(
+    async fn run(
         self,
-        mut inner: S,
+        handler: Handler,
         request: Request<Body>,
         slot: TransactionSlot,
-    ) -> Response<Body>
-    where
-        S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError> + Send + 'static,
-        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-        ResBody::Error: Into<BoxError>,
-    {
+    ) -> Response<Body> {
         let renewal = self.start_renewal();
         let limit = self.config.response_limit;
-        let handler = async move {
-            let response = inner.call(request).await.map_err(Into::into)?;
-            collect(response.map(Body::new), limit).await
+        let handled = async move {
+            let response = handler.call(request).await?;
+            collect(response, limit).await
         };
-        let handled = match AssertUnwindSafe(handler).catch_unwind().await {
+        let handled = match AssertUnwindSafe(handled).catch_unwind().await {
             Ok(Ok(handled)) => Some(handled),
             Ok(Err(error)) => {
                 tracing::error!(%error, "handler failed");
@@ -140,7 +127,7 @@ impl Execution {
                 None
             }
         };
-        let response = self.settle(handled, slot.take()).await;
+        let response = self.record_result(handled, slot.take()).await;
         drop(renewal);
         response
     }
@@ -187,8 +174,9 @@ impl Execution {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Settles the record by PROTOCOL §8 and decides what the client gets.
-    async fn settle(&self, handled: Option<Handled>, slot: SlotContents) -> Response<Body> {
+    /// Decides by PROTOCOL §8 what becomes of the record after the handler's
+    /// answer (or failure), writes it, and returns what the client gets.
+    async fn record_result(&self, handled: Option<Handled>, slot: SlotContents) -> Response<Body> {
         let (transaction, kept_transaction) = match slot {
             SlotContents::Unused => (None, false),
             SlotContents::Returned(transaction) => (Some(transaction), false),
@@ -196,27 +184,20 @@ impl Execution {
         };
         let Some(handled) = handled else {
             // A panic or an error: 500, settled like an unmarked 5xx.
-            let answer = ProblemDetails::handler_failed();
             let rolled_back = transaction.is_some() || kept_transaction;
-            let settlement = settle(
+            let settlement = settlement_for(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 None,
                 self.config.server_error_policy,
                 rolled_back,
             );
-            let (parts, body) = answer.into_response().into_parts();
-            let bytes = body
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            let response = Response::from_parts(parts, Body::from(bytes.clone()));
+            let (response, body) = ProblemDetails::handler_failed().render();
             return self
-                .finish(
+                .write_settlement(
                     settlement,
                     transaction,
                     response,
-                    StoredBody::Retained(bytes),
+                    StoredBody::Retained(body),
                 )
                 .await;
         };
@@ -231,7 +212,7 @@ impl Execution {
             return ProblemDetails::handler_failed().into_response();
         }
         let mark = handled.parts.extensions.get::<Finality>().copied();
-        let settlement = settle(
+        let settlement = settlement_for(
             handled.parts.status,
             mark,
             self.config.server_error_policy,
@@ -250,13 +231,13 @@ impl Execution {
                 )
             }
         };
-        self.finish(settlement, transaction, response, stored_body)
+        self.write_settlement(settlement, transaction, response, stored_body)
             .await
     }
 
     /// Writes the settlement and returns what the client gets: normally `response`
     /// itself; the winner's outcome when our completion was fenced off.
-    async fn finish(
+    async fn write_settlement(
         &self,
         settlement: Settlement,
         transaction: Option<Box<dyn PendingTransaction>>,
@@ -392,7 +373,7 @@ impl Execution {
             Ok(Some(snapshot)) if snapshot.record.operation_id == self.lease.operation_id => {
                 snapshot
             }
-            _ => return ProblemDetails::in_progress(Duration::from_secs(1)).into_response(),
+            _ => return ProblemDetails::in_progress(self.config.busy_retry_after).into_response(),
         };
         match decide(&snapshot, &snapshot.record.fingerprint) {
             Decision::Replay(stored) => replay(stored),
@@ -400,7 +381,7 @@ impl Execution {
                 ProblemDetails::in_progress(retry_after).into_response()
             }
             Decision::Mismatch | Decision::Claimable => {
-                ProblemDetails::in_progress(Duration::from_secs(1)).into_response()
+                ProblemDetails::in_progress(self.config.busy_retry_after).into_response()
             }
         }
     }

@@ -8,6 +8,9 @@ use idemgate_core::FinalStatus;
 /// A handler's say on what happens to the record after its response, put in the
 /// response extensions. Without it, the status decides (see [`ServerErrorPolicy`]).
 ///
+/// Exhaustive on purpose: the layer must act on every mark, and a new one would
+/// change what handlers can ask for.
+///
 /// With axum, return it beside the response:
 ///
 /// ```
@@ -45,6 +48,7 @@ impl IntoResponseParts for Finality {
 
 /// What to do with a 5xx (or a panic) the handler did not mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ServerErrorPolicy {
     /// Store it as `FAILED` and replay it: the outcome is not known to be rolled
     /// back, so running again could do it twice (the seeds' rule). The default.
@@ -69,7 +73,7 @@ pub(crate) enum Settlement {
 /// The rules of PROTOCOL §8, in order: the handler's mark; 408 and 429 released;
 /// other 2xx–4xx final; 5xx released when the effects are known undone (the
 /// transaction rolled back), else by policy.
-pub(crate) fn settle(
+pub(crate) fn settlement_for(
     status: StatusCode,
     mark: Option<Finality>,
     policy: ServerErrorPolicy,
@@ -112,7 +116,7 @@ mod tests {
         for status in [200, 201, 204, 302, 400, 402, 404, 409, 422] {
             let status = StatusCode::from_u16(status).unwrap();
             assert_eq!(
-                settle(status, None, STORE, false),
+                settlement_for(status, None, STORE, false),
                 Settlement::Complete(FinalStatus::Completed),
                 "{status}"
             );
@@ -122,11 +126,11 @@ mod tests {
     #[test]
     fn timeouts_and_rate_limits_are_released() {
         assert_eq!(
-            settle(StatusCode::REQUEST_TIMEOUT, None, STORE, false),
+            settlement_for(StatusCode::REQUEST_TIMEOUT, None, STORE, false),
             Settlement::Release
         );
         assert_eq!(
-            settle(StatusCode::TOO_MANY_REQUESTS, None, STORE, false),
+            settlement_for(StatusCode::TOO_MANY_REQUESTS, None, STORE, false),
             Settlement::Release
         );
     }
@@ -135,29 +139,29 @@ mod tests {
     fn server_errors_follow_the_policy_unless_rolled_back() {
         let s = StatusCode::BAD_GATEWAY;
         assert_eq!(
-            settle(s, None, STORE, false),
+            settlement_for(s, None, STORE, false),
             Settlement::Complete(FinalStatus::Failed)
         );
         assert_eq!(
-            settle(s, None, ServerErrorPolicy::Release, false),
+            settlement_for(s, None, ServerErrorPolicy::Release, false),
             Settlement::Release
         );
-        assert_eq!(settle(s, None, STORE, true), Settlement::Release);
+        assert_eq!(settlement_for(s, None, STORE, true), Settlement::Release);
     }
 
     #[test]
     fn the_handler_mark_wins() {
         let s = StatusCode::BAD_GATEWAY;
         assert_eq!(
-            settle(s, Some(Finality::Retryable), STORE, false),
+            settlement_for(s, Some(Finality::Retryable), STORE, false),
             Settlement::Release
         );
         assert_eq!(
-            settle(s, Some(Finality::Final), ServerErrorPolicy::Release, true),
+            settlement_for(s, Some(Finality::Final), ServerErrorPolicy::Release, true),
             Settlement::Complete(FinalStatus::Failed)
         );
         assert_eq!(
-            settle(
+            settlement_for(
                 StatusCode::BAD_REQUEST,
                 Some(Finality::Rejected),
                 STORE,
@@ -166,7 +170,7 @@ mod tests {
             Settlement::Delete
         );
         assert_eq!(
-            settle(
+            settlement_for(
                 StatusCode::TOO_MANY_REQUESTS,
                 Some(Finality::Final),
                 STORE,

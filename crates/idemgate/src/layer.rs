@@ -1,4 +1,4 @@
-//! `IdempotencyLayer`: configuration and the tower `Layer`.
+//! `IdempotencyLayer`: the builder of the layer's `Config`, and the tower `Layer`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,49 +9,11 @@ use tower_layer::Layer;
 use idemgate_core::Store;
 use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
 
+use crate::config::{Config, PathSource, WaitMode};
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
 use crate::service::Idempotency;
-use crate::tasks::DetachedTasks;
-
-/// Which path names the scope and the fingerprint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PathSource {
-    /// The normalized original request path (the full path, even under a nested
-    /// router). The default.
-    #[default]
-    Request,
-    /// axum's matched route template (`/orders/{id}`), so every id shares one scope.
-    RouteTemplate,
-}
-
-/// Settings shared by every request the layer sees.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) require_key: bool,
-    pub(crate) max_key_length: usize,
-    pub(crate) body_limit: usize,
-    pub(crate) response_limit: usize,
-    pub(crate) lease: Duration,
-    pub(crate) ttl: Duration,
-    pub(crate) wait: Option<WaitMode>,
-    pub(crate) server_error_policy: ServerErrorPolicy,
-    pub(crate) principal: Arc<dyn PrincipalExtractor>,
-    pub(crate) path_source: PathSource,
-    pub(crate) fingerprint_headers: Vec<HeaderName>,
-    pub(crate) replay_set_cookie: bool,
-    pub(crate) unavailable_retry_after: Duration,
-    pub(crate) tasks: DetachedTasks,
-}
-
-/// How long a duplicate waits for the first request instead of getting 409.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WaitMode {
-    pub(crate) max: Duration,
-    pub(crate) poll: Duration,
-}
+use crate::tasks::{DetachedTasks, InFlightLimit};
 
 /// Makes retries of `POST` and `PATCH` requests with an `Idempotency-Key` run once.
 ///
@@ -73,6 +35,7 @@ pub(crate) struct WaitMode {
 ///     // .layer(compression)  // outside: replays are encoded per request
 /// ```
 #[derive(Clone)]
+#[must_use = "a layer does nothing until it wraps a service (Router::route_layer, ServiceBuilder::layer)"]
 pub struct IdempotencyLayer {
     config: Arc<Config>,
 }
@@ -115,7 +78,9 @@ impl IdempotencyLayer {
                 fingerprint_headers: Vec::new(),
                 replay_set_cookie: false,
                 unavailable_retry_after: Duration::from_secs(1),
-                tasks: DetachedTasks::new(1024),
+                busy_retry_after: Duration::from_secs(1),
+                in_flight_limit: InFlightLimit::new(1024),
+                tasks: DetachedTasks::new(),
             }),
         }
     }
@@ -288,11 +253,15 @@ impl IdempotencyLayer {
     /// let layer = layer.with_max_in_flight(256);
     /// ```
     pub fn with_max_in_flight(self, max: usize) -> Self {
-        let tasks = DetachedTasks::new(max.max(1));
-        self.with(|c| c.tasks = tasks)
+        // Only the limit is replaced: the task tracker stays, so a handle taken
+        // from `detached_tasks` before this call still sees every handler.
+        let limit = InFlightLimit::new(max);
+        self.with(|c| c.in_flight_limit = limit)
     }
 
-    /// The `Retry-After` sent with 503s for store failures (default 1 s).
+    /// The `Retry-After` sent with 503s for store failures (default 1 s): the store
+    /// unreachable or full, or a handler's transaction that did not commit, keyed
+    /// or not.
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -302,7 +271,22 @@ impl IdempotencyLayer {
         self.with(|c| c.unavailable_retry_after = after)
     }
 
-    /// The handle on detached handler tasks, for graceful shutdown and gauges.
+    /// The `Retry-After` sent when the layer is busy (default 1 s): the 503 for too
+    /// many keyed requests in flight, and a 409 whose record does not say how long
+    /// its lease has left. A 409 for a running request otherwise says the seconds
+    /// left on that request's lease.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_busy_retry_after(std::time::Duration::from_secs(2));
+    /// ```
+    pub fn with_busy_retry_after(self, after: Duration) -> Self {
+        self.with(|c| c.busy_retry_after = after)
+    }
+
+    /// The handle on detached handler tasks, for graceful shutdown and gauges. It
+    /// may be taken at any point of the builder chain: the layer built from it, and
+    /// its clones, spawn their handlers on the same tracker.
     pub fn detached_tasks(&self) -> DetachedTasks {
         self.config.tasks.clone()
     }

@@ -1,8 +1,10 @@
 #![doc = include_str!("../README.md")]
 
+mod config;
 pub mod context;
 mod execution;
 pub mod finality;
+mod handler;
 mod layer;
 pub mod principal;
 pub mod problem;
@@ -11,11 +13,23 @@ mod service;
 mod tasks;
 pub mod telemetry;
 
-pub use idemgate_core::*;
+// The protocol from `idemgate-core`, so an application depends on this crate
+// alone. Listed one by one: a core item is part of this crate's API only once it
+// is named here (CONTRIBUTING.md, "Public API").
+#[doc(inline)]
+pub use idemgate_core::{
+    BoxError, Claim, ClaimRequest, Completion, Decision, FencedWrite, FinalStatus, Lease,
+    LeaseOrigin, MemoryStore, Snapshot, Store, StoreError,
+};
+#[doc(inline)]
+pub use idemgate_core::{
+    decide, fingerprint, key, memory, record, scope, signals, store, time, transaction,
+};
 
+pub use config::PathSource;
 pub use context::OperationContext;
 pub use finality::{Finality, ServerErrorPolicy};
-pub use layer::{IdempotencyLayer, PathSource};
+pub use layer::IdempotencyLayer;
 pub use principal::{DefaultPrincipal, Principal, PrincipalError, PrincipalExtractor};
 pub use problem::ProblemDetails;
 pub use response::{IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED};

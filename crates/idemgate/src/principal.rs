@@ -21,6 +21,11 @@ pub enum PrincipalError {
     /// Credentials were present but refused.
     #[error("credentials refused: {0}")]
     Refused(String),
+    /// A header that names the principal came more than once: which line is meant
+    /// is ambiguous (a proxy in front may have checked one, the layer would scope
+    /// by another), so the request is refused with 400 before any claim.
+    #[error("the {0} header appears more than once; send it once")]
+    Ambiguous(http::HeaderName),
 }
 
 /// Finds the principal of a request from its parts.
@@ -76,6 +81,7 @@ impl std::fmt::Debug for DefaultPrincipal {
 
 impl DefaultPrincipal {
     /// Extension only: requests without a [`Principal`] extension get 401.
+    #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
@@ -83,6 +89,11 @@ impl DefaultPrincipal {
     /// Also accepts an `Authorization` header, scoped by its HMAC under `secret`.
     /// Keep the secret stable across restarts and instances, or replays stop
     /// matching.
+    ///
+    /// ```
+    /// let principal = idemgate::DefaultPrincipal::with_authorization_secret(b"a stable secret");
+    /// ```
+    #[must_use]
     pub fn with_authorization_secret(secret: impl AsRef<[u8]>) -> Self {
         Self {
             secret: Some(Arc::from(secret.as_ref())),
@@ -95,10 +106,13 @@ impl PrincipalExtractor for DefaultPrincipal {
         if let Some(principal) = parts.extensions.get::<Principal>() {
             return Ok(principal.clone());
         }
-        let (Some(secret), Some(credentials)) = (&self.secret, parts.headers.get(AUTHORIZATION))
-        else {
+        let mut lines = parts.headers.get_all(AUTHORIZATION).iter();
+        let (Some(secret), Some(credentials)) = (&self.secret, lines.next()) else {
             return Err(PrincipalError::Missing);
         };
+        if lines.next().is_some() {
+            return Err(PrincipalError::Ambiguous(AUTHORIZATION));
+        }
         if credentials.is_empty() {
             return Err(PrincipalError::Missing);
         }
@@ -110,7 +124,7 @@ impl PrincipalExtractor for DefaultPrincipal {
 }
 
 /// HMAC-SHA256 of `message` under `secret`, as lower-case hex.
-pub fn hmac_hex(secret: &[u8], message: &[u8]) -> String {
+fn hmac_hex(secret: &[u8], message: &[u8]) -> String {
     // HMAC accepts keys of any length, so this cannot fail.
     let mut mac =
         <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key length");
@@ -156,6 +170,19 @@ mod tests {
             other_secret
                 .extract(&parts(Some("Bearer token-a")))
                 .unwrap()
+        );
+    }
+
+    #[test]
+    fn two_authorization_lines_are_ambiguous() {
+        let mut parts = parts(Some("Bearer a"));
+        parts
+            .headers
+            .append(AUTHORIZATION, http::HeaderValue::from_static("Bearer b"));
+        let extractor = DefaultPrincipal::with_authorization_secret("s");
+        assert_eq!(
+            extractor.extract(&parts),
+            Err(PrincipalError::Ambiguous(AUTHORIZATION))
         );
     }
 

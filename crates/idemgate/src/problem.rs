@@ -1,8 +1,14 @@
 //! `application/problem+json` answers (RFC 9457, PROTOCOL §10).
+//!
+//! Every error the layer answers is a [`ProblemDetails`], turned into a response by
+//! its [`IntoResponse`] impl; applications use the same type for their own errors,
+//! so handlers can return `Result<_, ProblemDetails>`.
 
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::response::IntoResponse;
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 use serde::Serialize;
@@ -14,7 +20,20 @@ pub const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
 
 /// An RFC 9457 problem: a stable `type` URI per error, a title, the status and a
 /// detail for this occurrence.
+///
+/// It is a response ([`IntoResponse`]), so an axum handler can fail with it:
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use idemgate::ProblemDetails;
+///
+/// async fn get_order() -> Result<String, ProblemDetails> {
+///     Err(ProblemDetails::new(StatusCode::NOT_FOUND, "order-not-found", "Order not found", "no order 7"))
+/// }
+/// let app: axum::Router = axum::Router::new().route("/orders/7", axum::routing::get(get_order));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[must_use = "a problem does nothing until it is sent as a response"]
 pub struct ProblemDetails {
     /// `PROBLEM_BASE` + a slug, stable across releases.
     #[serde(rename = "type")]
@@ -47,18 +66,24 @@ impl ProblemDetails {
         }
     }
 
-    /// Adds a `Retry-After` (whole seconds, at least 1).
+    /// Adds a `Retry-After` (whole seconds, rounded up, at least 1).
+    ///
+    /// ```
+    /// # use axum::http::StatusCode;
+    /// let problem = idemgate::ProblemDetails::new(StatusCode::SERVICE_UNAVAILABLE, "busy", "Busy", "try later")
+    ///     .with_retry_after(std::time::Duration::from_secs(2));
+    /// ```
     pub fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }
 
-    /// The response: status, `Content-Type: application/problem+json`, the JSON body
-    /// and `Retry-After` when set.
-    pub fn into_response(self) -> Response<Body> {
+    /// The response and, beside it, the bytes of its body: for the layer, which
+    /// sends the problem and stores it for replay without reading the body back.
+    pub(crate) fn render(self) -> (Response<Body>, Bytes) {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::to_vec(&self).unwrap_or_default();
-        let mut response = Response::new(Body::from(body));
+        let body = Bytes::from(serde_json::to_vec(&self).unwrap_or_default());
+        let mut response = Response::new(Body::from(body.clone()));
         *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(
@@ -69,7 +94,7 @@ impl ProblemDetails {
             let seconds = after.as_secs_f64().ceil().max(1.0) as u64;
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
-        response
+        (response, body)
     }
 
     /// 400: no `Idempotency-Key` where the layer requires one.
@@ -99,6 +124,17 @@ impl ProblemDetails {
             "unauthenticated",
             "Unauthenticated",
             detail,
+        )
+    }
+
+    /// 400: a header the request must send at most once (`Authorization`,
+    /// `Content-Type`) came on several lines, so what it says is ambiguous.
+    pub fn ambiguous_header(name: &http::HeaderName) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "ambiguous-header",
+            "Ambiguous header",
+            format!("the {name} header appears more than once; send it once"),
         )
     }
 
@@ -198,10 +234,27 @@ impl ProblemDetails {
     }
 }
 
+/// The response: status, `Content-Type: application/problem+json`, the JSON body
+/// and `Retry-After` when set.
+impl IntoResponse for ProblemDetails {
+    fn into_response(self) -> axum::response::Response {
+        self.render().0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    #[test]
+    fn the_rendered_bytes_are_the_body() {
+        let (response, bytes) = ProblemDetails::handler_failed().render();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(response.headers().get(RETRY_AFTER).is_none());
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(json["type"], "https://idemgate.dev/problems/handler-failed");
+    }
 
     #[tokio::test]
     async fn renders_rfc9457_json_with_retry_after() {

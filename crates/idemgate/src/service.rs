@@ -4,13 +4,13 @@
 //! covered → key well-formed → principal → body within the limit → a free slot
 //! for a detached handler. Then one atomic claim, and [`decide`] on what it found.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, OriginalUri};
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
@@ -27,8 +27,10 @@ use idemgate_core::{
     BoxError, Claim, ClaimRequest, Decision, LeaseOrigin, Snapshot, StoreError, decide,
 };
 
+use crate::config::{Config, PathSource};
 use crate::execution::Execution;
-use crate::layer::{Config, PathSource};
+use crate::handler::{BoxFuture, Handler};
+use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
 use crate::response::replay;
 use crate::telemetry::{Outcome, count, count_outcome, timed};
@@ -56,8 +58,6 @@ impl<S> Idempotency<S> {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
 where
     S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -81,29 +81,24 @@ where
         // a fresh clone behind for the next request.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        // Erased once, here: the rest of the request path is not generic.
+        let handler = Handler::new(inner);
         let config = Arc::clone(&self.config);
-        Box::pin(handle(config, inner, request))
+        Box::pin(handle(config, handler, request.map(Body::new)))
     }
 }
 
-async fn handle<S, ReqBody, ResBody>(
+async fn handle<E>(
     config: Arc<Config>,
-    mut inner: S,
-    request: Request<ReqBody>,
-) -> Result<Response<Body>, S::Error>
+    handler: Handler<E>,
+    request: Request<Body>,
+) -> Result<Response<Body>, E>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
-    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    E: Into<BoxError> + Send + 'static,
 {
     if !config.methods.contains(request.method()) {
         count_outcome(Outcome::PassedThrough);
-        let response = inner.call(request.map(Body::new)).await?;
-        return Ok(response.map(Body::new));
+        return handler.call(request).await;
     }
     let key = match IdempotencyKey::from_headers(request.headers(), config.max_key_length) {
         Ok(Some(key)) => key,
@@ -113,7 +108,7 @@ where
         }
         Ok(None) => {
             count_outcome(Outcome::PassedThrough);
-            return keyless(inner, request).await;
+            return keyless(&config, handler, request).await;
         }
         Err(error) => {
             count_outcome(Outcome::InvalidKey);
@@ -126,26 +121,21 @@ where
         operation_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    Ok(keyed(config, inner, request, key).instrument(span).await)
+    Ok(keyed(config, handler.boxing_errors(), request, key)
+        .instrument(span)
+        .await)
 }
 
 /// A covered request without a key: plain processing, no claim and no spawn. A
 /// transaction the handler opened is committed unless the answer is a 5xx.
-async fn keyless<S, ReqBody, ResBody>(
-    mut inner: S,
-    request: Request<ReqBody>,
-) -> Result<Response<Body>, S::Error>
-where
-    S: Service<Request<Body>, Response = Response<ResBody>>,
-    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
+async fn keyless<E: Send + 'static>(
+    config: &Config,
+    handler: Handler<E>,
+    mut request: Request<Body>,
+) -> Result<Response<Body>, E> {
     let slot = TransactionSlot::new();
-    let mut request = request.map(Body::new);
     request.extensions_mut().insert(slot.clone());
-    let response = inner.call(request).await?.map(Body::new);
+    let response = handler.call(request).await?;
     let outcome = match slot.take() {
         SlotContents::Unused => Ok(()),
         SlotContents::Returned(transaction) if response.status().is_server_error() => {
@@ -163,29 +153,29 @@ where
         Ok(()) => response,
         Err(error) => {
             tracing::error!(%error, "committing the handler's transaction failed");
-            ProblemDetails::store_unavailable(Duration::from_secs(1)).into_response()
+            ProblemDetails::store_unavailable(config.unavailable_retry_after).into_response()
         }
     })
 }
 
-async fn keyed<S, ReqBody, ResBody>(
+async fn keyed(
     config: Arc<Config>,
-    inner: S,
-    request: Request<ReqBody>,
+    handler: Handler,
+    request: Request<Body>,
     key: IdempotencyKey,
-) -> Response<Body>
-where
-    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
-    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
+) -> Response<Body> {
     let (parts, body) = request.into_parts();
+    // The fingerprint reads `Content-Type` to decide whether the body is JSON.
+    if parts.headers.get_all(CONTENT_TYPE).iter().nth(1).is_some() {
+        count_outcome(Outcome::Rejected);
+        return ProblemDetails::ambiguous_header(&CONTENT_TYPE).into_response();
+    }
     let principal = match config.principal.extract(&parts) {
         Ok(principal) => principal,
+        Err(PrincipalError::Ambiguous(name)) => {
+            count_outcome(Outcome::Rejected);
+            return ProblemDetails::ambiguous_header(&name).into_response();
+        }
         Err(error) => {
             count_outcome(Outcome::Unauthenticated);
             return ProblemDetails::unauthenticated(error.to_string()).into_response();
@@ -236,9 +226,9 @@ where
         lease: config.lease,
         ttl: config.ttl,
     };
-    let Some(permit) = config.tasks.try_permit() else {
+    let Some(permit) = config.in_flight_limit.try_permit() else {
         count_outcome(Outcome::Overloaded);
-        return ProblemDetails::overloaded(Duration::from_secs(1)).into_response();
+        return ProblemDetails::overloaded(config.busy_retry_after).into_response();
     };
     match claim_or_answer(&config, &claim).await {
         Claimed::Lease(lease, claimed_at) => {
@@ -247,7 +237,7 @@ where
             count_outcome(Outcome::Executed);
             let request = Request::from_parts(parts, Body::from(body));
             Execution::new(config, lease, claimed_at)
-                .spawn(inner, request, permit)
+                .spawn(handler, request, permit)
                 .await
         }
         Claimed::Answer(response) => response,
@@ -255,11 +245,7 @@ where
 }
 
 /// Buffers the body for the fingerprint, refusing more than `limit` bytes.
-async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, ProblemDetails>
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
+async fn read_body(parts: &Parts, body: Body, limit: usize) -> Result<Bytes, ProblemDetails> {
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
@@ -318,18 +304,18 @@ async fn claim_or_answer(config: &Config, request: &ClaimRequest) -> Claimed {
             Ok(Claim::Existing(snapshot)) => snapshot,
             Err(error) => return Claimed::Answer(store_failure(config, &error)),
         };
-        match settle_existing(config, request, snapshot, wait_until).await {
+        match answer_from_existing(config, request, snapshot, wait_until).await {
             Some(response) => return Claimed::Answer(response),
             None => continue,
         }
     }
     count_outcome(Outcome::Conflict);
-    Claimed::Answer(ProblemDetails::in_progress(Duration::from_secs(1)).into_response())
+    Claimed::Answer(ProblemDetails::in_progress(config.busy_retry_after).into_response())
 }
 
 /// Answers from an existing record, waiting for it first in wait mode. `None` when
 /// the record became claimable and the caller should claim again.
-async fn settle_existing(
+async fn answer_from_existing(
     config: &Config,
     request: &ClaimRequest,
     mut snapshot: Snapshot,
@@ -368,7 +354,7 @@ async fn settle_existing(
 }
 
 /// The answer to a store error before anything ran: fail closed (PROTOCOL §9).
-pub(crate) fn store_failure(config: &Config, error: &StoreError) -> Response<Body> {
+fn store_failure(config: &Config, error: &StoreError) -> Response<Body> {
     tracing::error!(error = %error, cause = ?std::error::Error::source(error), "idempotency store failed");
     let problem = match error {
         StoreError::Full => {

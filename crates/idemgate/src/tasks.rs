@@ -1,5 +1,10 @@
 //! Handlers run detached from the client connection (PROTOCOL §8, PITFALLS 5):
-//! bounded in number, tracked so a graceful shutdown can wait for them.
+//! bounded in number ([`InFlightLimit`]), tracked so a graceful shutdown can wait
+//! for them ([`DetachedTasks`]).
+//!
+//! The two are separate on purpose: the limit is layer configuration, replaced by
+//! `with_max_in_flight`, while the tracker is created once per layer and shared by
+//! every handle taken from it, whatever the builder order.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,18 +37,16 @@ pub struct DetachedTasks {
 #[derive(Debug)]
 struct Inner {
     tracker: TaskTracker,
-    permits: Arc<Semaphore>,
     /// Start instants of running operations (with a tiebreak id), oldest first.
     in_flight: Mutex<BTreeSet<(Instant, u64)>>,
     next_id: AtomicU64,
 }
 
 impl DetachedTasks {
-    pub(crate) fn new(max_in_flight: usize) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             inner: Arc::new(Inner {
                 tracker: TaskTracker::new(),
-                permits: Arc::new(Semaphore::new(max_in_flight)),
                 in_flight: Mutex::default(),
                 next_id: AtomicU64::new(0),
             }),
@@ -102,10 +105,6 @@ impl DetachedTasks {
         finished
     }
 
-    pub(crate) fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
-        Arc::clone(&self.inner.permits).try_acquire_owned().ok()
-    }
-
     pub(crate) fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
@@ -130,6 +129,27 @@ impl DetachedTasks {
     }
 }
 
+/// The most keyed requests running at once; a request that finds no free slot is
+/// answered 503 before any claim. Clones share the slots.
+#[derive(Clone, Debug)]
+pub(crate) struct InFlightLimit {
+    permits: Arc<Semaphore>,
+}
+
+impl InFlightLimit {
+    /// `max` slots (at least one, so the layer can run anything at all).
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(max.max(1))),
+        }
+    }
+
+    /// A slot, held until the permit drops; `None` when all are taken.
+    pub(crate) fn try_permit(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.permits).try_acquire_owned().ok()
+    }
+}
+
 /// A running operation, counted until dropped.
 pub(crate) struct InFlight {
     tasks: DetachedTasks,
@@ -151,7 +171,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_waits_for_detached_tasks() {
-        let tasks = DetachedTasks::new(4);
+        let tasks = DetachedTasks::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
         tasks.spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -167,21 +187,26 @@ mod tests {
 
     #[tokio::test]
     async fn shutdown_gives_up_at_the_deadline() {
-        let tasks = DetachedTasks::new(4);
+        let tasks = DetachedTasks::new();
         tasks.spawn(tokio::time::sleep(Duration::from_secs(60)));
         assert!(!tasks.shutdown(Duration::from_millis(50)).await);
     }
 
     #[test]
     fn permits_are_bounded_and_in_flight_is_tracked() {
-        let tasks = DetachedTasks::new(2);
-        let a = tasks.try_permit();
-        let b = tasks.try_permit();
+        let limit = InFlightLimit::new(2);
+        let a = limit.try_permit();
+        let b = limit.try_permit();
         assert!(a.is_some() && b.is_some());
-        assert!(tasks.try_permit().is_none());
+        assert!(limit.try_permit().is_none());
         drop(a);
-        assert!(tasks.try_permit().is_some());
+        assert!(limit.try_permit().is_some());
+        assert!(
+            InFlightLimit::new(0).try_permit().is_some(),
+            "at least one slot"
+        );
 
+        let tasks = DetachedTasks::new();
         assert!(tasks.oldest_in_flight().is_none());
         let guard = tasks.enter();
         std::thread::sleep(Duration::from_millis(5));

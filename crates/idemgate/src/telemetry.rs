@@ -16,8 +16,9 @@
 
 use std::time::Instant;
 
-/// How a request left the layer.
+/// How a request left the layer. New outcomes may be added: match with a `_` arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The handler ran under a claim.
     Executed,

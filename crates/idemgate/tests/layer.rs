@@ -653,6 +653,90 @@ async fn shutdown_waits_for_handlers_whose_clients_left() {
     assert_eq!(tasks.running(), 0);
 }
 
+/// A handler that says when it started and runs until the test releases it.
+#[derive(Default)]
+struct HeldHandler {
+    started: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+    finished: std::sync::atomic::AtomicUsize,
+}
+
+#[tokio::test]
+async fn a_tasks_handle_taken_before_the_in_flight_limit_still_waits_for_handlers() {
+    use axum::extract::State;
+    use idemgate::principal::{Principal, PrincipalError};
+
+    let held = Arc::new(HeldHandler::default());
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_principal(
+        |_: &http::request::Parts| -> Result<Principal, PrincipalError> {
+            Ok(Principal::new("user:held"))
+        },
+    );
+    // The handle first, the limit after: the order that used to leave the handle
+    // on a tracker no handler ran on.
+    let tasks = layer.detached_tasks();
+    let layer = layer.with_max_in_flight(4);
+    let app = axum::Router::new()
+        .route(
+            "/held",
+            axum::routing::post(|State(held): State<Arc<HeldHandler>>| async move {
+                held.started.notify_one();
+                held.release.notified().await;
+                held.finished.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::CREATED, "held and done")
+            }),
+        )
+        .route_layer(layer)
+        .with_state(Arc::clone(&held));
+    let key = new_key();
+    let client = send_in_background(&app, post_json("/held", None, Some(&key), ORDER));
+    held.started.notified().await;
+    client.abort(); // the client leaves; the handler runs on, detached
+    assert!(client.await.unwrap_err().is_cancelled());
+
+    assert_eq!(tasks.running(), 1, "the handle sees the detached handler");
+    assert!(
+        tasks.oldest_in_flight().is_some(),
+        "the handle sees the operation in flight"
+    );
+    let shutdown = tokio::spawn({
+        let tasks = tasks.clone();
+        async move { tasks.shutdown(Duration::from_secs(30)).await }
+    });
+    // However long we leave it, shutdown must not return while the handler is held.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown returned while a detached handler was still running"
+    );
+    assert_eq!(held.finished.load(Ordering::SeqCst), 0);
+
+    held.release.notify_one();
+    assert!(
+        shutdown.await.unwrap(),
+        "shutdown reports every handler finished"
+    );
+    assert_eq!(
+        held.finished.load(Ordering::SeqCst),
+        1,
+        "the handler finished before shutdown returned"
+    );
+    assert_eq!(tasks.running(), 0);
+    assert!(tasks.oldest_in_flight().is_none());
+    let retry = send(&app, post_json("/held", None, Some(&key), ORDER)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(
+        retry.replayed(),
+        "the handler stored its response before shutdown returned"
+    );
+    assert_eq!(&retry.body[..], b"held and done");
+    assert_eq!(
+        held.finished.load(Ordering::SeqCst),
+        1,
+        "the retry did not run again"
+    );
+}
+
 #[tokio::test]
 async fn store_outage_is_503_and_nothing_runs() {
     let store = Arc::new(FaultyStore::default());
@@ -833,6 +917,61 @@ async fn too_many_keyed_requests_in_flight_are_503() {
     );
     assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn every_retry_after_comes_from_the_configuration() {
+    // The overload 503: the busy Retry-After.
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(300, Ordering::SeqCst);
+    let busy_app = app_with(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_max_in_flight(1)
+            .with_busy_retry_after(Duration::from_secs(7))
+            .with_unavailable_retry_after(Duration::from_secs(9)),
+        &gateway,
+    );
+    let first = send_in_background(
+        &busy_app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    );
+    gateway.charging.notified().await;
+    let overloaded = send(
+        &busy_app,
+        post_json("/orders", Some("a"), Some(&new_key()), ORDER),
+    )
+    .await;
+    assert_eq!(
+        overloaded.problem_type(),
+        "https://idemgate.dev/problems/overloaded"
+    );
+    assert_eq!(overloaded.headers[axum::http::header::RETRY_AFTER], "7");
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(gateway.charges(), 1, "the overloaded request did not run");
+
+    // A keyless request whose transaction did not commit: the unavailable one.
+    let gateway = Arc::new(Gateway::default());
+    let store = Arc::new(FakeTransactionalStore::default());
+    let app = app(
+        IdempotencyLayer::from_arc(store.clone())
+            .with_unavailable_retry_after(Duration::from_secs(9)),
+        Arc::clone(&gateway),
+    )
+    .layer(axum::Extension(Arc::clone(&store)));
+    store.commit_fails.store(true, Ordering::SeqCst);
+    let failed = send(
+        &app,
+        post_json("/transactional/201", Some("a"), None, ORDER),
+    )
+    .await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        failed.problem_type(),
+        "https://idemgate.dev/problems/store-unavailable"
+    );
+    assert_eq!(failed.headers[axum::http::header::RETRY_AFTER], "9");
+    assert_eq!(store.commits.load(Ordering::SeqCst), 0);
+    assert_eq!(store.rollbacks.load(Ordering::SeqCst), 1);
 }
 
 // --- The transactional hand-over ------------------------------------------------------

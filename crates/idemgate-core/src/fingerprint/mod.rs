@@ -154,6 +154,37 @@ mod tests {
     }
 
     #[test]
+    fn json_that_is_not_utf8_is_hashed_raw() {
+        // RFC 8259 §8.1: JSON is UTF-8. A broken sequence and an overlong `/`
+        // inside a string make the body not JSON, so it is hashed as bytes.
+        for invalid in [&b"\xc3\x28"[..], &b"\xc0\xaf"[..]] {
+            let body = |spacing: &str| {
+                let mut body = format!("{{{spacing}\"x\":{spacing}\"").into_bytes();
+                body.extend_from_slice(invalid);
+                body.extend_from_slice(b"\"}");
+                body
+            };
+            assert!(canonical::canonicalize(&body("")).is_err());
+            let hash = |body: &[u8]| {
+                Fingerprint::of(FingerprintInput {
+                    method: "POST",
+                    path: "/orders",
+                    query: "",
+                    content_type: Some("application/json"),
+                    headers: &[],
+                    body,
+                })
+            };
+            assert_eq!(hash(&body("")), hash(&body("")));
+            assert_ne!(
+                hash(&body("")),
+                hash(&body(" ")),
+                "hashed raw, not canonicalized"
+            );
+        }
+    }
+
+    #[test]
     fn non_json_bodies_are_hashed_raw() {
         let text = |body: &str| {
             Fingerprint::of(FingerprintInput {

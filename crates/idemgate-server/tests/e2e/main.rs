@@ -5,8 +5,10 @@
 #![allow(dead_code, unreachable_pub)]
 
 mod client;
+mod connections;
 mod gateway;
 mod server;
+mod strict_input;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -658,6 +660,14 @@ fn serve_help_names_every_flag_and_variable() {
         "--gateway-timeout-ms",
         "--shutdown-timeout",
         "--simulated-gateway-delay-ms",
+        "--header-read-timeout-ms",
+        "IDEMGATE_HEADER_READ_TIMEOUT_MS",
+        "--body-read-timeout-ms",
+        "IDEMGATE_BODY_READ_TIMEOUT_MS",
+        "--idle-timeout-ms",
+        "IDEMGATE_IDLE_TIMEOUT_MS",
+        "--max-connections",
+        "IDEMGATE_MAX_CONNECTIONS",
     ] {
         assert!(
             help.contains(needle),

@@ -49,6 +49,10 @@ pub struct Options {
     pub wait_ms: u64,
     pub gateway_timeout_ms: u64,
     pub simulated_delay_ms: u64,
+    /// More `serve` flags, as (flag, value).
+    pub extra: Vec<(String, String)>,
+    /// Run under `prlimit --nofile=SOFT:HARD` (util-linux).
+    pub nofile: Option<(u64, u64)>,
 }
 
 impl Options {
@@ -62,7 +66,26 @@ impl Options {
             wait_ms: 0,
             gateway_timeout_ms: 10_000,
             simulated_delay_ms: 0,
+            extra: Vec::new(),
+            nofile: None,
         }
+    }
+
+    /// One more `serve` flag.
+    pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
+        self.extra.push((flag.to_owned(), value.to_string()));
+        self
+    }
+
+    /// Starts the server with soft and hard `RLIMIT_NOFILE` at `limit`.
+    pub fn open_file_limit(self, limit: u64) -> Self {
+        self.open_file_limits(limit, limit)
+    }
+
+    /// Starts the server with these soft and hard `RLIMIT_NOFILE`.
+    pub fn open_file_limits(mut self, soft: u64, hard: u64) -> Self {
+        self.nofile = Some((soft, hard));
+        self
     }
 
     pub fn gateway(mut self, url: String) -> Self {
@@ -85,7 +108,18 @@ pub struct Server {
 
 impl Server {
     pub async fn start(options: Options) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        let binary = env!("CARGO_BIN_EXE_idemgate");
+        let mut command = match options.nofile {
+            // prlimit sets the limit and execs the binary: the same process.
+            Some((soft, hard)) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={soft}:{hard}"))
+                    .args(["--", binary]);
+                command
+            }
+            None => Command::new(binary),
+        };
         command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
@@ -119,8 +153,15 @@ impl Server {
             "IDEMPOTENCY_WAIT_MS",
             "IDEMGATE_LOG_FORMAT",
             "IDEMGATE_SIMULATED_GATEWAY_DELAY_MS",
+            "IDEMGATE_HEADER_READ_TIMEOUT_MS",
+            "IDEMGATE_BODY_READ_TIMEOUT_MS",
+            "IDEMGATE_IDLE_TIMEOUT_MS",
+            "IDEMGATE_MAX_CONNECTIONS",
         ] {
             command.env_remove(variable);
+        }
+        for (flag, value) in &options.extra {
+            command.args([flag, value]);
         }
         if let Some(url) = &options.gateway_url {
             command.args(["--gateway-url", url]);
@@ -162,7 +203,7 @@ impl Server {
         format!("http://{}{}", self.addr, path)
     }
 
-    fn pid(&self) -> String {
+    pub fn pid(&self) -> String {
         self.child.id().expect("running").to_string()
     }
 

@@ -160,7 +160,7 @@ pub struct FakeTransactionalStore {
     pub memory: MemoryStore,
     pub commits: AtomicUsize,
     pub rollbacks: AtomicUsize,
-    /// The next commit fails (the database went away mid-commit).
+    /// The next commit fails (the database went away mid-commit), keyed or not.
     pub commit_fails: std::sync::atomic::AtomicBool,
 }
 
@@ -187,6 +187,10 @@ impl PendingTransaction for FakeTransaction {
         Ok(write)
     }
     async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        if self.store.commit_fails.swap(false, Ordering::SeqCst) {
+            self.store.rollbacks.fetch_add(1, Ordering::SeqCst);
+            return Err(outage());
+        }
         self.store.commits.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }

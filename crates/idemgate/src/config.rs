@@ -1,0 +1,65 @@
+//! What the layer is configured with: the settings every request reads.
+//!
+//! [`crate::IdempotencyLayer`] builds a [`Config`]; the request path
+//! (`service`, `execution`) only reads it, so they depend on this module and not on
+//! the builder.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+use idemgate_core::Store;
+
+use crate::finality::ServerErrorPolicy;
+use crate::principal::PrincipalExtractor;
+use crate::tasks::{DetachedTasks, InFlightLimit};
+
+/// Which path names the scope and the fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PathSource {
+    /// The normalized original request path (the full path, even under a nested
+    /// router). The default.
+    #[default]
+    Request,
+    /// axum's matched route template (`/orders/{id}`), so every id shares one scope.
+    RouteTemplate,
+}
+
+/// Settings shared by every request the layer sees.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) max_key_length: usize,
+    pub(crate) body_limit: usize,
+    pub(crate) response_limit: usize,
+    pub(crate) lease: Duration,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Option<WaitMode>,
+    pub(crate) server_error_policy: ServerErrorPolicy,
+    pub(crate) principal: Arc<dyn PrincipalExtractor>,
+    pub(crate) path_source: PathSource,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) replay_set_cookie: bool,
+    /// `Retry-After` of the 503s for store trouble (unavailable, full, a
+    /// transaction that did not commit).
+    pub(crate) unavailable_retry_after: Duration,
+    /// `Retry-After` when the layer itself is busy: the 503 for too many requests
+    /// in flight, and a 409 whose record gives no better estimate (the claim kept
+    /// losing races, or a fenced completion found no readable record).
+    pub(crate) busy_retry_after: Duration,
+    pub(crate) in_flight_limit: InFlightLimit,
+    /// Created once with the layer and never replaced: every handle from
+    /// [`IdempotencyLayer::detached_tasks`] tracks the tasks the layer spawns.
+    pub(crate) tasks: DetachedTasks,
+}
+
+/// How long a duplicate waits for the first request instead of getting 409.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WaitMode {
+    pub(crate) max: Duration,
+    pub(crate) poll: Duration,
+}
