@@ -34,6 +34,7 @@
 //! # });
 //! ```
 
+pub mod deadline;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;

@@ -1,6 +1,8 @@
 //! What a request asked for (PROTOCOL §4): same key + other fingerprint = 422.
 
 mod canonical;
+#[cfg(test)]
+mod properties;
 
 use std::fmt;
 

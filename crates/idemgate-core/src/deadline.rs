@@ -1,0 +1,237 @@
+//! A deadline on every store operation.
+//!
+//! A store that stops answering — a frozen PostgreSQL, a Redis whose host
+//! vanished, a SQLite file locked by another process — must not hold requests (and
+//! their connections) until the client gives up: past the deadline the operation
+//! fails with [`StoreError::Unavailable`], which the layer answers 503 with
+//! `Retry-After`, the handler not run. Backends keep their own timeouts (pool
+//! acquire, statement, response, busy); this bound holds whatever they are set to.
+//!
+//! A timed-out write may still land in the store. That is safe by construction: a
+//! claim that landed is a `Processing` record no one runs, which answers 409 until
+//! its lease lapses and a retry takes it over with the same operation id; a fenced
+//! write that landed is what the caller's retry would have written anyway.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::scope::IdentityDigest;
+use crate::store::{
+    Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
+};
+
+/// The default bound on one store operation: well under the few seconds after which
+/// clients usually give up, well above a healthy store's milliseconds.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Wraps a store so that every operation but [`Store::wait_for_change`] (which has
+/// its own timeout) fails as `Unavailable` after `timeout`.
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use idemgate_core::{MemoryStore, Store, deadline::WithDeadline};
+///
+/// let store: Arc<dyn Store> = Arc::new(WithDeadline::new(Arc::new(MemoryStore::new()), Duration::from_secs(1)));
+/// ```
+#[derive(Clone)]
+pub struct WithDeadline {
+    inner: Arc<dyn Store>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for WithDeadline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WithDeadline")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The cause of an `Unavailable` error from [`WithDeadline`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the idempotency store did not answer {operation} within {timeout:?}")]
+pub struct DeadlineExceeded {
+    /// The store operation that timed out.
+    pub operation: &'static str,
+    /// The deadline it had.
+    pub timeout: Duration,
+}
+
+impl WithDeadline {
+    /// `inner`, with every operation bounded by `timeout`.
+    pub fn new(inner: Arc<dyn Store>, timeout: Duration) -> Self {
+        Self { inner, timeout }
+    }
+
+    /// The bound on one operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(StoreError::unavailable(DeadlineExceeded {
+                operation,
+                timeout: self.timeout,
+            })),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for WithDeadline {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.bounded("try_claim", self.inner.try_claim(request))
+            .await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        self.bounded("complete", self.inner.complete(lease, completion))
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.bounded("release", self.inner.release(lease)).await
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        self.bounded("renew", self.inner.renew(lease, lease_for))
+            .await
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.bounded("delete", self.inner.delete(lease)).await
+    }
+
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.bounded("get", self.inner.get(identity)).await
+    }
+
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        self.inner.wait_for_change(identity, timeout).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+    use crate::fingerprint::Fingerprint;
+    use crate::key::IdempotencyKey;
+    use crate::record::{FencingToken, OperationId, StoredBody, StoredResponse};
+    use crate::scope::{Identity, Principal, Scope};
+    use crate::store::LeaseOrigin;
+    use crate::time::Timestamp;
+
+    /// A store that never answers, as a frozen backend does.
+    struct Frozen;
+
+    #[async_trait]
+    impl Store for Frozen {
+        async fn try_claim(&self, _: &ClaimRequest) -> Result<Claim, StoreError> {
+            std::future::pending().await
+        }
+        async fn complete(&self, _: &Lease, _: &Completion) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn release(&self, _: &Lease) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn renew(&self, _: &Lease, _: Duration) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn delete(&self, _: &Lease) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn get(&self, _: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+            std::future::pending().await
+        }
+    }
+
+    fn request() -> ClaimRequest {
+        let scope = Scope {
+            principal: Principal::new("user:1"),
+            method: "POST".into(),
+            path: "/orders".into(),
+        };
+        let key = IdempotencyKey::parse(OperationId::random().to_string().as_bytes(), 255).unwrap();
+        ClaimRequest {
+            identity: Identity::new(scope, key),
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    fn timed_out(error: StoreError, operation: &str) {
+        let StoreError::Unavailable(cause) = error else {
+            panic!("expected Unavailable, got {error:?}");
+        };
+        let cause = cause
+            .downcast_ref::<DeadlineExceeded>()
+            .expect("a DeadlineExceeded cause");
+        assert_eq!(cause.operation, operation);
+    }
+
+    #[tokio::test]
+    async fn every_operation_of_a_frozen_store_fails_as_unavailable() {
+        let store = WithDeadline::new(Arc::new(Frozen), Duration::from_millis(20));
+        let request = request();
+        let lease = Lease {
+            identity: *request.identity.digest(),
+            operation_id: OperationId::random(),
+            token: FencingToken(1),
+            origin: LeaseOrigin::New,
+            locked_until: Timestamp::from_millis(0),
+        };
+        timed_out(store.try_claim(&request).await.unwrap_err(), "try_claim");
+        let completion = Completion {
+            status: crate::FinalStatus::Completed,
+            response: StoredResponse {
+                status: http::StatusCode::CREATED,
+                headers: vec![],
+                body: StoredBody::Retained("done".into()),
+            },
+            ttl: Duration::from_secs(60),
+        };
+        timed_out(
+            store.complete(&lease, &completion).await.unwrap_err(),
+            "complete",
+        );
+        timed_out(store.release(&lease).await.unwrap_err(), "release");
+        timed_out(
+            store
+                .renew(&lease, Duration::from_secs(1))
+                .await
+                .unwrap_err(),
+            "renew",
+        );
+        timed_out(store.delete(&lease).await.unwrap_err(), "delete");
+        timed_out(store.get(&lease.identity).await.unwrap_err(), "get");
+    }
+
+    #[tokio::test]
+    async fn a_healthy_store_answers_through_the_deadline() {
+        let store = WithDeadline::new(Arc::new(MemoryStore::new()), Duration::from_secs(5));
+        let request = request();
+        assert!(matches!(
+            store.try_claim(&request).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        assert!(matches!(
+            store.try_claim(&request).await.unwrap(),
+            Claim::Existing(_)
+        ));
+    }
+}

@@ -1,0 +1,305 @@
+//! Property tests of canonical JSON (PROTOCOL §4): one request, however it is spelled,
+//! has one fingerprint, and no input makes the canonicalizer panic.
+//!
+//! A generated JSON value is rendered many ways — members in any order, any
+//! insignificant whitespace, strings escaped or not, numbers in any exact spelling —
+//! and every rendering must canonicalize to the same bytes.
+
+use proptest::prelude::*;
+
+use super::canonical::{NotCanonical, canonicalize};
+use super::{Fingerprint, FingerprintInput};
+
+/// A JSON value as the generator builds it; objects never repeat a member name.
+#[derive(Clone, Debug)]
+enum Json {
+    Null,
+    Bool(bool),
+    /// `mantissa × 10^exponent`, negated when `negative`; `mantissa ≥ 1`.
+    Number {
+        negative: bool,
+        mantissa: u64,
+        exponent: i16,
+    },
+    String(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+fn json() -> impl Strategy<Value = Json> {
+    let leaf = prop_oneof![
+        Just(Json::Null),
+        any::<bool>().prop_map(Json::Bool),
+        (any::<bool>(), 1..=u64::MAX, -20i16..=20).prop_map(|(negative, mantissa, exponent)| {
+            Json::Number {
+                negative,
+                mantissa,
+                exponent,
+            }
+        }),
+        any::<String>().prop_map(Json::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Json::Array),
+            prop::collection::btree_map(any::<String>(), inner, 0..6)
+                .prop_map(|members| Json::Object(members.into_iter().collect())),
+        ]
+    })
+}
+
+/// Chooses how a rendering spells things (splitmix64: small, deterministic per seed).
+struct Spelling(u64);
+
+impl Spelling {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn whitespace(&mut self, out: &mut String) {
+        for _ in 0..self.below(3) {
+            out.push([' ', '\t', '\n', '\r'][self.below(4) as usize]);
+        }
+    }
+
+    fn render(&mut self, value: &Json, out: &mut String) {
+        self.whitespace(out);
+        match value {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Number {
+                negative,
+                mantissa,
+                exponent,
+            } => self.number(*negative, *mantissa, *exponent, out),
+            Json::String(s) => self.string(s, out),
+            Json::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    self.render(item, out);
+                }
+                self.whitespace(out);
+                out.push(']');
+            }
+            Json::Object(members) => {
+                let mut order: Vec<usize> = (0..members.len()).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, self.below(i as u64 + 1) as usize);
+                }
+                out.push('{');
+                for (n, &i) in order.iter().enumerate() {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    self.whitespace(out);
+                    self.string(&members[i].0, out);
+                    self.whitespace(out);
+                    out.push(':');
+                    self.render(&members[i].1, out);
+                }
+                self.whitespace(out);
+                out.push('}');
+            }
+        }
+        self.whitespace(out);
+    }
+
+    /// Some exact spelling of `±mantissa × 10^exponent`: extra trailing zeros, a
+    /// decimal point anywhere the value allows, `e`/`E`, an explicit `+`.
+    fn number(&mut self, negative: bool, mantissa: u64, exponent: i16, out: &mut String) {
+        if negative {
+            out.push('-');
+        }
+        let zeros = self.below(3) as usize;
+        let digits = format!("{mantissa}{}", "0".repeat(zeros));
+        let exponent = i64::from(exponent) - zeros as i64;
+        // The decimal point goes after `point` digits; the rest is the exponent.
+        let point = 1 + self.below(digits.len() as u64) as usize;
+        let rest = exponent + (digits.len() - point) as i64;
+        let (int, frac) = digits.split_at(point);
+        match self.below(3) {
+            // Plain decimal, when the exponent is small enough to spell out.
+            0 if exponent < 0 && (-exponent) as usize <= digits.len() + 3 => {
+                let shift = (-exponent) as usize;
+                if shift < digits.len() {
+                    let (int, frac) = digits.split_at(digits.len() - shift);
+                    out.push_str(&format!("{int}.{frac}"));
+                } else {
+                    out.push_str(&format!("0.{}{digits}", "0".repeat(shift - digits.len())));
+                }
+            }
+            0 if (0..=6).contains(&exponent) => {
+                out.push_str(&format!("{digits}{}", "0".repeat(exponent as usize)));
+            }
+            _ => {
+                out.push_str(int);
+                if !frac.is_empty() {
+                    out.push('.');
+                    out.push_str(frac);
+                }
+                out.push(if self.below(2) == 0 { 'e' } else { 'E' });
+                if rest >= 0 && self.below(2) == 0 {
+                    out.push('+');
+                }
+                out.push_str(&rest.to_string());
+            }
+        }
+    }
+
+    /// `s` as a JSON string, each character literal or escaped at random.
+    fn string(&mut self, s: &str, out: &mut String) {
+        out.push('"');
+        for c in s.chars() {
+            let must_escape = c == '"' || c == '\\' || c < ' ';
+            match self.below(4) {
+                0 | 1 if !must_escape => out.push(c),
+                2 => match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '/' => out.push_str("\\/"),
+                    '\u{8}' => out.push_str("\\b"),
+                    '\u{c}' => out.push_str("\\f"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    _ => self.unicode_escape(c, out),
+                },
+                _ => self.unicode_escape(c, out),
+            }
+        }
+        out.push('"');
+    }
+
+    fn unicode_escape(&mut self, c: char, out: &mut String) {
+        let mut units = [0u16; 2];
+        for unit in c.encode_utf16(&mut units) {
+            if self.below(2) == 0 {
+                out.push_str(&format!("\\u{unit:04x}"));
+            } else {
+                out.push_str(&format!("\\u{unit:04X}"));
+            }
+        }
+    }
+}
+
+fn spell(value: &Json, seed: u64) -> String {
+    let mut out = String::new();
+    Spelling(seed).render(value, &mut out);
+    out
+}
+
+fn fingerprint(content_type: &str, body: &[u8]) -> Fingerprint {
+    Fingerprint::of(FingerprintInput {
+        method: "POST",
+        path: "/orders",
+        query: "",
+        content_type: Some(content_type),
+        headers: &[],
+        body,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn every_spelling_of_a_value_has_one_canonical_form(
+        value in json(),
+        first in any::<u64>(),
+        second in any::<u64>(),
+    ) {
+        let a = spell(&value, first);
+        let b = spell(&value, second);
+        let canonical = canonicalize(a.as_bytes());
+        prop_assert!(canonical.is_ok(), "{a:?} did not canonicalize: {canonical:?}");
+        prop_assert_eq!(&canonical, &canonicalize(b.as_bytes()), "{} vs {}", a, b);
+        prop_assert_eq!(
+            fingerprint("application/json", a.as_bytes()),
+            fingerprint("application/json", b.as_bytes())
+        );
+    }
+
+    #[test]
+    fn canonical_form_is_utf8_and_a_fixed_point(value in json(), seed in any::<u64>()) {
+        let canonical = canonicalize(spell(&value, seed).as_bytes()).unwrap();
+        prop_assert!(std::str::from_utf8(&canonical).is_ok());
+        prop_assert_eq!(canonicalize(&canonical), Ok(canonical.clone()));
+    }
+
+    #[test]
+    fn numbers_hash_by_exact_value(
+        negative in any::<bool>(),
+        mantissa in 1..u64::MAX,
+        exponent in -20i16..=20,
+        first in any::<u64>(),
+        second in any::<u64>(),
+    ) {
+        let number = |mantissa| Json::Number { negative, mantissa, exponent };
+        let a = spell(&number(mantissa), first);
+        let b = spell(&number(mantissa), second);
+        prop_assert_eq!(
+            fingerprint("application/json", a.as_bytes()),
+            fingerprint("application/json", b.as_bytes()),
+            "{} and {} are the same number", a, b
+        );
+        let next = spell(&number(mantissa + 1), second);
+        prop_assert_ne!(
+            fingerprint("application/json", a.as_bytes()),
+            fingerprint("application/json", next.as_bytes()),
+            "{} and {} are different numbers", a, next
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_inside_a_string_is_not_json(
+        value in json(),
+        seed in any::<u64>(),
+        bad in prop_oneof![
+            Just(&b"\xc3\x28"[..]),     // a lead byte without its continuation
+            Just(&b"\xc0\xaf"[..]),     // overlong '/'
+            Just(&b"\xed\xa0\x80"[..]), // a UTF-16 surrogate encoded as UTF-8
+            Just(&b"\xff"[..]),
+            Just(&b"\x80"[..]),
+        ],
+    ) {
+        let body = format!(r#"{{"x":"BAD","v":{}}}"#, spell(&value, seed)).into_bytes();
+        let at = body.windows(3).position(|w| w == b"BAD").unwrap();
+        let mut corrupted = body[..at].to_vec();
+        corrupted.extend_from_slice(bad);
+        corrupted.extend_from_slice(&body[at + 3..]);
+        prop_assert_eq!(canonicalize(&corrupted), Err(NotCanonical::Syntax));
+    }
+
+    #[test]
+    fn any_bytes_hash_without_panicking(body in prop::collection::vec(any::<u8>(), 0..512)) {
+        if let Ok(canonical) = canonicalize(&body) {
+            prop_assert_eq!(canonicalize(&canonical), Ok(canonical.clone()));
+        }
+        for content_type in ["application/json", "text/plain", "application/x+json"] {
+            let _ = fingerprint(content_type, &body);
+        }
+    }
+
+    #[test]
+    fn json_like_bytes_hash_without_panicking(
+        body in prop::collection::vec(
+            prop::sample::select(b"{}[]\",:0123456789.eE+-\\u truefalsn\xc3\x80".to_vec()),
+            0..256,
+        ),
+    ) {
+        if let Ok(canonical) = canonicalize(&body) {
+            prop_assert_eq!(canonicalize(&canonical), Ok(canonical.clone()));
+        }
+    }
+}
