@@ -35,6 +35,18 @@ pub enum RedisStoreError {
         /// `noeviction`).
         policy: String,
     },
+    /// Redis persists nothing (`appendonly no`, `save ""`) and the store was told to
+    /// refuse ([`PersistenceCheck::Refuse`](crate::PersistenceCheck::Refuse)).
+    #[error(
+        "Redis persists nothing (appendonly no, save \"\"): a restart would forget every idempotency record and let completed keys run again; enable appendonly yes"
+    )]
+    NoPersistence,
+    /// The persistence settings could not be read (`CONFIG GET` refused) and the
+    /// store was told to refuse rather than guess.
+    #[error(
+        "could not read Redis persistence settings (CONFIG GET refused?) and the persistence check is Refuse; use PersistenceCheck::Warn where CONFIG is disabled"
+    )]
+    PersistenceUnknown,
     /// A command failed.
     #[error("Redis command failed")]
     Redis(#[source] RedisError),

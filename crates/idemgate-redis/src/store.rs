@@ -17,7 +17,8 @@ use tokio::task::AbortHandle;
 use crate::codec::{ResponseCodec, array_of, bytes_of, decode_record, int_of, status_code};
 use crate::connection::{Connection, Timeouts};
 use crate::error::{RedisStoreError, classify};
-use crate::eviction::{EvictionCheck, EvictionPolicy, read_policy};
+use crate::eviction::{self, EvictionCheck, EvictionPolicy, read_policy};
+use crate::persistence::{self, Persistence, PersistenceCheck, read_persistence};
 use crate::scripts::Scripts;
 use crate::subscriber;
 
@@ -48,6 +49,7 @@ struct Inner {
     codec: ResponseCodec,
     deadline: Duration,
     eviction_policy: EvictionPolicy,
+    persistence: Persistence,
     signals: Arc<ChangeSignals>,
     subscriber: OnceLock<AbortHandle>,
     pubsub_clients: Vec<redis::Client>,
@@ -70,6 +72,7 @@ impl std::fmt::Debug for RedisStore {
             .field("codec", &self.inner.codec)
             .field("deadline", &self.inner.deadline)
             .field("eviction_policy", &self.inner.eviction_policy)
+            .field("persistence", &self.inner.persistence)
             .finish_non_exhaustive()
     }
 }
@@ -96,6 +99,7 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     connect_timeout: Duration,
     eviction_check: EvictionCheck,
+    persistence_check: PersistenceCheck,
 }
 
 impl Default for RedisStoreBuilder {
@@ -106,6 +110,7 @@ impl Default for RedisStoreBuilder {
             response_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(500),
             eviction_check: EvictionCheck::default(),
+            persistence_check: PersistenceCheck::default(),
         }
     }
 }
@@ -183,8 +188,22 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// What to do when Redis persists nothing, so that a restart would forget every
+    /// record and let completed keys run again (default [`PersistenceCheck::Warn`]:
+    /// one warning at startup; [`PersistenceCheck::Refuse`] fails the constructor).
+    ///
+    /// ```
+    /// use idemgate_redis::{PersistenceCheck, RedisStore};
+    /// let builder = RedisStore::builder().with_persistence_check(PersistenceCheck::Refuse);
+    /// ```
+    pub fn with_persistence_check(mut self, check: PersistenceCheck) -> Self {
+        self.persistence_check = check;
+        self
+    }
+
     /// Connects to one Redis server (`redis://[user:password@]host:port[/db]`,
-    /// `rediss://` needs a TLS feature of redis-rs), then checks its eviction policy.
+    /// `rediss://` needs a TLS feature of redis-rs), then checks its eviction policy and
+    /// its persistence.
     pub async fn connect(self, url: &str) -> Result<RedisStore, RedisStoreError> {
         self.check_prefix()?;
         let client = redis::Client::open(url).map_err(RedisStoreError::Config)?;
@@ -193,7 +212,8 @@ impl RedisStoreBuilder {
     }
 
     /// Connects to a Redis Cluster through any of `nodes` (the rest of the topology
-    /// is discovered), then checks the eviction policy of every primary.
+    /// is discovered), then checks the eviction policy and persistence of every
+    /// primary.
     pub async fn connect_cluster<I, S>(self, nodes: I) -> Result<RedisStore, RedisStoreError>
     where
         I: IntoIterator<Item = S>,
@@ -236,28 +256,14 @@ impl RedisStoreBuilder {
         pubsub_clients: Vec<redis::Client>,
     ) -> Result<RedisStore, RedisStoreError> {
         let deadline = self.response_timeout + self.connect_timeout;
-        let eviction_policy = match tokio::time::timeout(deadline, read_policy(&connection)).await {
-            Ok(policy) => policy,
-            Err(_) => EvictionPolicy::Unknown,
-        };
-        match (&eviction_policy, self.eviction_check) {
-            (EvictionPolicy::NoEviction, _) => {}
-            (EvictionPolicy::Evicting(policy), EvictionCheck::Refuse) => {
-                return Err(RedisStoreError::EvictingPolicy {
-                    policy: policy.clone(),
-                });
-            }
-            (EvictionPolicy::Evicting(policy), EvictionCheck::Warn) => tracing::warn!(
-                maxmemory_policy = %policy,
-                "Redis may evict idempotency records under memory pressure, letting keys run twice; \
-                 set maxmemory-policy to noeviction"
-            ),
-            (EvictionPolicy::Unknown, _) => tracing::warn!(
-                maxmemory_policy = "unknown",
-                "could not read Redis maxmemory-policy (CONFIG GET refused?); make sure it is \
-                 noeviction, or records may be evicted and keys run twice"
-            ),
-        }
+        let eviction_policy = tokio::time::timeout(deadline, read_policy(&connection))
+            .await
+            .unwrap_or(EvictionPolicy::Unknown);
+        eviction::enforce(&eviction_policy, self.eviction_check)?;
+        let persistence = tokio::time::timeout(deadline, read_persistence(&connection))
+            .await
+            .unwrap_or(Persistence::Unknown);
+        persistence::enforce(&persistence, self.persistence_check)?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 connection,
@@ -267,6 +273,7 @@ impl RedisStoreBuilder {
                 codec: self.codec,
                 deadline,
                 eviction_policy,
+                persistence,
                 signals: Arc::new(ChangeSignals::new()),
                 subscriber: OnceLock::new(),
                 pubsub_clients,
@@ -327,6 +334,11 @@ impl RedisStore {
     /// The `maxmemory-policy` found at startup.
     pub fn eviction_policy(&self) -> &EvictionPolicy {
         &self.inner.eviction_policy
+    }
+
+    /// The persistence found at startup (on a cluster, the weakest primary's).
+    pub fn persistence(&self) -> &Persistence {
+        &self.inner.persistence
     }
 
     /// Whether this store talks to a Redis Cluster.

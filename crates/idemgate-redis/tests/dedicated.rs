@@ -1,7 +1,7 @@
 //! Tests that need a Redis server of their own, which each starts (`redis-server` on
-//! a free loopback port, killed by PID when its guard drops): the eviction-policy
-//! check, an outage and recovery, AOF persistence across `kill -9`, and a full
-//! server.
+//! a free loopback port, killed by PID when its guard drops): the eviction-policy and
+//! persistence checks, an outage and recovery, a frozen server, what a restart keeps
+//! with and without persistence, AOF across `kill -9`, and a full server.
 
 mod support;
 
@@ -14,7 +14,10 @@ use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::{
     Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, Store, StoreError,
 };
-use idemgate_redis::{EvictionCheck, EvictionPolicy, RedisStore, RedisStoreError};
+use idemgate_redis::{
+    AppendFsync, EvictionCheck, EvictionPolicy, Persistence, PersistenceCheck, RedisStore,
+    RedisStoreError,
+};
 use idemgate_testkit::conformance::{awkward_response, fresh_request};
 use support::RedisServer;
 
@@ -149,6 +152,194 @@ async fn an_unreadable_policy_is_a_warning_in_both_modes() {
             store.try_claim(&fresh_request()).await.unwrap(),
             Claim::Acquired(_)
         ));
+    }
+}
+
+#[tokio::test]
+async fn no_persistence_is_warned_about_by_default_and_refused_on_request() {
+    let server = RedisServer::start(&["--save", "", "--appendonly", "no"]);
+    let url = server.url();
+
+    let (logs, guard) = Logs::capture();
+    let store = RedisStore::connect(&url).await.unwrap();
+    drop(guard);
+    assert_eq!(store.persistence(), &Persistence::None);
+    let logged = logs.text();
+    let warnings: Vec<&str> = logged
+        .lines()
+        .filter(|line| line.contains("persistence=\"none\""))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one loud warning: {logged}");
+    assert!(
+        warnings[0].contains("WARN")
+            && warnings[0].contains("runs again")
+            && warnings[0].contains("appendonly yes"),
+        "the warning names the risk and the fix: {logged}"
+    );
+    assert!(
+        matches!(
+            store.try_claim(&fresh_request()).await.unwrap(),
+            Claim::Acquired(_)
+        ),
+        "warn mode works on"
+    );
+
+    let err = RedisStore::builder()
+        .with_persistence_check(PersistenceCheck::Refuse)
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::NoPersistence), "{err}");
+
+    // Snapshots are persistence (lossy, documented): accepted under Refuse.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("save")
+        .arg("3600 1")
+        .query(&mut server.admin())
+        .unwrap();
+    let store = RedisStore::builder()
+        .with_persistence_check(PersistenceCheck::Refuse)
+        .connect(&url)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.persistence(),
+        &Persistence::Snapshots {
+            save: "3600 1".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn an_append_only_server_passes_both_persistence_checks_silently() {
+    let server = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    for check in [PersistenceCheck::Warn, PersistenceCheck::Refuse] {
+        let (logs, _guard) = Logs::capture();
+        let store = RedisStore::builder()
+            .with_persistence_check(check)
+            .connect(&server.url())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.persistence(),
+            &Persistence::AppendOnly {
+                fsync: AppendFsync::Always
+            }
+        );
+        let logged = logs.text();
+        assert!(
+            !logged.contains("persistence"),
+            "{check:?} logged: {logged}"
+        );
+        let lease = acquire(&store, &fresh_request()).await;
+        assert_eq!(
+            store.complete(&lease, &completion()).await.unwrap(),
+            FencedWrite::Applied
+        );
+    }
+}
+
+#[tokio::test]
+async fn unreadable_persistence_is_a_warning_or_a_refusal_by_policy() {
+    let server = RedisServer::start(&["--appendonly", "yes"]);
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-config",
+        ])
+        .query(&mut server.admin())
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://app:secret@");
+
+    let (logs, guard) = Logs::capture();
+    let store = RedisStore::builder()
+        .with_eviction_check(EvictionCheck::Warn)
+        .with_persistence_check(PersistenceCheck::Warn)
+        .connect(&url)
+        .await
+        .unwrap();
+    drop(guard);
+    assert_eq!(store.persistence(), &Persistence::Unknown);
+    let logged = logs.text();
+    assert!(
+        logged.contains("WARN") && logged.contains("persistence=\"unknown\""),
+        "logged: {logged}"
+    );
+    assert!(matches!(
+        store.try_claim(&fresh_request()).await.unwrap(),
+        Claim::Acquired(_)
+    ));
+
+    let err = RedisStore::builder()
+        .with_eviction_check(EvictionCheck::Warn)
+        .with_persistence_check(PersistenceCheck::Refuse)
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::PersistenceUnknown), "{err}");
+}
+
+fn completion() -> Completion {
+    Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(3_600),
+    }
+}
+
+/// Completes a fresh key, kills the server with `kill -9`, restarts it, and claims
+/// the key again once the server answers.
+async fn claim_after_a_restart(server: &mut RedisServer) -> Claim {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    assert_eq!(
+        store.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    assert!(matches!(
+        store.try_claim(&request).await.unwrap(),
+        Claim::Existing(_)
+    ));
+    server.kill();
+    server.restart();
+    let start = Instant::now();
+    loop {
+        match store.try_claim(&request).await {
+            Ok(claim) => return claim,
+            Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("no recovery after the restart: {err:?}"),
+        }
+    }
+}
+
+/// The hazard the persistence check warns about, shown: without persistence a
+/// restart forgets a completed key, whose retry then runs as a new operation; with
+/// AOF `appendfsync always` the same retry replays the stored response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_forgets_completed_keys_without_persistence_and_keeps_them_with_aof() {
+    let mut forgetful = RedisServer::start(&["--save", "", "--appendonly", "no"]);
+    match claim_after_a_restart(&mut forgetful).await {
+        Claim::Acquired(lease) => assert_eq!(
+            lease.origin,
+            idemgate_core::LeaseOrigin::New,
+            "the completed key is claimable as a new operation: it would run again"
+        ),
+        Claim::Existing(s) => panic!(
+            "a server without persistence kept the record ({:?})?",
+            s.record.status
+        ),
+    }
+
+    let mut durable = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    match claim_after_a_restart(&mut durable).await {
+        Claim::Existing(snapshot) => {
+            assert!(snapshot.record.status.is_final());
+            assert_eq!(snapshot.record.response, Some(awkward_response()));
+        }
+        Claim::Acquired(_) => panic!("AOF always lost a completed record across kill -9"),
     }
 }
 
