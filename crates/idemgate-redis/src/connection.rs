@@ -5,9 +5,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisResult, ScriptInvocation, Value};
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ErrorKind, RedisResult, ScriptInvocation, ServerErrorKind, Value};
 
 use crate::error::RedisStoreError;
+use crate::replication::{Acknowledged, ReplicationWait};
 
 /// How often a dropped connection is retried before a call fails (each call triggers
 /// a new round when the previous one gave up).
@@ -89,6 +91,78 @@ impl Connection {
         match self {
             Self::Standalone(manager) => invocation.invoke_async(&mut manager.clone()).await,
             Self::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await,
+        }
+    }
+
+    /// Runs a script on `key` and `WAIT`s for replicas behind it: one pipeline, so
+    /// both go over the same connection to the same primary, and the `WAIT` covers
+    /// the script's write (a `WAIT` sent after a reconnect would cover nothing). If
+    /// the server does not know the script yet (`NOSCRIPT`: nothing ran), it is
+    /// loaded and the pipeline sent again.
+    pub(crate) async fn invoke_and_wait(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        key: &str,
+        wait: ReplicationWait,
+    ) -> RedisResult<(Value, Acknowledged)> {
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation)
+            .cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(wait.timeout_ms())
+            .ignore_errors();
+        let mut replies = self.pipeline(&pipe, key).await?;
+        if matches!(&replies.0, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+        {
+            self.load(invocation).await?;
+            replies = self.pipeline(&pipe, key).await?;
+        }
+        let (script, acknowledged) = replies;
+        let replicas = match acknowledged.extract_error()? {
+            Value::Int(n) => n,
+            _ => {
+                return Err(redis::RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "WAIT did not answer an integer",
+                )));
+            }
+        };
+        Ok((
+            script.extract_error()?,
+            Acknowledged {
+                replicas,
+                wanted: wait.replicas,
+            },
+        ))
+    }
+
+    /// Sends a two-command pipeline to the server, or to the primary of `key`'s slot.
+    async fn pipeline(&self, pipe: &redis::Pipeline, key: &str) -> RedisResult<(Value, Value)> {
+        let replies = match self {
+            Self::Standalone(manager) => pipe.query_async(&mut manager.clone()).await?,
+            Self::Cluster(cluster) => {
+                let route =
+                    SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+                cluster
+                    .clone()
+                    .route_pipeline(pipe.clone(), 0, 2, route)
+                    .await?
+            }
+        };
+        let mut replies: Vec<Value> = replies;
+        match (replies.pop(), replies.pop()) {
+            (Some(second), Some(first)) if replies.is_empty() => Ok((first, second)),
+            _ => Err(redis::RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "a two-command pipeline did not get two replies",
+            ))),
+        }
+    }
+
+    async fn load(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<String> {
+        match self {
+            Self::Standalone(manager) => invocation.load_async(&mut manager.clone()).await,
+            Self::Cluster(cluster) => invocation.load_async(&mut cluster.clone()).await,
         }
     }
 }

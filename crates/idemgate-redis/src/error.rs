@@ -47,6 +47,26 @@ pub enum RedisStoreError {
         "could not read Redis persistence settings (CONFIG GET refused?) and the persistence check is Refuse; use PersistenceCheck::Warn where CONFIG is disabled"
     )]
     PersistenceUnknown,
+    /// The replication wait's timeout is not shorter than the response timeout, so
+    /// the reply to a write and its `WAIT` could not arrive in time.
+    #[error(
+        "replication wait timeout {wait:?} must be shorter than the response timeout {response:?}"
+    )]
+    ReplicationWaitTooLong {
+        /// The `WAIT` timeout asked for.
+        wait: Duration,
+        /// The response timeout.
+        response: Duration,
+    },
+    /// A write reached fewer replicas than the store's replication wait asks for:
+    /// the claim was released, not run (see [`ReplicationWait`](crate::ReplicationWait)).
+    #[error("Redis write reached {acknowledged} of {wanted} replicas in time")]
+    NotReplicated {
+        /// Replicas that acknowledged.
+        acknowledged: i64,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// A command failed.
     #[error("Redis command failed")]
     Redis(#[source] RedisError),

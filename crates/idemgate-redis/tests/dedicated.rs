@@ -583,3 +583,119 @@ async fn a_full_server_refuses_new_records_and_keeps_the_old_ones() {
         );
     }
 }
+
+/// Waits until the primary at `primary` reports `count` connected, caught-up replicas.
+fn wait_for_replicas(primary: &RedisServer, count: usize) {
+    let start = Instant::now();
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut primary.admin())
+            .unwrap();
+        let online = info.matches("state=online").count();
+        if online >= count {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{online} of {count} replicas online after 10 s: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acquired() {
+    let primary = RedisServer::start(&[]);
+    let waiting = RedisStore::builder()
+        .with_replication_wait(1, Duration::from_millis(100))
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    let plain = RedisStore::connect(&primary.url()).await.unwrap();
+
+    // No replica at all: the claim cannot reach one, so it must not be acquired.
+    let request = fresh_request();
+    for _ in 0..2 {
+        let err = waiting.try_claim(&request).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Unavailable(cause)
+                if matches!(cause.downcast_ref::<RedisStoreError>(),
+                    Some(RedisStoreError::NotReplicated { acknowledged: 0, wanted: 1 }))),
+            "{err:?}"
+        );
+    }
+    // It was released, not left in progress: the next claim takes it at once.
+    match plain.try_claim(&request).await.unwrap() {
+        Claim::Acquired(lease) => {
+            assert_eq!(lease.origin, idemgate_core::LeaseOrigin::Released);
+            assert_eq!(plain.release(&lease).await.unwrap(), FencedWrite::Applied);
+        }
+        Claim::Existing(s) => panic!("left behind as {:?}", s.record.status),
+    }
+    // A claim that finds a record writes nothing and is answered as usual.
+    let done = fresh_request();
+    let lease = acquire(&plain, &done).await;
+    assert_eq!(
+        plain.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    assert!(matches!(
+        waiting.try_claim(&done).await.unwrap(),
+        Claim::Existing(_)
+    ));
+
+    // With a replica, every acknowledged write is on the replica when the call returns.
+    let port = primary.url().rsplit(':').next().unwrap().to_owned();
+    let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &port]);
+    wait_for_replicas(&primary, 1);
+    type Fields = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+    let on_replica = |key: &str| -> Fields {
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query(&mut replica.admin())
+            .unwrap()
+    };
+    let lease = match waiting.try_claim(&request).await.unwrap() {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing(s) => panic!("found {:?}", s.record.status),
+    };
+    let key = waiting.record_key(request.identity.digest());
+    let claimed = on_replica(&key);
+    assert!(!claimed.is_empty(), "the claim is not on the replica");
+    assert_eq!(
+        waiting
+            .renew(&lease, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        FencedWrite::Applied
+    );
+    assert_eq!(
+        waiting.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    let primary_record: Fields = redis::cmd("HGETALL")
+        .arg(&key)
+        .query(&mut primary.admin())
+        .unwrap();
+    assert_eq!(
+        on_replica(&key),
+        primary_record,
+        "the completed record is on the replica as on the primary"
+    );
+    assert!(matches!(
+        plain.try_claim(&request).await.unwrap(),
+        Claim::Existing(s) if s.record.response == Some(awkward_response())
+    ));
+
+    let err = RedisStore::builder()
+        .with_response_timeout(Duration::from_millis(500))
+        .with_replication_wait(1, Duration::from_millis(500))
+        .connect(&primary.url())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedisStoreError::ReplicationWaitTooLong { .. }),
+        "{err}"
+    );
+}
