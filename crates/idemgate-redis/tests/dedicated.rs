@@ -404,38 +404,124 @@ async fn an_outage_gives_prompt_errors_and_the_store_recovers() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_stops_answering_gives_timeouts_not_hangs() {
+/// Every operation on a frozen server (SIGSTOP: connections are accepted by the
+/// kernel, nothing answers) fails with `Unavailable` within its deadline — the
+/// response plus the connect timeout — never hangs; a constructor fails too; and
+/// after SIGCONT the same store works again, the lease taken before the freeze
+/// included. `Drop` resumes and kills the server on every exit path.
+async fn frozen_server_operations_time_out_and_recover(
+    builder: impl Fn() -> idemgate_redis::RedisStoreBuilder,
+    deadline: Duration,
+) {
     let server = RedisServer::start(&[]);
-    let store = RedisStore::connect(&server.url()).await.unwrap();
-    let _ = acquire(&store, &fresh_request()).await;
+    let store = builder().connect(&server.url()).await.unwrap();
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    let bound = deadline + Duration::from_secs(1);
 
     server.pause(true);
-    for attempt in 0..2 {
-        let start = Instant::now();
-        let err = store.try_claim(&fresh_request()).await.unwrap_err();
-        let took = start.elapsed();
-        eprintln!("attempt {attempt} while paused: {err} after {took:?}");
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    type Call<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+    let calls: Vec<(&str, Call<'_>)> = vec![
+        (
+            "claim",
+            Box::pin(async { store.try_claim(&fresh_request()).await.map(drop) }),
+        ),
+        (
+            "complete",
+            Box::pin(async { store.complete(&lease, &completion()).await.map(drop) }),
+        ),
+        (
+            "renew",
+            Box::pin(async { store.renew(&lease, Duration::from_secs(30)).await.map(drop) }),
+        ),
+        (
+            "release",
+            Box::pin(async { store.release(&lease).await.map(drop) }),
+        ),
+        (
+            "delete",
+            Box::pin(async { store.delete(&lease).await.map(drop) }),
+        ),
+        (
+            "get",
+            Box::pin(async { store.get(&lease.identity).await.map(drop) }),
+        ),
+    ];
+    for (operation, call) in calls {
+        let started = Instant::now();
+        let result = call.await;
+        let took = started.elapsed();
+        eprintln!("{operation} while frozen: {result:?} after {took:?}");
         assert!(
-            took < Duration::from_millis(2_000),
-            "attempt {attempt} took {took:?}"
+            matches!(result, Err(StoreError::Unavailable(_))),
+            "{operation}: {result:?}"
+        );
+        assert!(
+            took < bound,
+            "{operation} took {took:?}, deadline {deadline:?}"
         );
     }
+    let connecting = Instant::now();
+    let err = builder().connect(&server.url()).await.unwrap_err();
+    let took = connecting.elapsed();
+    eprintln!("connect while frozen: {err} after {took:?}");
+    assert!(
+        matches!(
+            err,
+            RedisStoreError::Connect(_) | RedisStoreError::ConnectTimeout(_)
+        ),
+        "{err:?}"
+    );
+    assert!(took < deadline * 3 + bound, "connecting took {took:?}");
 
     server.pause(false);
-    let start = Instant::now();
-    loop {
-        match store.try_claim(&fresh_request()).await {
-            Ok(Claim::Acquired(_)) => break,
-            Ok(Claim::Existing(_)) => panic!("fresh identity found existing"),
-            Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+    let resumed = Instant::now();
+    let after = fresh_request();
+    let lease = loop {
+        match store.try_claim(&after).await {
+            Ok(Claim::Acquired(lease)) => break lease,
+            Ok(Claim::Existing(s)) => panic!("fresh identity found {:?}", s.record.status),
+            Err(StoreError::Unavailable(_)) if resumed.elapsed() < Duration::from_secs(10) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(err) => panic!("no recovery after SIGCONT: {err:?}"),
         }
-    }
-    eprintln!("recovered {:?} after SIGCONT", start.elapsed());
+    };
+    eprintln!("recovered {:?} after SIGCONT", resumed.elapsed());
+    assert_eq!(
+        store.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    assert!(matches!(
+        store.try_claim(&after).await.unwrap(),
+        Claim::Existing(s) if s.record.response == Some(awkward_response())
+    ));
+    // The calls that timed out may have run once Redis resumed (a timeout says
+    // nothing about the server side); whatever they did, the record reads back.
+    store.get(request.identity.digest()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_gives_timeouts_not_hangs_with_the_default_timeouts() {
+    // Defaults: 1 s response + 500 ms connect.
+    frozen_server_operations_time_out_and_recover(
+        RedisStore::builder,
+        Duration::from_millis(1_500),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_gives_timeouts_within_configured_timeouts() {
+    frozen_server_operations_time_out_and_recover(
+        || {
+            RedisStore::builder()
+                .with_response_timeout(Duration::from_millis(300))
+                .with_connect_timeout(Duration::from_millis(200))
+        },
+        Duration::from_millis(500),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -607,8 +693,10 @@ fn wait_for_replicas(primary: &RedisServer, count: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acquired() {
     let primary = RedisServer::start(&[]);
+    // Generous: the replica phase below must not fall short on a loaded machine.
     let waiting = RedisStore::builder()
-        .with_replication_wait(1, Duration::from_millis(100))
+        .with_response_timeout(Duration::from_secs(3))
+        .with_replication_wait(1, Duration::from_secs(1))
         .connect(&primary.url())
         .await
         .unwrap();
