@@ -46,11 +46,13 @@ die() { printf '[redis-cluster] ERROR: %s\n' "$*" >&2; exit 1; }
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# A port p with p and its cluster-bus port p+10000 both free.
+# A port p with p and its cluster-bus port p+10000 both free. Both stay below 32768,
+# where Linux starts handing out ephemeral ports for outgoing connections (which
+# could otherwise take a bus port between this check and the node's bind).
 free_port() {
   local port
   for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 10000))
+    port=$((20000 + RANDOM % 2768))
     if ! port_in_use "$port" && ! port_in_use $((port + 10000)) \
       && ! grep -qx "$port" "$STATE/ports" 2>/dev/null; then
       echo "$port"
@@ -92,12 +94,21 @@ start_node() {
     || die "redis-server could not start on port $1"
 }
 
+# Whether process $1 exists and is not a zombie (a killed daemon whose parent has not
+# reaped it yet still answers kill -0).
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local state
+  state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [ "${state#Z}" = "$state" ]
+}
+
 # Starts a node of the cluster again after it was killed (it rejoins, as a replica of
 # whoever took over its slots); waits until it answers PING.
 restart_node() {
   local port="${1:?restart-node needs a port}"
   grep -qx "$port" "$STATE/ports" 2>/dev/null || die "port $port is not a node of the cluster in $STATE"
-  if [ -s "$STATE/$port.pid" ] && kill -0 "$(cat "$STATE/$port.pid")" 2>/dev/null; then
+  if [ -s "$STATE/$port.pid" ] && alive "$(cat "$STATE/$port.pid")"; then
     die "the node on port $port is still running"
   fi
   start_node "$port"
@@ -147,7 +158,8 @@ start() {
       cli "$port" ping 2>/dev/null | grep -q PONG && break
       sleep 0.25
     done
-    cli "$port" ping 2>/dev/null | grep -q PONG || die "node on port $port did not answer PING"
+    cli "$port" ping 2>/dev/null | grep -q PONG \
+      || { tail -5 "$STATE/$port/redis.log" >&2 2>/dev/null; die "node on port $port did not answer PING"; }
   done
   redis-cli --cluster create "${addrs[@]}" --cluster-replicas "$REPLICAS" --cluster-yes >"$STATE/create.log" 2>&1 \
     || { cat "$STATE/create.log" >&2; die "redis-cli --cluster create failed"; }

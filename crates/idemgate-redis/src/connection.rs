@@ -1,6 +1,8 @@
 //! One connection type over standalone Redis and Redis Cluster.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -24,8 +26,79 @@ pub(crate) enum Connection {
     /// One server, reconnected automatically by redis-rs' `ConnectionManager`.
     Standalone(ConnectionManager),
     /// Redis Cluster: commands routed by key slot, `MOVED`/`ASK` followed, topology
-    /// refreshed, nodes reconnected.
-    Cluster(ClusterConnection),
+    /// refreshed, nodes reconnected — and the whole connection built anew when it
+    /// only times out (see [`Cluster`]).
+    Cluster(Cluster),
+}
+
+/// How long a cluster connection may answer nothing but timeouts before it is built
+/// anew. Seen in tests/failover.rs with redis-rs 1.8.1: after a failover whose
+/// replica had fallen behind, an idle `ClusterConnection` hit by many concurrent
+/// calls timed out on every node for as long as it was used (40 s), while a new
+/// connection to the same cluster worked at once.
+const REBUILD_AFTER: Duration = Duration::from_secs(3);
+
+/// A cluster connection that rebuilds itself from its client when every call has
+/// timed out for [`REBUILD_AFTER`] (one rebuild at a time, in the background; calls
+/// keep failing fast meanwhile).
+#[derive(Clone)]
+pub(crate) struct Cluster {
+    client: Arc<ClusterClient>,
+    current: Arc<RwLock<ClusterConnection>>,
+    /// When the current run of timeouts began (`None` after any answer).
+    timing_out_since: Arc<Mutex<Option<Instant>>>,
+    rebuilding: Arc<AtomicBool>,
+    startup_bound: Duration,
+}
+
+impl Cluster {
+    /// A handle on the current connection, cheap to clone.
+    pub(crate) fn connection(&self) -> ClusterConnection {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn answered(&self) {
+        *self
+            .timing_out_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    fn timed_out(&self) {
+        let since = *self
+            .timing_out_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(Instant::now);
+        if since.elapsed() < REBUILD_AFTER || self.rebuilding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let cluster = self.clone();
+        tokio::spawn(async move {
+            let connecting = cluster.client.get_async_connection();
+            match tokio::time::timeout(cluster.startup_bound, connecting).await {
+                Ok(Ok(connection)) => {
+                    tracing::warn!(
+                        "the Redis Cluster connection answered only timeouts for {REBUILD_AFTER:?}; \
+                         replaced it with a new one"
+                    );
+                    *cluster
+                        .current
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner) = connection;
+                    cluster.answered();
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "rebuilding the Redis Cluster connection failed");
+                }
+                Err(_) => tracing::warn!("rebuilding the Redis Cluster connection timed out"),
+            }
+            cluster.rebuilding.store(false, Ordering::Release);
+        });
+    }
 }
 
 impl std::fmt::Debug for Connection {
@@ -79,7 +152,13 @@ impl Connection {
             .map_err(RedisStoreError::Config)?;
         let bound = startup_bound(timeouts);
         match tokio::time::timeout(bound, client.get_async_connection()).await {
-            Ok(Ok(connection)) => Ok(Self::Cluster(connection)),
+            Ok(Ok(connection)) => Ok(Self::Cluster(Cluster {
+                client: Arc::new(client),
+                current: Arc::new(RwLock::new(connection)),
+                timing_out_since: Arc::new(Mutex::new(None)),
+                rebuilding: Arc::new(AtomicBool::new(false)),
+                startup_bound: bound,
+            })),
             Ok(Err(err)) => Err(RedisStoreError::Connect(err)),
             Err(_) => Err(RedisStoreError::ConnectTimeout(bound)),
         }
@@ -90,7 +169,19 @@ impl Connection {
     pub(crate) async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
         match self {
             Self::Standalone(manager) => invocation.invoke_async(&mut manager.clone()).await,
-            Self::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await,
+            Self::Cluster(cluster) => invocation.invoke_async(&mut cluster.connection()).await,
+        }
+    }
+
+    /// Tells the connection how a call ended: `timed_out` when it got no answer in
+    /// time, so a wedged cluster connection is noticed and rebuilt.
+    pub(crate) fn observe(&self, timed_out: bool) {
+        if let Self::Cluster(cluster) = self {
+            if timed_out {
+                cluster.timed_out();
+            } else {
+                cluster.answered();
+            }
         }
     }
 
@@ -144,7 +235,7 @@ impl Connection {
                 let route =
                     SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
                 cluster
-                    .clone()
+                    .connection()
                     .route_pipeline(pipe.clone(), 0, 2, route)
                     .await?
             }
@@ -162,7 +253,7 @@ impl Connection {
     async fn load(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<String> {
         match self {
             Self::Standalone(manager) => invocation.load_async(&mut manager.clone()).await,
-            Self::Cluster(cluster) => invocation.load_async(&mut cluster.clone()).await,
+            Self::Cluster(cluster) => invocation.load_async(&mut cluster.connection()).await,
         }
     }
 }

@@ -22,7 +22,7 @@ pub(crate) async fn read(connection: &Connection, names: &[&str]) -> Vec<NodeCon
         Connection::Standalone(manager) => vec![cmd.query_async(&mut manager.clone()).await],
         Connection::Cluster(cluster) => {
             let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-            match cluster.clone().route_command(cmd, routing).await {
+            match cluster.connection().route_command(cmd, routing).await {
                 // One (node address, reply) pair per primary.
                 Ok(Value::Map(per_node)) => {
                     per_node.into_iter().map(|(_, reply)| Ok(reply)).collect()

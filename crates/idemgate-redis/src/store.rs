@@ -381,7 +381,10 @@ impl RedisStore {
     /// Runs one script, bounded by the operation deadline.
     async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let deadline = self.inner.deadline;
-        match tokio::time::timeout(deadline, self.inner.connection.invoke(invocation)).await {
+        let outcome =
+            tokio::time::timeout(deadline, self.inner.connection.invoke(invocation)).await;
+        self.observe(&outcome);
+        match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(classify(err)),
             Err(_) => Err(StoreError::unavailable(RedisStoreError::Timeout(deadline))),
@@ -400,11 +403,24 @@ impl RedisStore {
         };
         let deadline = self.inner.deadline;
         let call = self.inner.connection.invoke_and_wait(invocation, key, wait);
-        match tokio::time::timeout(deadline, call).await {
+        let outcome = tokio::time::timeout(deadline, call).await;
+        self.observe(&outcome);
+        match outcome {
             Ok(Ok((value, acknowledged))) => Ok((value, Some(acknowledged))),
             Ok(Err(err)) => Err(classify(err)),
             Err(_) => Err(StoreError::unavailable(RedisStoreError::Timeout(deadline))),
         }
+    }
+
+    /// Tells the connection whether a call timed out (its own deadline or redis-rs'
+    /// response timeout) or got an answer.
+    fn observe<T>(&self, outcome: &Result<redis::RedisResult<T>, tokio::time::error::Elapsed>) {
+        let timed_out = match outcome {
+            Err(_) => true,
+            Ok(Err(err)) => err.is_timeout(),
+            Ok(Ok(_)) => false,
+        };
+        self.inner.connection.observe(timed_out);
     }
 
     /// Runs a fenced script: 1 applied, 0 refused.

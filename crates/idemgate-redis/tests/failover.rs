@@ -11,8 +11,14 @@
 //! again as a new operation: that is probabilistic, so it is only reported (run with
 //! `--nocapture` to see the figures).
 //!
-//! The default run is small (one kill, 120 keys per mode). `IDEMGATE_FAULTS_FULL=1`
-//! runs three kills per mode (each of the three shards once) with 1,000 keys each.
+//! Two kinds of kill: of a primary whose replica keeps up (the loss window is the
+//! sub-millisecond replication delay on loopback), and of a primary cut off from its
+//! replica for 400 ms just before (the replica frozen with SIGSTOP, the primary
+//! closing its link with `CLIENT KILL TYPE replica`) — a replica that fell behind, as
+//! behind a network fault — which is resumed right after the kill and takes over
+//! without the writes of those 400 ms. The default run is small: one kill of each kind per mode, 200 keys and 8
+//! tasks each. `IDEMGATE_FAULTS_FULL=1` runs both kinds on each of the three shards,
+//! 1,000 keys and 32 tasks each.
 //!
 //! [`RedisStoreBuilder::with_replication_wait`]: idemgate_redis::RedisStoreBuilder::with_replication_wait
 
@@ -25,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idemgate_core::record::OperationId;
+use idemgate_core::record::StoredResponse;
 use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Store};
 use idemgate_redis::RedisStore;
 use idemgate_testkit::conformance::{awkward_response, fresh_request};
@@ -33,7 +40,9 @@ use idemgate_testkit::conformance::{awkward_response, fresh_request};
 /// over quickly by the retries.
 const LEASE: Duration = Duration::from_secs(2);
 /// Everything one mode may take, kills and retries included.
-const MODE_BOUND: Duration = Duration::from_secs(120);
+const MODE_BOUND: Duration = Duration::from_secs(60);
+/// What one "execution" of a handler takes.
+const WORK: Duration = Duration::from_millis(20);
 
 /// A cluster with replicas started by `scripts/redis-cluster.sh` in a directory of
 /// its own; `Drop` stops it (the script kills every node by the PID it recorded).
@@ -104,6 +113,27 @@ impl Nodes {
         panic!("no node of the cluster answers");
     }
 
+    /// The ports of the primary serving `slot` now and of its (online) replica, as
+    /// the primary reports it.
+    fn shard_of(&self, slot: i64) -> (u16, u16) {
+        let primary = self.primary_of(slot);
+        let info: String = redis::Client::open(format!("redis://127.0.0.1:{primary}"))
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c))
+            .expect("INFO replication of the primary");
+        // slave0:ip=127.0.0.1,port=21136,state=online,offset=…,lag=0
+        let replica = info
+            .lines()
+            .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+            .find_map(|line| {
+                line.split(',')
+                    .find_map(|field| field.strip_prefix("port="))
+                    .and_then(|port| port.parse().ok())
+            })
+            .unwrap_or_else(|| panic!("the primary on {primary} has no online replica: {info}"));
+        (primary, replica)
+    }
+
     /// The port of the primary serving `slot` now, as a live node reports it.
     fn primary_of(&self, slot: i64) -> u16 {
         let slots: redis::Value = redis::cmd("CLUSTER")
@@ -128,15 +158,38 @@ impl Nodes {
         panic!("no primary serves slot {slot}");
     }
 
-    /// `kill -9` of the node on `port`, by the PID its pid file holds.
-    fn kill(&self, port: u16) {
-        let pid = std::fs::read_to_string(self.state.join(format!("{port}.pid")))
-            .expect("pid file of the node");
+    fn pid(&self, port: u16) -> String {
+        std::fs::read_to_string(self.state.join(format!("{port}.pid")))
+            .expect("pid file of the node")
+            .trim()
+            .to_owned()
+    }
+
+    fn signal(&self, port: u16, signal: &str) {
+        let pid = self.pid(port);
         let status = Command::new("kill")
-            .args(["-9", pid.trim()])
+            .args([signal, &pid])
             .status()
             .expect("run kill");
-        assert!(status.success(), "kill -9 {pid}");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// Makes the primary on `port` close its replicas' connections (`CLIENT KILL TYPE
+    /// replica`), as a network fault between them would.
+    fn drop_replica_links(&self, port: u16) {
+        let _: i64 = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut c| {
+                redis::cmd("CLIENT")
+                    .arg(&["KILL", "TYPE", "replica"])
+                    .query(&mut c)
+            })
+            .expect("CLIENT KILL TYPE replica");
+    }
+
+    /// `kill -9` of the node on `port`, by the PID its pid file holds.
+    fn kill(&self, port: u16) {
+        self.signal(port, "-9");
     }
 
     fn restart_node(&self, port: u16) {
@@ -182,6 +235,28 @@ impl Nodes {
     }
 }
 
+/// A node stopped with SIGSTOP — a replica that has fallen behind — resumed with
+/// SIGCONT when this drops, on every exit path.
+struct Frozen<'a> {
+    nodes: &'a Nodes,
+    port: u16,
+}
+
+impl<'a> Frozen<'a> {
+    fn freeze(nodes: &'a Nodes, port: u16) -> Self {
+        nodes.signal(port, "-STOP");
+        Self { nodes, port }
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.nodes.pid(self.port)])
+            .status();
+    }
+}
+
 impl Drop for OwnCluster {
     fn drop(&mut self) {
         let _ = self.0.script(&["stop", "--replicas", "1"]).status();
@@ -207,31 +282,46 @@ struct Figures {
 /// The operation ids each key's handler ran under, in order.
 type Runs = Arc<Mutex<Vec<Vec<OperationId>>>>;
 
-/// One client for key `index`: claim, run, complete; retry on errors and on records
-/// still in progress, until the key is final.
-async fn drive(
+/// What the clients of one kill share.
+#[derive(Clone)]
+struct Round {
     store: RedisStore,
-    request: Arc<ClaimRequest>,
-    index: usize,
     runs: Runs,
     unavailable: Arc<std::sync::atomic::AtomicUsize>,
     deadline: Instant,
-) {
-    let count_error = || unavailable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// The response every completion stores.
+    response: Arc<StoredResponse>,
+}
+
+/// One client for key `index`: claim, run, complete; retry on errors and on records
+/// still in progress, until the key is final.
+async fn drive(round: Round, request: Arc<ClaimRequest>, index: usize) {
+    let Round {
+        store,
+        runs,
+        unavailable,
+        deadline,
+        response,
+    } = round;
+    let mut last_error = None;
+    let mut count_error = |error: idemgate_core::StoreError| {
+        unavailable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        last_error = Some(error);
+    };
     loop {
         assert!(
             Instant::now() < deadline,
-            "key {index} not final within the bound"
+            "key {index} not final within the bound; last error: {last_error:?}"
         );
         match store.try_claim(&request).await {
             Ok(Claim::Existing(snapshot)) if snapshot.record.status.is_final() => return,
             Ok(Claim::Existing(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
             Ok(Claim::Acquired(lease)) => {
                 runs.lock().unwrap()[index].push(lease.operation_id);
-                tokio::time::sleep(Duration::from_millis(3)).await; // the "work"
+                tokio::time::sleep(WORK).await;
                 let completion = Completion {
                     status: FinalStatus::Completed,
-                    response: awkward_response(),
+                    response: StoredResponse::clone(&response),
                     ttl: Duration::from_secs(3_600),
                 };
                 let lease_end = Instant::now() + LEASE / 2;
@@ -239,42 +329,58 @@ async fn drive(
                     match store.complete(&lease, &completion).await {
                         Ok(FencedWrite::Applied) => return,
                         Ok(FencedWrite::Refused) => break,
-                        Err(_) if Instant::now() < lease_end => {
-                            count_error();
+                        Err(error) if Instant::now() < lease_end => {
+                            count_error(error);
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
-                        Err(_) => {
-                            count_error();
+                        Err(error) => {
+                            count_error(error);
                             break;
                         }
                     }
                 }
             }
-            Err(_) => {
-                count_error();
+            Err(error) => {
+                count_error(error);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
 }
 
-/// Runs `keys` keys through `concurrency` tasks while the primary of a shard is
-/// killed (once per entry of `kills`: the slot whose primary dies), then retries every
-/// key until final.
+/// One fault: the primary serving `slot` is killed with `kill -9`.
+#[derive(Clone, Copy, Debug)]
+struct Kill {
+    slot: i64,
+    /// Freeze its replica (SIGSTOP) for a moment first, resuming it right after the
+    /// kill: a replica that has fallen behind, so the primary acknowledges writes
+    /// the replica that takes over never gets.
+    lagging_replica: bool,
+}
+
+/// How long a lagging replica is frozen before its primary is killed.
+const LAG: Duration = Duration::from_millis(400);
+
+/// Runs `keys` keys through `concurrency` tasks during each kill of `kills` in turn,
+/// then retries every key until final.
 async fn run_mode(
     cluster: &Nodes,
     store: &RedisStore,
     keys: usize,
     concurrency: usize,
-    kill_slots: &[i64],
+    kills: &[Kill],
 ) -> Figures {
     let deadline = Instant::now() + MODE_BOUND;
     let mut figures = Figures {
-        keys: keys * kill_slots.len(),
+        keys: keys * kills.len(),
         ..Figures::default()
     };
     let unavailable = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    for &slot in kill_slots {
+    for &Kill {
+        slot,
+        lagging_replica,
+    } in kills
+    {
         let requests: Vec<Arc<ClaimRequest>> = (0..keys)
             .map(|_| {
                 Arc::new(ClaimRequest {
@@ -284,46 +390,55 @@ async fn run_mode(
             })
             .collect();
         let runs: Runs = Arc::new(Mutex::new(vec![Vec::new(); keys]));
+        let round = Round {
+            store: store.clone(),
+            runs: Arc::clone(&runs),
+            unavailable: Arc::clone(&unavailable),
+            deadline,
+            response: Arc::new(awkward_response()),
+        };
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let workers: Vec<_> = (0..concurrency)
             .map(|_| {
-                let (store, requests, runs) = (store.clone(), requests.clone(), Arc::clone(&runs));
-                let (next, done, unavailable) = (
-                    Arc::clone(&next),
-                    Arc::clone(&done),
-                    Arc::clone(&unavailable),
-                );
+                let (round, requests) = (round.clone(), requests.clone());
+                let (next, done) = (Arc::clone(&next), Arc::clone(&done));
                 tokio::spawn(async move {
                     loop {
                         let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(request) = requests.get(index) else {
                             return;
                         };
-                        drive(
-                            store.clone(),
-                            Arc::clone(request),
-                            index,
-                            Arc::clone(&runs),
-                            Arc::clone(&unavailable),
-                            deadline,
-                        )
-                        .await;
+                        drive(round.clone(), Arc::clone(request), index).await;
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 })
             })
             .collect();
 
-        // Kill the shard's primary once a quarter of the keys are through, under load.
-        while done.load(std::sync::atomic::Ordering::Relaxed) < keys / 4 {
+        // Kill the shard's primary once a quarter of the keys are through, under load
+        // (a tenth when its replica is to lag first, so the load outlasts the lag).
+        let through = if lagging_replica { keys / 10 } else { keys / 4 };
+        while done.load(std::sync::atomic::Ordering::Relaxed) < through {
             assert!(Instant::now() < deadline, "no progress before the kill");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let victim = cluster.primary_of(slot);
+        let (victim, replica) = cluster.shard_of(slot);
+        let frozen = lagging_replica.then(|| {
+            let frozen = Frozen::freeze(cluster, replica);
+            // What the frozen replica's socket holds still reaches it; from here on
+            // the primary acknowledges writes that reach no replica.
+            cluster.drop_replica_links(victim);
+            frozen
+        });
+        if frozen.is_some() {
+            tokio::time::sleep(LAG).await;
+        }
         cluster.kill(victim);
+        drop(frozen);
         eprintln!(
-            "killed the primary on port {victim} with {} of {keys} keys final",
+            "killed the primary on port {victim} (replica lagging: {lagging_replica}) with {} \
+             of {keys} keys final",
             done.load(std::sync::atomic::Ordering::Relaxed)
         );
         let waiting = tokio::task::spawn_blocking({
@@ -344,21 +459,13 @@ async fn run_mode(
         let retries: Vec<_> = requests
             .iter()
             .enumerate()
-            .map(|(index, request)| {
-                tokio::spawn(drive(
-                    store.clone(),
-                    Arc::clone(request),
-                    index,
-                    Arc::clone(&runs),
-                    Arc::clone(&unavailable),
-                    deadline,
-                ))
-            })
+            .map(|(index, request)| tokio::spawn(drive(round.clone(), Arc::clone(request), index)))
             .collect();
         for retry in retries {
             retry.await.expect("retry");
         }
 
+        let (runs_before, doubled_before) = (figures.runs, figures.doubled);
         for operations in runs.lock().unwrap().iter() {
             assert!(!operations.is_empty(), "a key never ran");
             figures.runs += operations.len();
@@ -369,6 +476,11 @@ async fn run_mode(
                 figures.rerun_same_operation += 1;
             }
         }
+        eprintln!(
+            "  this kill: {keys} keys, {} runs, {} keys ran under two operation ids",
+            figures.runs - runs_before,
+            figures.doubled - doubled_before
+        );
     }
     figures.unavailable = unavailable.load(std::sync::atomic::Ordering::Relaxed);
     figures
@@ -377,10 +489,18 @@ async fn run_mode(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_killed_under_load_runs_no_key_twice_with_a_replication_wait() {
     let full = std::env::var("IDEMGATE_FAULTS_FULL").is_ok_and(|v| v == "1");
-    let (keys, concurrency, kill_slots): (usize, usize, &[i64]) = if full {
-        (1_000, 48, &[0, 8_000, 16_000])
+    let kill = |slot, lagging_replica| Kill {
+        slot,
+        lagging_replica,
+    };
+    let (keys, concurrency, kills) = if full {
+        let kills = [0, 8_000, 16_000]
+            .into_iter()
+            .flat_map(|slot| [kill(slot, false), kill(slot, true)])
+            .collect();
+        (1_000, 32, kills)
     } else {
-        (120, 16, &[0])
+        (200, 8, vec![kill(0, false), kill(8_000, true)])
     };
     let cluster = OwnCluster::start();
     let builder = || {
@@ -395,7 +515,7 @@ async fn a_primary_killed_under_load_runs_no_key_twice_with_a_replication_wait()
         .await
         .expect("connect with a replication wait");
     let started = Instant::now();
-    let with_wait = run_mode(&cluster.0, &waiting, keys, concurrency, kill_slots).await;
+    let with_wait = run_mode(&cluster.0, &waiting, keys, concurrency, &kills).await;
     eprintln!(
         "WITH replication wait: {with_wait:?} in {:?}",
         started.elapsed()
@@ -406,7 +526,7 @@ async fn a_primary_killed_under_load_runs_no_key_twice_with_a_replication_wait()
         .await
         .expect("connect without a replication wait");
     let started = Instant::now();
-    let without = run_mode(&cluster.0, &plain, keys, concurrency, kill_slots).await;
+    let without = run_mode(&cluster.0, &plain, keys, concurrency, &kills).await;
     eprintln!(
         "WITHOUT replication wait: {without:?} in {:?}",
         started.elapsed()
