@@ -39,8 +39,8 @@ use idemgate_testkit::conformance::{awkward_response, fresh_request};
 /// The lease of every claim: short, so a record whose completion was lost is taken
 /// over quickly by the retries.
 const LEASE: Duration = Duration::from_secs(2);
-/// Everything one mode may take, kills and retries included.
-const MODE_BOUND: Duration = Duration::from_secs(60);
+/// What one kill may take, failover and retries included.
+const KILL_BOUND: Duration = Duration::from_secs(30);
 /// What one "execution" of a handler takes.
 const WORK: Duration = Duration::from_millis(20);
 
@@ -370,7 +370,7 @@ async fn run_mode(
     concurrency: usize,
     kills: &[Kill],
 ) -> Figures {
-    let deadline = Instant::now() + MODE_BOUND;
+    let deadline = Instant::now() + KILL_BOUND * u32::try_from(kills.len()).expect("kills");
     let mut figures = Figures {
         keys: keys * kills.len(),
         ..Figures::default()
