@@ -67,6 +67,15 @@ impl Cluster {
             .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
+    /// After a failed rebuild (the cluster is down, not the connection wedged): the
+    /// next attempt waits for another [`REBUILD_AFTER`] of timeouts.
+    fn retry_later(&self) {
+        *self
+            .timing_out_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
     fn timed_out(&self) {
         let since = *self
             .timing_out_since
@@ -93,8 +102,12 @@ impl Cluster {
                 }
                 Ok(Err(error)) => {
                     tracing::warn!(%error, "rebuilding the Redis Cluster connection failed");
+                    cluster.retry_later();
                 }
-                Err(_) => tracing::warn!("rebuilding the Redis Cluster connection timed out"),
+                Err(_) => {
+                    tracing::warn!("rebuilding the Redis Cluster connection timed out");
+                    cluster.retry_later();
+                }
             }
             cluster.rebuilding.store(false, Ordering::Release);
         });
