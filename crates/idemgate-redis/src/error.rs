@@ -35,6 +35,38 @@ pub enum RedisStoreError {
         /// `noeviction`).
         policy: String,
     },
+    /// Redis persists nothing (`appendonly no`, `save ""`) and the store was told to
+    /// refuse ([`PersistenceCheck::Refuse`](crate::PersistenceCheck::Refuse)).
+    #[error(
+        "Redis persists nothing (appendonly no, save \"\"): a restart would forget every idempotency record and let completed keys run again; enable appendonly yes"
+    )]
+    NoPersistence,
+    /// The persistence settings could not be read (`CONFIG GET` refused) and the
+    /// store was told to refuse rather than guess.
+    #[error(
+        "could not read Redis persistence settings (CONFIG GET refused?) and the persistence check is Refuse; use PersistenceCheck::Warn where CONFIG is disabled"
+    )]
+    PersistenceUnknown,
+    /// The replication wait's timeout is not shorter than the response timeout, so
+    /// the reply to a write and its `WAIT` could not arrive in time.
+    #[error(
+        "replication wait timeout {wait:?} must be shorter than the response timeout {response:?}"
+    )]
+    ReplicationWaitTooLong {
+        /// The `WAIT` timeout asked for.
+        wait: Duration,
+        /// The response timeout.
+        response: Duration,
+    },
+    /// A write reached fewer replicas than the store's replication wait asks for:
+    /// the claim was released, not run (see [`ReplicationWait`](crate::ReplicationWait)).
+    #[error("Redis write reached {acknowledged} of {wanted} replicas in time")]
+    NotReplicated {
+        /// Replicas that acknowledged.
+        acknowledged: i64,
+        /// Replicas asked for.
+        wanted: u32,
+    },
     /// A command failed.
     #[error("Redis command failed")]
     Redis(#[source] RedisError),

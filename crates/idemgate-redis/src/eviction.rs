@@ -1,10 +1,8 @@
 //! The startup check of `maxmemory-policy` (PITFALLS 6).
 
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-use redis::{RedisResult, Value};
-
-use crate::codec::{array_of, bytes_of};
 use crate::connection::Connection;
+use crate::error::RedisStoreError;
+use crate::server_config;
 
 /// What a constructor does when `maxmemory-policy` lets Redis evict records.
 ///
@@ -39,24 +37,9 @@ pub enum EvictionPolicy {
 
 /// Reads `maxmemory-policy` from the server, or from every primary of a cluster.
 pub(crate) async fn read_policy(connection: &Connection) -> EvictionPolicy {
-    let mut cmd = redis::cmd("CONFIG");
-    cmd.arg("GET").arg("maxmemory-policy");
-    let replies: Vec<RedisResult<Value>> = match connection {
-        Connection::Standalone(manager) => vec![cmd.query_async(&mut manager.clone()).await],
-        Connection::Cluster(cluster) => {
-            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-            match cluster.clone().route_command(cmd, routing).await {
-                // One (node address, reply) pair per primary.
-                Ok(Value::Map(per_node)) => {
-                    per_node.into_iter().map(|(_, reply)| Ok(reply)).collect()
-                }
-                other => vec![other],
-            }
-        }
-    };
     let mut unknown = false;
-    for reply in replies {
-        match reply.ok().and_then(policy_of) {
+    for node in server_config::read(connection, &["maxmemory-policy"]).await {
+        match node.and_then(|mut settings| settings.remove("maxmemory-policy")) {
             Some(policy) if policy == "noeviction" => {}
             Some(policy) => return EvictionPolicy::Evicting(policy),
             None => unknown = true,
@@ -69,12 +52,28 @@ pub(crate) async fn read_policy(connection: &Connection) -> EvictionPolicy {
     }
 }
 
-/// The value of a `CONFIG GET maxmemory-policy` reply: `[name, value]`, or a map.
-fn policy_of(reply: Value) -> Option<String> {
-    if let Value::ServerError(_) = reply {
-        return None;
+/// Applies `check` to what was found: a warning, or the constructor's error.
+pub(crate) fn enforce(
+    policy: &EvictionPolicy,
+    check: EvictionCheck,
+) -> Result<(), RedisStoreError> {
+    match (policy, check) {
+        (EvictionPolicy::NoEviction, _) => {}
+        (EvictionPolicy::Evicting(policy), EvictionCheck::Refuse) => {
+            return Err(RedisStoreError::EvictingPolicy {
+                policy: policy.clone(),
+            });
+        }
+        (EvictionPolicy::Evicting(policy), EvictionCheck::Warn) => tracing::warn!(
+            maxmemory_policy = %policy,
+            "Redis may evict idempotency records under memory pressure, letting keys run twice; \
+             set maxmemory-policy to noeviction"
+        ),
+        (EvictionPolicy::Unknown, _) => tracing::warn!(
+            maxmemory_policy = "unknown",
+            "could not read Redis maxmemory-policy (CONFIG GET refused?); make sure it is \
+             noeviction, or records may be evicted and keys run twice"
+        ),
     }
-    let mut items = array_of(reply).ok()?.into_iter();
-    let (_name, value) = (items.next()?, items.next()?);
-    String::from_utf8(bytes_of(value).ok()?).ok()
+    Ok(())
 }

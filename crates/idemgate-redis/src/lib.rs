@@ -15,7 +15,7 @@
 //! use idemgate_core::key::IdempotencyKey;
 //! use idemgate_core::scope::{Identity, Principal, Scope};
 //! use idemgate_core::{Claim, ClaimRequest, Store};
-//! use idemgate_redis::{EvictionCheck, RedisStore};
+//! use idemgate_redis::{EvictionCheck, PersistenceCheck, RedisStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,6 +25,8 @@
 //! let _clustered = RedisStore::builder()
 //!     .with_key_prefix("shop:idem:")
 //!     .with_eviction_check(EvictionCheck::Refuse)
+//!     .with_persistence_check(PersistenceCheck::Refuse)
+//!     .with_replication_wait(1, Duration::from_millis(250))
 //!     .connect_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
 //!     .await?;
 //!
@@ -61,7 +63,8 @@
 //!   key's expiry: a dead holder's record keeps its operation id for the next
 //!   claimant.
 //! - **Only Redis 7.0 commands** (`HSET HGETALL HMGET HINCRBY HDEL PEXPIREAT DEL
-//!   PUBLISH TIME`), tested against 7.0.15. No `HEXPIRE` (7.4), no `WAITAOF` (7.2).
+//!   PUBLISH TIME`, and `WAIT` with the replication wait), tested against 7.0.15.
+//!   No `HEXPIRE` (7.4), no `WAITAOF` (7.2).
 //!
 //! # Key layout
 //!
@@ -111,11 +114,17 @@
 //!
 //! # Failures
 //!
-//! Every call is bounded by the response timeout plus the connect timeout (1.5 s by
-//! default): while Redis is down calls fail with
+//! Every call is bounded by the response timeout plus the connect timeout (1 s +
+//! 500 ms by default, [`RedisStoreBuilder::with_response_timeout`] and
+//! [`RedisStoreBuilder::with_connect_timeout`]; redis-rs' own per-request response
+//! and connect timeouts, on one server and on a cluster, under a deadline of their
+//! sum): while Redis is down or frozen calls fail with
 //! [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable) (the layer's
 //! 503), never hang or panic. Connections come back by themselves (redis-rs'
-//! `ConnectionManager`; the cluster connection reconnects nodes and refreshes slots).
+//! `ConnectionManager`; the cluster connection reconnects nodes and refreshes slots,
+//! and the store builds it anew when it has answered nothing but timeouts for 3 s —
+//! with redis-rs 1.8.1 the failover test saw a cluster connection time out on every
+//! node for as long as it was used after a failover, while a new one worked).
 //! Errors are classified with redis-rs' predicates (`is_timeout`,
 //! `is_connection_dropped`, `is_connection_refusal`, `is_io_error`, cluster down /
 //! moved / try-again): `Unavailable`; `OOM` under `noeviction`:
@@ -147,8 +156,18 @@
 //! A record lost from Redis is a key that runs again as a new operation. What can
 //! lose one, and the settings against it:
 //!
-//! - **No persistence** (`save ""`, `appendonly no`): a restart loses every record.
-//!   Only for deployments where a duplicate is harmless.
+//! - **No persistence** (`save ""`, `appendonly no`): a restart loses every record,
+//!   so every completed key is forgotten and its next retry runs the operation again,
+//!   under a new operation id that nothing links to the first run (an external
+//!   black-box run saw 20 of 20 completed keys run again after a restart; the test
+//!   `a_restart_forgets_completed_keys_without_persistence_and_keeps_them_with_aof`
+//!   shows it). Only for deployments where a duplicate is harmless. The
+//!   constructors read `appendonly`, `appendfsync` and `save` with `CONFIG GET` (on
+//!   every primary of a cluster; [`RedisStore::persistence`] tells what was found)
+//!   and, per [`PersistenceCheck`], log one warning naming the risk and the fix (the
+//!   default) or refuse to start ([`RedisStoreError::NoPersistence`]). Where `CONFIG
+//!   GET` is not allowed, the warning says the settings are unknown, and `Refuse`
+//!   refuses ([`RedisStoreError::PersistenceUnknown`]): it was asked to insist.
 //! - **RDB snapshots** (`save 60 1000`): a crash loses the writes since the last
 //!   snapshot — minutes.
 //! - **AOF, `appendfsync everysec`** (the AOF default): each write reaches the
@@ -159,11 +178,33 @@
 //!   tests restart an `appendfsync always` server with `kill -9` and read every
 //!   completed record back unchanged.
 //! - **Replicas** are asynchronous: a failover may promote a replica that had not
-//!   yet received the last claims or completions. `WAIT <replicas> <timeout>` after a
-//!   write (Redis 7.0 has it; this store does not issue it, to stay at one round trip)
-//!   narrows that window but does not close it — Redis replication is not a consensus
-//!   protocol. `min-replicas-to-write` makes a primary cut off from its replicas stop
-//!   accepting writes (503s) instead of accepting writes it will lose.
+//!   yet received the last claims or completions. A claim acknowledged by a primary
+//!   that dies before replicating it is lost, and the client's retry then claims the
+//!   key anew and runs it a second time, under a new operation id.
+//!   [`RedisStoreBuilder::with_replication_wait`] closes that window for claims:
+//!   every claim, completion and renewal is followed by `WAIT <replicas> <timeout>`
+//!   in the same round trip (a pipeline on the same connection to the key's
+//!   primary), and a claim that did not reach the replicas in time is released and
+//!   answered [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable)
+//!   (503 + `Retry-After`), so its handler never runs unreplicated.
+//!   [`ReplicationWait`] documents what each write does when replicas fall short
+//!   (a completion counts — the handler ran — and a lost one only brings the key
+//!   back under the same operation id). The cost: each write waits for a replica's
+//!   acknowledgement (a round trip between primary and replica). `WAIT` tells which
+//!   writes reached a replica; it does not make Redis replication a consensus
+//!   protocol (ask for every replica a primary has). `min-replicas-to-write` makes
+//!   a primary cut off from its replicas stop accepting writes (503s) instead of
+//!   accepting writes it will lose.
+//!
+//!   Measured by `tests/failover.rs` (`kill -9` of a primary of a 3 + 3 cluster
+//!   under load, then every key retried until final), in its full run
+//!   (`IDEMGATE_FAULTS_FULL=1`: six kills of 1,000 keys each per mode, three with
+//!   the replica keeping up, three with it cut off for 400 ms before the kill):
+//!   with the replication wait, 0 of 6,000 keys ran under two operation ids (53 ran
+//!   again under their own operation id after a lost completion); without it, 559
+//!   of 6,000 did — 177, 178 and 204 in the kills after a cut-off replica, none in
+//!   the kills where the replica kept up (on loopback the replication delay is far
+//!   below a millisecond).
 //!
 //! # Redis or PostgreSQL?
 //!
@@ -215,8 +256,14 @@
 //! `IDEMGATE_TEST_REDIS_URL` (default `redis://127.0.0.1:6379`) and against a
 //! three-primary cluster it starts with `scripts/redis-cluster.sh start` (node URLs
 //! in `IDEMGATE_TEST_REDIS_CLUSTER_URLS`; the cluster tests fail without it), plus
-//! tests that start `redis-server`s of their own (eviction policies, an outage, AOF
-//! across `kill -9`, a full server).
+//! tests that start `redis-server`s of their own (`tests/dedicated.rs`: eviction
+//! and persistence checks, an outage, a frozen server, what a restart keeps with and
+//! without persistence, a replica for the replication wait, a full server) and a
+//! cluster of their own with replicas (`tests/failover.rs`, through
+//! `scripts/redis-cluster.sh start --replicas 1`: a primary killed under load, with
+//! and without the replication wait; about 25 s). `IDEMGATE_FAULTS_FULL=1` makes the
+//! failover test kill each of the three primaries in turn, with 1,000 keys per kill
+//! and mode, instead of one kill with 120 keys.
 //!
 //! # Features of the redis dependency
 //!
@@ -227,11 +274,16 @@ mod codec;
 mod connection;
 mod error;
 mod eviction;
+mod persistence;
+mod replication;
 mod scripts;
+mod server_config;
 mod store;
 mod subscriber;
 
 pub use codec::ResponseCodec;
 pub use error::RedisStoreError;
 pub use eviction::{EvictionCheck, EvictionPolicy};
+pub use persistence::{AppendFsync, Persistence, PersistenceCheck};
+pub use replication::ReplicationWait;
 pub use store::{DEFAULT_KEY_PREFIX, RedisStore, RedisStoreBuilder};

@@ -17,7 +17,9 @@ use tokio::task::AbortHandle;
 use crate::codec::{ResponseCodec, array_of, bytes_of, decode_record, int_of, status_code};
 use crate::connection::{Connection, Timeouts};
 use crate::error::{RedisStoreError, classify};
-use crate::eviction::{EvictionCheck, EvictionPolicy, read_policy};
+use crate::eviction::{self, EvictionCheck, EvictionPolicy, read_policy};
+use crate::persistence::{self, Persistence, PersistenceCheck, read_persistence};
+use crate::replication::{Acknowledged, ReplicationWait};
 use crate::scripts::Scripts;
 use crate::subscriber;
 
@@ -48,6 +50,8 @@ struct Inner {
     codec: ResponseCodec,
     deadline: Duration,
     eviction_policy: EvictionPolicy,
+    persistence: Persistence,
+    replication_wait: Option<ReplicationWait>,
     signals: Arc<ChangeSignals>,
     subscriber: OnceLock<AbortHandle>,
     pubsub_clients: Vec<redis::Client>,
@@ -70,6 +74,8 @@ impl std::fmt::Debug for RedisStore {
             .field("codec", &self.inner.codec)
             .field("deadline", &self.inner.deadline)
             .field("eviction_policy", &self.inner.eviction_policy)
+            .field("persistence", &self.inner.persistence)
+            .field("replication_wait", &self.inner.replication_wait)
             .finish_non_exhaustive()
     }
 }
@@ -97,6 +103,8 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     connect_timeout: Duration,
     eviction_check: EvictionCheck,
+    persistence_check: PersistenceCheck,
+    replication_wait: Option<ReplicationWait>,
 }
 
 impl Default for RedisStoreBuilder {
@@ -107,6 +115,8 @@ impl Default for RedisStoreBuilder {
             response_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(500),
             eviction_check: EvictionCheck::default(),
+            persistence_check: PersistenceCheck::default(),
+            replication_wait: None,
         }
     }
 }
@@ -184,23 +194,56 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// What to do when Redis persists nothing, so that a restart would forget every
+    /// record and let completed keys run again (default [`PersistenceCheck::Warn`]:
+    /// one warning at startup; [`PersistenceCheck::Refuse`] fails the constructor).
+    ///
+    /// ```
+    /// use idemgate_redis::{PersistenceCheck, RedisStore};
+    /// let builder = RedisStore::builder().with_persistence_check(PersistenceCheck::Refuse);
+    /// ```
+    pub fn with_persistence_check(mut self, check: PersistenceCheck) -> Self {
+        self.persistence_check = check;
+        self
+    }
+
+    /// After every claim, completion and renewal, waits until `replicas` replicas
+    /// have it (`WAIT replicas timeout`, in the same round trip), so that a primary
+    /// failing over cannot lose a claim whose handler runs: a claim that did not
+    /// reach them in `timeout` is released and answered
+    /// [`StoreError::Unavailable`] (503), its handler not run. Off by default (one
+    /// round trip, no wait). See [`ReplicationWait`] for what each write does when
+    /// replicas fall short; `timeout` must be shorter than the response timeout.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let builder = idemgate_redis::RedisStore::builder()
+    ///     .with_replication_wait(1, Duration::from_millis(250));
+    /// ```
+    pub fn with_replication_wait(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replication_wait = Some(ReplicationWait { replicas, timeout });
+        self
+    }
+
     /// Connects to one Redis server (`redis://[user:password@]host:port[/db]`,
-    /// `rediss://` needs a TLS feature of redis-rs), then checks its eviction policy.
+    /// `rediss://` needs a TLS feature of redis-rs), then checks its eviction policy and
+    /// its persistence.
     pub async fn connect(self, url: &str) -> Result<RedisStore, RedisStoreError> {
-        self.check_prefix()?;
+        self.check_options()?;
         let client = redis::Client::open(url).map_err(RedisStoreError::Config)?;
         let connection = Connection::standalone(client.clone(), self.timeouts()).await?;
         self.finish(connection, vec![client]).await
     }
 
     /// Connects to a Redis Cluster through any of `nodes` (the rest of the topology
-    /// is discovered), then checks the eviction policy of every primary.
+    /// is discovered), then checks the eviction policy and persistence of every
+    /// primary.
     pub async fn connect_cluster<I, S>(self, nodes: I) -> Result<RedisStore, RedisStoreError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.check_prefix()?;
+        self.check_options()?;
         let nodes: Vec<String> = nodes
             .into_iter()
             .map(|node| node.as_ref().to_owned())
@@ -217,9 +260,17 @@ impl RedisStoreBuilder {
         self.finish(connection, pubsub_clients).await
     }
 
-    fn check_prefix(&self) -> Result<(), RedisStoreError> {
+    fn check_options(&self) -> Result<(), RedisStoreError> {
         if self.key_prefix.contains(['{', '}']) {
             return Err(RedisStoreError::InvalidKeyPrefix(self.key_prefix.clone()));
+        }
+        if let Some(wait) = self.replication_wait
+            && wait.timeout >= self.response_timeout
+        {
+            return Err(RedisStoreError::ReplicationWaitTooLong {
+                wait: wait.timeout,
+                response: self.response_timeout,
+            });
         }
         Ok(())
     }
@@ -237,28 +288,14 @@ impl RedisStoreBuilder {
         pubsub_clients: Vec<redis::Client>,
     ) -> Result<RedisStore, RedisStoreError> {
         let deadline = self.response_timeout + self.connect_timeout;
-        let eviction_policy = match tokio::time::timeout(deadline, read_policy(&connection)).await {
-            Ok(policy) => policy,
-            Err(_) => EvictionPolicy::Unknown,
-        };
-        match (&eviction_policy, self.eviction_check) {
-            (EvictionPolicy::NoEviction, _) => {}
-            (EvictionPolicy::Evicting(policy), EvictionCheck::Refuse) => {
-                return Err(RedisStoreError::EvictingPolicy {
-                    policy: policy.clone(),
-                });
-            }
-            (EvictionPolicy::Evicting(policy), EvictionCheck::Warn) => tracing::warn!(
-                maxmemory_policy = %policy,
-                "Redis may evict idempotency records under memory pressure, letting keys run twice; \
-                 set maxmemory-policy to noeviction"
-            ),
-            (EvictionPolicy::Unknown, _) => tracing::warn!(
-                maxmemory_policy = "unknown",
-                "could not read Redis maxmemory-policy (CONFIG GET refused?); make sure it is \
-                 noeviction, or records may be evicted and keys run twice"
-            ),
-        }
+        let eviction_policy = tokio::time::timeout(deadline, read_policy(&connection))
+            .await
+            .unwrap_or(EvictionPolicy::Unknown);
+        eviction::enforce(&eviction_policy, self.eviction_check)?;
+        let persistence = tokio::time::timeout(deadline, read_persistence(&connection))
+            .await
+            .unwrap_or(Persistence::Unknown);
+        persistence::enforce(&persistence, self.persistence_check)?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 connection,
@@ -268,6 +305,8 @@ impl RedisStoreBuilder {
                 codec: self.codec,
                 deadline,
                 eviction_policy,
+                persistence,
+                replication_wait: self.replication_wait,
                 signals: Arc::new(ChangeSignals::new()),
                 subscriber: OnceLock::new(),
                 pubsub_clients,
@@ -330,6 +369,11 @@ impl RedisStore {
         &self.inner.eviction_policy
     }
 
+    /// The persistence found at startup (on a cluster, the weakest primary's).
+    pub fn persistence(&self) -> &Persistence {
+        &self.inner.persistence
+    }
+
     /// Whether this store talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.connection, Connection::Cluster(_))
@@ -338,19 +382,51 @@ impl RedisStore {
     /// Runs one script, bounded by the operation deadline.
     async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let deadline = self.inner.deadline;
-        match tokio::time::timeout(deadline, self.inner.connection.invoke(invocation)).await {
+        let outcome =
+            tokio::time::timeout(deadline, self.inner.connection.invoke(invocation)).await;
+        self.observe(&outcome);
+        match outcome {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(classify(err)),
             Err(_) => Err(StoreError::unavailable(RedisStoreError::Timeout(deadline))),
         }
     }
 
+    /// Runs one script on `key` and, with a replication wait, `WAIT`s behind it;
+    /// `None` when no wait is configured. Bounded by the operation deadline.
+    async fn run_replicated(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        key: &str,
+    ) -> Result<(Value, Option<Acknowledged>), StoreError> {
+        let Some(wait) = self.inner.replication_wait else {
+            return Ok((self.run(invocation).await?, None));
+        };
+        let deadline = self.inner.deadline;
+        let call = self.inner.connection.invoke_and_wait(invocation, key, wait);
+        let outcome = tokio::time::timeout(deadline, call).await;
+        self.observe(&outcome);
+        match outcome {
+            Ok(Ok((value, acknowledged))) => Ok((value, Some(acknowledged))),
+            Ok(Err(err)) => Err(classify(err)),
+            Err(_) => Err(StoreError::unavailable(RedisStoreError::Timeout(deadline))),
+        }
+    }
+
+    /// Tells the connection whether a call timed out (its own deadline or redis-rs'
+    /// response timeout) or got an answer.
+    fn observe<T>(&self, outcome: &Result<redis::RedisResult<T>, tokio::time::error::Elapsed>) {
+        let timed_out = match outcome {
+            Err(_) => true,
+            Ok(Err(err)) => err.is_timeout(),
+            Ok(Ok(_)) => false,
+        };
+        self.inner.connection.observe(timed_out);
+    }
+
     /// Runs a fenced script: 1 applied, 0 refused.
     async fn fenced(&self, invocation: &ScriptInvocation<'_>) -> Result<FencedWrite, StoreError> {
-        match int_of(self.run(invocation).await?).map_err(StoreError::corrupt)? {
-            1 => Ok(FencedWrite::Applied),
-            _ => Ok(FencedWrite::Refused),
-        }
+        fenced_reply(self.run(invocation).await?)
     }
 
     fn notify(&self, identity: &IdentityDigest, write: FencedWrite) {
@@ -370,6 +446,20 @@ impl RedisStore {
             .abort_handle()
         });
     }
+}
+
+fn fenced_reply(reply: Value) -> Result<FencedWrite, StoreError> {
+    match int_of(reply).map_err(StoreError::corrupt)? {
+        1 => Ok(FencedWrite::Applied),
+        _ => Ok(FencedWrite::Refused),
+    }
+}
+
+fn not_replicated(acknowledged: Acknowledged) -> StoreError {
+    StoreError::unavailable(RedisStoreError::NotReplicated {
+        acknowledged: acknowledged.replicas,
+        wanted: acknowledged.wanted,
+    })
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -436,8 +526,24 @@ impl Store for RedisStore {
             .arg(millis(request.lease))
             .arg(millis(request.ttl))
             .arg(RECORD_FORMAT_VERSION);
-        let reply = self.run(&invocation).await?;
-        decode_claim(reply, identity, &self.inner.codec).map_err(StoreError::corrupt)
+        let (reply, acknowledged) = self.run_replicated(&invocation, &key).await?;
+        let claim =
+            decode_claim(reply, identity, &self.inner.codec).map_err(StoreError::corrupt)?;
+        match (claim, acknowledged) {
+            (Claim::Acquired(lease), Some(acknowledged)) if acknowledged.is_short() => {
+                // A claim a failover may lose must not run: release it and say 503.
+                tracing::warn!(
+                    replicas = acknowledged.replicas,
+                    wanted = acknowledged.wanted,
+                    "claim not replicated in time; released, answering unavailable"
+                );
+                if let Err(error) = self.release(&lease).await {
+                    tracing::warn!(%error, "releasing the unreplicated claim failed; a retry takes it over once the lease lapses");
+                }
+                Err(not_replicated(acknowledged))
+            }
+            (claim, _) => Ok(claim),
+        }
     }
 
     async fn complete(
@@ -456,7 +562,21 @@ impl Store for RedisStore {
             .arg(millis(completion.ttl))
             .arg(&self.inner.channel)
             .arg(lease.identity.as_bytes());
-        let write = self.fenced(&invocation).await?;
+        let (reply, acknowledged) = self.run_replicated(&invocation, &key).await?;
+        let write = fenced_reply(reply)?;
+        if write == FencedWrite::Applied
+            && let Some(acknowledged) = acknowledged.filter(Acknowledged::is_short)
+        {
+            // The handler ran; that cannot be undone. The claim was replicated, so a
+            // failover now brings the record back in progress under the same
+            // operation id, which a retry takes over (PROTOCOL §11).
+            tracing::warn!(
+                replicas = acknowledged.replicas,
+                wanted = acknowledged.wanted,
+                "completion not replicated in time; if the primary fails now, a retry runs the \
+                 operation again under the same operation id"
+            );
+        }
         self.notify(&lease.identity, write);
         Ok(write)
     }
@@ -481,7 +601,14 @@ impl Store for RedisStore {
             .arg(lease.operation_id.as_bytes())
             .arg(token_arg(lease.token))
             .arg(millis(lease_for));
-        self.fenced(&invocation).await
+        let (reply, acknowledged) = self.run_replicated(&invocation, &key).await?;
+        let write = fenced_reply(reply)?;
+        match acknowledged {
+            Some(acknowledged) if write == FencedWrite::Applied && acknowledged.is_short() => {
+                Err(not_replicated(acknowledged))
+            }
+            _ => Ok(write),
+        }
     }
 
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {

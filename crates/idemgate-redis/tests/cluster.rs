@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use idemgate_core::{Claim, Store};
-use idemgate_redis::{EvictionPolicy, RedisStore};
+use idemgate_redis::{EvictionPolicy, Persistence, PersistenceCheck, RedisStore, RedisStoreError};
 use idemgate_testkit::conformance::fresh_request;
 
 async fn cluster_store() -> RedisStore {
@@ -26,10 +26,18 @@ async fn store() -> Arc<dyn Store> {
 idemgate_testkit::store_conformance!(store);
 
 #[tokio::test]
-async fn every_primary_is_checked_for_its_eviction_policy() {
+async fn every_primary_is_checked_for_its_eviction_policy_and_persistence() {
     let store = cluster_store().await;
     assert!(store.is_cluster());
     assert_eq!(store.eviction_policy(), &EvictionPolicy::NoEviction);
+    // scripts/redis-cluster.sh starts its nodes with `--save "" --appendonly no`.
+    assert_eq!(store.persistence(), &Persistence::None);
+    let err = RedisStore::builder()
+        .with_persistence_check(PersistenceCheck::Refuse)
+        .connect_cluster(support::cluster_urls())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::NoPersistence), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,7 +1,7 @@
 //! Tests that need a Redis server of their own, which each starts (`redis-server` on
-//! a free loopback port, killed by PID when its guard drops): the eviction-policy
-//! check, an outage and recovery, AOF persistence across `kill -9`, and a full
-//! server.
+//! a free loopback port, killed by PID when its guard drops): the eviction-policy and
+//! persistence checks, an outage and recovery, a frozen server, what a restart keeps
+//! with and without persistence, AOF across `kill -9`, and a full server.
 
 mod support;
 
@@ -14,7 +14,10 @@ use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::{
     Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, Store, StoreError,
 };
-use idemgate_redis::{EvictionCheck, EvictionPolicy, RedisStore, RedisStoreError};
+use idemgate_redis::{
+    AppendFsync, EvictionCheck, EvictionPolicy, Persistence, PersistenceCheck, RedisStore,
+    RedisStoreError,
+};
 use idemgate_testkit::conformance::{awkward_response, fresh_request};
 use support::RedisServer;
 
@@ -152,6 +155,194 @@ async fn an_unreadable_policy_is_a_warning_in_both_modes() {
     }
 }
 
+#[tokio::test]
+async fn no_persistence_is_warned_about_by_default_and_refused_on_request() {
+    let server = RedisServer::start(&["--save", "", "--appendonly", "no"]);
+    let url = server.url();
+
+    let (logs, guard) = Logs::capture();
+    let store = RedisStore::connect(&url).await.unwrap();
+    drop(guard);
+    assert_eq!(store.persistence(), &Persistence::None);
+    let logged = logs.text();
+    let warnings: Vec<&str> = logged
+        .lines()
+        .filter(|line| line.contains("persistence=\"none\""))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one loud warning: {logged}");
+    assert!(
+        warnings[0].contains("WARN")
+            && warnings[0].contains("runs again")
+            && warnings[0].contains("appendonly yes"),
+        "the warning names the risk and the fix: {logged}"
+    );
+    assert!(
+        matches!(
+            store.try_claim(&fresh_request()).await.unwrap(),
+            Claim::Acquired(_)
+        ),
+        "warn mode works on"
+    );
+
+    let err = RedisStore::builder()
+        .with_persistence_check(PersistenceCheck::Refuse)
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::NoPersistence), "{err}");
+
+    // Snapshots are persistence (lossy, documented): accepted under Refuse.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("save")
+        .arg("3600 1")
+        .query(&mut server.admin())
+        .unwrap();
+    let store = RedisStore::builder()
+        .with_persistence_check(PersistenceCheck::Refuse)
+        .connect(&url)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.persistence(),
+        &Persistence::Snapshots {
+            save: "3600 1".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn an_append_only_server_passes_both_persistence_checks_silently() {
+    let server = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    for check in [PersistenceCheck::Warn, PersistenceCheck::Refuse] {
+        let (logs, _guard) = Logs::capture();
+        let store = RedisStore::builder()
+            .with_persistence_check(check)
+            .connect(&server.url())
+            .await
+            .unwrap();
+        assert_eq!(
+            store.persistence(),
+            &Persistence::AppendOnly {
+                fsync: AppendFsync::Always
+            }
+        );
+        let logged = logs.text();
+        assert!(
+            !logged.contains("persistence"),
+            "{check:?} logged: {logged}"
+        );
+        let lease = acquire(&store, &fresh_request()).await;
+        assert_eq!(
+            store.complete(&lease, &completion()).await.unwrap(),
+            FencedWrite::Applied
+        );
+    }
+}
+
+#[tokio::test]
+async fn unreadable_persistence_is_a_warning_or_a_refusal_by_policy() {
+    let server = RedisServer::start(&["--appendonly", "yes"]);
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-config",
+        ])
+        .query(&mut server.admin())
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://app:secret@");
+
+    let (logs, guard) = Logs::capture();
+    let store = RedisStore::builder()
+        .with_eviction_check(EvictionCheck::Warn)
+        .with_persistence_check(PersistenceCheck::Warn)
+        .connect(&url)
+        .await
+        .unwrap();
+    drop(guard);
+    assert_eq!(store.persistence(), &Persistence::Unknown);
+    let logged = logs.text();
+    assert!(
+        logged.contains("WARN") && logged.contains("persistence=\"unknown\""),
+        "logged: {logged}"
+    );
+    assert!(matches!(
+        store.try_claim(&fresh_request()).await.unwrap(),
+        Claim::Acquired(_)
+    ));
+
+    let err = RedisStore::builder()
+        .with_eviction_check(EvictionCheck::Warn)
+        .with_persistence_check(PersistenceCheck::Refuse)
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::PersistenceUnknown), "{err}");
+}
+
+fn completion() -> Completion {
+    Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(3_600),
+    }
+}
+
+/// Completes a fresh key, kills the server with `kill -9`, restarts it, and claims
+/// the key again once the server answers.
+async fn claim_after_a_restart(server: &mut RedisServer) -> Claim {
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    assert_eq!(
+        store.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    assert!(matches!(
+        store.try_claim(&request).await.unwrap(),
+        Claim::Existing(_)
+    ));
+    server.kill();
+    server.restart();
+    let start = Instant::now();
+    loop {
+        match store.try_claim(&request).await {
+            Ok(claim) => return claim,
+            Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("no recovery after the restart: {err:?}"),
+        }
+    }
+}
+
+/// The hazard the persistence check warns about, shown: without persistence a
+/// restart forgets a completed key, whose retry then runs as a new operation; with
+/// AOF `appendfsync always` the same retry replays the stored response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_forgets_completed_keys_without_persistence_and_keeps_them_with_aof() {
+    let mut forgetful = RedisServer::start(&["--save", "", "--appendonly", "no"]);
+    match claim_after_a_restart(&mut forgetful).await {
+        Claim::Acquired(lease) => assert_eq!(
+            lease.origin,
+            idemgate_core::LeaseOrigin::New,
+            "the completed key is claimable as a new operation: it would run again"
+        ),
+        Claim::Existing(s) => panic!(
+            "a server without persistence kept the record ({:?})?",
+            s.record.status
+        ),
+    }
+
+    let mut durable = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    match claim_after_a_restart(&mut durable).await {
+        Claim::Existing(snapshot) => {
+            assert!(snapshot.record.status.is_final());
+            assert_eq!(snapshot.record.response, Some(awkward_response()));
+        }
+        Claim::Acquired(_) => panic!("AOF always lost a completed record across kill -9"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_gives_prompt_errors_and_the_store_recovers() {
     let mut server = RedisServer::start(&[]);
@@ -213,38 +404,124 @@ async fn an_outage_gives_prompt_errors_and_the_store_recovers() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_stops_answering_gives_timeouts_not_hangs() {
+/// Every operation on a frozen server (SIGSTOP: connections are accepted by the
+/// kernel, nothing answers) fails with `Unavailable` within its deadline — the
+/// response plus the connect timeout — never hangs; a constructor fails too; and
+/// after SIGCONT the same store works again, the lease taken before the freeze
+/// included. `Drop` resumes and kills the server on every exit path.
+async fn frozen_server_operations_time_out_and_recover(
+    builder: impl Fn() -> idemgate_redis::RedisStoreBuilder,
+    deadline: Duration,
+) {
     let server = RedisServer::start(&[]);
-    let store = RedisStore::connect(&server.url()).await.unwrap();
-    let _ = acquire(&store, &fresh_request()).await;
+    let store = builder().connect(&server.url()).await.unwrap();
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    let bound = deadline + Duration::from_secs(1);
 
     server.pause(true);
-    for attempt in 0..2 {
-        let start = Instant::now();
-        let err = store.try_claim(&fresh_request()).await.unwrap_err();
-        let took = start.elapsed();
-        eprintln!("attempt {attempt} while paused: {err} after {took:?}");
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    type Call<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+    let calls: Vec<(&str, Call<'_>)> = vec![
+        (
+            "claim",
+            Box::pin(async { store.try_claim(&fresh_request()).await.map(drop) }),
+        ),
+        (
+            "complete",
+            Box::pin(async { store.complete(&lease, &completion()).await.map(drop) }),
+        ),
+        (
+            "renew",
+            Box::pin(async { store.renew(&lease, Duration::from_secs(30)).await.map(drop) }),
+        ),
+        (
+            "release",
+            Box::pin(async { store.release(&lease).await.map(drop) }),
+        ),
+        (
+            "delete",
+            Box::pin(async { store.delete(&lease).await.map(drop) }),
+        ),
+        (
+            "get",
+            Box::pin(async { store.get(&lease.identity).await.map(drop) }),
+        ),
+    ];
+    for (operation, call) in calls {
+        let started = Instant::now();
+        let result = call.await;
+        let took = started.elapsed();
+        eprintln!("{operation} while frozen: {result:?} after {took:?}");
         assert!(
-            took < Duration::from_millis(2_000),
-            "attempt {attempt} took {took:?}"
+            matches!(result, Err(StoreError::Unavailable(_))),
+            "{operation}: {result:?}"
+        );
+        assert!(
+            took < bound,
+            "{operation} took {took:?}, deadline {deadline:?}"
         );
     }
+    let connecting = Instant::now();
+    let err = builder().connect(&server.url()).await.unwrap_err();
+    let took = connecting.elapsed();
+    eprintln!("connect while frozen: {err} after {took:?}");
+    assert!(
+        matches!(
+            err,
+            RedisStoreError::Connect(_) | RedisStoreError::ConnectTimeout(_)
+        ),
+        "{err:?}"
+    );
+    assert!(took < deadline * 3 + bound, "connecting took {took:?}");
 
     server.pause(false);
-    let start = Instant::now();
-    loop {
-        match store.try_claim(&fresh_request()).await {
-            Ok(Claim::Acquired(_)) => break,
-            Ok(Claim::Existing(_)) => panic!("fresh identity found existing"),
-            Err(StoreError::Unavailable(_)) if start.elapsed() < Duration::from_secs(10) => {
+    let resumed = Instant::now();
+    let after = fresh_request();
+    let lease = loop {
+        match store.try_claim(&after).await {
+            Ok(Claim::Acquired(lease)) => break lease,
+            Ok(Claim::Existing(s)) => panic!("fresh identity found {:?}", s.record.status),
+            Err(StoreError::Unavailable(_)) if resumed.elapsed() < Duration::from_secs(10) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(err) => panic!("no recovery after SIGCONT: {err:?}"),
         }
-    }
-    eprintln!("recovered {:?} after SIGCONT", start.elapsed());
+    };
+    eprintln!("recovered {:?} after SIGCONT", resumed.elapsed());
+    assert_eq!(
+        store.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    assert!(matches!(
+        store.try_claim(&after).await.unwrap(),
+        Claim::Existing(s) if s.record.response == Some(awkward_response())
+    ));
+    // The calls that timed out may have run once Redis resumed (a timeout says
+    // nothing about the server side); whatever they did, the record reads back.
+    store.get(request.identity.digest()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_gives_timeouts_not_hangs_with_the_default_timeouts() {
+    // Defaults: 1 s response + 500 ms connect.
+    frozen_server_operations_time_out_and_recover(
+        RedisStore::builder,
+        Duration::from_millis(1_500),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_gives_timeouts_within_configured_timeouts() {
+    frozen_server_operations_time_out_and_recover(
+        || {
+            RedisStore::builder()
+                .with_response_timeout(Duration::from_millis(300))
+                .with_connect_timeout(Duration::from_millis(200))
+        },
+        Duration::from_millis(500),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,4 +668,122 @@ async fn a_full_server_refuses_new_records_and_keeps_the_old_ones() {
             "a record was evicted"
         );
     }
+}
+
+/// Waits until the primary at `primary` reports `count` connected, caught-up replicas.
+fn wait_for_replicas(primary: &RedisServer, count: usize) {
+    let start = Instant::now();
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut primary.admin())
+            .unwrap();
+        let online = info.matches("state=online").count();
+        if online >= count {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{online} of {count} replicas online after 10 s: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acquired() {
+    let primary = RedisServer::start(&[]);
+    // Generous: the replica phase below must not fall short on a loaded machine.
+    let waiting = RedisStore::builder()
+        .with_response_timeout(Duration::from_secs(3))
+        .with_replication_wait(1, Duration::from_secs(1))
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    let plain = RedisStore::connect(&primary.url()).await.unwrap();
+
+    // No replica at all: the claim cannot reach one, so it must not be acquired.
+    let request = fresh_request();
+    for _ in 0..2 {
+        let err = waiting.try_claim(&request).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Unavailable(cause)
+                if matches!(cause.downcast_ref::<RedisStoreError>(),
+                    Some(RedisStoreError::NotReplicated { acknowledged: 0, wanted: 1 }))),
+            "{err:?}"
+        );
+    }
+    // It was released, not left in progress: the next claim takes it at once.
+    match plain.try_claim(&request).await.unwrap() {
+        Claim::Acquired(lease) => {
+            assert_eq!(lease.origin, idemgate_core::LeaseOrigin::Released);
+            assert_eq!(plain.release(&lease).await.unwrap(), FencedWrite::Applied);
+        }
+        Claim::Existing(s) => panic!("left behind as {:?}", s.record.status),
+    }
+    // A claim that finds a record writes nothing and is answered as usual.
+    let done = fresh_request();
+    let lease = acquire(&plain, &done).await;
+    assert_eq!(
+        plain.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    assert!(matches!(
+        waiting.try_claim(&done).await.unwrap(),
+        Claim::Existing(_)
+    ));
+
+    // With a replica, every acknowledged write is on the replica when the call returns.
+    let port = primary.url().rsplit(':').next().unwrap().to_owned();
+    let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &port]);
+    wait_for_replicas(&primary, 1);
+    type Fields = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+    let on_replica = |key: &str| -> Fields {
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query(&mut replica.admin())
+            .unwrap()
+    };
+    let lease = match waiting.try_claim(&request).await.unwrap() {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing(s) => panic!("found {:?}", s.record.status),
+    };
+    let key = waiting.record_key(request.identity.digest());
+    let claimed = on_replica(&key);
+    assert!(!claimed.is_empty(), "the claim is not on the replica");
+    assert_eq!(
+        waiting
+            .renew(&lease, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        FencedWrite::Applied
+    );
+    assert_eq!(
+        waiting.complete(&lease, &completion()).await.unwrap(),
+        FencedWrite::Applied
+    );
+    let primary_record: Fields = redis::cmd("HGETALL")
+        .arg(&key)
+        .query(&mut primary.admin())
+        .unwrap();
+    assert_eq!(
+        on_replica(&key),
+        primary_record,
+        "the completed record is on the replica as on the primary"
+    );
+    assert!(matches!(
+        plain.try_claim(&request).await.unwrap(),
+        Claim::Existing(s) if s.record.response == Some(awkward_response())
+    ));
+
+    let err = RedisStore::builder()
+        .with_response_timeout(Duration::from_millis(500))
+        .with_replication_wait(1, Duration::from_millis(500))
+        .connect(&primary.url())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedisStoreError::ReplicationWaitTooLong { .. }),
+        "{err}"
+    );
 }
