@@ -329,15 +329,15 @@ async fn a_restart_forgets_completed_keys_without_persistence_and_keeps_them_wit
         ),
         Claim::Existing(s) => panic!(
             "a server without persistence kept the record ({:?})?",
-            s.record.status
+            s.record.status()
         ),
     }
 
     let mut durable = RedisServer::start(&["--appendonly", "yes", "--appendfsync", "always"]);
     match claim_after_a_restart(&mut durable).await {
         Claim::Existing(snapshot) => {
-            assert!(snapshot.record.status.is_final());
-            assert_eq!(snapshot.record.response, Some(awkward_response()));
+            assert!(snapshot.record.status().is_final());
+            assert_eq!(snapshot.record.response(), Some(&awkward_response()));
         }
         Claim::Acquired(_) => panic!("AOF always lost a completed record across kill -9"),
     }
@@ -480,7 +480,7 @@ async fn frozen_server_operations_time_out_and_recover(
     let lease = loop {
         match store.try_claim(&after).await {
             Ok(Claim::Acquired(lease)) => break lease,
-            Ok(Claim::Existing(s)) => panic!("fresh identity found {:?}", s.record.status),
+            Ok(Claim::Existing(s)) => panic!("fresh identity found {:?}", s.record.status()),
             Err(StoreError::Unavailable(_)) if resumed.elapsed() < Duration::from_secs(10) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -494,7 +494,7 @@ async fn frozen_server_operations_time_out_and_recover(
     );
     assert!(matches!(
         store.try_claim(&after).await.unwrap(),
-        Claim::Existing(s) if s.record.response == Some(awkward_response())
+        Claim::Existing(s) if s.record.response() == Some(&awkward_response())
     ));
     // The calls that timed out may have run once Redis resumed (a timeout says
     // nothing about the server side); whatever they did, the record reads back.
@@ -719,7 +719,7 @@ async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acq
             assert_eq!(lease.origin, idemgate_core::LeaseOrigin::Released);
             assert_eq!(plain.release(&lease).await.unwrap(), FencedWrite::Applied);
         }
-        Claim::Existing(s) => panic!("left behind as {:?}", s.record.status),
+        Claim::Existing(s) => panic!("left behind as {:?}", s.record.status()),
     }
     // A claim that finds a record writes nothing and is answered as usual.
     let done = fresh_request();
@@ -746,7 +746,7 @@ async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acq
     };
     let lease = match waiting.try_claim(&request).await.unwrap() {
         Claim::Acquired(lease) => lease,
-        Claim::Existing(s) => panic!("found {:?}", s.record.status),
+        Claim::Existing(s) => panic!("found {:?}", s.record.status()),
     };
     let key = waiting.record_key(request.identity.digest());
     let claimed = on_replica(&key);
@@ -773,7 +773,7 @@ async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acq
     );
     assert!(matches!(
         plain.try_claim(&request).await.unwrap(),
-        Claim::Existing(s) if s.record.response == Some(awkward_response())
+        Claim::Existing(s) if s.record.response() == Some(&awkward_response())
     ));
 
     let err = RedisStore::builder()

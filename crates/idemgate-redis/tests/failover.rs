@@ -313,7 +313,7 @@ async fn drive(round: Round, request: Arc<ClaimRequest>, index: usize) {
             "key {index} not final within the bound; last error: {last_error:?}"
         );
         match store.try_claim(&request).await {
-            Ok(Claim::Existing(snapshot)) if snapshot.record.status.is_final() => return,
+            Ok(Claim::Existing(snapshot)) if snapshot.record.status().is_final() => return,
             Ok(Claim::Existing(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
             Ok(Claim::Acquired(lease)) => {
                 runs.lock().unwrap()[index].push(lease.operation_id);
