@@ -70,6 +70,14 @@ impl WithDeadline {
         self.timeout
     }
 
+    /// The same store under another bound.
+    pub fn with_timeout(&self, timeout: Duration) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            timeout,
+        }
+    }
+
     async fn bounded<T>(
         &self,
         operation: &'static str,

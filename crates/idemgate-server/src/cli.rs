@@ -33,6 +33,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// What a Redis idempotency store that persists nothing means for startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisPersistence {
+    /// Log a warning and start: a restart of Redis forgets completed keys.
+    Warn,
+    /// Refuse to start until Redis has AOF or snapshots.
+    Refuse,
+}
+
 /// `idemgate serve` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable.
 #[derive(Debug, Clone, clap::Args)]
@@ -121,6 +130,42 @@ pub struct ServeArgs {
         value_name = "MS"
     )]
     pub wait_ms: u64,
+
+    /// The longest one idempotency-store operation (and one orders-database
+    /// statement or connection checkout) may take, in milliseconds. Past it the
+    /// request answers 503 with Retry-After and nothing runs: a frozen or
+    /// unreachable store does not hold requests until clients give up.
+    #[arg(
+        long,
+        env = "IDEMGATE_STORE_TIMEOUT_MS",
+        default_value_t = 2_000,
+        value_name = "MS"
+    )]
+    pub store_timeout_ms: u64,
+
+    /// With a redis:// store: what to do when Redis persists nothing (no AOF, no
+    /// snapshots), so a Redis restart would forget completed keys and let their
+    /// retries run again: `warn` (log it and start) or `refuse` (do not start).
+    #[arg(
+        long,
+        env = "IDEMGATE_REDIS_PERSISTENCE",
+        value_enum,
+        default_value_t = RedisPersistence::Warn,
+        value_name = "POLICY"
+    )]
+    pub redis_persistence: RedisPersistence,
+
+    /// With a redis:// store: after each claim, completion and renewal, wait until
+    /// this many replicas have it (Redis WAIT, for up to half the store timeout),
+    /// so a failover cannot lose a claim whose handler runs; a claim that did not
+    /// replicate answers 503. 0 (the default) does not wait.
+    #[arg(
+        long,
+        env = "IDEMGATE_REDIS_WAIT_REPLICAS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub redis_wait_replicas: u32,
 
     /// On SIGINT/SIGTERM, how long to let in-flight requests (detached ones
     /// included) finish and store their results, in seconds.
@@ -211,6 +256,12 @@ pub struct Settings {
     pub lease: Duration,
     /// Wait-mode bound; `None` answers 409 at once.
     pub wait: Option<Duration>,
+    /// Bound on one store operation, statement or connection checkout.
+    pub store_timeout: Duration,
+    /// Redis without persistence: warn or refuse.
+    pub redis_persistence: RedisPersistence,
+    /// Replicas a Redis write waits for; 0 for none.
+    pub redis_wait_replicas: u32,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
     /// Log format.
@@ -281,6 +332,13 @@ impl ServeArgs {
                 "must be at least 1",
             ));
         }
+        if self.store_timeout_ms == 0 {
+            return Err(ConfigError::new(
+                "--store-timeout-ms",
+                "IDEMGATE_STORE_TIMEOUT_MS",
+                "must be at least 1",
+            ));
+        }
         if self.lease == 0 {
             return Err(ConfigError::new(
                 "--lease",
@@ -308,6 +366,9 @@ impl ServeArgs {
             ttl: Duration::from_secs(self.ttl),
             lease: Duration::from_secs(self.lease),
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
+            store_timeout: Duration::from_millis(self.store_timeout_ms),
+            redis_persistence: self.redis_persistence,
+            redis_wait_replicas: self.redis_wait_replicas,
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
             log_format: self.log_format,
             connections: self.connections.options()?,
@@ -342,6 +403,9 @@ mod tests {
         assert_eq!(s.idempotency_store, IdempotencyStore::Database);
         assert!(s.wait.is_none());
         assert!(!s.no_idempotency);
+        assert_eq!(s.store_timeout, Duration::from_secs(2));
+        assert_eq!(s.redis_persistence, RedisPersistence::Warn);
+        assert_eq!(s.redis_wait_replicas, 0);
         assert_eq!(s.connections, ListenerOptions::default());
     }
 

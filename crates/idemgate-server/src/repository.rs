@@ -4,9 +4,10 @@
 //! constraint (PROTOCOL §11): whatever the idempotency store, one operation cannot
 //! insert two orders.
 
+use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{PgConnection, PgPool, Row, SqliteConnection, SqlitePool};
 use uuid::Uuid;
@@ -35,8 +36,11 @@ pub struct Placement<'a> {
 }
 
 impl OrdersDb {
-    /// Connects (creating the SQLite file if missing).
-    pub async fn connect(url: &DatabaseUrl) -> Result<Self, sqlx::Error> {
+    /// Connects (creating the SQLite file if missing). `timeout` bounds a
+    /// connection checkout and a PostgreSQL statement, and a SQLite lock wait when
+    /// it is longer than the SQLite store's default, so a frozen or locked database
+    /// answers an error (503) instead of holding the request.
+    pub async fn connect(url: &DatabaseUrl, timeout: Duration) -> Result<Self, sqlx::Error> {
         match url {
             DatabaseUrl::Sqlite(url) => {
                 let path = url
@@ -44,16 +48,24 @@ impl OrdersDb {
                     .trim_start_matches("sqlite:");
                 let pool = SqlitePoolOptions::new()
                     .max_connections(8)
-                    .acquire_timeout(Duration::from_secs(5))
-                    .connect_with(idemgate_sqlite::SqliteStore::connect_options(path))
+                    .acquire_timeout(timeout)
+                    // Lock waits at least the crate's default: two processes starting on
+                    // one file migrate in turn, and a slow disk must not fail that. A
+                    // request is still bounded by the layer's store timeout.
+                    .connect_with(
+                        idemgate_sqlite::SqliteStore::connect_options(path)
+                            .busy_timeout(timeout.max(idemgate_sqlite::DEFAULT_BUSY_TIMEOUT)),
+                    )
                     .await?;
                 Ok(Self::Sqlite(pool))
             }
             DatabaseUrl::Postgres(url) => {
+                let options = PgConnectOptions::from_str(url)?
+                    .options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
                 let pool = PgPoolOptions::new()
                     .max_connections(32)
-                    .acquire_timeout(Duration::from_secs(5))
-                    .connect(url)
+                    .acquire_timeout(timeout)
+                    .connect_with(options)
                     .await?;
                 Ok(Self::Postgres(pool))
             }

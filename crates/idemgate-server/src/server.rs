@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate::{IdempotencyLayer, MemoryStore, Store};
+use idemgate_redis::PersistenceCheck;
 use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-use crate::cli::{IdempotencyStore, Settings};
+use crate::cli::{IdempotencyStore, RedisPersistence, Settings};
 use crate::gateway::Gateway;
 use crate::http::{AppState, OrderWrites, app, app_without_idempotency};
 use crate::listener::{Listener, raise_fd_limit};
@@ -82,7 +83,19 @@ async fn idempotency_store(
         }
         (IdempotencyStore::Memory, _) => (Arc::new(MemoryStore::new()), OrderWrites::Direct, None),
         (IdempotencyStore::Redis(url), _) => {
-            let store = idemgate_redis::RedisStore::connect(url).await?;
+            let mut builder = idemgate_redis::RedisStore::builder()
+                .with_response_timeout(settings.store_timeout)
+                .with_persistence_check(match settings.redis_persistence {
+                    RedisPersistence::Warn => PersistenceCheck::Warn,
+                    RedisPersistence::Refuse => PersistenceCheck::Refuse,
+                });
+            if settings.redis_wait_replicas > 0 {
+                builder = builder.with_replication_wait(
+                    settings.redis_wait_replicas,
+                    settings.store_timeout / 2,
+                );
+            }
+            let store = builder.connect(url).await?;
             (Arc::new(store), OrderWrites::Direct, None)
         }
     })
@@ -99,7 +112,7 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
             None
         }
     };
-    let orders = OrdersDb::connect(&settings.database).await?;
+    let orders = OrdersDb::connect(&settings.database, settings.store_timeout).await?;
     orders.migrate().await?;
     let (store, writes, _purge) = if settings.no_idempotency {
         // The benchmark baseline: the layer below is built (for its task handle)
@@ -126,6 +139,7 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
     let mut layer = IdempotencyLayer::from_arc(store)
         .with_ttl(settings.ttl)
         .with_lease(settings.lease)
+        .with_store_timeout(settings.store_timeout)
         .with_unavailable_retry_after(UNAVAILABLE_RETRY_AFTER);
     if let Some(wait) = settings.wait {
         layer = layer.with_wait(wait);

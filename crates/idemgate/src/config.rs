@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 
-use idemgate_core::Store;
+use idemgate_core::deadline::WithDeadline;
 
 use crate::finality::ServerErrorPolicy;
 use crate::principal::PrincipalExtractor;
@@ -30,7 +30,9 @@ pub enum PathSource {
 /// Settings shared by every request the layer sees.
 #[derive(Clone)]
 pub(crate) struct Config {
-    pub(crate) store: Arc<dyn Store>,
+    /// The store, every operation bounded by the store timeout
+    /// ([`crate::IdempotencyLayer::with_store_timeout`]).
+    pub(crate) store: Arc<WithDeadline>,
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) max_key_length: usize,

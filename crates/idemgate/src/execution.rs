@@ -15,9 +15,12 @@ use http_body_util::{BodyExt, BodyStream, StreamBody};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
+use idemgate_core::deadline::DeadlineExceeded;
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
-use idemgate_core::{BoxError, Completion, Decision, FencedWrite, Lease, StoreError, decide};
+use idemgate_core::{
+    BoxError, Completion, Decision, FencedWrite, Lease, Store, StoreError, decide,
+};
 
 use crate::config::Config;
 use crate::context::OperationContext;
@@ -307,12 +310,24 @@ impl Execution {
         transaction: Box<dyn PendingTransaction>,
         completion: &Completion,
     ) -> Written {
-        match timed(
-            "commit",
-            transaction.complete_and_commit(&self.lease, completion),
-        )
-        .await
-        {
+        // Bounded like every store operation: a database that stops answering
+        // mid-commit must not hold the client. Timing out leaves the commit as
+        // ambiguous as any commit error, and is resolved the same way below.
+        let timeout = self.config.store.timeout();
+        let commit = tokio::time::timeout(
+            timeout,
+            timed(
+                "commit",
+                transaction.complete_and_commit(&self.lease, completion),
+            ),
+        );
+        let committed = commit.await.unwrap_or_else(|_elapsed| {
+            Err(StoreError::unavailable(DeadlineExceeded {
+                operation: "commit",
+                timeout,
+            }))
+        });
+        match committed {
             Ok(FencedWrite::Applied) => Written::Applied,
             Ok(FencedWrite::Refused) => Written::Refused,
             Err(error) => {

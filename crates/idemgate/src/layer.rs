@@ -7,6 +7,7 @@ use http::{HeaderName, Method};
 use tower_layer::Layer;
 
 use idemgate_core::Store;
+use idemgate_core::deadline::{DEFAULT_STORE_TIMEOUT, WithDeadline};
 use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
 
 use crate::config::{Config, PathSource, WaitMode};
@@ -54,7 +55,7 @@ impl IdempotencyLayer {
     /// A layer over `store` with the defaults of PROTOCOL.md: `POST` and `PATCH`,
     /// key optional, keys up to 255 characters, 1 MiB request and stored-response
     /// limits, 30 s lease, 24 h TTL, 409 without waiting, 5xx stored as `FAILED`,
-    /// principal from the request extensions.
+    /// principal from the request extensions, 2 s store timeout.
     pub fn new(store: impl Store) -> Self {
         Self::from_arc(Arc::new(store))
     }
@@ -63,7 +64,7 @@ impl IdempotencyLayer {
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         Self {
             config: Arc::new(Config {
-                store,
+                store: Arc::new(WithDeadline::new(store, DEFAULT_STORE_TIMEOUT)),
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: false,
                 max_key_length: DEFAULT_MAX_KEY_LENGTH,
@@ -257,6 +258,20 @@ impl IdempotencyLayer {
         // from `detached_tasks` before this call still sees every handler.
         let limit = InFlightLimit::new(max);
         self.with(|c| c.in_flight_limit = limit)
+    }
+
+    /// The longest one store operation may take (default 2 s). A store that does
+    /// not answer in time — frozen, partitioned, out of connections — counts as
+    /// unavailable: the request gets 503 with `Retry-After` and its handler does not
+    /// run; writes after the handler are retried while the lease holds. Keep it well
+    /// under your clients' timeout and above the store's worst healthy latency.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_store_timeout(std::time::Duration::from_millis(500));
+    /// ```
+    pub fn with_store_timeout(self, timeout: Duration) -> Self {
+        self.with(|c| c.store = Arc::new(c.store.with_timeout(timeout)))
     }
 
     /// The `Retry-After` sent with 503s for store failures (default 1 s): the store

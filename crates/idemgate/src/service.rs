@@ -24,7 +24,7 @@ use idemgate_core::key::IdempotencyKey;
 use idemgate_core::scope::{Identity, Scope, normalize_path};
 use idemgate_core::transaction::{SlotContents, TransactionSlot};
 use idemgate_core::{
-    BoxError, Claim, ClaimRequest, Decision, LeaseOrigin, Snapshot, StoreError, decide,
+    BoxError, Claim, ClaimRequest, Decision, LeaseOrigin, Snapshot, Store, StoreError, decide,
 };
 
 use crate::config::{Config, PathSource};

@@ -765,6 +765,44 @@ async fn store_outage_is_503_and_nothing_runs() {
 }
 
 #[tokio::test]
+async fn a_store_that_does_not_answer_is_503_within_the_store_timeout() {
+    let store = Arc::new(FaultyStore::default());
+    store.frozen.store(true, Ordering::SeqCst);
+    let gateway = Arc::new(Gateway::default());
+    let layer = IdempotencyLayer::from_arc(store.clone())
+        .with_store_timeout(Duration::from_millis(200))
+        .with_unavailable_retry_after(Duration::from_secs(3));
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let started = std::time::Instant::now();
+    let answer = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    let waited = started.elapsed();
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        answer.problem_type(),
+        "https://idemgate.dev/problems/store-unavailable"
+    );
+    assert_eq!(answer.headers["retry-after"], "3");
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+        "answered after the store timeout, not never: {waited:?}"
+    );
+    assert_eq!(
+        gateway.charges(),
+        0,
+        "nothing runs while the store is frozen"
+    );
+    // The store thaws: the same key runs, once.
+    store.frozen.store(false, Ordering::SeqCst);
+    let answer = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let replay = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, answer.body);
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
 async fn a_full_store_is_503_and_nothing_runs() {
     let gateway = Arc::new(Gateway::default());
     let app = app_with(

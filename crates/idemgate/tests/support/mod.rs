@@ -234,7 +234,17 @@ pub struct FaultyStore {
     pub claims_fail: std::sync::atomic::AtomicBool,
     pub completes_fail: std::sync::atomic::AtomicBool,
     pub renewals_refused: std::sync::atomic::AtomicBool,
+    /// While set, claims and reads do not answer (a frozen store process).
+    pub frozen: std::sync::atomic::AtomicBool,
     pub claims: AtomicUsize,
+}
+
+impl FaultyStore {
+    async fn answer_unless_frozen(&self) {
+        while self.frozen.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 fn outage() -> StoreError {
@@ -248,6 +258,7 @@ fn outage() -> StoreError {
 impl Store for FaultyStore {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
+        self.answer_unless_frozen().await;
         if self.claims_fail.load(Ordering::SeqCst) {
             return Err(outage());
         }
@@ -276,6 +287,7 @@ impl Store for FaultyStore {
         self.memory.delete(lease).await
     }
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.answer_unless_frozen().await;
         self.memory.get(identity).await
     }
 }
