@@ -22,6 +22,8 @@
 pub mod conformance;
 #[cfg(feature = "transactional")]
 pub mod setup;
+#[cfg(feature = "strategies")]
+pub mod strategies;
 #[cfg(feature = "transactional")]
 pub mod transactional;
 

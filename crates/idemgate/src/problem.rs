@@ -91,7 +91,12 @@ impl ProblemDetails {
             HeaderValue::from_static("application/problem+json"),
         );
         if let Some(after) = self.retry_after {
-            let seconds = after.as_secs_f64().ceil().max(1.0) as u64;
+            // Integer arithmetic: a float loses the sub-second part of long
+            // durations and would round them down (found by the property tests).
+            let seconds = after
+                .as_secs()
+                .saturating_add(u64::from(after.subsec_nanos() > 0))
+                .max(1);
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
         (response, body)
