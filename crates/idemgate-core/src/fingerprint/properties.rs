@@ -6,6 +6,8 @@
 //! and every rendering must canonicalize to the same bytes.
 
 use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 
 use super::canonical::{NotCanonical, canonicalize};
 use super::{Fingerprint, FingerprintInput};
@@ -48,20 +50,16 @@ fn json() -> impl Strategy<Value = Json> {
     })
 }
 
-/// Chooses how a rendering spells things (splitmix64: small, deterministic per seed).
-struct Spelling(u64);
+/// Chooses how a rendering spells things, from a seeded generator.
+struct Spelling(StdRng);
 
 impl Spelling {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Self {
+        Self(StdRng::seed_from_u64(seed))
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.random_range(0..n)
     }
 
     fn whitespace(&mut self, out: &mut String) {
@@ -195,7 +193,7 @@ impl Spelling {
 
 fn spell(value: &Json, seed: u64) -> String {
     let mut out = String::new();
-    Spelling(seed).render(value, &mut out);
+    Spelling::new(seed).render(value, &mut out);
     out
 }
 

@@ -4,6 +4,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng};
+
 /// `IDEMGATE_FAULTS_FULL=1`: the long variant.
 pub fn full() -> bool {
     std::env::var("IDEMGATE_FAULTS_FULL").is_ok_and(|v| v == "1")
@@ -19,8 +22,8 @@ pub fn span(small: Duration, large: Duration) -> Duration {
     if full() { large } else { small }
 }
 
-/// A small seeded generator (SplitMix64): enough to pick kill moments, no dependency.
-pub struct Rng(u64);
+/// A seeded generator: the same seed makes the same kill moments and outages.
+pub struct Rng(StdRng);
 
 impl Rng {
     /// Seeded from `IDEMGATE_FAULTS_SEED`, else from the clock; prints the seed.
@@ -34,20 +37,12 @@ impl Rng {
                     .map_or(0, |d| d.as_nanos() as u64)
             });
         eprintln!("[faults] {test}: IDEMGATE_FAULTS_SEED={seed}");
-        Self(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        Self(StdRng::seed_from_u64(seed))
     }
 
     /// A duration in `[low, high)` milliseconds.
     pub fn millis(&mut self, low: u64, high: u64) -> Duration {
-        Duration::from_millis(low + self.next() % (high - low).max(1))
+        Duration::from_millis(self.0.random_range(low..high.max(low + 1)))
     }
 }
 
