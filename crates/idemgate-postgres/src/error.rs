@@ -5,37 +5,10 @@ use idemgate_sqlx::ErrorClass;
 
 use crate::PostgresStore;
 
-/// What can go wrong outside the [`idemgate_core::Store`] methods: migrating, and
-/// starting the purge task. (Store methods answer [`StoreError`].)
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// [`crate::PostgresStore::connect`] could not reach the database.
-    #[error("could not connect to the idemgate PostgreSQL database")]
-    Connect(#[source] sqlx::Error),
-    /// The migration's statements failed.
-    #[error("idemgate PostgreSQL migration failed")]
-    Migrate(#[source] sqlx::Error),
-    /// The database holds a schema newer than this build knows: an older build must
-    /// not write to it.
-    #[error("idemgate schema version {found} is newer than this build supports ({supported})")]
-    SchemaTooNew {
-        /// The version recorded in the database.
-        found: i64,
-        /// The newest version this build knows.
-        supported: i64,
-    },
-    /// [`crate::PostgresStore::spawn_purge`] was called outside a tokio runtime.
-    #[error("no tokio runtime to run the purge task on")]
-    NoRuntime(#[source] tokio::runtime::TryCurrentError),
-}
-
-impl From<idemgate_sqlx::SchemaTooNew> for Error {
-    fn from(too_new: idemgate_sqlx::SchemaTooNew) -> Self {
-        let idemgate_sqlx::SchemaTooNew { found, supported } = too_new;
-        Self::SchemaTooNew { found, supported }
-    }
-}
+/// What can go wrong outside the [`idemgate_core::Store`] methods: opening the
+/// database, migrating, and starting the purge task (store methods answer
+/// [`StoreError`]). The same type for both SQL stores.
+pub use idemgate_sqlx::SetupError as Error;
 
 /// Classifies a SQLSTATE: the ones that mean "try again later" are transient, a
 /// missing table or schema and a refused permission are misconfiguration, every

@@ -28,12 +28,9 @@ pub enum StartupError {
     /// The orders database is unreachable or refused its migration.
     #[error("orders database: {0}")]
     Database(#[from] sqlx::Error),
-    /// The SQLite idempotency store could not be prepared.
-    #[error("SQLite idempotency store: {0}")]
-    SqliteStore(#[from] idemgate_sqlite::Error),
-    /// The PostgreSQL idempotency store could not be prepared.
-    #[error("PostgreSQL idempotency store: {0}")]
-    PostgresStore(#[from] idemgate_postgres::Error),
+    /// The SQLite or PostgreSQL idempotency store could not be prepared.
+    #[error("SQL idempotency store: {0}")]
+    SqlStore(#[from] idemgate_sqlx::SetupError),
     /// Redis is unreachable or unsafe (eviction policy).
     #[error("Redis idempotency store: {0}")]
     RedisStore(#[from] idemgate_redis::RedisStoreError),

@@ -6,37 +6,9 @@ use idemgate_sqlx::ErrorClass;
 use crate::SqliteStore;
 
 /// What can go wrong outside the [`idemgate_core::Store`] methods: opening the
-/// database, migrating, and starting the purge task. (Store methods answer
-/// [`StoreError`].)
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The database file could not be opened or created.
-    #[error("could not open the idemgate SQLite database")]
-    Open(#[source] sqlx::Error),
-    /// The migration's statements failed.
-    #[error("idemgate SQLite migration failed")]
-    Migrate(#[source] sqlx::Error),
-    /// The database holds a schema newer than this build knows: an older build must
-    /// not write to it.
-    #[error("idemgate schema version {found} is newer than this build supports ({supported})")]
-    SchemaTooNew {
-        /// The version recorded in the database.
-        found: i64,
-        /// The newest version this build knows.
-        supported: i64,
-    },
-    /// [`crate::SqliteStore::spawn_purge`] was called outside a tokio runtime.
-    #[error("no tokio runtime to run the purge task on")]
-    NoRuntime(#[source] tokio::runtime::TryCurrentError),
-}
-
-impl From<idemgate_sqlx::SchemaTooNew> for Error {
-    fn from(too_new: idemgate_sqlx::SchemaTooNew) -> Self {
-        let idemgate_sqlx::SchemaTooNew { found, supported } = too_new;
-        Self::SchemaTooNew { found, supported }
-    }
-}
+/// database, migrating, and starting the purge task (store methods answer
+/// [`StoreError`]). The same type for both SQL stores.
+pub use idemgate_sqlx::SetupError as Error;
 
 // Primary result codes (https://www.sqlite.org/rescode.html). Extended codes carry
 // the primary one in their low byte.

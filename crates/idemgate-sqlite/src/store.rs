@@ -85,7 +85,7 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(Self::connect_options(path))
             .await
-            .map_err(Error::Open)?;
+            .map_err(Error::Connect)?;
         let store = Self::new(pool);
         store.migrate().await?;
         Ok(store)

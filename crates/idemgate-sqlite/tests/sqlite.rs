@@ -152,7 +152,7 @@ async fn opening_an_impossible_path_is_an_error() {
     let err = SqliteStore::open("/nonexistent-idemgate-dir/sub/x.db")
         .await
         .expect_err("cannot create");
-    assert!(matches!(err, Error::Open(_)), "{err:?}");
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
 }
 
 // --- the transactional suite ----------------------------------------------------------

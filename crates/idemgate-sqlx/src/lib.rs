@@ -47,7 +47,7 @@ pub use record::{
     CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_lease, decode_snapshot,
     millis, token_param,
 };
-pub use setup::{SchemaStep, SchemaTooNew, schema_step};
+pub use setup::{SchemaStep, SchemaTooNew, SetupError, schema_step};
 
 /// What [`sql_store_methods!`] expands to refers to, so a store crate needs no
 /// matching dependency versions of its own. Not API.

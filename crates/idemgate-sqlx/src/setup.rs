@@ -1,7 +1,8 @@
-//! The one rule a SQL store's migration keeps about schema versions.
+//! Setting a SQL store up: the one rule its migration keeps about schema versions,
+//! and the errors of opening, migrating and starting the purge task.
 
 /// A database migrated by a newer build than this one: an older build must not
-/// write to it. Each store turns it into its `Error::SchemaTooNew`.
+/// write to it ([`SetupError::SchemaTooNew`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("idemgate schema version {found} is newer than this build supports ({supported})")]
 pub struct SchemaTooNew {
@@ -9,6 +10,41 @@ pub struct SchemaTooNew {
     pub found: i64,
     /// The newest version this build knows.
     pub supported: i64,
+}
+
+/// What can go wrong setting a SQL store up, outside its `Store` methods (which
+/// answer `StoreError`): opening or connecting, migrating, starting the purge task.
+/// One type for both SQL stores (`idemgate_sqlite::Error` and
+/// `idemgate_postgres::Error` name it), so an application that starts either
+/// handles one error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The database could not be reached, opened or created.
+    #[error("could not open the idemgate database")]
+    Connect(#[source] sqlx::Error),
+    /// The migration's statements failed.
+    #[error("idemgate migration failed")]
+    Migrate(#[source] sqlx::Error),
+    /// The database holds a schema newer than this build knows: an older build must
+    /// not write to it.
+    #[error("idemgate schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew {
+        /// The version recorded in the database.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The purge task was started outside a tokio runtime.
+    #[error("no tokio runtime to run the purge task on")]
+    NoRuntime(#[source] tokio::runtime::TryCurrentError),
+}
+
+impl From<SchemaTooNew> for SetupError {
+    fn from(too_new: SchemaTooNew) -> Self {
+        let SchemaTooNew { found, supported } = too_new;
+        Self::SchemaTooNew { found, supported }
+    }
 }
 
 /// What a migration does with its table, given the schema version recorded for it.
