@@ -75,6 +75,10 @@ impl Forward {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 remove_hop_by_hop(&mut parts.headers);
+                // The upstream's HTTP version is its hop's: the client's hop is
+                // answered in HTTP/1.1 (or HTTP/2, which ignores this field), not
+                // downgraded to an HTTP/1.0 upstream's version and its closes.
+                parts.version = Version::HTTP_11;
                 Response::from_parts(parts, Body::new(body))
             }
             Ok(Err(error)) if error.is_connect() => {

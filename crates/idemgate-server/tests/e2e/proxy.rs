@@ -547,3 +547,55 @@ async fn proxy_on_postgres_replays_and_runs_a_race_once() {
     assert!(replay.replayed());
     assert_eq!(upstream.executions(), 1);
 }
+
+/// An upstream that reads each request head and then closes the connection
+/// without a byte of answer: the request was sent, whether it ran is unknown.
+/// Counts the requests it received.
+async fn hanging_up_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&received);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0_u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            });
+        }
+    });
+    (addr, received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_stores_a_broken_exchange_so_a_retry_does_not_run_again() {
+    let (addr, received) = hanging_up_upstream().await;
+    let proxy = Proxy::start(ProxyOptions::new(format!("http://{addr}"))).await;
+    let client = Client::new();
+    let key = new_key();
+    let broken = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(broken.status, StatusCode::BAD_GATEWAY, "{broken:?}");
+    assert_eq!(
+        broken.problem_type(),
+        "https://idemgate.dev/problems/upstream-failed"
+    );
+    assert_eq!(received.load(Ordering::SeqCst), 1, "the request was sent");
+    let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(retry.status, StatusCode::BAD_GATEWAY);
+    assert!(
+        retry.replayed(),
+        "the outcome is unknown: replayed, not re-sent"
+    );
+    assert_eq!(retry.body, broken.body);
+    assert_eq!(received.load(Ordering::SeqCst), 1, "no second send");
+}
