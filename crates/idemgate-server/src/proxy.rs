@@ -425,3 +425,144 @@ async fn render_metrics(State(admin): State<Admin>) -> Response {
     admin.tasks.record_gauges();
     metrics_response(admin.metrics.as_ref())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn settings(extra: &[&str]) -> Result<ProxySettings, ConfigError> {
+        let mut argv = vec![
+            "idemgate",
+            "proxy",
+            "--upstream",
+            "http://127.0.0.1:3000/api",
+        ];
+        argv.extend_from_slice(extra);
+        let Command::Proxy(args) = Cli::try_parse_from(argv).expect("parses").command else {
+            panic!("proxy parses as proxy");
+        };
+        args.settings()
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let s = settings(&[
+            "--principal-secret",
+            "s",
+            "--idempotency-store",
+            "sqlite://./p.db",
+        ])
+        .unwrap();
+        assert_eq!(s.upstream, "http://127.0.0.1:3000/api".parse().unwrap());
+        assert_eq!(s.admin_listen, "127.0.0.1:9901".parse().unwrap());
+        assert_eq!(s.upstream_timeout, Duration::from_secs(30));
+        assert_eq!(s.store, ProxyStore::Sqlite("sqlite://./p.db".to_owned()));
+        assert!(matches!(s.principal, PrincipalSource::Authorization(_)));
+        assert_eq!(s.timing.ttl, Duration::from_secs(86_400));
+        assert_eq!(s.timing.lease, Duration::from_secs(30));
+        assert_eq!(s.timing.wait, None);
+        assert_eq!(s.timing.store_timeout, Duration::from_secs(2));
+        let s = settings(&[
+            "--principal-secret",
+            "s",
+            "--listen",
+            "127.0.0.1:0",
+            "--port",
+            "9",
+        ])
+        .unwrap();
+        assert_eq!(s.listen.port(), 0, "--listen beats PORT");
+    }
+
+    #[test]
+    fn every_store_kind_parses_and_others_are_refused() {
+        for (flag, kind) in [
+            ("memory", "memory"),
+            ("postgres://u@h/db", "postgres"),
+            ("redis://h:6379", "redis"),
+            ("sqlite://x.db", "sqlite"),
+        ] {
+            let s =
+                settings(&["--principal", "header:x-user", "--idempotency-store", flag]).unwrap();
+            assert_eq!(s.store.kind(), kind);
+        }
+        let err = settings(&[
+            "--principal",
+            "header:x-user",
+            "--idempotency-store",
+            "database",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("IDEMGATE_IDEMPOTENCY_STORE"), "{err}");
+    }
+
+    #[test]
+    fn the_authorization_principal_needs_a_secret() {
+        let err = settings(&[]).unwrap_err().to_string();
+        assert!(
+            err.contains("IDEMGATE_PRINCIPAL_SECRET") && err.contains("--principal-secret-file"),
+            "{err}"
+        );
+        let dir = std::env::temp_dir().join(format!("idemgate-secret-{}", std::process::id()));
+        std::fs::write(&dir, "from-a-file\n").unwrap();
+        let s = settings(&["--principal-secret-file", dir.to_str().unwrap()]).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        let PrincipalSource::Authorization(secret) = s.principal else {
+            panic!("authorization");
+        };
+        assert_eq!(
+            &secret[..],
+            b"from-a-file",
+            "the trailing newline is not the secret"
+        );
+        let err = settings(&["--principal-secret-file", "/nonexistent/secret"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_PRINCIPAL_SECRET_FILE"), "{err}");
+    }
+
+    #[test]
+    fn principal_sources_parse_and_jwt_is_not_supported_yet() {
+        let s = settings(&["--principal", "header:X-User-Id"]).unwrap();
+        assert!(
+            matches!(&s.principal, PrincipalSource::Header(name) if name == "x-user-id"),
+            "{:?}",
+            s.principal
+        );
+        let err = settings(&["--principal", "jwt"]).unwrap_err().to_string();
+        assert!(err.contains("not supported yet"), "{err}");
+        let err = settings(&["--principal", "header:bad name"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_PRINCIPAL"), "{err}");
+        let err = settings(&["--principal", "cookie"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_PRINCIPAL"), "{err}");
+    }
+
+    #[test]
+    fn bad_upstreams_and_timeouts_name_their_flag() {
+        let mut argv = vec!["idemgate", "proxy", "--upstream", "https://api.example"];
+        argv.extend(["--principal", "header:x-user"]);
+        let Command::Proxy(args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("proxy");
+        };
+        let err = args.settings().unwrap_err().to_string();
+        assert!(err.contains("IDEMGATE_UPSTREAM"), "{err}");
+        let err = settings(&["--principal", "header:x-user", "--upstream-timeout-ms", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_UPSTREAM_TIMEOUT_MS"), "{err}");
+    }
+
+    #[test]
+    fn the_secret_never_shows_in_debug_output() {
+        let s = settings(&["--principal-secret", "hunter2"]).unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}

@@ -599,3 +599,86 @@ async fn proxy_stores_a_broken_exchange_so_a_retry_does_not_run_again() {
     assert_eq!(retry.body, broken.body);
     assert_eq!(received.load(Ordering::SeqCst), 1, "no second send");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_refuses_an_oversized_keyed_body_and_streams_a_keyless_one() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let client = Client::new();
+    let large = "x".repeat(3 * 1024 * 1024);
+    let keyed = client
+        .post(&proxy.url("/uploads"), Some(&new_key()), &large)
+        .await;
+    assert_eq!(keyed.status, StatusCode::PAYLOAD_TOO_LARGE, "{keyed:?}");
+    assert_eq!(
+        keyed.problem_type(),
+        "https://idemgate.dev/problems/body-too-large"
+    );
+    assert_eq!(upstream.executions(), 0, "refused before forwarding");
+    let keyless = client.post(&proxy.url("/uploads"), None, &large).await;
+    assert_eq!(keyless.status, StatusCode::CREATED, "{keyless:?}");
+    assert_eq!(upstream.executions(), 1);
+    assert_eq!(
+        upstream.seen()[0].body.len(),
+        large.len(),
+        "the whole body arrived"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_answers_401_to_a_keyed_request_without_a_principal_and_forwards_nothing() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let response = reqwest::Client::new()
+        .post(proxy.url("/orders"))
+        .header("idempotency-key", new_key())
+        .body(ORDER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(upstream.executions(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_scopes_keys_by_a_trusted_header_principal() {
+    let upstream = Upstream::start().await;
+    let proxy =
+        Proxy::start(ProxyOptions::new(upstream.url()).arg("--principal", "header:x-user-id"))
+            .await;
+    let http = reqwest::Client::new();
+    let key = new_key();
+    let post = |user: &'static str| {
+        http.post(proxy.url("/orders"))
+            .header("x-user-id", user)
+            .header("idempotency-key", &key)
+            .body(ORDER)
+            .send()
+    };
+    let alice = post("alice").await.unwrap();
+    assert_eq!(alice.status(), StatusCode::CREATED);
+    let alice_again = post("alice").await.unwrap();
+    assert_eq!(alice_again.headers()["idempotent-replayed"], "true");
+    let bob = post("bob").await.unwrap();
+    assert_eq!(bob.status(), StatusCode::CREATED);
+    assert!(
+        !bob.headers().contains_key("idempotent-replayed"),
+        "bob's key is bob's"
+    );
+    assert_eq!(upstream.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_on_redis_replays_a_lost_response_with_one_upstream_execution() {
+    let upstream = Upstream::start().await;
+    let proxy =
+        Proxy::start(ProxyOptions::new(upstream.url()).store(&crate::server::redis_url())).await;
+    let client = Client::new();
+    let key = new_key();
+    let first = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executions(), 1);
+}
