@@ -30,6 +30,8 @@ pub struct Seen {
 
 #[derive(Default)]
 struct UpstreamState {
+    /// Requests whose handler started, before their body was read.
+    started: AtomicUsize,
     executions: AtomicUsize,
     seen: Mutex<Vec<Seen>>,
     delay_ms: AtomicU64,
@@ -70,6 +72,10 @@ impl Upstream {
         self.state.executions.load(Ordering::SeqCst)
     }
 
+    pub fn started(&self) -> usize {
+        self.state.started.load(Ordering::SeqCst)
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
     }
@@ -86,6 +92,7 @@ impl Upstream {
 }
 
 async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> Response {
+    state.started.fetch_add(1, Ordering::SeqCst);
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, usize::MAX)
         .await
@@ -681,4 +688,49 @@ async fn proxy_on_redis_replays_a_lost_response_with_one_upstream_execution() {
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
     assert_eq!(upstream.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_streams_an_uncovered_body_to_the_upstream_before_it_ends() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // A keyless POST, chunked: the first chunk now, the end only once the
+    // upstream's handler has started — which it cannot if the proxy buffers.
+    stream
+        .write_all(
+            b"POST /stream HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while upstream.started() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the upstream got the request while its body was still being sent");
+    assert_eq!(upstream.executions(), 0, "the body has not ended yet");
+    stream.write_all(b"6\r\n world\r\n0\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("\"run\"") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 201"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(upstream.seen()[0].body, "hello world".as_bytes());
 }
