@@ -1,4 +1,5 @@
-//! The command line: `idemgate serve`, every flag with its environment variable.
+//! The command line: `idemgate serve` and `idemgate proxy` (its flags in
+//! [`crate::proxy`]), every flag with its environment variable.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Accepting HTTP connections with the limits every public listener needs, in one
-//! place for `serve` now and for the proxy and admin listeners later.
+//! place for `serve` and for the proxy's public and admin listeners.
 //!
 //! A server that waits forever for a client is a server a few slow clients can
 //! take down: 100 connections dribbling one header byte per second, or 20 bodies
@@ -70,7 +70,7 @@ const FD_RESERVE: u64 = 128;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Connection limits as flags, flattened into every subcommand that listens
-/// (`serve` now, the proxy later). Each flag has its environment variable; a flag
+/// (`serve`, `proxy`). Each flag has its environment variable; a flag
 /// wins over its variable.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ListenerArgs {
