@@ -8,8 +8,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::listener::{ListenerArgs, ListenerOptions};
 
-/// The idemgate orders service: POST /api/v1/orders charges a payment gateway and
-/// stores an order exactly once per Idempotency-Key.
+/// idemgate: `serve` runs the orders service (POST /api/v1/orders charges a payment
+/// gateway and stores an order exactly once per Idempotency-Key); `proxy` puts the
+/// Idempotency-Key protocol in front of any HTTP API.
 #[derive(Debug, Parser)]
 #[command(name = "idemgate", version, propagate_version = true)]
 pub struct Cli {
