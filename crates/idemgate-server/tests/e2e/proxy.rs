@@ -206,7 +206,7 @@ fn proxy_command(options: &ProxyOptions) -> Command {
 
 /// A running `idemgate proxy`.
 pub struct Proxy {
-    _child: Child,
+    child: Child,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
 }
@@ -221,7 +221,7 @@ impl Proxy {
         )
         .await;
         Self {
-            _child: child,
+            child,
             addr: addrs[0],
             admin: addrs[1],
         }
@@ -229,6 +229,11 @@ impl Proxy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// `kill -9`: no shutdown, the record stays PROCESSING.
+    pub async fn kill9(mut self) {
+        self.child.kill().await.expect("kill -9");
     }
 }
 
@@ -733,4 +738,64 @@ async fn proxy_streams_an_uncovered_body_to_the_upstream_before_it_ends() {
         String::from_utf8_lossy(&answer)
     );
     assert_eq!(upstream.seen()[0].body, "hello world".as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxy_killed_mid_request_hands_the_same_forwarded_key_to_the_retry() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(2_000));
+    let dir = TempDir::new("idemgate-proxy-kill");
+    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
+    let options = || {
+        ProxyOptions::new(upstream.url())
+            .store(&store)
+            .arg("--lease", 1)
+            .arg("--ttl", 60)
+    };
+    let first = Proxy::start(options()).await;
+    let client = Client::new();
+    let key = new_key();
+    let in_flight = {
+        let (client, key, url) = (client.clone(), key.clone(), first.url("/orders"));
+        tokio::spawn(async move { client.try_post(&url, Some(&key), ORDER).await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while upstream.started() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the upstream holds the request");
+    first.kill9().await;
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client lost its answer"
+    );
+
+    upstream.set_delay(Duration::ZERO);
+    let second = Proxy::start(options()).await;
+    // Until the dead holder's lease lapses the key is in progress; then the retry
+    // takes the operation over.
+    let retried = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let answer = client.post(&second.url("/orders"), Some(&key), ORDER).await;
+            if answer.status != StatusCode::CONFLICT {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the lease lapses");
+    assert_eq!(retried.status, StatusCode::CREATED, "{retried:?}");
+    let replay = client.post(&second.url("/orders"), Some(&key), ORDER).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retried.body);
+    // The upstream saw the operation twice (the first run's outcome is unknown
+    // to the proxy), both times under one forwarded key, so an upstream that
+    // dedupes by it executes once.
+    let keys: Vec<String> = upstream.seen().iter().map(derived_key).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], keys[1], "a takeover keeps the operation's key");
+    assert_ne!(keys[0], key);
 }
