@@ -627,6 +627,7 @@ async fn proxy_refuses_an_oversized_keyed_body_and_streams_a_keyless_one() {
         "https://idemgate.dev/problems/body-too-large"
     );
     assert_eq!(upstream.executions(), 0, "refused before forwarding");
+    let large = "x".repeat(3 * 1024 * 1024);
     let keyless = client.post(&proxy.url("/uploads"), None, &large).await;
     assert_eq!(keyless.status, StatusCode::CREATED, "{keyless:?}");
     assert_eq!(upstream.executions(), 1);
