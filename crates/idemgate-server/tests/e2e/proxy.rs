@@ -276,22 +276,19 @@ async fn proxy_replays_a_lost_response_byte_for_byte_with_one_upstream_execution
     assert_eq!(forwarded.len(), 36, "the operation id: {forwarded}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn proxy_runs_64_racing_same_key_requests_upstream_once() {
-    let upstream = Upstream::start().await;
-    upstream.set_delay(Duration::from_millis(500));
-    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+/// `concurrency` same-key requests at once, spread over `proxies`: every answer
+/// is the one outcome or 409, and the upstream ran once.
+async fn race(proxies: &[&Proxy], upstream: &Upstream, concurrency: usize) {
     let client = Client::new();
     let key = new_key();
-    let concurrency = 64;
     let barrier = Arc::new(Barrier::new(concurrency));
     let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
+        .map(|i| {
             let (client, key, barrier, url) = (
                 client.clone(),
                 key.clone(),
                 Arc::clone(&barrier),
-                proxy.url("/orders"),
+                proxies[i % proxies.len()].url("/orders"),
             );
             tokio::spawn(async move {
                 barrier.wait().await;
@@ -316,11 +313,43 @@ async fn proxy_runs_64_racing_same_key_requests_upstream_once() {
         created.iter().all(|body| *body == created[0]),
         "one outcome"
     );
+    let replay = client
+        .post(&proxies[0].url("/orders"), Some(&key), ORDER)
+        .await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, created[0]);
     assert_eq!(
         upstream.executions(),
         1,
         "{concurrency} racers, one execution"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxy_runs_64_racing_same_key_requests_upstream_once() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(500));
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    race(&[&proxy], &upstream, 64).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_proxies_on_one_postgres_run_64_racers_upstream_once() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(500));
+    let a = Proxy::start(ProxyOptions::new(upstream.url()).store(&postgres_url())).await;
+    let b = Proxy::start(ProxyOptions::new(upstream.url()).store(&postgres_url())).await;
+    race(&[&a, &b], &upstream, 64).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_proxies_on_one_redis_run_64_racers_upstream_once() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(500));
+    let store = crate::server::redis_url();
+    let a = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
+    let b = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
+    race(&[&a, &b], &upstream, 64).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -522,42 +551,6 @@ async fn proxy_refuses_to_start_without_a_principal_secret() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("IDEMGATE_PRINCIPAL_SECRET"), "{stderr}");
     assert!(stderr.contains("--principal-secret-file"), "{stderr}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn proxy_on_postgres_replays_and_runs_a_race_once() {
-    let upstream = Upstream::start().await;
-    upstream.set_delay(Duration::from_millis(300));
-    let proxy = Proxy::start(ProxyOptions::new(upstream.url()).store(&postgres_url())).await;
-    let client = Client::new();
-    let key = new_key();
-    let concurrency = 64;
-    let barrier = Arc::new(Barrier::new(concurrency));
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (client, key, barrier, url) = (
-                client.clone(),
-                key.clone(),
-                Arc::clone(&barrier),
-                proxy.url("/orders"),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                client.post(&url, Some(&key), ORDER).await.status
-            })
-        })
-        .collect();
-    for task in tasks {
-        let status = task.await.unwrap();
-        assert!(
-            status == StatusCode::CREATED || status == StatusCode::CONFLICT,
-            "{status}"
-        );
-    }
-    let replay = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
-    assert_eq!(replay.status, StatusCode::CREATED);
-    assert!(replay.replayed());
-    assert_eq!(upstream.executions(), 1);
 }
 
 /// An upstream that reads each request head and then closes the connection
