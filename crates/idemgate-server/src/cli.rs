@@ -1,4 +1,5 @@
-//! The command line: `idemgate serve`, every flag with its environment variable.
+//! The command line: `idemgate serve` and `idemgate proxy` (its flags in
+//! [`crate::proxy`]), every flag with its environment variable.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -7,8 +8,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::listener::{ListenerArgs, ListenerOptions};
 
-/// The idemgate orders service: POST /api/v1/orders charges a payment gateway and
-/// stores an order exactly once per Idempotency-Key.
+/// idemgate: `serve` runs the orders service (POST /api/v1/orders charges a payment
+/// gateway and stores an order exactly once per Idempotency-Key); `proxy` puts the
+/// Idempotency-Key protocol in front of any HTTP API.
 #[derive(Debug, Parser)]
 #[command(name = "idemgate", version, propagate_version = true)]
 pub struct Cli {
@@ -22,6 +24,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the HTTP service.
     Serve(ServeArgs),
+    /// Put the Idempotency-Key protocol in front of any HTTP API: a reverse proxy
+    /// to --upstream.
+    Proxy(crate::proxy::ProxyArgs),
 }
 
 /// Where log lines go and how they look.
@@ -101,6 +106,53 @@ pub struct ServeArgs {
     )]
     pub simulated_gateway_delay_ms: u64,
 
+    /// Record timing: TTL, lease, wait mode, store timeout.
+    #[command(flatten)]
+    pub layer: LayerArgs,
+
+    /// With a redis:// store: what to do when Redis persists nothing (no AOF, no
+    /// snapshots), so a Redis restart would forget completed keys and let their
+    /// retries run again: `warn` (log it and start) or `refuse` (do not start).
+    #[arg(
+        long,
+        env = "IDEMGATE_REDIS_PERSISTENCE",
+        value_enum,
+        default_value_t = RedisPersistence::Warn,
+        value_name = "POLICY"
+    )]
+    pub redis_persistence: RedisPersistence,
+
+    /// With a redis:// store: after each claim, completion and renewal, wait until
+    /// this many replicas have it (Redis WAIT, for up to half the store timeout),
+    /// so a failover cannot lose a claim whose handler runs; a claim that did not
+    /// replicate answers 503. 0 (the default) does not wait.
+    #[arg(
+        long,
+        env = "IDEMGATE_REDIS_WAIT_REPLICAS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub redis_wait_replicas: u32,
+
+    /// Shutdown deadline and log format.
+    #[command(flatten)]
+    pub process: ProcessArgs,
+
+    /// Connection limits: header, body and idle timeouts, the connection bound.
+    #[command(flatten)]
+    pub connections: ListenerArgs,
+
+    /// Benchmarks only: serve the same routes and handlers with no idempotency
+    /// layer, so `idemgate-bench` can measure what the layer costs against this
+    /// `bare` baseline. Hidden from `--help`, no environment variable: without the
+    /// layer a retried POST charges and stores twice.
+    #[arg(long, hide = true)]
+    pub no_idempotency: bool,
+}
+
+/// The idempotency layer's timing flags, flattened into `serve` and `proxy`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LayerArgs {
     /// How long a completed idempotency record is kept, in seconds; after it the
     /// key is new.
     #[arg(
@@ -142,31 +194,61 @@ pub struct ServeArgs {
         value_name = "MS"
     )]
     pub store_timeout_ms: u64,
+}
 
-    /// With a redis:// store: what to do when Redis persists nothing (no AOF, no
-    /// snapshots), so a Redis restart would forget completed keys and let their
-    /// retries run again: `warn` (log it and start) or `refuse` (do not start).
-    #[arg(
-        long,
-        env = "IDEMGATE_REDIS_PERSISTENCE",
-        value_enum,
-        default_value_t = RedisPersistence::Warn,
-        value_name = "POLICY"
-    )]
-    pub redis_persistence: RedisPersistence,
+/// The layer's timing, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerTiming {
+    /// Record TTL.
+    pub ttl: Duration,
+    /// Lease length.
+    pub lease: Duration,
+    /// Wait-mode bound; `None` answers 409 at once.
+    pub wait: Option<Duration>,
+    /// Bound on one store operation, statement or connection checkout.
+    pub store_timeout: Duration,
+}
 
-    /// With a redis:// store: after each claim, completion and renewal, wait until
-    /// this many replicas have it (Redis WAIT, for up to half the store timeout),
-    /// so a failover cannot lose a claim whose handler runs; a claim that did not
-    /// replicate answers 503. 0 (the default) does not wait.
-    #[arg(
-        long,
-        env = "IDEMGATE_REDIS_WAIT_REPLICAS",
-        default_value_t = 0,
-        value_name = "N"
-    )]
-    pub redis_wait_replicas: u32,
+impl LayerArgs {
+    /// Checks the flags: a lease and a store timeout of at least 1, a TTL longer
+    /// than the lease.
+    pub fn timing(&self) -> Result<LayerTiming, ConfigError> {
+        if self.store_timeout_ms == 0 {
+            return Err(ConfigError::new(
+                "--store-timeout-ms",
+                "IDEMGATE_STORE_TIMEOUT_MS",
+                "must be at least 1",
+            ));
+        }
+        if self.lease == 0 {
+            return Err(ConfigError::new(
+                "--lease",
+                "IDEMPOTENCY_LEASE_SECONDS",
+                "must be at least 1 second",
+            ));
+        }
+        if self.ttl <= self.lease {
+            return Err(ConfigError::new(
+                "--ttl",
+                "IDEMPOTENCY_TTL_SECONDS",
+                format!(
+                    "the TTL ({} s) must be longer than the lease ({} s)",
+                    self.ttl, self.lease
+                ),
+            ));
+        }
+        Ok(LayerTiming {
+            ttl: Duration::from_secs(self.ttl),
+            lease: Duration::from_secs(self.lease),
+            wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
+            store_timeout: Duration::from_millis(self.store_timeout_ms),
+        })
+    }
+}
 
+/// How the process stops and logs, flattened into `serve` and `proxy`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProcessArgs {
     /// On SIGINT/SIGTERM, how long to let in-flight requests (detached ones
     /// included) finish and store their results, in seconds.
     #[arg(
@@ -180,17 +262,16 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+}
 
-    /// Connection limits: header, body and idle timeouts, the connection bound.
-    #[command(flatten)]
-    pub connections: ListenerArgs,
-
-    /// Benchmarks only: serve the same routes and handlers with no idempotency
-    /// layer, so `idemgate-bench` can measure what the layer costs against this
-    /// `bare` baseline. Hidden from `--help`, no environment variable: without the
-    /// layer a retried POST charges and stores twice.
-    #[arg(long, hide = true)]
-    pub no_idempotency: bool,
+/// The listen address of a subcommand's public listener: `--listen`, else
+/// `PORT` on 127.0.0.1, else 127.0.0.1:8080.
+pub(crate) fn listen_address(listen: Option<SocketAddr>, port: Option<u16>) -> SocketAddr {
+    match (listen, port) {
+        (Some(addr), _) => addr,
+        (None, Some(port)) => SocketAddr::from(([127, 0, 0, 1], port)),
+        (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+    }
 }
 
 /// A setting that cannot work, naming the flag and the variable to fix.
@@ -275,11 +356,8 @@ pub struct Settings {
 impl ServeArgs {
     /// Checks the flags and resolves the defaults.
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let listen = match (self.listen, self.port) {
-            (Some(addr), _) => addr,
-            (None, Some(port)) => SocketAddr::from(([127, 0, 0, 1], port)),
-            (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
-        };
+        let listen = listen_address(self.listen, self.port);
+        let timing = self.layer.timing()?;
         let database = if self.database.starts_with("sqlite:") {
             DatabaseUrl::Sqlite(self.database.clone())
         } else if self.database.starts_with("postgres://")
@@ -332,30 +410,6 @@ impl ServeArgs {
                 "must be at least 1",
             ));
         }
-        if self.store_timeout_ms == 0 {
-            return Err(ConfigError::new(
-                "--store-timeout-ms",
-                "IDEMGATE_STORE_TIMEOUT_MS",
-                "must be at least 1",
-            ));
-        }
-        if self.lease == 0 {
-            return Err(ConfigError::new(
-                "--lease",
-                "IDEMPOTENCY_LEASE_SECONDS",
-                "must be at least 1 second",
-            ));
-        }
-        if self.ttl <= self.lease {
-            return Err(ConfigError::new(
-                "--ttl",
-                "IDEMPOTENCY_TTL_SECONDS",
-                format!(
-                    "the TTL ({} s) must be longer than the lease ({} s)",
-                    self.ttl, self.lease
-                ),
-            ));
-        }
         Ok(Settings {
             listen,
             database,
@@ -363,14 +417,14 @@ impl ServeArgs {
             gateway_url,
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
             simulated_gateway_delay: Duration::from_millis(self.simulated_gateway_delay_ms),
-            ttl: Duration::from_secs(self.ttl),
-            lease: Duration::from_secs(self.lease),
-            wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
-            store_timeout: Duration::from_millis(self.store_timeout_ms),
+            ttl: timing.ttl,
+            lease: timing.lease,
+            wait: timing.wait,
+            store_timeout: timing.store_timeout,
             redis_persistence: self.redis_persistence,
             redis_wait_replicas: self.redis_wait_replicas,
-            shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
-            log_format: self.log_format,
+            shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
+            log_format: self.process.log_format,
             connections: self.connections.options()?,
             no_idempotency: self.no_idempotency,
         })
@@ -384,7 +438,9 @@ mod tests {
     fn args(extra: &[&str]) -> Result<Settings, ConfigError> {
         let mut argv = vec!["idemgate", "serve"];
         argv.extend_from_slice(extra);
-        let Command::Serve(args) = Cli::try_parse_from(argv).expect("parses").command;
+        let Command::Serve(args) = Cli::try_parse_from(argv).expect("parses").command else {
+            panic!("serve parses as serve");
+        };
         args.settings()
     }
 

@@ -304,12 +304,5 @@ async fn healthz(
 
 async fn render_metrics(State(app): State<Arc<AppState>>) -> Response {
     app.tasks.record_gauges();
-    match &app.metrics {
-        Some(handle) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            handle.render(),
-        )
-            .into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
+    crate::runtime::metrics_response(app.metrics.as_ref())
 }

@@ -1,5 +1,5 @@
 //! Accepting HTTP connections with the limits every public listener needs, in one
-//! place for `serve` now and for the proxy and admin listeners later.
+//! place for `serve` and for the proxy's public and admin listeners.
 //!
 //! A server that waits forever for a client is a server a few slow clients can
 //! take down: 100 connections dribbling one header byte per second, or 20 bodies
@@ -43,6 +43,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, Request, Response, StatusCode, header};
 use axum::response::IntoResponse;
 use http_body::Frame;
@@ -69,7 +70,7 @@ const FD_RESERVE: u64 = 128;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Connection limits as flags, flattened into every subcommand that listens
-/// (`serve` now, the proxy later). Each flag has its environment variable; a flag
+/// (`serve`, `proxy`). Each flag has its environment variable; a flag
 /// wins over its variable.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ListenerArgs {
@@ -271,8 +272,8 @@ impl Listener {
                 () = &mut shutdown => break,
                 accepted = self.tcp.accept() => accepted,
             };
-            let stream = match accepted {
-                Ok((stream, _peer)) => stream,
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(error) if is_connection_error(&error) => continue,
                 Err(error) => {
                     accept_errors.log(&error);
@@ -287,6 +288,7 @@ impl Listener {
             let _ = stream.set_nodelay(true);
             connections.spawn(connection(
                 stream,
+                peer,
                 builder.clone(),
                 router.clone(),
                 self.options,
@@ -363,6 +365,7 @@ const SHED_RESPONSE: &str = concat!(
 /// timeouts, told to finish when the listener stops.
 async fn connection(
     stream: TcpStream,
+    peer: SocketAddr,
     builder: auto::Builder<TokioExecutor>,
     router: Router,
     options: ListenerOptions,
@@ -377,7 +380,13 @@ async fn connection(
         let activity = Arc::clone(&activity);
         move |request: Request<Incoming>| {
             let guard = activity.begin_request();
-            serve_request(router.clone(), request, options.body_read_timeout, guard)
+            serve_request(
+                router.clone(),
+                request,
+                peer,
+                options.body_read_timeout,
+                guard,
+            )
         }
     });
     let conn = builder.serve_connection_with_upgrades(io, service);
@@ -415,15 +424,18 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// One request: its body under the body-read deadline, the router's answer
+/// One request, with the client's address as axum's `ConnectInfo` (the proxy's
+/// `X-Forwarded-For`): its body under the body-read deadline, the router's answer
 /// replaced by 408 when that deadline passed, the response body holding the
 /// connection busy until hyper has taken it whole.
 async fn serve_request(
     router: Router,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
+    peer: SocketAddr,
     body_timeout: Duration,
     guard: RequestGuard,
 ) -> Result<Response<GuardedBody>, Infallible> {
+    request.extensions_mut().insert(ConnectInfo(peer));
     let timed_out = Arc::new(AtomicBool::new(false));
     let request = request.map(|body| {
         Body::new(DeadlineBody {

@@ -1,4 +1,4 @@
-//! `idemgate serve`: see `idemgate serve --help`.
+//! `idemgate serve` and `idemgate proxy`: see `idemgate <command> --help`.
 
 use std::process::ExitCode;
 
@@ -7,18 +7,33 @@ use idemgate_server::cli::{Cli, Command};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let Cli {
-        command: Command::Serve(args),
-    } = Cli::parse();
-    let settings = match args.settings() {
-        Ok(settings) => settings,
-        Err(error) => {
-            eprintln!("idemgate: {error}");
-            return ExitCode::from(2);
+    match Cli::parse().command {
+        Command::Serve(args) => {
+            let settings = match args.settings() {
+                Ok(settings) => settings,
+                Err(error) => return config_error(&error),
+            };
+            idemgate_server::telemetry::init(settings.log_format);
+            stopped(idemgate_server::server::run(settings).await)
         }
-    };
-    idemgate_server::telemetry::init(settings.log_format);
-    match idemgate_server::server::run(settings).await {
+        Command::Proxy(args) => {
+            let settings = match args.settings() {
+                Ok(settings) => settings,
+                Err(error) => return config_error(&error),
+            };
+            idemgate_server::telemetry::init(settings.log_format);
+            stopped(idemgate_server::proxy::run(settings).await)
+        }
+    }
+}
+
+fn config_error(error: &idemgate_server::cli::ConfigError) -> ExitCode {
+    eprintln!("idemgate: {error}");
+    ExitCode::from(2)
+}
+
+fn stopped(result: Result<(), idemgate_server::server::StartupError>) -> ExitCode {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "idemgate stopped");

@@ -41,35 +41,10 @@ impl OrdersDb {
     /// it is longer than the SQLite store's default, so a frozen or locked database
     /// answers an error (503) instead of holding the request.
     pub async fn connect(url: &DatabaseUrl, timeout: Duration) -> Result<Self, sqlx::Error> {
-        match url {
-            DatabaseUrl::Sqlite(url) => {
-                let path = url
-                    .trim_start_matches("sqlite://")
-                    .trim_start_matches("sqlite:");
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(8)
-                    .acquire_timeout(timeout)
-                    // Lock waits at least the crate's default: two processes starting on
-                    // one file migrate in turn, and a slow disk must not fail that. A
-                    // request is still bounded by the layer's store timeout.
-                    .connect_with(
-                        idemgate_sqlite::SqliteStore::connect_options(path)
-                            .busy_timeout(timeout.max(idemgate_sqlite::DEFAULT_BUSY_TIMEOUT)),
-                    )
-                    .await?;
-                Ok(Self::Sqlite(pool))
-            }
-            DatabaseUrl::Postgres(url) => {
-                let options = PgConnectOptions::from_str(url)?
-                    .options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
-                let pool = PgPoolOptions::new()
-                    .max_connections(32)
-                    .acquire_timeout(timeout)
-                    .connect_with(options)
-                    .await?;
-                Ok(Self::Postgres(pool))
-            }
-        }
+        Ok(match url {
+            DatabaseUrl::Sqlite(url) => Self::Sqlite(connect_sqlite(url, timeout).await?),
+            DatabaseUrl::Postgres(url) => Self::Postgres(connect_postgres(url, timeout).await?),
+        })
     }
 
     /// Creates the orders table if it is missing (idempotent, safe to run from
@@ -306,4 +281,37 @@ fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
     })
+}
+
+/// A SQLite pool on `url` (`sqlite://PATH`, the file created if missing), for the
+/// orders or for the proxy's records; `timeout` as in [`OrdersDb::connect`].
+pub(crate) async fn connect_sqlite(
+    url: &str,
+    timeout: Duration,
+) -> Result<SqlitePool, sqlx::Error> {
+    let path = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    SqlitePoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(timeout)
+        // Lock waits at least the crate's default: two processes starting on
+        // one file migrate in turn, and a slow disk must not fail that. A
+        // request is still bounded by the layer's store timeout.
+        .connect_with(
+            idemgate_sqlite::SqliteStore::connect_options(path)
+                .busy_timeout(timeout.max(idemgate_sqlite::DEFAULT_BUSY_TIMEOUT)),
+        )
+        .await
+}
+
+/// A PostgreSQL pool on `url`, every statement bounded by `timeout`.
+pub(crate) async fn connect_postgres(url: &str, timeout: Duration) -> Result<PgPool, sqlx::Error> {
+    let options = PgConnectOptions::from_str(url)?
+        .options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
+    PgPoolOptions::new()
+        .max_connections(32)
+        .acquire_timeout(timeout)
+        .connect_with(options)
+        .await
 }

@@ -1,26 +1,19 @@
 //! Starting and stopping the service.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use idemgate::{IdempotencyLayer, MemoryStore, Store};
-use idemgate_redis::PersistenceCheck;
+use idemgate::{MemoryStore, Store};
 use idemgate_sqlx::PurgeTask;
-use metrics_exporter_prometheus::PrometheusBuilder;
 
-use crate::cli::{IdempotencyStore, RedisPersistence, Settings};
+use crate::cli::{IdempotencyStore, LayerTiming, Settings};
 use crate::gateway::Gateway;
 use crate::http::{AppState, OrderWrites, app, app_without_idempotency};
-use crate::listener::{Listener, raise_fd_limit};
+use crate::listener::{Listener, ListenerOptions, raise_fd_limit};
 use crate::repository::OrdersDb;
-
-/// How often expired idempotency records are purged from the SQL stores.
-const PURGE_EVERY: Duration = Duration::from_secs(60);
-/// How many expired records one purge statement deletes.
-const PURGE_BATCH: usize = 1_000;
-/// The `Retry-After` of every 503 for a store that failed: the idempotency
-/// layer's, and the orders handler's when its order could not be stored.
-const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+use crate::runtime::{
+    UNAVAILABLE_RETRY_AFTER, idempotency_layer, install_metrics, serve_until_signal,
+};
+use crate::stores;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +21,9 @@ pub enum StartupError {
     /// The orders database is unreachable or refused its migration.
     #[error("orders database: {0}")]
     Database(#[from] sqlx::Error),
+    /// The proxy's SQL idempotency store is unreachable.
+    #[error("idempotency store database: {0}")]
+    StoreDatabase(#[source] sqlx::Error),
     /// The SQLite or PostgreSQL idempotency store could not be prepared.
     #[error("SQL idempotency store: {0}")]
     SqlStore(#[from] idemgate_sqlx::SetupError),
@@ -51,17 +47,14 @@ pub enum StartupError {
 }
 
 /// The idempotency store, how orders are written with it, and the SQL stores'
-/// purge task, which runs until the returned handle drops. Both SQL stores name
-/// the same [`PurgeTask`].
+/// purge task, which runs until the returned handle drops.
 async fn idempotency_store(
     settings: &Settings,
     orders: &OrdersDb,
 ) -> Result<(Arc<dyn Store>, OrderWrites, Option<PurgeTask>), StartupError> {
     Ok(match (&settings.idempotency_store, orders) {
         (IdempotencyStore::Database, OrdersDb::Sqlite(pool)) => {
-            let store = idemgate_sqlite::SqliteStore::new(pool.clone());
-            store.migrate().await?;
-            let purge = store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?;
+            let (store, purge) = stores::sqlite(pool.clone()).await?;
             (
                 Arc::new(store.clone()),
                 OrderWrites::SqliteTransaction(store),
@@ -69,9 +62,7 @@ async fn idempotency_store(
             )
         }
         (IdempotencyStore::Database, OrdersDb::Postgres(pool)) => {
-            let store = idemgate_postgres::PostgresStore::new(pool.clone());
-            store.migrate().await?;
-            let purge = store.spawn_purge(PURGE_EVERY, PURGE_BATCH)?;
+            let (store, purge) = stores::postgres(pool.clone()).await?;
             (
                 Arc::new(store.clone()),
                 OrderWrites::PostgresTransaction(store),
@@ -80,19 +71,13 @@ async fn idempotency_store(
         }
         (IdempotencyStore::Memory, _) => (Arc::new(MemoryStore::new()), OrderWrites::Direct, None),
         (IdempotencyStore::Redis(url), _) => {
-            let mut builder = idemgate_redis::RedisStore::builder()
-                .with_response_timeout(settings.store_timeout)
-                .with_persistence_check(match settings.redis_persistence {
-                    RedisPersistence::Warn => PersistenceCheck::Warn,
-                    RedisPersistence::Refuse => PersistenceCheck::Refuse,
-                });
-            if settings.redis_wait_replicas > 0 {
-                builder = builder.with_replication_wait(
-                    settings.redis_wait_replicas,
-                    settings.store_timeout / 2,
-                );
-            }
-            let store = builder.connect(url).await?;
+            let store = stores::redis(
+                url,
+                settings.store_timeout,
+                settings.redis_persistence,
+                settings.redis_wait_replicas,
+            )
+            .await?;
             (Arc::new(store), OrderWrites::Direct, None)
         }
     })
@@ -102,13 +87,7 @@ async fn idempotency_store(
 /// accepting, let open requests finish, wait for detached handlers to store their
 /// results, all within `settings.shutdown_timeout`.
 pub async fn run(settings: Settings) -> Result<(), StartupError> {
-    let metrics = match PrometheusBuilder::new().install_recorder() {
-        Ok(handle) => Some(handle),
-        Err(error) => {
-            tracing::warn!(%error, "metrics recorder not installed; /metrics answers 404");
-            None
-        }
-    };
+    let metrics = install_metrics();
     let orders = OrdersDb::connect(&settings.database, settings.store_timeout).await?;
     orders.migrate().await?;
     let (store, writes, _purge) = if settings.no_idempotency {
@@ -133,14 +112,15 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
             }
         }
     };
-    let mut layer = IdempotencyLayer::from_arc(store)
-        .with_ttl(settings.ttl)
-        .with_lease(settings.lease)
-        .with_store_timeout(settings.store_timeout)
-        .with_unavailable_retry_after(UNAVAILABLE_RETRY_AFTER);
-    if let Some(wait) = settings.wait {
-        layer = layer.with_wait(wait);
-    }
+    let layer = idempotency_layer(
+        store,
+        LayerTiming {
+            ttl: settings.ttl,
+            lease: settings.lease,
+            wait: settings.wait,
+            store_timeout: settings.store_timeout,
+        },
+    );
     let tasks = layer.detached_tasks();
     let state = AppState {
         orders: orders.clone(),
@@ -157,12 +137,7 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
     };
 
     let open_files = raise_fd_limit();
-    let listener = Listener::bind(settings.listen, settings.connections)
-        .await
-        .map_err(|source| StartupError::Listen {
-            addr: settings.listen,
-            source,
-        })?;
+    let listener = bind(settings.listen, settings.connections).await?;
     let addr = listener.local_addr().map_err(StartupError::Serve)?;
     tracing::info!(
         %addr,
@@ -172,36 +147,19 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         open_files,
         "idemgate listening on http://{addr}"
     );
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(async move {
-        let mut stop_rx = stop_rx;
-        listener
-            .serve(router, async move {
-                let _ = stop_rx.wait_for(|stop| *stop).await;
-            })
-            .await;
-    });
-    shutdown_signal().await;
-    tracing::info!(deadline = ?settings.shutdown_timeout, "shutting down: no new connections; finishing in-flight requests");
-    let _ = stop_tx.send(true);
-    let deadline = tokio::time::Instant::now() + settings.shutdown_timeout;
-    match tokio::time::timeout_at(deadline, server).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::error!(%error, "server task failed"),
-        Err(_) => tracing::warn!("open connections did not finish before the deadline"),
-    }
-    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-    if tasks.shutdown(remaining).await {
-        tracing::info!("all in-flight requests finished and stored their results");
-    } else {
-        tracing::warn!(
-            running = tasks.running(),
-            "shutdown deadline passed with handlers still running; their records stay PROCESSING and are taken over after the lease"
-        );
-    }
+    serve_until_signal(vec![(listener, router)], tasks, settings.shutdown_timeout).await;
     orders.close().await;
     Ok(())
+}
+
+/// Binds a listener, naming the address when it cannot.
+pub(crate) async fn bind(
+    addr: std::net::SocketAddr,
+    options: ListenerOptions,
+) -> Result<Listener, StartupError> {
+    Listener::bind(addr, options)
+        .await
+        .map_err(|source| StartupError::Listen { addr, source })
 }
 
 fn database_kind(orders: &OrdersDb) -> &'static str {
@@ -222,27 +180,4 @@ impl Settings {
             IdempotencyStore::Redis(_) => "redis",
         }
     }
-}
-
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM; only SIGINT stops the server");
-                let _ = interrupt.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
 }

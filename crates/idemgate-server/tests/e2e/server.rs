@@ -178,32 +178,8 @@ impl Server {
         if let Some(url) = &options.gateway_url {
             command.args(["--gateway-url", url]);
         }
-        let mut child = command.spawn().expect("spawn the idemgate binary");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.expect("read server log") {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let addr = rest
-                        .split_whitespace()
-                        .next()
-                        .expect("address after 'listening on'");
-                    return addr.parse::<SocketAddr>().expect("a socket address");
-                }
-                eprintln!("[server] {line}");
-            }
-            panic!("the server exited before listening");
-        })
-        .await
-        .expect("the server did not start within 30 s");
-        // Keep draining the log so the server never blocks on a full pipe.
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("ERROR") || line.contains("WARN") {
-                    eprintln!("[server {addr}] {line}");
-                }
-            }
-        });
+        let (child, addrs) = spawn_listening(&mut command, &["listening on http://"]).await;
+        let addr = addrs[0];
         Self {
             child,
             addr,
@@ -256,6 +232,53 @@ impl Server {
             .expect("exit in time")
             .expect("wait")
     }
+}
+
+/// Spawns `command` (stderr piped) and waits until its log has named, for each
+/// of `markers` in any order, the address that follows it (`… listening on
+/// http://ADDR`). Keeps draining the log afterwards, echoing warnings and errors.
+pub async fn spawn_listening(command: &mut Command, markers: &[&str]) -> (Child, Vec<SocketAddr>) {
+    let mut child = command.spawn().expect("spawn the idemgate binary");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let addrs = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut found: Vec<Option<SocketAddr>> = vec![None; markers.len()];
+        while let Some(line) = lines.next_line().await.expect("read server log") {
+            // The most specific marker first: "admin listening on" also contains
+            // "listening on".
+            let hit = markers
+                .iter()
+                .enumerate()
+                .filter(|(_, marker)| line.contains(*marker))
+                .max_by_key(|(_, marker)| marker.len());
+            if let Some((i, marker)) = hit {
+                let rest = line.split(marker).nth(1).expect("text after the marker");
+                let addr = rest
+                    .split_whitespace()
+                    .next()
+                    .expect("address after the marker");
+                found[i] = Some(addr.parse::<SocketAddr>().expect("a socket address"));
+                if found.iter().all(Option::is_some) {
+                    return found.into_iter().flatten().collect::<Vec<_>>();
+                }
+                continue;
+            }
+            eprintln!("[server] {line}");
+        }
+        panic!("the server exited before listening");
+    })
+    .await
+    .expect("the server did not start within 30 s");
+    let label = addrs[0];
+    // Keep draining the log so the server never blocks on a full pipe.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("ERROR") || line.contains("WARN") {
+                eprintln!("[server {label}] {line}");
+            }
+        }
+    });
+    (child, addrs)
 }
 
 /// `kill -<signal> <target>`; a target of `-<pgid>` signals a whole process group.

@@ -1,0 +1,142 @@
+//! What a proxy must do to headers (RFC 9110 §7.6): drop the hop-by-hop ones in
+//! both directions, tell the upstream who the client was (`X-Forwarded-*`), and
+//! put the derived key in place of the client's `Idempotency-Key`.
+
+use std::net::IpAddr;
+
+use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// The header the client's key arrives in, and the derived key leaves in.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The client addresses, each proxy appending the one it saw.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// The scheme the client spoke to the first proxy.
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// The `Host` the client asked for.
+pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// The hop-by-hop headers every message loses at a proxy, besides those its
+/// `Connection` header lists and every `Proxy-*` header.
+const HOP_BY_HOP: [HeaderName; 5] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+];
+
+/// Removes the hop-by-hop headers: `Connection` and every header it names,
+/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade` and `Proxy-*`
+/// (RFC 9110 §7.6.1). They describe one connection, not the message; forwarding
+/// them would let a client steer the proxy's connection to the upstream.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove(UPGRADE);
+    let proxy_headers: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("proxy-"))
+        .cloned()
+        .collect();
+    for name in proxy_headers {
+        headers.remove(name);
+    }
+}
+
+/// Appends what this hop saw to `X-Forwarded-For` (the client address),
+/// `X-Forwarded-Proto` (the scheme it was spoken to in) and `X-Forwarded-Host`
+/// (the `Host` the client sent), after whatever proxies in front appended: the
+/// first entry of each is the original client's.
+pub fn add_forwarded(headers: &mut HeaderMap, client: Option<IpAddr>, proto: &'static str) {
+    if let Some(client) = client {
+        append(headers, X_FORWARDED_FOR, &client.to_string());
+    }
+    append(headers, X_FORWARDED_PROTO, proto);
+    if let Some(host) = headers
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    {
+        append(headers, X_FORWARDED_HOST, &host);
+    }
+}
+
+/// `name: earlier, value`, one line, as proxies write these lists.
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+    let earlier: Vec<&str> = headers
+        .get_all(&name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let joined = if earlier.is_empty() {
+        value.to_owned()
+    } else {
+        format!("{}, {value}", earlier.join(", "))
+    };
+    if let Ok(joined) = HeaderValue::try_from(joined) {
+        headers.insert(name, joined);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_lists_go() {
+        let mut headers = map(&[
+            ("connection", "keep-alive, X-Secret"),
+            ("connection", "x-other"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-connection", "keep-alive"),
+            ("x-secret", "1"),
+            ("x-other", "2"),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer t"),
+        ]);
+        remove_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["content-type", "authorization"]);
+    }
+
+    #[test]
+    fn forwarded_headers_append_to_what_came_before() {
+        let mut headers = map(&[("host", "api.example"), ("x-forwarded-for", "10.0.0.1")]);
+        add_forwarded(&mut headers, Some("127.0.0.2".parse().unwrap()), "http");
+        assert_eq!(headers[X_FORWARDED_FOR], "10.0.0.1, 127.0.0.2");
+        assert_eq!(headers[X_FORWARDED_PROTO], "http");
+        assert_eq!(headers[X_FORWARDED_HOST], "api.example");
+
+        let mut headers = map(&[
+            ("host", "b"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "a"),
+        ]);
+        add_forwarded(&mut headers, None, "http");
+        assert_eq!(headers[X_FORWARDED_PROTO], "https, http");
+        assert_eq!(headers[X_FORWARDED_HOST], "a, b");
+        assert!(!headers.contains_key(X_FORWARDED_FOR));
+    }
+}

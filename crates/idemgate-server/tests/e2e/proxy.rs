@@ -1,0 +1,795 @@
+//! `idemgate proxy`, the real binary, in front of a counting test upstream that
+//! records what it received: every scenario asserts upstream executions.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tokio::process::{Child, Command};
+use tokio::sync::Barrier;
+
+use crate::client::{Client, ORDER, new_key};
+use crate::server::{TempDir, postgres_url, spawn_listening};
+
+/// One request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub uri: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Default)]
+struct UpstreamState {
+    /// Requests whose handler started, before their body was read.
+    started: AtomicUsize,
+    executions: AtomicUsize,
+    seen: Mutex<Vec<Seen>>,
+    delay_ms: AtomicU64,
+    /// Statuses the next executions answer instead of 201.
+    statuses: Mutex<VecDeque<u16>>,
+}
+
+/// An API with no idempotency of its own: every request it receives is one
+/// execution, answered with a body unique to that execution.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    state: Arc<UpstreamState>,
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> Self {
+        let state = Arc::new(UpstreamState::default());
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new()
+            .fallback(execute)
+            .with_state(Arc::clone(&state));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { addr, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn executions(&self) -> usize {
+        self.state.executions.load(Ordering::SeqCst)
+    }
+
+    pub fn started(&self) -> usize {
+        self.state.started.load(Ordering::SeqCst)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        self.state
+            .delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    pub fn answer_next(&self, status: u16) {
+        self.state.statuses.lock().unwrap().push_back(status);
+    }
+}
+
+async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> Response {
+    state.started.fetch_add(1, Ordering::SeqCst);
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let run = state.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    state.seen.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        uri: parts.uri.to_string(),
+        headers: parts.headers.clone(),
+        body,
+    });
+    let delay = state.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let status = state
+        .statuses
+        .lock()
+        .unwrap()
+        .pop_front()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let body = serde_json::json!({ "run": run, "id": uuid::Uuid::new_v4() }).to_string();
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert("x-upstream-run", HeaderValue::from(run));
+    // Hop-by-hop on the way back: the client must see none of them.
+    headers.insert("connection", HeaderValue::from_static("x-upstream-hop"));
+    headers.insert("x-upstream-hop", HeaderValue::from_static("secret"));
+    headers.insert("proxy-authenticate", HeaderValue::from_static("Basic"));
+    response
+}
+
+/// A port nothing listens on (bound, then released).
+async fn free_port() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+const SECRET: &str = "e2e-principal-secret";
+
+/// How to start the proxy.
+pub struct ProxyOptions {
+    pub upstream: String,
+    pub store: String,
+    pub extra: Vec<(String, String)>,
+}
+
+impl ProxyOptions {
+    pub fn new(upstream: String) -> Self {
+        Self {
+            upstream,
+            store: "memory".to_owned(),
+            extra: Vec::new(),
+        }
+    }
+
+    pub fn store(mut self, store: &str) -> Self {
+        self.store = store.to_owned();
+        self
+    }
+
+    pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
+        self.extra.push((flag.to_owned(), value.to_string()));
+        self
+    }
+}
+
+/// The variables of `idemgate proxy`, cleared so the flags alone decide.
+const PROXY_VARIABLES: [&str; 16] = [
+    "IDEMGATE_UPSTREAM",
+    "IDEMGATE_LISTEN",
+    "PORT",
+    "IDEMGATE_ADMIN_LISTEN",
+    "IDEMGATE_IDEMPOTENCY_STORE",
+    "IDEMGATE_PRINCIPAL",
+    "IDEMGATE_PRINCIPAL_SECRET",
+    "IDEMGATE_PRINCIPAL_SECRET_FILE",
+    "IDEMGATE_UPSTREAM_TIMEOUT_MS",
+    "IDEMPOTENCY_TTL_SECONDS",
+    "IDEMPOTENCY_LEASE_SECONDS",
+    "IDEMPOTENCY_WAIT_MS",
+    "IDEMGATE_STORE_TIMEOUT_MS",
+    "IDEMGATE_LOG_FORMAT",
+    "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
+    "IDEMGATE_MAX_CONNECTIONS",
+];
+
+fn proxy_command(options: &ProxyOptions) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+    command
+        .arg("proxy")
+        .args(["--upstream", &options.upstream])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--idempotency-store", &options.store])
+        .args(["--shutdown-timeout", "5"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for variable in PROXY_VARIABLES {
+        command.env_remove(variable);
+    }
+    for (flag, value) in &options.extra {
+        command.args([flag, value]);
+    }
+    command
+}
+
+/// A running `idemgate proxy`.
+pub struct Proxy {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Proxy {
+    pub async fn start(options: ProxyOptions) -> Self {
+        let mut command = proxy_command(&options);
+        command.env("IDEMGATE_PRINCIPAL_SECRET", SECRET);
+        let (child, addrs) = spawn_listening(
+            &mut command,
+            &["proxy listening on http://", "admin listening on http://"],
+        )
+        .await;
+        Self {
+            child,
+            addr: addrs[0],
+            admin: addrs[1],
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// `kill -9`: no shutdown, the record stays PROCESSING.
+    pub async fn kill9(mut self) {
+        self.child.kill().await.expect("kill -9");
+    }
+}
+
+fn derived_key(seen: &Seen) -> String {
+    seen.headers
+        .get("idempotency-key")
+        .expect("a keyed request reaches the upstream with a derived key")
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxy_replays_a_lost_response_byte_for_byte_with_one_upstream_execution() {
+    let upstream = Upstream::start().await;
+    let dir = TempDir::new("idemgate-proxy");
+    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
+    let client = Client::new();
+    let key = new_key();
+    let url = proxy.url("/v1/charges?currency=RUB");
+    let first = client.post(&url, Some(&key), ORDER).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert!(!first.replayed());
+    let retry = client.post(&url, Some(&key), ORDER).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body, "the replay is byte-identical");
+    assert_eq!(
+        retry.headers["x-upstream-run"],
+        first.headers["x-upstream-run"]
+    );
+    assert_eq!(upstream.executions(), 1);
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.uri, "/v1/charges?currency=RUB");
+    assert_eq!(seen.body, ORDER.as_bytes());
+    let forwarded = derived_key(seen);
+    assert_ne!(forwarded, key, "the raw client key is never forwarded");
+    assert_eq!(forwarded.len(), 36, "the operation id: {forwarded}");
+}
+
+/// `concurrency` same-key requests at once, spread over `proxies`: every answer
+/// is the one outcome or 409, and the upstream ran once.
+async fn race(proxies: &[&Proxy], upstream: &Upstream, concurrency: usize) {
+    let client = Client::new();
+    let key = new_key();
+    let barrier = Arc::new(Barrier::new(concurrency));
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let (client, key, barrier, url) = (
+                client.clone(),
+                key.clone(),
+                Arc::clone(&barrier),
+                proxies[i % proxies.len()].url("/orders"),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                client.post(&url, Some(&key), ORDER).await
+            })
+        })
+        .collect();
+    let mut created = Vec::new();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        match answer.status {
+            StatusCode::CREATED => created.push(answer.body),
+            StatusCode::CONFLICT => assert_eq!(
+                answer.problem_type(),
+                "https://idemgate.dev/problems/in-progress"
+            ),
+            other => panic!("unexpected {other}: {answer:?}"),
+        }
+    }
+    assert!(!created.is_empty());
+    assert!(
+        created.iter().all(|body| *body == created[0]),
+        "one outcome"
+    );
+    let replay = client
+        .post(&proxies[0].url("/orders"), Some(&key), ORDER)
+        .await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, created[0]);
+    assert_eq!(
+        upstream.executions(),
+        1,
+        "{concurrency} racers, one execution"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxy_runs_64_racing_same_key_requests_upstream_once() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(500));
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    race(&[&proxy], &upstream, 64).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_proxies_on_one_postgres_run_64_racers_upstream_once() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(500));
+    let a = Proxy::start(ProxyOptions::new(upstream.url()).store(&postgres_url())).await;
+    let b = Proxy::start(ProxyOptions::new(upstream.url()).store(&postgres_url())).await;
+    race(&[&a, &b], &upstream, 64).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_proxies_on_one_redis_run_64_racers_upstream_once() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(500));
+    let store = crate::server::redis_url();
+    let a = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
+    let b = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
+    race(&[&a, &b], &upstream, 64).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_refuses_a_changed_payload_without_forwarding_it() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let client = Client::new();
+    let key = new_key();
+    let first = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let tampered = ORDER.replace("1500", "1");
+    let answer = client
+        .post(&proxy.url("/orders"), Some(&key), &tampered)
+        .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{answer:?}"
+    );
+    assert_eq!(
+        answer.problem_type(),
+        "https://idemgate.dev/problems/key-reused"
+    );
+    assert_eq!(
+        upstream.executions(),
+        1,
+        "the tampered request was not forwarded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_releases_the_key_when_the_upstream_is_down_and_runs_the_retry_once() {
+    let addr = free_port().await;
+    let proxy = Proxy::start(ProxyOptions::new(format!("http://{addr}"))).await;
+    let client = Client::new();
+    let key = new_key();
+    let down = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(down.status, StatusCode::BAD_GATEWAY, "{down:?}");
+    assert_eq!(
+        down.problem_type(),
+        "https://idemgate.dev/problems/upstream-unreachable"
+    );
+    let upstream = Upstream::start_on(addr).await;
+    let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed(), "nothing ran before: the retry runs");
+    let again = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, retry.body);
+    assert_eq!(upstream.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_stores_an_upstream_timeout_so_a_retry_does_not_run_again() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(1_500));
+    let proxy =
+        Proxy::start(ProxyOptions::new(upstream.url()).arg("--upstream-timeout-ms", 300)).await;
+    let client = Client::new();
+    let key = new_key();
+    let slow = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(slow.status, StatusCode::GATEWAY_TIMEOUT, "{slow:?}");
+    assert_eq!(
+        slow.problem_type(),
+        "https://idemgate.dev/problems/upstream-timeout"
+    );
+    assert_eq!(upstream.executions(), 1, "the upstream received it");
+    // Even once the upstream is fast again, the outcome is unknown: replayed.
+    upstream.set_delay(Duration::ZERO);
+    let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(retry.status, StatusCode::GATEWAY_TIMEOUT, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.body, slow.body);
+    assert_eq!(upstream.executions(), 1, "no second execution");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_forwards_a_derived_key_stable_across_runs_of_one_operation() {
+    let upstream = Upstream::start().await;
+    // 429 releases the claim (PROTOCOL §8): the retry runs the same operation.
+    upstream.answer_next(429);
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let client = Client::new();
+    let key = new_key();
+    let limited = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    // The same client key from another principal is another operation.
+    let other = client.with_token("another-user");
+    let theirs = other.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(theirs.status, StatusCode::CREATED);
+    assert!(!theirs.replayed());
+    assert_eq!(upstream.executions(), 3);
+    let keys: Vec<String> = upstream.seen().iter().map(derived_key).collect();
+    assert_eq!(keys[0], keys[1], "one operation, one forwarded key");
+    assert_ne!(keys[0], keys[2], "another principal, another key");
+    assert!(keys.iter().all(|k| *k != key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_strips_hop_by_hop_headers_both_ways_and_appends_forwarded_ones() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(format!("{}/base/", upstream.url()))).await;
+    let http = reqwest::Client::new();
+    let response = http
+        .get(proxy.url("/items?page=2"))
+        .header("connection", "keep-alive, x-client-hop")
+        .header("x-client-hop", "secret")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-authorization", "Basic c2VjcmV0")
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("x-end-to-end", "kept")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    for name in ["connection", "x-upstream-hop", "proxy-authenticate"] {
+        assert!(
+            !response.headers().contains_key(name),
+            "{name} reached the client: {:?}",
+            response.headers()
+        );
+    }
+    assert_eq!(response.headers()["x-upstream-run"], "1");
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.uri, "/base/items?page=2");
+    for name in ["x-client-hop", "keep-alive", "proxy-authorization"] {
+        assert!(
+            !seen.headers.contains_key(name),
+            "{name} reached the upstream"
+        );
+    }
+    assert_eq!(seen.headers["x-end-to-end"], "kept");
+    assert_eq!(
+        seen.headers["host"],
+        proxy.addr.to_string(),
+        "Host as the client sent it"
+    );
+    assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen.headers["x-forwarded-proto"], "http");
+    assert_eq!(seen.headers["x-forwarded-host"], proxy.addr.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_passes_gets_and_keyless_posts_through_to_run_every_time() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let http = reqwest::Client::new();
+    let key = new_key();
+    for _ in 0..2 {
+        let get = http
+            .get(proxy.url("/orders/7"))
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(get.status(), StatusCode::CREATED);
+        assert!(!get.headers().contains_key("idempotent-replayed"));
+    }
+    let client = Client::new();
+    for _ in 0..2 {
+        let post = client.post(&proxy.url("/orders"), None, ORDER).await;
+        assert_eq!(post.status, StatusCode::CREATED);
+        assert!(!post.replayed());
+    }
+    assert_eq!(upstream.executions(), 4, "nothing covered, everything runs");
+    assert!(
+        upstream
+            .seen()
+            .iter()
+            .all(|seen| !seen.headers.contains_key("idempotency-key")),
+        "no key to derive, and the client's is never forwarded"
+    );
+    // Every public path is the upstream's, /healthz too; the admin has its own.
+    let public = http.get(proxy.url("/healthz")).send().await.unwrap();
+    assert_eq!(public.status(), StatusCode::CREATED);
+    assert_eq!(upstream.executions(), 5);
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let admin = http
+            .get(format!("http://{}{path}", proxy.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(admin.status(), StatusCode::OK, "{path}");
+    }
+    assert_eq!(upstream.executions(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_refuses_to_start_without_a_principal_secret() {
+    let options = ProxyOptions::new("http://127.0.0.1:9".to_owned());
+    let output = proxy_command(&options)
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("run the binary");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("IDEMGATE_PRINCIPAL_SECRET"), "{stderr}");
+    assert!(stderr.contains("--principal-secret-file"), "{stderr}");
+}
+
+/// An upstream that reads each request head and then closes the connection
+/// without a byte of answer: the request was sent, whether it ran is unknown.
+/// Counts the requests it received.
+async fn hanging_up_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&received);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0_u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                drop(stream);
+            });
+        }
+    });
+    (addr, received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_stores_a_broken_exchange_so_a_retry_does_not_run_again() {
+    let (addr, received) = hanging_up_upstream().await;
+    let proxy = Proxy::start(ProxyOptions::new(format!("http://{addr}"))).await;
+    let client = Client::new();
+    let key = new_key();
+    let broken = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(broken.status, StatusCode::BAD_GATEWAY, "{broken:?}");
+    assert_eq!(
+        broken.problem_type(),
+        "https://idemgate.dev/problems/upstream-failed"
+    );
+    assert_eq!(received.load(Ordering::SeqCst), 1, "the request was sent");
+    let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(retry.status, StatusCode::BAD_GATEWAY);
+    assert!(
+        retry.replayed(),
+        "the outcome is unknown: replayed, not re-sent"
+    );
+    assert_eq!(retry.body, broken.body);
+    assert_eq!(received.load(Ordering::SeqCst), 1, "no second send");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_refuses_an_oversized_keyed_body_and_streams_a_keyless_one() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let client = Client::new();
+    let large = "x".repeat(3 * 1024 * 1024);
+    let keyed = client
+        .post(&proxy.url("/uploads"), Some(&new_key()), &large)
+        .await;
+    assert_eq!(keyed.status, StatusCode::PAYLOAD_TOO_LARGE, "{keyed:?}");
+    assert_eq!(
+        keyed.problem_type(),
+        "https://idemgate.dev/problems/body-too-large"
+    );
+    assert_eq!(upstream.executions(), 0, "refused before forwarding");
+    let large = "x".repeat(3 * 1024 * 1024);
+    let keyless = client.post(&proxy.url("/uploads"), None, &large).await;
+    assert_eq!(keyless.status, StatusCode::CREATED, "{keyless:?}");
+    assert_eq!(upstream.executions(), 1);
+    assert_eq!(
+        upstream.seen()[0].body.len(),
+        large.len(),
+        "the whole body arrived"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_answers_401_to_a_keyed_request_without_a_principal_and_forwards_nothing() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let response = reqwest::Client::new()
+        .post(proxy.url("/orders"))
+        .header("idempotency-key", new_key())
+        .body(ORDER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(upstream.executions(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_scopes_keys_by_a_trusted_header_principal() {
+    let upstream = Upstream::start().await;
+    let proxy =
+        Proxy::start(ProxyOptions::new(upstream.url()).arg("--principal", "header:x-user-id"))
+            .await;
+    let http = reqwest::Client::new();
+    let key = new_key();
+    let post = |user: &'static str| {
+        http.post(proxy.url("/orders"))
+            .header("x-user-id", user)
+            .header("idempotency-key", &key)
+            .body(ORDER)
+            .send()
+    };
+    let alice = post("alice").await.unwrap();
+    assert_eq!(alice.status(), StatusCode::CREATED);
+    let alice_again = post("alice").await.unwrap();
+    assert_eq!(alice_again.headers()["idempotent-replayed"], "true");
+    let bob = post("bob").await.unwrap();
+    assert_eq!(bob.status(), StatusCode::CREATED);
+    assert!(
+        !bob.headers().contains_key("idempotent-replayed"),
+        "bob's key is bob's"
+    );
+    assert_eq!(upstream.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_on_redis_replays_a_lost_response_with_one_upstream_execution() {
+    let upstream = Upstream::start().await;
+    let proxy =
+        Proxy::start(ProxyOptions::new(upstream.url()).store(&crate::server::redis_url())).await;
+    let client = Client::new();
+    let key = new_key();
+    let first = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_streams_an_uncovered_body_to_the_upstream_before_it_ends() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // A keyless POST, chunked: the first chunk now, the end only once the
+    // upstream's handler has started — which it cannot if the proxy buffers.
+    stream
+        .write_all(
+            b"POST /stream HTTP/1.1\r\nHost: api\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while upstream.started() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the upstream got the request while its body was still being sent");
+    assert_eq!(upstream.executions(), 0, "the body has not ended yet");
+    stream.write_all(b"6\r\n world\r\n0\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("\"run\"") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 201"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(upstream.seen()[0].body, "hello world".as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxy_killed_mid_request_hands_the_same_forwarded_key_to_the_retry() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(2_000));
+    let dir = TempDir::new("idemgate-proxy-kill");
+    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
+    let options = || {
+        ProxyOptions::new(upstream.url())
+            .store(&store)
+            .arg("--lease", 1)
+            .arg("--ttl", 60)
+    };
+    let first = Proxy::start(options()).await;
+    let client = Client::new();
+    let key = new_key();
+    let in_flight = {
+        let (client, key, url) = (client.clone(), key.clone(), first.url("/orders"));
+        tokio::spawn(async move { client.try_post(&url, Some(&key), ORDER).await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while upstream.started() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the upstream holds the request");
+    first.kill9().await;
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client lost its answer"
+    );
+
+    upstream.set_delay(Duration::ZERO);
+    let second = Proxy::start(options()).await;
+    // Until the dead holder's lease lapses the key is in progress; then the retry
+    // takes the operation over.
+    let retried = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let answer = client.post(&second.url("/orders"), Some(&key), ORDER).await;
+            if answer.status != StatusCode::CONFLICT {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the lease lapses");
+    assert_eq!(retried.status, StatusCode::CREATED, "{retried:?}");
+    let replay = client.post(&second.url("/orders"), Some(&key), ORDER).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, retried.body);
+    // The upstream saw the operation twice (the first run's outcome is unknown
+    // to the proxy), both times under one forwarded key, so an upstream that
+    // dedupes by it executes once.
+    let keys: Vec<String> = upstream.seen().iter().map(derived_key).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], keys[1], "a takeover keeps the operation's key");
+    assert_ne!(keys[0], key);
+}
