@@ -47,6 +47,35 @@ pub enum RedisPersistence {
     Refuse,
 }
 
+/// The safety flags of a redis:// idempotency store, flattened into every
+/// subcommand that can use one (`serve`, `proxy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct RedisArgs {
+    /// With a redis:// store: what to do when Redis persists nothing (no AOF, no
+    /// snapshots), so a Redis restart would forget completed keys and let their
+    /// retries run again: `warn` (log it and start) or `refuse` (do not start).
+    #[arg(
+        long,
+        env = "IDEMGATE_REDIS_PERSISTENCE",
+        value_enum,
+        default_value_t = RedisPersistence::Warn,
+        value_name = "POLICY"
+    )]
+    pub redis_persistence: RedisPersistence,
+
+    /// With a redis:// store: after each claim, completion and renewal, wait until
+    /// this many replicas have it (Redis WAIT, for up to half the store timeout),
+    /// so a failover cannot lose a claim whose handler runs; a claim that did not
+    /// replicate answers 503. 0 (the default) does not wait.
+    #[arg(
+        long,
+        env = "IDEMGATE_REDIS_WAIT_REPLICAS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub redis_wait_replicas: u32,
+}
+
 /// `idemgate serve` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable.
 #[derive(Debug, Clone, clap::Args)]
@@ -110,29 +139,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub layer: LayerArgs,
 
-    /// With a redis:// store: what to do when Redis persists nothing (no AOF, no
-    /// snapshots), so a Redis restart would forget completed keys and let their
-    /// retries run again: `warn` (log it and start) or `refuse` (do not start).
-    #[arg(
-        long,
-        env = "IDEMGATE_REDIS_PERSISTENCE",
-        value_enum,
-        default_value_t = RedisPersistence::Warn,
-        value_name = "POLICY"
-    )]
-    pub redis_persistence: RedisPersistence,
-
-    /// With a redis:// store: after each claim, completion and renewal, wait until
-    /// this many replicas have it (Redis WAIT, for up to half the store timeout),
-    /// so a failover cannot lose a claim whose handler runs; a claim that did not
-    /// replicate answers 503. 0 (the default) does not wait.
-    #[arg(
-        long,
-        env = "IDEMGATE_REDIS_WAIT_REPLICAS",
-        default_value_t = 0,
-        value_name = "N"
-    )]
-    pub redis_wait_replicas: u32,
+    /// Safety checks of a redis:// store.
+    #[command(flatten)]
+    pub redis: RedisArgs,
 
     /// Shutdown deadline and log format.
     #[command(flatten)]
@@ -339,10 +348,8 @@ pub struct Settings {
     pub wait: Option<Duration>,
     /// Bound on one store operation, statement or connection checkout.
     pub store_timeout: Duration,
-    /// Redis without persistence: warn or refuse.
-    pub redis_persistence: RedisPersistence,
-    /// Replicas a Redis write waits for; 0 for none.
-    pub redis_wait_replicas: u32,
+    /// Redis safety checks: persistence policy, replicas to wait for.
+    pub redis: RedisArgs,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
     /// Log format.
@@ -421,8 +428,7 @@ impl ServeArgs {
             lease: timing.lease,
             wait: timing.wait,
             store_timeout: timing.store_timeout,
-            redis_persistence: self.redis_persistence,
-            redis_wait_replicas: self.redis_wait_replicas,
+            redis: self.redis,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
             log_format: self.process.log_format,
             connections: self.connections.options()?,
@@ -460,8 +466,8 @@ mod tests {
         assert!(s.wait.is_none());
         assert!(!s.no_idempotency);
         assert_eq!(s.store_timeout, Duration::from_secs(2));
-        assert_eq!(s.redis_persistence, RedisPersistence::Warn);
-        assert_eq!(s.redis_wait_replicas, 0);
+        assert_eq!(s.redis.redis_persistence, RedisPersistence::Warn);
+        assert_eq!(s.redis.redis_wait_replicas, 0);
         assert_eq!(s.connections, ListenerOptions::default());
     }
 

@@ -23,7 +23,7 @@ use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::cli::{
-    ConfigError, LayerArgs, LayerTiming, LogFormat, ProcessArgs, RedisPersistence, listen_address,
+    ConfigError, LayerArgs, LayerTiming, LogFormat, ProcessArgs, RedisArgs, listen_address,
 };
 use crate::listener::{ListenerArgs, ListenerOptions, raise_fd_limit};
 use crate::repository::{connect_postgres, connect_sqlite};
@@ -117,6 +117,10 @@ pub struct ProxyArgs {
     #[command(flatten)]
     pub layer: LayerArgs,
 
+    /// Safety checks of a redis:// store.
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
     /// Shutdown deadline and log format.
     #[command(flatten)]
     pub process: ProcessArgs,
@@ -180,6 +184,8 @@ pub struct ProxySettings {
     pub log_format: LogFormat,
     /// Connection limits of both listeners.
     pub connections: ListenerOptions,
+    /// Redis safety checks: persistence policy, replicas to wait for.
+    pub redis: RedisArgs,
 }
 
 impl ProxyArgs {
@@ -229,6 +235,7 @@ impl ProxyArgs {
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
             log_format: self.process.log_format,
             connections: self.connections.options()?,
+            redis: self.redis,
         })
     }
 
@@ -301,7 +308,13 @@ async fn open_store(
             (Arc::new(store), Some(purge))
         }
         ProxyStore::Redis(url) => {
-            let store = stores::redis(url, timeout, RedisPersistence::Warn, 0).await?;
+            let store = stores::redis(
+                url,
+                timeout,
+                settings.redis.redis_persistence,
+                settings.redis.redis_wait_replicas,
+            )
+            .await?;
             (Arc::new(store), None)
         }
     })
@@ -465,6 +478,25 @@ mod tests {
         assert_eq!(s.timing.lease, Duration::from_secs(30));
         assert_eq!(s.timing.wait, None);
         assert_eq!(s.timing.store_timeout, Duration::from_secs(2));
+        assert_eq!(
+            s.redis.redis_persistence,
+            crate::cli::RedisPersistence::Warn
+        );
+        assert_eq!(s.redis.redis_wait_replicas, 0);
+        let s = settings(&[
+            "--principal-secret",
+            "s",
+            "--redis-persistence",
+            "refuse",
+            "--redis-wait-replicas",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.redis.redis_persistence,
+            crate::cli::RedisPersistence::Refuse
+        );
+        assert_eq!(s.redis.redis_wait_replicas, 1);
         let s = settings(&[
             "--principal-secret",
             "s",

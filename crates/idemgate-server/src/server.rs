@@ -74,8 +74,8 @@ async fn idempotency_store(
             let store = stores::redis(
                 url,
                 settings.store_timeout,
-                settings.redis_persistence,
-                settings.redis_wait_replicas,
+                settings.redis.redis_persistence,
+                settings.redis.redis_wait_replicas,
             )
             .await?;
             (Arc::new(store), OrderWrites::Direct, None)
