@@ -37,7 +37,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -340,7 +340,7 @@ impl AcceptErrors {
 /// close is a FIN, not a reset that could destroy the 503 before it is read.
 fn shed(stream: &TcpStream) {
     metrics::counter!("idemgate_http_connections_shed_total").increment(1);
-    let _ = stream.try_write(SHED_RESPONSE.as_bytes());
+    let _ = stream.try_write(&SHED_RESPONSE);
     let mut sink = [0_u8; 4096];
     for _ in 0..4 {
         match stream.try_read(&mut sink) {
@@ -350,16 +350,29 @@ fn shed(stream: &TcpStream) {
     }
 }
 
-/// The answer to a connection over the bound, written raw (no HTTP parsing).
-const SHED_RESPONSE: &str = concat!(
-    "HTTP/1.1 503 Service Unavailable\r\n",
-    "content-type: application/problem+json\r\n",
-    "retry-after: 1\r\n",
-    "connection: close\r\n",
-    "content-length: 191\r\n",
-    "\r\n",
-    r#"{"type":"https://idemgate.dev/problems/connection-limit","title":"Too many connections","status":503,"detail":"the server has as many connections open as it accepts; retry after Retry-After"}"#,
-);
+/// The answer to a connection over the bound, written raw (no HTTP parsing): the
+/// `connection-limit` problem, rendered once from [`ProblemDetails`] like every
+/// other problem, its length counted rather than written by hand.
+static SHED_RESPONSE: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let problem = ProblemDetails::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "connection-limit",
+        "Too many connections",
+        "the server has as many connections open as it accepts; retry after Retry-After",
+    );
+    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    let mut response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\n\
+         content-type: application/problem+json\r\n\
+         retry-after: 1\r\n\
+         connection: close\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    response.extend_from_slice(&body);
+    response
+});
 
 /// One connection: hyper serving the router, watched for the header and idle
 /// timeouts, told to finish when the listener stops.
@@ -708,10 +721,18 @@ mod tests {
 
     #[test]
     fn the_canned_503_declares_its_length() {
-        let (_, body) = SHED_RESPONSE.split_once("\r\n\r\n").unwrap();
-        assert!(SHED_RESPONSE.contains(&format!("content-length: {}\r\n", body.len())));
+        let response = std::str::from_utf8(&SHED_RESPONSE).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.ends_with(&format!("\r\ncontent-length: {}", body.len())),
+            "{head}"
+        );
         let problem: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(problem["status"], 503);
+        assert_eq!(
+            problem["type"],
+            "https://idemgate.dev/problems/connection-limit"
+        );
     }
 
     #[test]

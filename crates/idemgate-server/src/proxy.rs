@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderName, StatusCode};
+use axum::http::HeaderName;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use idemgate::deadline::WithDeadline;
 use idemgate::key::IdempotencyKey;
-use idemgate::scope::{Identity, Scope};
+use idemgate::scope::{Identity, IdentityDigest, Scope};
 use idemgate::{
     DefaultPrincipal, DetachedTasks, IdempotencyLayer, MemoryStore, Principal, ProblemDetails,
     Store,
@@ -344,8 +345,8 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         layer,
     );
     let admin = admin_app(Admin {
-        store,
-        store_timeout: settings.timing.store_timeout,
+        store: Arc::new(WithDeadline::new(store, settings.timing.store_timeout)),
+        probe: readiness_probe(),
         metrics,
         tasks: tasks.clone(),
     });
@@ -387,8 +388,10 @@ impl ProxyStore {
 /// What the admin routes read.
 #[derive(Clone)]
 struct Admin {
-    store: Arc<dyn Store>,
-    store_timeout: Duration,
+    /// The store, each read bounded by the store timeout.
+    store: Arc<WithDeadline>,
+    /// The record `/readyz` reads (never written, so always absent).
+    probe: IdentityDigest,
     metrics: Option<PrometheusHandle>,
     tasks: DetachedTasks,
 }
@@ -408,30 +411,26 @@ fn admin_app(admin: Admin) -> Router {
 /// store is down answers every keyed request 503, so a load balancer should skip
 /// it.
 async fn readyz(State(admin): State<Admin>) -> Response {
-    let probe = IdempotencyKey::parse(b"idemgate-readyz", 255).map(|key| {
-        Identity::new(
-            Scope {
-                principal: Principal::new("idemgate:readyz"),
-                method: "GET".to_owned(),
-                path: "/readyz".to_owned(),
-            },
-            key,
-        )
-    });
-    let Ok(probe) = probe else {
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    };
-    match tokio::time::timeout(admin.store_timeout, admin.store.get(probe.digest())).await {
-        Ok(Ok(_)) => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "readiness: the idempotency store failed");
-            ProblemDetails::store_unavailable(UNAVAILABLE_RETRY_AFTER).into_response()
-        }
-        Err(_) => {
-            tracing::warn!("readiness: the idempotency store did not answer in time");
+    match admin.store.get(&admin.probe).await {
+        Ok(_) => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "readiness: the idempotency store did not answer");
             ProblemDetails::store_unavailable(UNAVAILABLE_RETRY_AFTER).into_response()
         }
     }
+}
+
+/// The identity `/readyz` reads: one no request can name (its principal is not
+/// one an extractor makes), so the read finds nothing and changes nothing.
+fn readiness_probe() -> IdentityDigest {
+    let scope = Scope {
+        principal: Principal::new("idemgate:readyz"),
+        method: "GET".to_owned(),
+        path: "/readyz".to_owned(),
+    };
+    // A constant key of visible ASCII: parsing it cannot fail.
+    let key = IdempotencyKey::parse(b"idemgate-readyz", 255).expect("a valid constant key");
+    *Identity::new(scope, key).digest()
 }
 
 async fn render_metrics(State(admin): State<Admin>) -> Response {

@@ -23,7 +23,7 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    decide, fingerprint, key, memory, record, scope, signals, store, time, transaction,
+    deadline, decide, fingerprint, key, memory, record, scope, signals, store, time, transaction,
 };
 
 pub use config::PathSource;
