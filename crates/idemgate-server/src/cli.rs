@@ -80,15 +80,9 @@ pub struct RedisArgs {
 /// named in its help; a flag wins over its variable.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on, e.g. 127.0.0.1:8080; port 0 picks a free port (the
-    /// bound address is logged). Without it, the port comes from PORT on 127.0.0.1,
-    /// else 127.0.0.1:8080.
-    #[arg(long, env = "IDEMGATE_LISTEN", value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
-
-    /// Port to listen on at 127.0.0.1 when --listen / IDEMGATE_LISTEN is not set.
-    #[arg(long = "port", env = "PORT", value_name = "PORT", hide = true)]
-    pub port: Option<u16>,
+    /// The public listen address.
+    #[command(flatten)]
+    pub address: ListenAddressArgs,
 
     /// Orders database: sqlite://PATH (created on first run) or postgres://…
     #[arg(
@@ -273,13 +267,29 @@ pub struct ProcessArgs {
     pub log_format: LogFormat,
 }
 
-/// The listen address of a subcommand's public listener: `--listen`, else
-/// `PORT` on 127.0.0.1, else 127.0.0.1:8080.
-pub(crate) fn listen_address(listen: Option<SocketAddr>, port: Option<u16>) -> SocketAddr {
-    match (listen, port) {
-        (Some(addr), _) => addr,
-        (None, Some(port)) => SocketAddr::from(([127, 0, 0, 1], port)),
-        (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+/// The public listener's address, flattened into every subcommand that serves
+/// (`serve`, `proxy`): `--listen`, else `PORT` on 127.0.0.1, else 127.0.0.1:8080.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct ListenAddressArgs {
+    /// Public address, e.g. 127.0.0.1:8080; port 0 picks a free port (the bound
+    /// address is logged). Without it, the port comes from PORT on 127.0.0.1,
+    /// else 127.0.0.1:8080.
+    #[arg(long, env = "IDEMGATE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Port to listen on at 127.0.0.1 when --listen / IDEMGATE_LISTEN is not set.
+    #[arg(long = "port", env = "PORT", value_name = "PORT", hide = true)]
+    pub port: Option<u16>,
+}
+
+impl ListenAddressArgs {
+    /// `--listen`, else `PORT` on 127.0.0.1, else 127.0.0.1:8080.
+    pub fn address(&self) -> SocketAddr {
+        match (self.listen, self.port) {
+            (Some(addr), _) => addr,
+            (None, Some(port)) => SocketAddr::from(([127, 0, 0, 1], port)),
+            (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        }
     }
 }
 
@@ -363,7 +373,7 @@ pub struct Settings {
 impl ServeArgs {
     /// Checks the flags and resolves the defaults.
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let listen = listen_address(self.listen, self.port);
+        let listen = self.address.address();
         let timing = self.layer.timing()?;
         let database = if self.database.starts_with("sqlite:") {
             DatabaseUrl::Sqlite(self.database.clone())

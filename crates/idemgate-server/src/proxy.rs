@@ -24,7 +24,7 @@ use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::cli::{
-    ConfigError, LayerArgs, LayerTiming, LogFormat, ProcessArgs, RedisArgs, listen_address,
+    ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, LogFormat, ProcessArgs, RedisArgs,
 };
 use crate::listener::{ListenerArgs, ListenerOptions, raise_fd_limit};
 use crate::repository::{connect_postgres, connect_sqlite};
@@ -45,15 +45,9 @@ pub struct ProxyArgs {
     #[arg(long, env = "IDEMGATE_UPSTREAM", value_name = "URL")]
     pub upstream: String,
 
-    /// Public address, e.g. 127.0.0.1:8080 (port 0 picks a free one, logged).
-    /// Every path on it belongs to the upstream. Without it, the port comes from
-    /// PORT on 127.0.0.1, else 127.0.0.1:8080.
-    #[arg(long, env = "IDEMGATE_LISTEN", value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
-
-    /// Port on 127.0.0.1 when --listen / IDEMGATE_LISTEN is not set.
-    #[arg(long = "port", env = "PORT", value_name = "PORT", hide = true)]
-    pub port: Option<u16>,
+    /// The public listen address; every path on it belongs to the upstream.
+    #[command(flatten)]
+    pub address: ListenAddressArgs,
 
     /// Admin address: /healthz (200 once serving), /readyz (the store answers),
     /// /metrics (Prometheus).
@@ -226,7 +220,7 @@ impl ProxyArgs {
             }
         };
         Ok(ProxySettings {
-            listen: listen_address(self.listen, self.port),
+            listen: self.address.address(),
             admin_listen: self.admin_listen,
             upstream,
             store,
