@@ -3,7 +3,7 @@
 //! separate admin listener.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use idemgate::{
     DefaultPrincipal, DetachedTasks, IdempotencyLayer, MemoryStore, Principal, ProblemDetails,
     Store,
 };
-use idemgate_proxy::{HeaderPrincipal, ProxyConfig, Upstream};
+use idemgate_proxy::{HeaderPrincipal, HostHeader, JwtPrincipal, ProxyConfig, Routes, Upstream};
 use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -71,9 +71,10 @@ pub struct ProxyArgs {
 
     /// Whom a key belongs to: `authorization` (an HMAC-SHA256 of the whole
     /// Authorization value, under the secret of IDEMGATE_PRINCIPAL_SECRET or
-    /// --principal-secret-file) or `header:NAME` (a header an authenticating proxy
-    /// in front sets, trusted as is). A covered request with a key and no
-    /// principal gets 401 and is not forwarded.
+    /// --principal-secret-file), `header:NAME` (a header an authenticating proxy
+    /// in front sets, trusted as is) or `jwt` (a claim of a bearer JWT verified
+    /// with --jwt-secret-file or --jwks-file). A covered request with a key and no
+    /// valid principal gets 401 and is not forwarded.
     #[arg(
         long,
         env = "IDEMGATE_PRINCIPAL",
@@ -97,6 +98,33 @@ pub struct ProxyArgs {
     )]
     pub principal_secret: Option<String>,
 
+    /// `--principal jwt`: the claim that names the principal.
+    #[arg(
+        long,
+        env = "IDEMGATE_JWT_CLAIM",
+        default_value = "sub",
+        value_name = "CLAIM"
+    )]
+    pub jwt_claim: String,
+
+    /// `--principal jwt`: a file holding the HS256 secret (trailing newline
+    /// ignored).
+    #[arg(long, env = "IDEMGATE_JWT_SECRET_FILE", value_name = "PATH")]
+    pub jwt_secret_file: Option<PathBuf>,
+
+    /// `--principal jwt`: a JWKS document (JSON) of the RS256/ES256 public keys
+    /// tokens are signed with; a token's `kid` picks the key.
+    #[arg(long, env = "IDEMGATE_JWKS_FILE", value_name = "PATH")]
+    pub jwks_file: Option<PathBuf>,
+
+    /// `--principal jwt`: accept only tokens with this `iss`.
+    #[arg(long, env = "IDEMGATE_JWT_ISSUER", value_name = "ISS")]
+    pub jwt_issuer: Option<String>,
+
+    /// `--principal jwt`: accept only tokens with this `aud`.
+    #[arg(long, env = "IDEMGATE_JWT_AUDIENCE", value_name = "AUD")]
+    pub jwt_audience: Option<String>,
+
     /// How long to wait for the upstream's response head, connecting included,
     /// in milliseconds. Past it: 504, stored as FAILED (the upstream may have run
     /// the request, so a retry replays the 504 instead of running it again).
@@ -107,6 +135,23 @@ pub struct ProxyArgs {
         value_name = "MS"
     )]
     pub upstream_timeout_ms: u64,
+
+    /// Per-route policies (TOML; see docs/proxy.md): which routes are covered and
+    /// how. Without it every POST and PATCH is covered with the defaults above. A
+    /// bad file stops the start, naming its line.
+    #[arg(long, env = "IDEMGATE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The Host header the upstream receives: `client` (as the client sent it) or
+    /// `upstream` (the --upstream URL's host:port, for an upstream that routes by
+    /// its own name). The client's Host is in X-Forwarded-Host either way.
+    #[arg(
+        long,
+        env = "IDEMGATE_UPSTREAM_HOST_HEADER",
+        default_value = "client",
+        value_name = "WHICH"
+    )]
+    pub upstream_host_header: HostHeaderArg,
 
     /// Record timing: TTL, lease, wait mode, store timeout.
     #[command(flatten)]
@@ -123,6 +168,15 @@ pub struct ProxyArgs {
     /// Connection limits of both listeners.
     #[command(flatten)]
     pub connections: ListenerArgs,
+}
+
+/// `--upstream-host-header`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostHeaderArg {
+    /// The client's Host, as sent.
+    Client,
+    /// The upstream URL's host:port.
+    Upstream,
 }
 
 /// Where the proxy keeps its records.
@@ -145,6 +199,8 @@ pub enum PrincipalSource {
     Authorization(Arc<[u8]>),
     /// This header, trusted as is.
     Header(HeaderName),
+    /// A claim of a verified bearer JWT.
+    Jwt(JwtPrincipal),
 }
 
 impl std::fmt::Debug for PrincipalSource {
@@ -152,6 +208,7 @@ impl std::fmt::Debug for PrincipalSource {
         match self {
             Self::Authorization(_) => f.write_str("Authorization(<secret>)"),
             Self::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Self::Jwt(jwt) => f.debug_tuple("Jwt").field(jwt).finish(),
         }
     }
 }
@@ -171,6 +228,10 @@ pub struct ProxySettings {
     pub principal: PrincipalSource,
     /// Upstream response-head timeout.
     pub upstream_timeout: Duration,
+    /// The Host the upstream receives.
+    pub host_header: HostHeader,
+    /// Per-route policies (empty without --config).
+    pub routes: Routes,
     /// The layer's timing.
     pub timing: LayerTiming,
     /// Graceful shutdown deadline.
@@ -219,6 +280,21 @@ impl ProxyArgs {
                 ));
             }
         };
+        let timing = self.layer.timing()?;
+        let routes = match &self.config {
+            Some(path) => {
+                let routes = Routes::load(path).map_err(|error| {
+                    ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
+                })?;
+                routes
+                    .check_timing(timing.ttl, timing.lease)
+                    .map_err(|error| {
+                        ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
+                    })?;
+                routes
+            }
+            None => Routes::default(),
+        };
         Ok(ProxySettings {
             listen: self.address.address(),
             admin_listen: self.admin_listen,
@@ -226,7 +302,12 @@ impl ProxyArgs {
             store,
             principal: self.principal_source()?,
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
-            timing: self.layer.timing()?,
+            host_header: match self.upstream_host_header {
+                HostHeaderArg::Client => HostHeader::Client,
+                HostHeaderArg::Upstream => HostHeader::Upstream,
+            },
+            routes,
+            timing,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
             log_format: self.process.log_format,
             connections: self.connections.options()?,
@@ -238,9 +319,7 @@ impl ProxyArgs {
         let refuse = |reason: String| ConfigError::new("--principal", "IDEMGATE_PRINCIPAL", reason);
         match self.principal.as_str() {
             "authorization" => self.secret().map(PrincipalSource::Authorization),
-            "jwt" => Err(refuse(
-                "jwt is not supported yet; use authorization or header:NAME".to_owned(),
-            )),
+            "jwt" => self.jwt().map(PrincipalSource::Jwt),
             other => match other.strip_prefix("header:") {
                 Some(name) => HeaderName::from_bytes(name.trim().as_bytes())
                     .map(PrincipalSource::Header)
@@ -252,21 +331,61 @@ impl ProxyArgs {
         }
     }
 
+    /// `--principal jwt`: the verifier of exactly one key source.
+    fn jwt(&self) -> Result<JwtPrincipal, ConfigError> {
+        let principal = match (&self.jwt_secret_file, &self.jwks_file) {
+            (Some(path), None) => {
+                let secret = read_file(path, "--jwt-secret-file", "IDEMGATE_JWT_SECRET_FILE")?;
+                let secret = secret.trim_ascii_end();
+                if secret.is_empty() {
+                    return Err(ConfigError::new(
+                        "--jwt-secret-file",
+                        "IDEMGATE_JWT_SECRET_FILE",
+                        format!("{} is empty", path.display()),
+                    ));
+                }
+                JwtPrincipal::hs256(secret, self.jwt_claim.clone())
+            }
+            (None, Some(path)) => {
+                let jwks = read_file(path, "--jwks-file", "IDEMGATE_JWKS_FILE")?;
+                JwtPrincipal::jwks(&jwks, self.jwt_claim.clone()).map_err(|error| {
+                    ConfigError::new(
+                        "--jwks-file",
+                        "IDEMGATE_JWKS_FILE",
+                        format!("{}: {error}", path.display()),
+                    )
+                })?
+            }
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(ConfigError::new(
+                    "--principal",
+                    "IDEMGATE_PRINCIPAL",
+                    "`jwt` verifies tokens with exactly one of --jwt-secret-file (HS256) or --jwks-file (RS256/ES256)",
+                ));
+            }
+        };
+        let principal = match &self.jwt_issuer {
+            Some(issuer) => principal.with_issuer(issuer),
+            None => principal,
+        };
+        Ok(match &self.jwt_audience {
+            Some(audience) => principal.with_audience(audience),
+            None => principal,
+        })
+    }
+
     /// The secret of `--principal authorization`: from the file, else the
     /// variable; neither is a startup error, never a silent random secret (each
     /// restart would then forget every key).
     fn secret(&self) -> Result<Arc<[u8]>, ConfigError> {
         let secret = match (&self.principal_secret_file, &self.principal_secret) {
-            (Some(path), _) => std::fs::read(path)
-                .map_err(|error| {
-                    ConfigError::new(
-                        "--principal-secret-file",
-                        "IDEMGATE_PRINCIPAL_SECRET_FILE",
-                        format!("cannot read {}: {error}", path.display()),
-                    )
-                })?
-                .trim_ascii_end()
-                .to_vec(),
+            (Some(path), _) => read_file(
+                path,
+                "--principal-secret-file",
+                "IDEMGATE_PRINCIPAL_SECRET_FILE",
+            )?
+            .trim_ascii_end()
+            .to_vec(),
             (None, Some(secret)) => secret.as_bytes().to_vec(),
             (None, None) => Vec::new(),
         };
@@ -279,6 +398,17 @@ impl ProxyArgs {
         }
         Ok(Arc::from(secret))
     }
+}
+
+/// The bytes of a file a flag names; an unreadable one names the flag.
+fn read_file(path: &Path, flag: &'static str, env: &'static str) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|error| {
+        ConfigError::new(
+            flag,
+            env,
+            format!("cannot read {}: {error}", path.display()),
+        )
+    })
 }
 
 /// The store, and the SQL stores' purge task (running until the handle drops).
@@ -321,6 +451,7 @@ fn with_principal(layer: IdempotencyLayer, source: &PrincipalSource) -> Idempote
             layer.with_principal(DefaultPrincipal::with_authorization_secret(secret))
         }
         PrincipalSource::Header(name) => layer.with_principal(HeaderPrincipal::new(name.clone())),
+        PrincipalSource::Jwt(jwt) => layer.with_principal(jwt.clone()),
     }
 }
 
@@ -335,7 +466,9 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     let tasks = layer.detached_tasks();
     let public = idemgate_proxy::app(
         ProxyConfig::new(settings.upstream.clone())
-            .with_upstream_timeout(settings.upstream_timeout),
+            .with_upstream_timeout(settings.upstream_timeout)
+            .with_host_header(settings.host_header)
+            .with_routes(settings.routes.clone()),
         layer,
     );
     let admin = admin_app(Admin {
@@ -551,7 +684,7 @@ mod tests {
     }
 
     #[test]
-    fn principal_sources_parse_and_jwt_is_not_supported_yet() {
+    fn principal_sources_parse_and_jwt_needs_one_key_source() {
         let s = settings(&["--principal", "header:X-User-Id"]).unwrap();
         assert!(
             matches!(&s.principal, PrincipalSource::Header(name) if name == "x-user-id"),
@@ -559,7 +692,31 @@ mod tests {
             s.principal
         );
         let err = settings(&["--principal", "jwt"]).unwrap_err().to_string();
-        assert!(err.contains("not supported yet"), "{err}");
+        assert!(err.contains("exactly one of --jwt-secret-file"), "{err}");
+        let secret = std::env::temp_dir().join(format!("idemgate-jwt-{}", std::process::id()));
+        std::fs::write(&secret, "jwt-secret\n").unwrap();
+        let secret = secret.to_str().unwrap();
+        let s = settings(&["--principal", "jwt", "--jwt-secret-file", secret]).unwrap();
+        assert!(matches!(s.principal, PrincipalSource::Jwt(_)));
+        let err = settings(&[
+            "--principal",
+            "jwt",
+            "--jwt-secret-file",
+            secret,
+            "--jwks-file",
+            secret,
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("exactly one"), "{err}");
+        let err = settings(&["--principal", "jwt", "--jwks-file", secret])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("IDEMGATE_JWKS_FILE") && err.contains("JWKS"),
+            "{err}"
+        );
+        let _ = std::fs::remove_file(secret);
         let err = settings(&["--principal", "header:bad name"])
             .unwrap_err()
             .to_string();
