@@ -8,6 +8,7 @@ mod client;
 mod connections;
 mod gateway;
 mod proxy;
+mod proxy_policies;
 mod server;
 mod strict_input;
 
