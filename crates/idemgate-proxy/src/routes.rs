@@ -648,6 +648,25 @@ mod tests {
     }
 
     #[test]
+    fn the_example_of_docs_proxy_md_is_a_valid_file() {
+        let doc = include_str!("../../../docs/proxy.md");
+        let example = doc
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("docs/proxy.md has a TOML example");
+        let routes = parse(example).unwrap();
+        assert_eq!(routes.len(), 4);
+        let payments = &routes.routes[0];
+        assert!(payments.matches(&Method::POST, "/payments/p_1/capture"));
+        assert_eq!(payments.policy.forward_key, Some(ForwardKey::Original));
+        assert!(!routes.routes[3].policy.enabled);
+        routes
+            .check_timing(Duration::from_secs(86_400), Duration::from_secs(30))
+            .unwrap();
+    }
+
+    #[test]
     fn a_ttl_must_outlast_the_lease_it_inherits() {
         let routes = parse("\n[[route]]\nmethod = \"POST\"\npath = \"/a\"\nttl = 10\n").unwrap();
         let ok = routes.check_timing(Duration::from_secs(86_400), Duration::from_secs(5));
