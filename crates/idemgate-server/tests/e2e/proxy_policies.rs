@@ -68,6 +68,16 @@ path = "/profiles/{id}"
 method = "POST"
 path = "/exports"
 max_stored_response = 16
+
+[[route]]
+method = "POST"
+path = "/retryable"
+server_errors = "release"
+
+[[route]]
+method = "POST"
+path = "/slow"
+wait_ms = 10000
 "#;
 
 async fn with_routes() -> (Upstream, Proxy, TempDir) {
@@ -279,6 +289,69 @@ async fn a_response_over_the_stored_limit_streams_whole_and_is_never_run_again()
     assert_eq!(upstream.executions(), 1, "not retained, yet not run again");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_may_release_server_errors_so_the_retry_runs_again() {
+    let (upstream, proxy, _dir) = with_routes().await;
+    let client = Client::new();
+    for path in ["/retryable", "/carts"] {
+        let key = new_key();
+        upstream.answer_next(503);
+        let failed = client.post(&proxy.url(path), Some(&key), ORDER).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        let retry = client.post(&proxy.url(path), Some(&key), ORDER).await;
+        match path {
+            "/retryable" => {
+                assert_eq!(retry.status, StatusCode::CREATED, "released: {retry:?}");
+                assert!(!retry.replayed());
+            }
+            _ => {
+                assert_eq!(retry.status, StatusCode::SERVICE_UNAVAILABLE);
+                assert!(retry.replayed(), "stored as FAILED by default");
+            }
+        }
+    }
+    assert_eq!(upstream.executions(), 3);
+    let seen = upstream.seen();
+    assert_eq!(
+        derived_key(&seen[0]),
+        derived_key(&seen[1]),
+        "the released operation is retried under its forwarded key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_may_make_a_duplicate_wait_for_the_running_request() {
+    let (upstream, proxy, _dir) = with_routes().await;
+    upstream.set_delay(std::time::Duration::from_millis(700));
+    let client = Client::new();
+    let key = new_key();
+    for path in ["/slow", "/carts"] {
+        let first = {
+            let (client, key, url) = (client.clone(), key.clone(), proxy.url(path));
+            tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
+        };
+        let started = upstream.started();
+        while upstream.started() == started {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let duplicate = client.post(&proxy.url(path), Some(&key), ORDER).await;
+        let first = first.await.unwrap();
+        match path {
+            "/slow" => {
+                assert_eq!(
+                    duplicate.status,
+                    StatusCode::CREATED,
+                    "waited: {duplicate:?}"
+                );
+                assert!(duplicate.replayed());
+                assert_eq!(duplicate.body, first.body);
+            }
+            _ => assert_eq!(duplicate.status, StatusCode::CONFLICT, "no wait by default"),
+        }
+    }
+    assert_eq!(upstream.executions(), 2);
+}
+
 /// An upstream that answers each request with a head and part of its body, then
 /// resets the connection. Counts the requests it received.
 async fn resetting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
@@ -327,7 +400,11 @@ async fn proxy_stores_an_upstream_reset_mid_response_so_a_retry_does_not_run_aga
     let broken = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
     // The body broke before the stored-response limit, so the client has had
     // nothing yet: it gets a problem, never the truncated body.
-    assert_eq!(broken.status, StatusCode::INTERNAL_SERVER_ERROR, "{broken:?}");
+    assert_eq!(
+        broken.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{broken:?}"
+    );
     assert_eq!(
         broken.problem_type(),
         "https://idemgate.dev/problems/handler-failed"
