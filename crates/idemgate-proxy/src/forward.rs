@@ -54,6 +54,8 @@ pub struct Forward {
     upstream: Arc<Upstream>,
     timeout: Duration,
     host: HostHeader,
+    /// The scheme clients spoke to this proxy, for `X-Forwarded-Proto`.
+    proto: &'static str,
     key: ForwardKey,
     rejections: Arc<[StatusCode]>,
 }
@@ -76,7 +78,7 @@ impl Forward {
     /// A forwarder to `upstream` whose requests each get `timeout` from sending
     /// until the response head arrives (connecting included). The connection pool
     /// is created here, once, and shared by every clone.
-    pub fn new(upstream: Upstream, timeout: Duration, host: HostHeader) -> Self {
+    pub fn new(upstream: Upstream, timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
@@ -88,10 +90,24 @@ impl Forward {
             client,
             upstream: Arc::new(upstream),
             timeout,
-            host,
+            host: HostHeader::Client,
+            proto: "http",
             key: ForwardKey::Derived,
             rejections: Arc::from(DEFAULT_REJECTIONS),
         }
+    }
+
+    /// Which `Host` the upstream receives (default: the client's).
+    pub fn with_host_header(mut self, host: HostHeader) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Whether clients speak HTTPS to this proxy (it terminates TLS), for
+    /// `X-Forwarded-Proto`.
+    pub fn with_https_clients(mut self, https: bool) -> Self {
+        self.proto = if https { "https" } else { "http" };
+        self
     }
 
     /// This forwarder (sharing its connection pool) with a route's key mode and
@@ -174,7 +190,7 @@ impl Forward {
         {
             headers.insert(HOST, host);
         }
-        add_forwarded(headers, client_ip, "http");
+        add_forwarded(headers, client_ip, self.proto);
         if self.host == HostHeader::Upstream
             && let Ok(host) = HeaderValue::try_from(self.upstream.authority())
         {

@@ -59,6 +59,7 @@ pub struct ProxyConfig {
     upstream: Upstream,
     upstream_timeout: Duration,
     host: HostHeader,
+    https_clients: bool,
     routes: Routes,
 }
 
@@ -70,6 +71,7 @@ impl ProxyConfig {
             upstream,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
             host: HostHeader::Client,
+            https_clients: false,
             routes: Routes::default(),
         }
     }
@@ -98,6 +100,18 @@ impl ProxyConfig {
         self
     }
 
+    /// Say that clients speak HTTPS to the proxy (it terminates TLS itself), so
+    /// the upstream gets `X-Forwarded-Proto: https`.
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let config = config.with_https_clients(true);
+    /// ```
+    pub fn with_https_clients(mut self, https: bool) -> Self {
+        self.https_clients = https;
+        self
+    }
+
     /// Per-route policies, tried in order before the defaults.
     ///
     /// ```
@@ -122,7 +136,9 @@ impl ProxyConfig {
 /// everything else streams through untouched by it. A request that a route of
 /// `config` matches goes through that route's configuration of the same layer.
 pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
-    let forward = Forward::new(config.upstream, config.upstream_timeout, config.host);
+    let forward = Forward::new(config.upstream, config.upstream_timeout)
+        .with_host_header(config.host)
+        .with_https_clients(config.https_clients);
     let routes = config
         .routes
         .iter()

@@ -22,6 +22,9 @@ use idemgate::{
 use idemgate_proxy::{HeaderPrincipal, HostHeader, JwtPrincipal, ProxyConfig, Routes, Upstream};
 use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::cli::{
     ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, LogFormat, ProcessArgs, RedisArgs,
@@ -153,6 +156,26 @@ pub struct ProxyArgs {
     )]
     pub upstream_host_header: HostHeaderArg,
 
+    /// A PEM file of the certificate chain the public listener presents; with
+    /// --tls-key it speaks HTTPS (rustls) instead of plain HTTP. Without both, TLS
+    /// is terminated in front.
+    #[arg(
+        long,
+        env = "IDEMGATE_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM file of the private key of --tls-cert.
+    #[arg(
+        long,
+        env = "IDEMGATE_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
     /// Record timing: TTL, lease, wait mode, store timeout.
     #[command(flatten)]
     pub layer: LayerArgs,
@@ -232,6 +255,8 @@ pub struct ProxySettings {
     pub host_header: HostHeader,
     /// Per-route policies (empty without --config).
     pub routes: Routes,
+    /// The public listener's TLS, when it terminates TLS itself.
+    pub tls: Option<Arc<ServerConfig>>,
     /// The layer's timing.
     pub timing: LayerTiming,
     /// Graceful shutdown deadline.
@@ -307,6 +332,7 @@ impl ProxyArgs {
                 HostHeaderArg::Upstream => HostHeader::Upstream,
             },
             routes,
+            tls: self.tls()?,
             timing,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
             log_format: self.process.log_format,
@@ -329,6 +355,41 @@ impl ProxyArgs {
                 ))),
             },
         }
+    }
+
+    /// `--tls-cert` and `--tls-key` (clap requires both or neither), loaded: an
+    /// unreadable or mismatched pair stops the start.
+    fn tls(&self) -> Result<Option<Arc<ServerConfig>>, ConfigError> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let refuse = |flag, env, path: &Path, error: &dyn std::fmt::Display| {
+            ConfigError::new(flag, env, format!("{}: {error}", path.display()))
+        };
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| refuse("--tls-cert", "IDEMGATE_TLS_CERT", cert, &e))?;
+        if chain.is_empty() {
+            return Err(refuse(
+                "--tls-cert",
+                "IDEMGATE_TLS_CERT",
+                cert,
+                &"no certificate in the file",
+            ));
+        }
+        let private = PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| refuse("--tls-key", "IDEMGATE_TLS_KEY", key, &e))?;
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|builder| {
+                builder
+                    .with_no_client_auth()
+                    .with_single_cert(chain, private)
+            })
+            .map_err(|e| refuse("--tls-key", "IDEMGATE_TLS_KEY", key, &e))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Some(Arc::new(config)))
     }
 
     /// `--principal jwt`: the verifier of exactly one key source.
@@ -468,6 +529,7 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         ProxyConfig::new(settings.upstream.clone())
             .with_upstream_timeout(settings.upstream_timeout)
             .with_host_header(settings.host_header)
+            .with_https_clients(settings.tls.is_some())
             .with_routes(settings.routes.clone()),
         layer,
     );
@@ -479,7 +541,15 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     });
 
     let open_files = raise_fd_limit();
-    let public_listener = bind(settings.listen, settings.connections).await?;
+    let mut public_listener = bind(settings.listen, settings.connections).await?;
+    if let Some(tls) = &settings.tls {
+        public_listener = public_listener.with_tls(Arc::clone(tls));
+    }
+    let scheme = if public_listener.is_tls() {
+        "https"
+    } else {
+        "http"
+    };
     let admin_listener = bind(settings.admin_listen, settings.connections).await?;
     let admin_addr = admin_listener.local_addr().map_err(StartupError::Serve)?;
     let addr = public_listener.local_addr().map_err(StartupError::Serve)?;
@@ -490,7 +560,7 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         store = settings.store.kind(),
         max_connections = public_listener.max_connections(),
         open_files,
-        "idemgate proxy listening on http://{addr}"
+        "idemgate proxy listening on {scheme}://{addr}"
     );
     serve_until_signal(
         vec![(public_listener, public), (admin_listener, admin)],
@@ -740,6 +810,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("IDEMGATE_UPSTREAM_TIMEOUT_MS"), "{err}");
+    }
+
+    #[test]
+    fn tls_needs_a_readable_certificate_and_key_pair() {
+        let fixture = |name: &str| {
+            format!(
+                "{}/tests/e2e/fixtures/tls/{name}",
+                env!("CARGO_MANIFEST_DIR")
+            )
+        };
+        let (cert, key) = (fixture("cert.pem"), fixture("key.pem"));
+        let p = ["--principal", "header:x-user"];
+        let s = settings(&[p[0], p[1], "--tls-cert", &cert, "--tls-key", &key]).unwrap();
+        assert!(s.tls.is_some());
+        assert!(settings(&[p[0], p[1]]).unwrap().tls.is_none());
+        let err = settings(&[p[0], p[1], "--tls-cert", &key, "--tls-key", &key])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_TLS_CERT"), "{err}");
+        let err = settings(&[p[0], p[1], "--tls-cert", &cert, "--tls-key", &cert])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_TLS_KEY"), "{err}");
+        let mut argv = vec!["idemgate", "proxy", "--upstream", "http://h:1"];
+        argv.extend(["--tls-cert", &cert]);
+        assert!(
+            Cli::try_parse_from(argv).is_err(),
+            "a certificate needs its key"
+        );
     }
 
     #[test]

@@ -167,7 +167,7 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 23] = [
+const PROXY_VARIABLES: [&str; 25] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -191,6 +191,8 @@ const PROXY_VARIABLES: [&str; 23] = [
     "IDEMGATE_JWKS_FILE",
     "IDEMGATE_JWT_ISSUER",
     "IDEMGATE_JWT_AUDIENCE",
+    "IDEMGATE_TLS_CERT",
+    "IDEMGATE_TLS_KEY",
 ];
 
 pub(crate) fn proxy_command(options: &ProxyOptions) -> Command {
@@ -225,13 +227,19 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(options: ProxyOptions) -> Self {
+        Self::start_listening(options, "proxy listening on http://").await
+    }
+
+    /// A proxy whose public listener speaks HTTPS (`--tls-cert`/`--tls-key`).
+    pub async fn start_tls(options: ProxyOptions) -> Self {
+        Self::start_listening(options, "proxy listening on https://").await
+    }
+
+    async fn start_listening(options: ProxyOptions, public_marker: &str) -> Self {
         let mut command = proxy_command(&options);
         command.env("IDEMGATE_PRINCIPAL_SECRET", SECRET);
-        let (child, addrs) = spawn_listening(
-            &mut command,
-            &["proxy listening on http://", "admin listening on http://"],
-        )
-        .await;
+        let (child, addrs) =
+            spawn_listening(&mut command, &[public_marker, "admin listening on http://"]).await;
         Self {
             child,
             addr: addrs[0],

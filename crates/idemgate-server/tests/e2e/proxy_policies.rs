@@ -656,3 +656,85 @@ async fn proxy_verifies_rs256_and_es256_jwts_against_a_jwks_file() {
     let seen = upstream.seen();
     assert_ne!(derived_key(&seen[0]), derived_key(&seen[1]));
 }
+
+// --- --tls-cert / --tls-key -----------------------------------------------------
+
+/// One HTTP/1.1 exchange over TLS to `addr`, trusting only the test certificate;
+/// the whole answer as text.
+async fn https_exchange(addr: SocketAddr, request: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
+
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(tls_fixture("cert.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("the handshake with the test certificate succeeds");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn tls_fixture(name: &str) -> String {
+    format!(
+        "{}/tests/e2e/fixtures/tls/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_terminates_tls_itself_when_given_a_certificate() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start_tls(
+        ProxyOptions::new(upstream.url())
+            .arg("--tls-cert", tls_fixture("cert.pem"))
+            .arg("--tls-key", tls_fixture("key.pem")),
+    )
+    .await;
+    let key = new_key();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer tls\r\n\
+         Idempotency-Key: {key}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{ORDER}",
+        ORDER.len()
+    );
+    let first = https_exchange(proxy.addr, request.clone()).await;
+    assert!(first.starts_with("HTTP/1.1 201"), "{first}");
+    let retry = https_exchange(proxy.addr, request).await;
+    assert!(retry.starts_with("HTTP/1.1 201"), "{retry}");
+    assert!(retry.contains("idempotent-replayed: true"), "{retry}");
+    assert_eq!(
+        first.split("\r\n\r\n").nth(1),
+        retry.split("\r\n\r\n").nth(1),
+        "the same body"
+    );
+    assert_eq!(upstream.executions(), 1);
+    assert_eq!(upstream.seen()[0].headers["x-forwarded-proto"], "https");
+    // Plain HTTP to the TLS listener is not served.
+    let plain = reqwest::Client::new()
+        .post(format!("http://{}/orders", proxy.addr))
+        .header("idempotency-key", new_key())
+        .body(ORDER)
+        .send()
+        .await;
+    assert!(
+        plain
+            .as_ref()
+            .map_or(true, |r| r.status() != StatusCode::CREATED),
+        "{plain:?}"
+    );
+    assert_eq!(upstream.executions(), 1);
+}
