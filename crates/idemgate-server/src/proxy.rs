@@ -40,7 +40,8 @@ use crate::stores;
 
 /// `idemgate proxy` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable. Every POST and PATCH with an
-/// Idempotency-Key is covered; everything else streams through.
+/// Idempotency-Key is covered, unless a route of --config says otherwise;
+/// everything else streams through.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
     /// The API to put the protocol in front of: http://host:port[/base]. Request
