@@ -1,5 +1,6 @@
-//! `idemgate keys show|evict`: an operator's look at one key, straight on the
-//! store (`--store`, the same URL syntax as the proxy's `--idempotency-store`).
+//! `idemgate keys show|evict|principal`: an operator's look at one key, straight
+//! on the store (`--store`, the same URL syntax as the proxy's
+//! `--idempotency-store`), and the principal string a credential maps to.
 //!
 //! JSON goes to stdout ([`KeyView`], [`EvictionView`]), errors to stderr. Exit
 //! codes: 0 shown or evicted, 1 the store failed, 2 bad flags, 3 no record under
@@ -13,7 +14,7 @@ use axum::http::HeaderName;
 use clap::{ArgGroup, Subcommand};
 use idemgate::deadline::WithDeadline;
 use idemgate::scope::Identity;
-use idemgate::{EvictMode, Eviction, Store, StoreError};
+use idemgate::{EvictMode, Eviction, Principal, Store, StoreError};
 
 use crate::cli::{ConfigError, RedisPersistence};
 use crate::keys::{EvictionView, KeyQuery, KeyView, PrincipalSpec, principal_of};
@@ -67,22 +68,24 @@ pub enum KeysCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Print the principal string the layer stores for a credential, as JSON
+    /// (`{"principal": …}`): what the admin API's `principal=` takes.
+    Principal {
+        /// Whose principal.
+        #[command(flatten)]
+        whose: PrincipalArgs,
+    },
 }
 
-/// The store and the identity parts of one key. Exactly one of `--principal`,
-/// `--authorization`, `--bearer` or `--principal-header` names whose key it is.
+/// Whose key: exactly one of `--principal`, `--authorization`, `--bearer` or
+/// `--principal-header`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(
     ArgGroup::new("whose")
         .required(true)
         .args(["principal", "authorization", "bearer", "principal_header"])
 ))]
-pub struct KeyTarget {
-    /// Where the records live: sqlite://PATH, postgres://… or redis://… (for
-    /// `serve` in its default `database` mode, its DATABASE_URL).
-    #[arg(long, value_name = "URL")]
-    pub store: String,
-
+pub struct PrincipalArgs {
     /// The principal as the layer stored it: `bearer:<sha256 hex>` (serve),
     /// `authz:<hmac hex>` (proxy, --principal authorization),
     /// `header:<name>:<value>` (proxy, --principal header:NAME), or the id an
@@ -107,6 +110,19 @@ pub struct KeyTarget {
     /// The proxy's principal secret, for --authorization.
     #[command(flatten)]
     pub secret: PrincipalSecretArgs,
+}
+
+/// The store and the identity parts of one key.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeyTarget {
+    /// Where the records live: sqlite://PATH, postgres://… or redis://… (for
+    /// `serve` in its default `database` mode, its DATABASE_URL).
+    #[arg(long, value_name = "URL")]
+    pub store: String,
+
+    /// Whose key.
+    #[command(flatten)]
+    pub whose: PrincipalArgs,
 
     /// The request method (POST, PATCH; any case).
     #[arg(long, value_name = "M")]
@@ -126,9 +142,9 @@ pub struct KeyTarget {
     pub store_timeout_ms: u64,
 }
 
-impl KeyTarget {
+impl PrincipalArgs {
     /// Which principal the flags name.
-    fn principal_spec(&self) -> Result<PrincipalSpec, KeysError> {
+    fn spec(&self) -> Result<PrincipalSpec, KeysError> {
         if let Some(principal) = &self.principal {
             return Ok(PrincipalSpec::Raw(principal.clone()));
         }
@@ -158,12 +174,18 @@ impl KeyTarget {
         Ok(PrincipalSpec::Header(name, value.trim().to_owned()))
     }
 
+    /// The principal the flags name, made by the layer's own code.
+    fn principal(&self) -> Result<Principal, KeysError> {
+        principal_of(&self.spec()?)
+            .map_err(|error| KeysError::Usage("principal", error.to_string()))
+    }
+}
+
+impl KeyTarget {
     /// The identity the flags name.
     fn identity(&self) -> Result<Identity, KeysError> {
-        let principal = principal_of(&self.principal_spec()?)
-            .map_err(|error| KeysError::Usage("principal", error.to_string()))?;
         KeyQuery {
-            principal,
+            principal: self.whose.principal()?,
             method: self.method.clone(),
             path: self.path.clone(),
             key: self.key.clone(),
@@ -221,6 +243,11 @@ async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
     let (target, action) = match args.command {
         KeysCommand::Show { target, body } => (target, Action::Show { body }),
         KeysCommand::Evict { target, force } => (target, Action::Evict { force }),
+        KeysCommand::Principal { whose } => {
+            let principal = whose.principal()?;
+            print_json(&serde_json::json!({ "principal": principal.as_str() }));
+            return Ok(0);
+        }
     };
     let identity = target.identity()?;
     let timeout = target.store_timeout()?;

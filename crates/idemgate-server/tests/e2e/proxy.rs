@@ -132,13 +132,15 @@ async fn free_port() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
-const SECRET: &str = "e2e-principal-secret";
+pub const SECRET: &str = "e2e-principal-secret";
 
 /// How to start the proxy.
 pub struct ProxyOptions {
     pub upstream: String,
     pub store: String,
     pub extra: Vec<(String, String)>,
+    /// More environment variables, as (name, value).
+    pub env: Vec<(String, String)>,
 }
 
 impl ProxyOptions {
@@ -147,6 +149,7 @@ impl ProxyOptions {
             upstream,
             store: "memory".to_owned(),
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -159,10 +162,15 @@ impl ProxyOptions {
         self.extra.push((flag.to_owned(), value.to_string()));
         self
     }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 16] = [
+const PROXY_VARIABLES: [&str; 17] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -179,6 +187,7 @@ const PROXY_VARIABLES: [&str; 16] = [
     "IDEMGATE_LOG_FORMAT",
     "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
     "IDEMGATE_MAX_CONNECTIONS",
+    "IDEMGATE_ADMIN_TOKEN",
 ];
 
 fn proxy_command(options: &ProxyOptions) -> Command {
@@ -200,6 +209,9 @@ fn proxy_command(options: &ProxyOptions) -> Command {
     }
     for (flag, value) in &options.extra {
         command.args([flag, value]);
+    }
+    for (name, value) in &options.env {
+        command.env(name, value);
     }
     command
 }
