@@ -213,55 +213,49 @@ fn identity_of(
     Ok((identity, params))
 }
 
-fn key_not_found() -> Response {
+fn key_not_found() -> ProblemDetails {
     ProblemDetails::new(
         StatusCode::NOT_FOUND,
         "key-not-found",
         "No record under this key",
         "no live record for this principal, method, path and key (never used, expired or evicted)",
     )
-    .into_response()
 }
 
-fn store_failed(error: &idemgate::StoreError) -> Response {
-    tracing::error!(%error, cause = ?std::error::Error::source(error), "admin key API: the idempotency store failed");
-    ProblemDetails::for_store_error(error, UNAVAILABLE_RETRY_AFTER).into_response()
+fn store_failed(error: idemgate::StoreError) -> ProblemDetails {
+    tracing::error!(%error, cause = ?std::error::Error::source(&error), "admin key API: the idempotency store failed");
+    ProblemDetails::for_store_error(&error, UNAVAILABLE_RETRY_AFTER)
 }
 
 async fn show_key(
     State(admin): State<Admin>,
     params: Result<Query<KeyParams>, QueryRejection>,
-) -> Response {
-    let (identity, params) = match identity_of(params) {
-        Ok(found) => found,
-        Err(problem) => return problem.into_response(),
-    };
-    match admin.store.get(identity.digest()).await {
-        Ok(Some(snapshot)) => {
-            axum::Json(KeyView::of(&identity, &snapshot, params.body)).into_response()
-        }
-        Ok(None) => key_not_found(),
-        Err(error) => store_failed(&error),
-    }
+) -> Result<axum::Json<KeyView>, ProblemDetails> {
+    let (identity, params) = identity_of(params)?;
+    let snapshot = admin
+        .store
+        .get(identity.digest())
+        .await
+        .map_err(store_failed)?
+        .ok_or_else(key_not_found)?;
+    Ok(axum::Json(KeyView::of(&identity, &snapshot, params.body)))
 }
 
 async fn evict_key(
     State(admin): State<Admin>,
     params: Result<Query<KeyParams>, QueryRejection>,
-) -> Response {
-    let (identity, params) = match identity_of(params) {
-        Ok(found) => found,
-        Err(problem) => return problem.into_response(),
-    };
+) -> Result<axum::Json<EvictionView>, ProblemDetails> {
+    let (identity, params) = identity_of(params)?;
     let mode = if params.force {
         EvictMode::Force
     } else {
         EvictMode::UnlessRunning
     };
-    let eviction = match admin.store.evict(identity.digest(), mode).await {
-        Ok(eviction) => eviction,
-        Err(error) => return store_failed(&error),
-    };
+    let eviction = admin
+        .store
+        .evict(identity.digest(), mode)
+        .await
+        .map_err(store_failed)?;
     let view = EvictionView::of(&identity, eviction);
     match eviction {
         Eviction::Evicted { status } => {
@@ -271,10 +265,10 @@ async fn evict_key(
                 forced = params.force,
                 "admin evicted a key: its next request runs as a new operation"
             );
-            axum::Json(view).into_response()
+            Ok(axum::Json(view))
         }
-        Eviction::Absent => key_not_found(),
-        Eviction::RefusedLiveLease { .. } => ProblemDetails::new(
+        Eviction::Absent => Err(key_not_found()),
+        Eviction::RefusedLiveLease { .. } => Err(ProblemDetails::new(
             StatusCode::CONFLICT,
             "key-in-progress",
             "A request holding this key may still run",
@@ -283,8 +277,7 @@ async fn evict_key(
                 view.lease_remaining_ms.unwrap_or_default()
             ),
         )
-        .with_retry_after(lease_left(eviction).unwrap_or_default())
-        .into_response(),
+        .with_retry_after(lease_left(eviction).unwrap_or_default())),
     }
 }
 

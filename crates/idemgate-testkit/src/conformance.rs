@@ -115,6 +115,10 @@ async fn existing(store: &dyn Store, request: &ClaimRequest) -> Snapshot {
     }
 }
 
+async fn evict(store: &dyn Store, identity: &IdentityDigest, mode: EvictMode) -> Eviction {
+    store.evict(identity, mode).await.expect("evict")
+}
+
 async fn get(store: &dyn Store, request: &ClaimRequest) -> Option<Snapshot> {
     store.get(request.identity.digest()).await.expect("get")
 }
@@ -742,10 +746,7 @@ pub async fn evict_frees_a_completed_key(store: Arc<dyn Store>) {
         FencedWrite::Applied
     );
     assert_eq!(
-        store
-            .evict(&digest, EvictMode::UnlessRunning)
-            .await
-            .expect("evict"),
+        evict(&*store, &digest, EvictMode::UnlessRunning).await,
         Eviction::Evicted {
             status: RecordStatus::Completed
         }
@@ -755,10 +756,7 @@ pub async fn evict_frees_a_completed_key(store: Arc<dyn Store>) {
         "evicted yet readable"
     );
     assert_eq!(
-        store
-            .evict(&digest, EvictMode::UnlessRunning)
-            .await
-            .expect("evict"),
+        evict(&*store, &digest, EvictMode::UnlessRunning).await,
         Eviction::Absent
     );
     let again = acquire(
@@ -776,10 +774,7 @@ pub async fn evict_frees_a_completed_key(store: Arc<dyn Store>) {
         FencedWrite::Applied
     );
     assert_eq!(
-        store
-            .evict(&digest, EvictMode::UnlessRunning)
-            .await
-            .expect("evict"),
+        evict(&*store, &digest, EvictMode::UnlessRunning).await,
         Eviction::Evicted {
             status: RecordStatus::Released
         }
@@ -793,10 +788,7 @@ pub async fn evict_refuses_a_live_lease_unless_forced(store: Arc<dyn Store>) {
     let request = fresh_request();
     let digest = *request.identity.digest();
     let lease = acquire(&*store, &request).await;
-    let refused = store
-        .evict(&digest, EvictMode::UnlessRunning)
-        .await
-        .expect("evict");
+    let refused = evict(&*store, &digest, EvictMode::UnlessRunning).await;
     let Eviction::RefusedLiveLease { locked_until, now } = refused else {
         panic!("a live lease was not refused: {refused:?}");
     };
@@ -817,7 +809,7 @@ pub async fn evict_refuses_a_live_lease_unless_forced(store: Arc<dyn Store>) {
     let waited = wait_while(&store, digest, |snapshot| snapshot.is_some());
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
-        store.evict(&digest, EvictMode::Force).await.expect("evict"),
+        evict(&*store, &digest, EvictMode::Force).await,
         Eviction::Evicted {
             status: RecordStatus::Processing
         }
@@ -845,10 +837,7 @@ pub async fn evict_absent_or_expired_key(store: Arc<dyn Store>) {
     let never = fresh_request();
     for mode in [EvictMode::UnlessRunning, EvictMode::Force] {
         assert_eq!(
-            store
-                .evict(never.identity.digest(), mode)
-                .await
-                .expect("evict"),
+            evict(&*store, never.identity.digest(), mode).await,
             Eviction::Absent
         );
     }
@@ -864,10 +853,7 @@ pub async fn evict_absent_or_expired_key(store: Arc<dyn Store>) {
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
-        store
-            .evict(request.identity.digest(), EvictMode::Force)
-            .await
-            .expect("evict"),
+        evict(&*store, request.identity.digest(), EvictMode::Force).await,
         Eviction::Absent,
         "an expired record is absent to evict"
     );
@@ -883,10 +869,7 @@ pub async fn evict_lapsed_lease_without_force(store: Arc<dyn Store>) {
     let lease = acquire(&*store, &request).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
-        store
-            .evict(request.identity.digest(), EvictMode::UnlessRunning)
-            .await
-            .expect("evict"),
+        evict(&*store, request.identity.digest(), EvictMode::UnlessRunning).await,
         Eviction::Evicted {
             status: RecordStatus::Processing
         }
@@ -917,10 +900,7 @@ pub async fn concurrent_evictions_remove_once(store: Arc<dyn Store>) {
             let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
             tokio::spawn(async move {
                 barrier.wait().await;
-                store
-                    .evict(&digest, EvictMode::UnlessRunning)
-                    .await
-                    .expect("evict")
+                evict(&*store, &digest, EvictMode::UnlessRunning).await
             })
         })
         .collect();
