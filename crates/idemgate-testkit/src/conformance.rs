@@ -737,14 +737,7 @@ fn wait_while(
 pub async fn evict_frees_a_completed_key(store: Arc<dyn Store>) {
     let request = fresh_request();
     let digest = *request.identity.digest();
-    let first = acquire(&*store, &request).await;
-    assert_eq!(
-        store
-            .complete(&first, &completion(awkward_response()))
-            .await
-            .expect("complete"),
-        FencedWrite::Applied
-    );
+    let first = acquire_completed(&*store, &request, DAY).await;
     assert_eq!(
         evict(&*store, &digest, EvictMode::UnlessRunning).await,
         Eviction::Evicted {
@@ -842,15 +835,7 @@ pub async fn evict_absent_or_expired_key(store: Arc<dyn Store>) {
         );
     }
     let request = fresh_request();
-    let lease = acquire(&*store, &request).await;
-    let short = Completion {
-        ttl: Duration::from_millis(300),
-        ..completion(awkward_response())
-    };
-    assert_eq!(
-        store.complete(&lease, &short).await.expect("complete"),
-        FencedWrite::Applied
-    );
+    acquire_completed(&*store, &request, Duration::from_millis(300)).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
         evict(&*store, request.identity.digest(), EvictMode::Force).await,
@@ -885,14 +870,7 @@ pub async fn evict_lapsed_lease_without_force(store: Arc<dyn Store>) {
 /// others find nothing (an eviction is one atomic step, not a read then a delete).
 pub async fn concurrent_evictions_remove_once(store: Arc<dyn Store>) {
     let request = fresh_request();
-    let lease = acquire(&*store, &request).await;
-    assert_eq!(
-        store
-            .complete(&lease, &completion(awkward_response()))
-            .await
-            .expect("complete"),
-        FencedWrite::Applied
-    );
+    acquire_completed(&*store, &request, DAY).await;
     let digest = *request.identity.digest();
     let barrier = Arc::new(Barrier::new(RACERS));
     let tasks: Vec<_> = (0..RACERS)
@@ -919,4 +897,18 @@ pub async fn concurrent_evictions_remove_once(store: Arc<dyn Store>) {
         evicted, 1,
         "{evicted} of {RACERS} concurrent evictions removed the record; exactly one may"
     );
+}
+
+/// Claims `request` and completes it with [`awkward_response`], kept for `ttl`.
+async fn acquire_completed(store: &dyn Store, request: &ClaimRequest, ttl: Duration) -> Lease {
+    let lease = acquire(store, request).await;
+    let done = Completion {
+        ttl,
+        ..completion(awkward_response())
+    };
+    assert_eq!(
+        store.complete(&lease, &done).await.expect("complete"),
+        FencedWrite::Applied
+    );
+    lease
 }
