@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests talk to are running: PostgreSQL on 127.0.0.1:5432
 # (database `test`, trust auth) and Redis on 127.0.0.1:6379. Starts them when they are
-# down; on a bare Debian machine (as root) installs them first. Fails loudly when it
-# cannot: a test suite that silently skips its backends proves nothing.
+# down; on a bare Debian machine (as root) installs them first (`nginx`, for the proxy
+# benchmark, is only installed). Fails loudly when it cannot: a test suite that
+# silently skips its backends proves nothing.
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -62,9 +63,18 @@ ensure_redis() {
   log "Redis ready on 127.0.0.1:6379"
 }
 
+# nginx is no service the tests need: the proxy benchmark starts its own instance
+# with a generated configuration, as the physical reference for one proxy hop.
+ensure_nginx() {
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
+  [ -x "$(command -v nginx || echo /usr/sbin/nginx)" ] || die "nginx is not executable after installing it"
+  log "nginx available: $("$(command -v nginx || echo /usr/sbin/nginx)" -v 2>&1)"
+}
+
 case "${1:-all}" in
   postgres) ensure_postgres ;;
   redis) ensure_redis ;;
+  nginx) ensure_nginx ;;
   all) ensure_postgres; ensure_redis ;;
-  *) die "usage: $0 [postgres|redis|all]" ;;
+  *) die "usage: $0 [postgres|redis|nginx|all]" ;;
 esac

@@ -29,6 +29,8 @@ pub enum Command {
     /// Put the Idempotency-Key protocol in front of any HTTP API: a reverse proxy
     /// to --upstream.
     Proxy(crate::proxy::ProxyArgs),
+    /// Inspect or evict one key's record, straight on the store.
+    Keys(crate::keys_cli::KeysArgs),
 }
 
 /// Where log lines go and how they look.
@@ -78,6 +80,28 @@ pub struct RedisArgs {
     pub redis_wait_replicas: u32,
 }
 
+/// The admin key API's token, flattened into `serve` and `proxy`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AdminTokenArgs {
+    /// The bearer token of the admin key API (GET and DELETE /v1/keys on the
+    /// admin listener). Unset or empty: the key API is off. Prefer the variable
+    /// (a flag shows in the process list).
+    #[arg(
+        long,
+        env = "IDEMGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub admin_token: Option<String>,
+}
+
+impl AdminTokenArgs {
+    /// The token; `None` when the key API is off.
+    pub fn token(&self) -> Option<crate::admin::AdminToken> {
+        crate::admin::AdminToken::new(self.admin_token.as_deref())
+    }
+}
+
 /// `idemgate serve` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable.
 #[derive(Debug, Clone, clap::Args)]
@@ -85,6 +109,15 @@ pub struct ServeArgs {
     /// The public listen address.
     #[command(flatten)]
     pub address: ListenAddressArgs,
+
+    /// Admin address: /healthz, /readyz, /metrics, and /v1/keys when
+    /// IDEMGATE_ADMIN_TOKEN is set. Off unless given.
+    #[arg(long, env = "IDEMGATE_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+
+    /// The admin key API's bearer token.
+    #[command(flatten)]
+    pub admin: AdminTokenArgs,
 
     /// Orders database: sqlite://PATH (created on first run) or postgres://…
     #[arg(
@@ -342,6 +375,10 @@ pub enum IdempotencyStore {
 pub struct Settings {
     /// Listen address.
     pub listen: SocketAddr,
+    /// Admin listen address; `None`: no admin listener.
+    pub admin_listen: Option<SocketAddr>,
+    /// The admin key API's token; `None`: the key API is off.
+    pub admin_token: Option<crate::admin::AdminToken>,
     /// Orders database.
     pub database: DatabaseUrl,
     /// Idempotency store.
@@ -431,6 +468,8 @@ impl ServeArgs {
         }
         Ok(Settings {
             listen,
+            admin_listen: self.admin_listen,
+            admin_token: self.admin.token(),
             database,
             idempotency_store,
             gateway_url,

@@ -1,4 +1,4 @@
-//! `idemgate serve` and `idemgate proxy`: see `idemgate <command> --help`.
+//! `idemgate serve`, `idemgate proxy` and `idemgate keys`: see `idemgate <command> --help`.
 
 use std::process::ExitCode;
 
@@ -24,6 +24,7 @@ async fn main() -> ExitCode {
             idemgate_server::telemetry::init(settings.log_format);
             stopped(idemgate_server::proxy::run(settings).await)
         }
+        Command::Keys(args) => idemgate_server::keys_cli::run(args).await,
     }
 }
 

@@ -7,6 +7,7 @@
 mod client;
 mod connections;
 mod gateway;
+mod keys;
 mod proxy;
 mod proxy_policies;
 mod server;

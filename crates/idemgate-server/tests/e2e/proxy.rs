@@ -137,13 +137,15 @@ fn reserved_port() -> (tokio::net::TcpSocket, SocketAddr) {
     (socket, addr)
 }
 
-const SECRET: &str = "e2e-principal-secret";
+pub const SECRET: &str = "e2e-principal-secret";
 
 /// How to start the proxy.
 pub struct ProxyOptions {
     pub upstream: String,
     pub store: String,
     pub extra: Vec<(String, String)>,
+    /// More environment variables, as (name, value).
+    pub env: Vec<(String, String)>,
 }
 
 impl ProxyOptions {
@@ -152,6 +154,7 @@ impl ProxyOptions {
             upstream,
             store: "memory".to_owned(),
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -164,10 +167,15 @@ impl ProxyOptions {
         self.extra.push((flag.to_owned(), value.to_string()));
         self
     }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 25] = [
+const PROXY_VARIABLES: [&str; 26] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -184,6 +192,7 @@ const PROXY_VARIABLES: [&str; 25] = [
     "IDEMGATE_LOG_FORMAT",
     "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
     "IDEMGATE_MAX_CONNECTIONS",
+    "IDEMGATE_ADMIN_TOKEN",
     "IDEMGATE_CONFIG",
     "IDEMGATE_UPSTREAM_HOST_HEADER",
     "IDEMGATE_JWT_CLAIM",
@@ -214,6 +223,9 @@ pub(crate) fn proxy_command(options: &ProxyOptions) -> Command {
     }
     for (flag, value) in &options.extra {
         command.args([flag, value]);
+    }
+    for (name, value) in &options.env {
+        command.env(name, value);
     }
     command
 }

@@ -65,6 +65,10 @@ pub struct Options {
     pub extra: Vec<(String, String)>,
     /// Run under `prlimit --nofile=SOFT:HARD` (util-linux).
     pub nofile: Option<(u64, u64)>,
+    /// Serve the admin listener (`--admin-listen 127.0.0.1:0`).
+    pub admin: bool,
+    /// `IDEMGATE_ADMIN_TOKEN`, when set.
+    pub admin_token: Option<String>,
 }
 
 impl Options {
@@ -80,7 +84,16 @@ impl Options {
             simulated_delay_ms: 0,
             extra: Vec::new(),
             nofile: None,
+            admin: false,
+            admin_token: None,
         }
+    }
+
+    /// With an admin listener, and the key API on it when `token` is given.
+    pub fn admin(mut self, token: Option<&str>) -> Self {
+        self.admin = true;
+        self.admin_token = token.map(str::to_owned);
+        self
     }
 
     /// One more `serve` flag.
@@ -115,6 +128,8 @@ impl Options {
 pub struct Server {
     child: Child,
     pub addr: SocketAddr,
+    /// The admin listener, when started with one.
+    pub admin: Option<SocketAddr>,
     pub options: Options,
 }
 
@@ -169,8 +184,16 @@ impl Server {
             "IDEMGATE_BODY_READ_TIMEOUT_MS",
             "IDEMGATE_IDLE_TIMEOUT_MS",
             "IDEMGATE_MAX_CONNECTIONS",
+            "IDEMGATE_ADMIN_LISTEN",
+            "IDEMGATE_ADMIN_TOKEN",
         ] {
             command.env_remove(variable);
+        }
+        if options.admin {
+            command.args(["--admin-listen", "127.0.0.1:0"]);
+        }
+        if let Some(token) = &options.admin_token {
+            command.env("IDEMGATE_ADMIN_TOKEN", token);
         }
         for (flag, value) in &options.extra {
             command.args([flag, value]);
@@ -178,17 +201,33 @@ impl Server {
         if let Some(url) = &options.gateway_url {
             command.args(["--gateway-url", url]);
         }
-        let (child, addrs) = spawn_listening(&mut command, &["listening on http://"]).await;
-        let addr = addrs[0];
+        let markers: &[&str] = if options.admin {
+            &[
+                "idemgate listening on http://",
+                "admin listening on http://",
+            ]
+        } else {
+            &["listening on http://"]
+        };
+        let (child, addrs) = spawn_listening(&mut command, markers).await;
         Self {
             child,
-            addr,
+            addr: addrs[0],
+            admin: addrs.get(1).copied(),
             options,
         }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// A URL on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!(
+            "http://{}{path}",
+            self.admin.expect("started with an admin listener")
+        )
     }
 
     /// The process id (while it runs).
