@@ -145,7 +145,7 @@ pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
         .map(|route| {
             let policy = &route.policy;
             let forward = forward.with_route_policy(
-                policy.forward_key.unwrap_or_default(),
+                policy.forward_key(),
                 policy.rejections.as_deref().unwrap_or(&DEFAULT_REJECTIONS),
             );
             let service = policy.layer(&route.method, &idempotency).layer(forward);

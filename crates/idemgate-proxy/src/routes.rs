@@ -92,7 +92,7 @@ pub(crate) struct RoutePolicy {
     server_errors: Option<ServerErrorPolicy>,
     fingerprint: Option<BodySelection>,
     pub(crate) rejections: Option<Vec<StatusCode>>,
-    pub(crate) forward_key: Option<ForwardKey>,
+    forward_key: Option<ForwardKey>,
 }
 
 /// Why the policy file was refused. Both name the file; a bad file also names the
@@ -202,6 +202,17 @@ impl Route {
 }
 
 impl RoutePolicy {
+    /// The key the upstream gets: as set, else the derived one — except on a
+    /// disabled route, passed through untouched, where the client's own key goes
+    /// on as sent.
+    pub(crate) fn forward_key(&self) -> ForwardKey {
+        match (self.forward_key, self.enabled) {
+            (Some(key), _) => key,
+            (None, true) => ForwardKey::Derived,
+            (None, false) => ForwardKey::Original,
+        }
+    }
+
     /// The layer for this route: `base` (the defaults, sharing its store and its
     /// detached-task tracker) with this route's settings, covering `method` only
     /// — or nothing, so every request passes through, when disabled.
@@ -583,8 +594,13 @@ mod tests {
                 "/currency".parse().unwrap()
             ]))
         );
-        assert_eq!(policy.forward_key, Some(ForwardKey::Original));
+        assert_eq!(policy.forward_key(), ForwardKey::Original);
         assert!(!routes.routes[1].policy.enabled);
+        assert_eq!(
+            routes.routes[1].policy.forward_key(),
+            ForwardKey::Original,
+            "a disabled route passes the client's key on"
+        );
         assert!(parse("").unwrap().is_empty());
     }
 
@@ -659,7 +675,8 @@ mod tests {
         assert_eq!(routes.len(), 4);
         let payments = &routes.routes[0];
         assert!(payments.matches(&Method::POST, "/payments/p_1/capture"));
-        assert_eq!(payments.policy.forward_key, Some(ForwardKey::Original));
+        assert_eq!(payments.policy.forward_key(), ForwardKey::Original);
+        assert_eq!(routes.routes[1].policy.forward_key(), ForwardKey::Derived);
         assert!(!routes.routes[3].policy.enabled);
         routes
             .check_timing(Duration::from_secs(86_400), Duration::from_secs(30))

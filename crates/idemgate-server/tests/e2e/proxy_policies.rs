@@ -128,6 +128,13 @@ async fn a_route_may_pass_through_require_a_key_or_forward_the_original_key() {
         assert!(!hook.replayed(), "enabled = false: never replayed");
     }
     assert_eq!(upstream.executions(), 2, "a disabled route runs every time");
+    assert!(
+        upstream
+            .seen()
+            .iter()
+            .all(|seen| seen.headers["idempotency-key"] == key.as_str()),
+        "passed through untouched: the client's own key"
+    );
 
     let keyless = client.post(&proxy.url("/payments"), None, ORDER).await;
     assert_eq!(keyless.status, StatusCode::BAD_REQUEST, "{keyless:?}");
