@@ -629,7 +629,24 @@ async fn health_and_metrics_answer() {
         metrics.contains("idemgate_requests_total{outcome=\"executed\"} 1"),
         "{metrics}"
     );
-    assert!(metrics.contains("idemgate_store_seconds"), "{metrics}");
+    // Histograms (aggregatable across instances), not per-process summaries.
+    assert!(
+        metrics.contains("# TYPE idemgate_store_seconds histogram")
+            && metrics.contains("idemgate_store_seconds_bucket{op=\"claim\",le=\"0.001\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("# TYPE idemgate_request_duration_seconds histogram")
+            && metrics.contains("idemgate_request_duration_seconds_count{outcome=\"executed\"} 1"),
+        "{metrics}"
+    );
+    // Registered at zero before any event, so `rate()` sees the first one.
+    assert!(
+        metrics.contains("idemgate_fenced_completions_total 0")
+            && metrics.contains("idemgate_store_errors_total{op=\"claim\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("idemgate_lease_seconds 30"), "{metrics}");
     assert!(
         metrics.contains("idemgate_oldest_in_flight_seconds"),
         "{metrics}"
