@@ -23,9 +23,7 @@ use idemgate_proxy::{HeaderPrincipal, ProxyConfig, Upstream};
 use idemgate_sqlx::PurgeTask;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::cli::{
-    ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, LogFormat, ProcessArgs, RedisArgs,
-};
+use crate::cli::{ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, ProcessArgs, RedisArgs};
 use crate::listener::{ListenerArgs, ListenerOptions, raise_fd_limit};
 use crate::repository::{connect_postgres, connect_sqlite};
 use crate::runtime::{
@@ -34,6 +32,7 @@ use crate::runtime::{
 };
 use crate::server::{StartupError, bind};
 use crate::stores;
+use crate::telemetry::TelemetrySettings;
 
 /// `idemgate proxy` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable. Every POST and PATCH with an
@@ -175,8 +174,8 @@ pub struct ProxySettings {
     pub timing: LayerTiming,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
-    /// Log format.
-    pub log_format: LogFormat,
+    /// Logs and span export.
+    pub telemetry: TelemetrySettings,
     /// Connection limits of both listeners.
     pub connections: ListenerOptions,
     /// Redis safety checks: persistence policy, replicas to wait for.
@@ -228,7 +227,7 @@ impl ProxyArgs {
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
             timing: self.layer.timing()?,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
-            log_format: self.process.log_format,
+            telemetry: self.process.telemetry(),
             connections: self.connections.options()?,
             redis: self.redis,
         })
