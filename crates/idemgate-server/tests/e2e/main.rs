@@ -7,6 +7,7 @@
 mod client;
 mod connections;
 mod gateway;
+mod monitoring;
 mod proxy;
 mod server;
 mod strict_input;
