@@ -8,6 +8,7 @@ mod client;
 mod connections;
 mod gateway;
 mod monitoring;
+mod otlp;
 mod proxy;
 mod server;
 mod strict_input;
@@ -687,6 +688,8 @@ fn serve_help_names_every_flag_and_variable() {
         "IDEMGATE_IDLE_TIMEOUT_MS",
         "--max-connections",
         "IDEMGATE_MAX_CONNECTIONS",
+        "--otlp",
+        "IDEMGATE_OTLP",
     ] {
         assert!(
             help.contains(needle),

@@ -139,6 +139,8 @@ pub struct ProxyOptions {
     pub upstream: String,
     pub store: String,
     pub extra: Vec<(String, String)>,
+    /// Environment variables set for the process.
+    pub env: Vec<(String, String)>,
 }
 
 impl ProxyOptions {
@@ -147,6 +149,7 @@ impl ProxyOptions {
             upstream,
             store: "memory".to_owned(),
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -159,10 +162,15 @@ impl ProxyOptions {
         self.extra.push((flag.to_owned(), value.to_string()));
         self
     }
+
+    pub fn env(mut self, name: &str, value: impl ToString) -> Self {
+        self.env.push((name.to_owned(), value.to_string()));
+        self
+    }
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 16] = [
+const PROXY_VARIABLES: [&str; 19] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -179,6 +187,9 @@ const PROXY_VARIABLES: [&str; 16] = [
     "IDEMGATE_LOG_FORMAT",
     "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
     "IDEMGATE_MAX_CONNECTIONS",
+    "IDEMGATE_OTLP",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 ];
 
 fn proxy_command(options: &ProxyOptions) -> Command {
@@ -201,6 +212,7 @@ fn proxy_command(options: &ProxyOptions) -> Command {
     for (flag, value) in &options.extra {
         command.args([flag, value]);
     }
+    command.envs(options.env.iter().map(|(k, v)| (k, v)));
     command
 }
 
