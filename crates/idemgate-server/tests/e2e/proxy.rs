@@ -549,6 +549,21 @@ async fn proxy_passes_gets_and_keyless_posts_through_to_run_every_time() {
         assert_eq!(admin.status(), StatusCode::OK, "{path}");
     }
     assert_eq!(upstream.executions(), 5);
+    // The same histograms as `serve`: one recorder, built in one place.
+    let metrics = http
+        .get(format!("http://{}/metrics", proxy.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "# TYPE idemgate_request_duration_seconds histogram",
+        "idemgate_request_duration_seconds_bucket{outcome=\"passed_through\",le=\"0.001\"}",
+    ] {
+        assert!(metrics.contains(needle), "no {needle} in:\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
