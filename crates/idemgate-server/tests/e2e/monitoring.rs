@@ -355,12 +355,16 @@ async fn dashboard_and_alerts_work_against_a_real_prometheus() {
         let (client, url, key) = (client.clone(), orders(&b), fenced_key.clone());
         tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Thawed only once B holds the lease: earlier, A could still complete.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scraped(&b, "idemgate_lease_takeovers_total").await < 1.0 {
+        assert!(Instant::now() < deadline, "B did not take the lease over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     a.thaw();
     let winner = winner.await.unwrap();
     assert_eq!(winner.status, StatusCode::CREATED, "{winner:?}");
     let _ = held.await.unwrap();
-    assert_eq!(scraped(&b, "idemgate_lease_takeovers_total").await, 1.0);
     assert_eq!(scraped(&a, "idemgate_fenced_completions_total").await, 1.0);
 
     // The store goes away: A fails closed, 503.
