@@ -2,7 +2,9 @@
 # Makes sure the servers the tests talk to are running: PostgreSQL on 127.0.0.1:5432
 # (database `test`, trust auth) and Redis on 127.0.0.1:6379. Starts them when they are
 # down; on a bare Debian machine (as root) installs them first (`nginx`, for the proxy
-# benchmark, is only installed). Fails loudly when it cannot: a test suite that
+# benchmark, is only installed). Also installs the `prometheus` and `promtool`
+# binaries the monitoring test runs itself (it starts its own Prometheus on a free
+# port). Fails loudly when it cannot: a test suite that
 # silently skips its backends proves nothing.
 set -euo pipefail
 
@@ -63,6 +65,17 @@ ensure_redis() {
   log "Redis ready on 127.0.0.1:6379"
 }
 
+ensure_prometheus() {
+  # Debian's package starts a system Prometheus on :9090 through systemd where
+  # there is one; the test does not use it and starts its own.
+  if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    apt_install prometheus
+  fi
+  command -v prometheus >/dev/null && command -v promtool >/dev/null \
+    || die "the prometheus package installed no prometheus/promtool binaries"
+  log "Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') and promtool present"
+}
+
 # nginx is no service the tests need: the proxy benchmark starts its own instance
 # with a generated configuration, as the physical reference for one proxy hop.
 ensure_nginx() {
@@ -74,7 +87,8 @@ ensure_nginx() {
 case "${1:-all}" in
   postgres) ensure_postgres ;;
   redis) ensure_redis ;;
+  prometheus) ensure_prometheus ;;
   nginx) ensure_nginx ;;
-  all) ensure_postgres; ensure_redis ;;
-  *) die "usage: $0 [postgres|redis|nginx|all]" ;;
+  all) ensure_postgres; ensure_redis; ensure_prometheus ;;
+  *) die "usage: $0 [postgres|redis|prometheus|nginx|all]" ;;
 esac

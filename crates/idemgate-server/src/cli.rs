@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::listener::{ListenerArgs, ListenerOptions};
+use crate::telemetry::TelemetrySettings;
 
 /// idemgate: `serve` runs the orders service (POST /api/v1/orders charges a payment
 /// gateway and stores an order exactly once per Idempotency-Key); `proxy` puts the
@@ -300,6 +301,26 @@ pub struct ProcessArgs {
     /// Log format.
     #[arg(long, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+
+    /// Export the tracing spans (outcome, key digest, operation id) over
+    /// OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318;
+    /// /v1/traces is appended). Off by default.
+    #[arg(
+        long,
+        env = "IDEMGATE_OTLP",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub otlp: bool,
+}
+
+impl ProcessArgs {
+    /// Where logs and spans go.
+    pub fn telemetry(&self) -> TelemetrySettings {
+        TelemetrySettings {
+            log_format: self.log_format,
+            otlp: self.otlp,
+        }
+    }
 }
 
 /// The public listener's address, flattened into every subcommand that serves
@@ -401,8 +422,8 @@ pub struct Settings {
     pub redis: RedisArgs,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
-    /// Log format.
-    pub log_format: LogFormat,
+    /// Logs and span export.
+    pub telemetry: TelemetrySettings,
     /// Connection limits of the listener.
     pub connections: ListenerOptions,
     /// The hidden benchmark baseline: no idempotency layer at all.
@@ -481,7 +502,7 @@ impl ServeArgs {
             store_timeout: timing.store_timeout,
             redis: self.redis,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
-            log_format: self.process.log_format,
+            telemetry: self.process.telemetry(),
             connections: self.connections.options()?,
             no_idempotency: self.no_idempotency,
         })

@@ -17,14 +17,14 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::admin::{Admin, AdminToken, admin_app};
 use crate::cli::{
-    AdminTokenArgs, ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, LogFormat, ProcessArgs,
-    RedisArgs,
+    AdminTokenArgs, ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, ProcessArgs, RedisArgs,
 };
 use crate::listener::{ListenerArgs, ListenerOptions, raise_fd_limit};
 use crate::repository::{connect_postgres, connect_sqlite};
 use crate::runtime::{idempotency_layer, install_metrics, serve_until_signal};
 use crate::server::{StartupError, bind};
 use crate::stores;
+use crate::telemetry::TelemetrySettings;
 
 /// `idemgate proxy` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable. Every POST and PATCH with an
@@ -284,8 +284,8 @@ pub struct ProxySettings {
     pub timing: LayerTiming,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
-    /// Log format.
-    pub log_format: LogFormat,
+    /// Logs and span export.
+    pub telemetry: TelemetrySettings,
     /// Connection limits of both listeners.
     pub connections: ListenerOptions,
     /// Redis safety checks: persistence policy, replicas to wait for.
@@ -346,7 +346,7 @@ impl ProxyArgs {
             tls: self.tls()?,
             timing,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
-            log_format: self.process.log_format,
+            telemetry: self.process.telemetry(),
             connections: self.connections.options()?,
             redis: self.redis,
         })

@@ -33,7 +33,7 @@ use crate::handler::{BoxFuture, Handler};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
 use crate::response::replay;
-use crate::telemetry::{Outcome, count, count_outcome, timed};
+use crate::telemetry::{Outcome, count, count_outcome, timed, timed_request};
 
 /// How many times a claim is retried when the record it found became claimable
 /// (released, or its lease lapsed) before it could be taken.
@@ -84,7 +84,11 @@ where
         // Erased once, here: the rest of the request path is not generic.
         let handler = Handler::new(inner);
         let config = Arc::clone(&self.config);
-        Box::pin(handle(config, handler, request.map(Body::new)))
+        Box::pin(timed_request(handle(
+            config,
+            handler,
+            request.map(Body::new),
+        )))
     }
 }
 

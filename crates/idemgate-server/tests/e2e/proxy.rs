@@ -144,7 +144,7 @@ pub struct ProxyOptions {
     pub upstream: String,
     pub store: String,
     pub extra: Vec<(String, String)>,
-    /// More environment variables, as (name, value).
+    /// Environment variables set for the process.
     pub env: Vec<(String, String)>,
 }
 
@@ -168,14 +168,14 @@ impl ProxyOptions {
         self
     }
 
-    pub fn env(mut self, name: &str, value: &str) -> Self {
-        self.env.push((name.to_owned(), value.to_owned()));
+    pub fn env(mut self, name: &str, value: impl ToString) -> Self {
+        self.env.push((name.to_owned(), value.to_string()));
         self
     }
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 26] = [
+const PROXY_VARIABLES: [&str; 29] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -193,6 +193,9 @@ const PROXY_VARIABLES: [&str; 26] = [
     "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
     "IDEMGATE_MAX_CONNECTIONS",
     "IDEMGATE_ADMIN_TOKEN",
+    "IDEMGATE_OTLP",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "IDEMGATE_CONFIG",
     "IDEMGATE_UPSTREAM_HOST_HEADER",
     "IDEMGATE_JWT_CLAIM",
@@ -224,9 +227,7 @@ pub(crate) fn proxy_command(options: &ProxyOptions) -> Command {
     for (flag, value) in &options.extra {
         command.args([flag, value]);
     }
-    for (name, value) in &options.env {
-        command.env(name, value);
-    }
+    command.envs(options.env.iter().map(|(k, v)| (k, v)));
     command
 }
 
@@ -570,6 +571,21 @@ async fn proxy_passes_gets_and_keyless_posts_through_to_run_every_time() {
         assert_eq!(admin.status(), StatusCode::OK, "{path}");
     }
     assert_eq!(upstream.executions(), 5);
+    // The same histograms as `serve`: one recorder, built in one place.
+    let metrics = http
+        .get(format!("http://{}/metrics", proxy.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "# TYPE idemgate_request_duration_seconds histogram",
+        "idemgate_request_duration_seconds_bucket{outcome=\"passed_through\",le=\"0.001\"}",
+    ] {
+        assert!(metrics.contains(needle), "no {needle} in:\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

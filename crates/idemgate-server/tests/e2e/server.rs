@@ -63,6 +63,8 @@ pub struct Options {
     pub simulated_delay_ms: u64,
     /// More `serve` flags, as (flag, value).
     pub extra: Vec<(String, String)>,
+    /// Environment variables set for the process.
+    pub env: Vec<(String, String)>,
     /// Run under `prlimit --nofile=SOFT:HARD` (util-linux).
     pub nofile: Option<(u64, u64)>,
     /// Serve the admin listener (`--admin-listen 127.0.0.1:0`).
@@ -83,6 +85,7 @@ impl Options {
             gateway_timeout_ms: 10_000,
             simulated_delay_ms: 0,
             extra: Vec::new(),
+            env: Vec::new(),
             nofile: None,
             admin: false,
             admin_token: None,
@@ -99,6 +102,12 @@ impl Options {
     /// One more `serve` flag.
     pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
         self.extra.push((flag.to_owned(), value.to_string()));
+        self
+    }
+
+    /// One more environment variable.
+    pub fn env(mut self, name: &str, value: impl ToString) -> Self {
+        self.env.push((name.to_owned(), value.to_string()));
         self
     }
 
@@ -184,6 +193,9 @@ impl Server {
             "IDEMGATE_BODY_READ_TIMEOUT_MS",
             "IDEMGATE_IDLE_TIMEOUT_MS",
             "IDEMGATE_MAX_CONNECTIONS",
+            "IDEMGATE_OTLP",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "IDEMGATE_ADMIN_LISTEN",
             "IDEMGATE_ADMIN_TOKEN",
         ] {
@@ -195,6 +207,7 @@ impl Server {
         if let Some(token) = &options.admin_token {
             command.env("IDEMGATE_ADMIN_TOKEN", token);
         }
+        command.envs(options.env.iter().map(|(k, v)| (k, v)));
         for (flag, value) in &options.extra {
             command.args([flag, value]);
         }
