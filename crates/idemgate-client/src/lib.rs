@@ -29,13 +29,9 @@
 //! let client = Client::new(reqwest::Client::new());
 //! let pay = Operation::new(); // when the user clicks "Pay"; persist pay.key() to resume
 //! let order = serde_json::json!({"items": [{"id": 42, "quantity": 1}], "currency": "RUB", "amount": 1500});
-//! let response = client
-//!     .post("http://127.0.0.1:8080/api/v1/orders")
-//!     .bearer_auth("alice")
-//!     .json(&order)
-//!     .operation(&pay)
-//!     .send()
-//!     .await?; // lost responses, 409s and 5xx were retried under pay's key
+//! let response = client.post("http://127.0.0.1:8080/api/v1/orders")
+//!     .bearer_auth("alice").json(&order).operation(&pay)
+//!     .send().await?; // lost answers, 409s and 5xx were retried under pay's key
 //! println!("{} (replayed: {})", response.status(), response.replayed());
 //! # Ok(()) }
 //! ```

@@ -15,6 +15,8 @@ mod gateway;
 #[path = "../e2e/server.rs"]
 mod server;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use gateway::{Fault as GatewayFault, MockGateway};
@@ -83,6 +85,16 @@ fn no_reuse() -> reqwest::Client {
         .pool_max_idle_per_host(0)
         .build()
         .unwrap()
+}
+
+/// The problem and the replay mark of a `Rejected`; a panic for any other error.
+fn rejected(error: &Error) -> (&idemgate_client::Problem, bool) {
+    match error {
+        Error::Rejected {
+            problem, replayed, ..
+        } => (problem, *replayed),
+        other => panic!("not Rejected: {other:?}"),
+    }
 }
 
 /// Short waits, so the suite stays fast; the rules are the defaults'.
@@ -424,14 +436,7 @@ async fn a_refused_order_is_rejected_with_its_problem_and_not_retried() {
         .send()
         .await
         .expect_err("an empty order is refused");
-    let Error::Rejected {
-        ref problem,
-        replayed,
-        ..
-    } = error
-    else {
-        panic!("{error:?}");
-    };
+    let (problem, replayed) = rejected(&error);
     assert_eq!(problem.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         problem.type_uri,
@@ -500,4 +505,62 @@ async fn the_middleware_retries_keyed_requests_and_passes_unkeyed_ones_once() {
     assert_eq!(setup.relay.connections(), 3);
     assert_eq!(setup.orders().await.len(), 2, "one per request, none twice");
     assert_eq!(setup.gateway.distinct_charges(), 2);
+}
+
+/// A replayed `5xx` is the operation's stored outcome, so it is final. The orders
+/// service releases its failures, so `idemgate proxy` stores one: an upstream
+/// `500` is kept as `FAILED` and replayed (PROTOCOL §8, §13).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replayed_5xx_is_the_outcome_and_is_not_retried() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let upstream = {
+        let executions = Arc::clone(&executions);
+        let app = axum::Router::new().fallback(move || async move {
+            executions.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::INTERNAL_SERVER_ERROR, "upstream broke")
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    };
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemgate"));
+    command
+        .arg("proxy")
+        .args(["--upstream", &format!("http://{upstream}")])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--idempotency-store", "memory"])
+        .env("IDEMGATE_PRINCIPAL_SECRET", "client-suite-secret")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let (_proxy, addrs) = server::spawn_listening(
+        &mut command,
+        &["proxy listening on http://", "admin listening on http://"],
+    )
+    .await;
+    let relay = Relay::start(addrs[0]).await;
+    let error = Client::new(no_reuse())
+        .with_policy(quick())
+        .post(relay.url("/jobs"))
+        .bearer_auth("alice")
+        .body("{}")
+        .operation(&Operation::new())
+        .send()
+        .await
+        .expect_err("the upstream failed");
+    let (problem, replayed) = rejected(&error);
+    assert_eq!(problem.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        replayed,
+        "the first 500 was retried once, and its replay is final"
+    );
+    assert!(error.may_have_run());
+    assert_eq!(
+        relay.connections(),
+        2,
+        "a fresh 500, then its replay: no third"
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
 }
