@@ -34,6 +34,7 @@ struct Setup {
     server: Server,
     relay: Relay,
     orders: client::Client,
+    database: String,
     _db: server::TempDir,
 }
 
@@ -52,6 +53,7 @@ impl Setup {
             server,
             relay,
             orders: client::Client::new(),
+            database: db,
             _db: dir,
         }
     }
@@ -563,4 +565,50 @@ async fn a_replayed_5xx_is_the_outcome_and_is_not_retried() {
         "a fresh 500, then its replay: no third"
     );
     assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_503_with_retry_after_is_waited_out_then_retried() {
+    // Another process's write lock on the SQLite file: the claim outlasts the
+    // store timeout, so the server answers 503 `store-unavailable`, Retry-After: 1,
+    // and runs nothing.
+    use sqlx::Connection;
+    let setup = Setup::with(|options| options.arg("--store-timeout-ms", 300)).await;
+    let mut lock = sqlx::SqliteConnection::connect(&setup.database)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        sqlx::query("COMMIT").execute(&mut lock).await.unwrap();
+    });
+    let started = Instant::now();
+    let response = setup
+        .post(&setup.client(quick()), ORDER)
+        .operation(&Operation::new())
+        .send()
+        .await
+        .expect("the retry after the 503 gets through");
+    let waited = started.elapsed();
+    release.await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert!(
+        !response.replayed(),
+        "the 503 ran nothing; the retry ran it"
+    );
+    assert_eq!(
+        response.attempts(),
+        2,
+        "one 503, waited out, then the order"
+    );
+    assert_eq!(setup.relay.connections(), 2);
+    assert!(
+        waited >= Duration::from_millis(1_250),
+        "the store timeout, then Retry-After: 1 honoured: {waited:?}"
+    );
+    assert_eq!(setup.orders().await.len(), 1);
+    assert_eq!(setup.gateway.distinct_charges(), 1);
 }
