@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests talk to are running: PostgreSQL on 127.0.0.1:5432
 # (database `test`, trust auth) and Redis on 127.0.0.1:6379. Starts them when they are
-# down; on a bare Debian machine (as root) installs them first. Fails loudly when it
-# cannot: a test suite that silently skips its backends proves nothing.
+# down; on a bare Debian machine (as root) installs them first (`nginx`, for the proxy
+# benchmark, is only installed). Also installs the `prometheus` and `promtool`
+# binaries the monitoring test runs itself (it starts its own Prometheus on a free
+# port). Fails loudly when it cannot: a test suite that
+# silently skips its backends proves nothing.
 set -euo pipefail
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -62,9 +65,30 @@ ensure_redis() {
   log "Redis ready on 127.0.0.1:6379"
 }
 
+ensure_prometheus() {
+  # Debian's package starts a system Prometheus on :9090 through systemd where
+  # there is one; the test does not use it and starts its own.
+  if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    apt_install prometheus
+  fi
+  command -v prometheus >/dev/null && command -v promtool >/dev/null \
+    || die "the prometheus package installed no prometheus/promtool binaries"
+  log "Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') and promtool present"
+}
+
+# nginx is no service the tests need: the proxy benchmark starts its own instance
+# with a generated configuration, as the physical reference for one proxy hop.
+ensure_nginx() {
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
+  [ -x "$(command -v nginx || echo /usr/sbin/nginx)" ] || die "nginx is not executable after installing it"
+  log "nginx available: $("$(command -v nginx || echo /usr/sbin/nginx)" -v 2>&1)"
+}
+
 case "${1:-all}" in
   postgres) ensure_postgres ;;
   redis) ensure_redis ;;
-  all) ensure_postgres; ensure_redis ;;
-  *) die "usage: $0 [postgres|redis|all]" ;;
+  prometheus) ensure_prometheus ;;
+  nginx) ensure_nginx ;;
+  all) ensure_postgres; ensure_redis; ensure_prometheus ;;
+  *) die "usage: $0 [postgres|redis|prometheus|nginx|all]" ;;
 esac

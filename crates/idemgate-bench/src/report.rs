@@ -79,7 +79,7 @@ pub(crate) struct RunRecord {
 }
 
 /// The run's settings, as the report states them.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct Settings {
     pub(crate) mode: String,
     pub(crate) rounds: usize,
@@ -149,7 +149,7 @@ pub(crate) fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-fn figure(pairs: &[(f64, Option<f64>)]) -> Figure {
+pub(crate) fn figure(pairs: &[(f64, Option<f64>)]) -> Figure {
     let mut values: Vec<f64> = pairs.iter().map(|(v, _)| *v).collect();
     let mut ratios: Vec<f64> = pairs
         .iter()
@@ -586,7 +586,15 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    fn at_least(name: &str, value: f64, floor: f64, unit: &str) -> Self {
+    pub(crate) fn at_most(name: &str, value: f64, ceiling: f64, unit: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            measured: format!("{value:.3}{unit}"),
+            met: value <= ceiling,
+        }
+    }
+
+    pub(crate) fn at_least(name: &str, value: f64, floor: f64, unit: &str) -> Self {
         Self {
             name: name.to_owned(),
             measured: format!("{value:.3}{unit}"),

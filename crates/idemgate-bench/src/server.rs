@@ -11,7 +11,8 @@ use tokio::process::{Child, Command};
 use crate::BoxError;
 
 /// Environment variables the server reads; removed so the bench's flags are the
-/// whole configuration.
+/// whole configuration (`IDEMGATE_PRINCIPAL_SECRET`, which `start_proxy` sets,
+/// excepted).
 const SERVER_VARIABLES: &[&str] = &[
     "IDEMGATE_LISTEN",
     "PORT",
@@ -25,6 +26,12 @@ const SERVER_VARIABLES: &[&str] = &[
     "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
     "IDEMGATE_LOG_FORMAT",
     "RUST_LOG",
+    "IDEMGATE_UPSTREAM",
+    "IDEMGATE_ADMIN_LISTEN",
+    "IDEMGATE_PRINCIPAL",
+    "IDEMGATE_PRINCIPAL_SECRET_FILE",
+    "IDEMGATE_UPSTREAM_TIMEOUT_MS",
+    "IDEMGATE_CONFIG",
 ];
 
 /// A running `idemgate serve`.
@@ -72,7 +79,36 @@ impl ServerProcess {
         command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--shutdown-timeout", "10"])
+            .args(args);
+        Self::spawn(command, "idemgate listening on http://").await
+    }
+
+    /// Starts `binary proxy --upstream http://UPSTREAM --listen 127.0.0.1:0
+    /// --admin-listen 127.0.0.1:0 <args>` with a fixed principal secret, and waits
+    /// for its public listener's line.
+    pub(crate) async fn start_proxy(
+        binary: &Path,
+        upstream: SocketAddr,
+        args: &[String],
+    ) -> Result<Self, BoxError> {
+        let mut command = Command::new(binary);
+        command
+            .arg("proxy")
+            .args(["--upstream", &format!("http://{upstream}")])
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--shutdown-timeout", "10"])
             .args(args)
+            .env(
+                "IDEMGATE_PRINCIPAL_SECRET",
+                "idemgate-bench-principal-secret",
+            );
+        Self::spawn(command, "proxy listening on http://").await
+    }
+
+    /// Spawns `command` with a clean environment and waits (at most 60 s) for the
+    /// log line containing `marker` followed by the listen address.
+    async fn spawn(mut command: Command, marker: &str) -> Result<Self, BoxError> {
+        command
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -88,7 +124,7 @@ impl ServerProcess {
         let mut early = Vec::new();
         let found = tokio::time::timeout(Duration::from_secs(60), async {
             while let Some(line) = lines.next_line().await? {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
+                if let Some(rest) = line.split(marker).nth(1) {
                     let addr = rest.split_whitespace().next().unwrap_or_default();
                     return Ok::<_, BoxError>(Some(addr.parse::<SocketAddr>()?));
                 }

@@ -19,7 +19,8 @@ use async_trait::async_trait;
 
 use crate::scope::IdentityDigest;
 use crate::store::{
-    Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
+    Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
+    StoreError,
 };
 
 /// The default bound on one store operation: well under the few seconds after which
@@ -122,6 +123,15 @@ impl Store for WithDeadline {
         self.bounded("delete", self.inner.delete(lease)).await
     }
 
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError> {
+        self.bounded("evict", self.inner.evict(identity, mode))
+            .await
+    }
+
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.bounded("get", self.inner.get(identity)).await
     }
@@ -160,6 +170,9 @@ mod tests {
             std::future::pending().await
         }
         async fn delete(&self, _: &Lease) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn evict(&self, _: &IdentityDigest, _: EvictMode) -> Result<Eviction, StoreError> {
             std::future::pending().await
         }
         async fn get(&self, _: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
@@ -226,6 +239,13 @@ mod tests {
             "renew",
         );
         timed_out(store.delete(&lease).await.unwrap_err(), "delete");
+        timed_out(
+            store
+                .evict(&lease.identity, EvictMode::Force)
+                .await
+                .unwrap_err(),
+            "evict",
+        );
         timed_out(store.get(&lease.identity).await.unwrap_err(), "get");
     }
 

@@ -50,6 +50,6 @@ pub mod wire;
 pub use decide::{Decision, decide};
 pub use memory::MemoryStore;
 pub use store::{
-    BoxError, Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, LeaseOrigin,
-    Snapshot, Store, StoreError,
+    BoxError, Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, FinalStatus,
+    Lease, LeaseOrigin, Snapshot, Store, StoreError,
 };

@@ -11,7 +11,8 @@ use crate::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, Re
 use crate::scope::IdentityDigest;
 use crate::signals::ChangeSignals;
 use crate::store::{
-    Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
+    Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, LeaseOrigin,
+    Snapshot, Store, StoreError,
 };
 use crate::time::Timestamp;
 
@@ -276,6 +277,35 @@ impl Store for MemoryStore {
         });
         self.signals.notify(&lease.identity);
         Ok(write)
+    }
+
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError> {
+        let now = Timestamp::now();
+        let eviction = {
+            let mut shard = self.lock(Self::shard_of(identity));
+            match shard.records.get(identity).filter(|r| r.expires_at > now) {
+                None => Eviction::Absent,
+                Some(record) => match record.locked_until().filter(|until| *until > now) {
+                    Some(locked_until) if mode == EvictMode::UnlessRunning => {
+                        Eviction::RefusedLiveLease { locked_until, now }
+                    }
+                    _ => {
+                        let status = record.status();
+                        shard.records.remove(identity);
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                        Eviction::Evicted { status }
+                    }
+                },
+            }
+        };
+        if matches!(eviction, Eviction::Evicted { .. }) {
+            self.signals.notify(identity);
+        }
+        Ok(eviction)
     }
 
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {

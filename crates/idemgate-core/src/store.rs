@@ -55,6 +55,23 @@ pub trait Store: Send + Sync + 'static {
     /// rejected before the operation started).
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError>;
 
+    /// Removes the record under `identity` for an operator (`idemgate keys evict`,
+    /// `DELETE /v1/keys`): the one write that carries no lease. Unless `mode` is
+    /// [`EvictMode::Force`], a `Processing` record whose lease is live (store
+    /// clock) is left as it is and reported as [`Eviction::RefusedLiveLease`]; a
+    /// lapsed lease, a released or a final record is removed. The test and the
+    /// removal are one atomic step (a conditional `DELETE`, a Lua script, a map
+    /// update under a lock), never a read that decides whether to delete. Waiters
+    /// on the identity are woken.
+    ///
+    /// Dangerous by nature: the next request with the key is a new operation, so an
+    /// operation that already ran — or still runs, when forced — can run twice.
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError>;
+
     /// Reads the record without claiming it (wait mode polls with it).
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError>;
 
@@ -169,6 +186,43 @@ pub enum FencedWrite {
     /// The record moved on (taken over, completed, expired or deleted); nothing
     /// was written.
     Refused,
+}
+
+/// Whether [`Store::evict`] may remove a record whose holder may still run it.
+///
+/// Exhaustive on purpose: every store must honour both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictMode {
+    /// Refuse a `Processing` record with a live lease: its holder may still be
+    /// running the operation, and evicting it would let a retry run it beside it.
+    UnlessRunning,
+    /// Remove the record whatever its state, a live lease included. The holder's
+    /// later writes are fenced out (the record is gone), so its result is not
+    /// stored.
+    Force,
+}
+
+/// What [`Store::evict`] did.
+///
+/// Exhaustive on purpose: a caller must handle every answer.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    /// The record was removed; the next request with its key is a new operation.
+    Evicted {
+        /// The state it was removed in.
+        status: RecordStatus,
+    },
+    /// There was no live record: never claimed, expired, or already removed.
+    Absent,
+    /// A `Processing` record with a live lease, left as it was
+    /// ([`EvictMode::UnlessRunning`]).
+    RefusedLiveLease {
+        /// End of the holder's lease (store clock).
+        locked_until: Timestamp,
+        /// The store's clock when it refused.
+        now: Timestamp,
+    },
 }
 
 /// Why a store could not answer.

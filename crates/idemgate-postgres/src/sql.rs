@@ -67,6 +67,7 @@ pub(crate) struct Statements {
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) delete: Arc<str>,
+    pub(crate) evict: Arc<str>,
     pub(crate) purge: Arc<str>,
 }
 
@@ -177,6 +178,29 @@ impl Statements {
              WHERE {FENCE}"
         );
         let delete = format!("DELETE FROM {t} WHERE {FENCE}");
+        // The operator's eviction, one statement: `target` locks the live record
+        // (`FOR UPDATE` re-reads a row a concurrent claim or completion just
+        // changed, so `evicted` is judged on its newest version) and decides, `gone`
+        // deletes it when allowed, and the row says which. `$2` forces. No row: no
+        // live record.
+        let evict = format!(
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+             target AS MATERIALIZED ( \
+                 SELECT r.identity, r.status, r.locked_until, \
+                     ($2 OR r.status <> 'PROCESSING' OR r.locked_until IS NULL \
+                         OR r.locked_until <= now.t) AS evicted \
+                 FROM now JOIN {t} r ON r.identity = $1 AND r.expires_at > now.t \
+                 FOR UPDATE OF r), \
+             gone AS ( \
+                 DELETE FROM {t} d USING target \
+                 WHERE d.identity = target.identity AND target.evicted \
+                 RETURNING d.identity) \
+             SELECT target.status, {locked_until} AS locked_until_ms, {now} AS now_ms, \
+                 EXISTS (SELECT 1 FROM gone) AS evicted \
+             FROM target, now",
+            locked_until = ms("target.locked_until"),
+            now = ms("now.t"),
+        );
         // SKIP LOCKED: rows a claim is replacing right now are left for the next run.
         let purge = format!(
             "DELETE FROM {t} WHERE identity IN ( \
@@ -191,6 +215,7 @@ impl Statements {
             release: release.into(),
             renew: renew.into(),
             delete: delete.into(),
+            evict: evict.into(),
             purge: purge.into(),
         }
     }

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
+use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{Claim, ClaimRequest, StoreError};
+use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
 use idemgate_sqlx::{PurgeTask, millis};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool, Row};
@@ -241,6 +242,22 @@ impl PostgresStore {
             }
         }
         Err(StoreError::unavailable(ClaimContended))
+    }
+
+    /// The operator's conditional delete: one statement that locks, judges and
+    /// deletes the live record (see `Statements::evict`).
+    async fn evict_record(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.evict)))
+            .bind(identity.as_bytes().as_slice())
+            .bind(mode == EvictMode::Force)
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(store_error)?;
+        idemgate_sqlx::decode_eviction(row.as_ref())
     }
 }
 

@@ -126,7 +126,7 @@ pub(crate) const fn status_code(status: RecordStatus) -> &'static str {
     }
 }
 
-fn parse_status(code: &[u8]) -> Result<RecordStatus, DecodeError> {
+pub(crate) fn parse_status(code: &[u8]) -> Result<RecordStatus, DecodeError> {
     match code {
         b"P" => Ok(RecordStatus::Processing),
         b"C" => Ok(RecordStatus::Completed),

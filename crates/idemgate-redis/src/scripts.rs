@@ -108,6 +108,24 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 ";
 
+/// `KEYS[1]` record; `ARGV`: `1` to force, channel, identity digest. The operator's
+/// unfenced delete: refuses a live lease unless forced. Returns `{'A', now}` (no
+/// record), `{'L', now, locked_until}` (a live lease, left alone) or
+/// `{'E', now, status}` (deleted).
+const EVICT: &str = r"
+local key = KEYS[1]
+local now = now_ms()
+local h = redis.call('HMGET', key, 'st', 'lu')
+if not h[1] then return {'A', num(now)} end
+local lu = tonumber(h[2])
+if ARGV[1] ~= '1' and h[1] == 'P' and lu ~= nil and lu > now then
+  return {'L', num(now), num(lu)}
+end
+redis.call('DEL', key)
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return {'E', num(now), h[1]}
+";
+
 /// `KEYS[1]` record. Returns `{now, {HGETALL…}}`: a read with the server's clock.
 const GET: &str = r"
 return {num(now_ms()), redis.call('HGETALL', KEYS[1])}
@@ -121,6 +139,7 @@ pub(crate) struct Scripts {
     pub(crate) release: Script,
     pub(crate) renew: Script,
     pub(crate) delete: Script,
+    pub(crate) evict: Script,
     pub(crate) get: Script,
 }
 
@@ -133,6 +152,7 @@ impl Scripts {
             release: script(RELEASE),
             renew: script(RENEW),
             delete: script(DELETE),
+            evict: script(EVICT),
             get: script(GET),
         }
     }

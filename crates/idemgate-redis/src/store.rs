@@ -9,12 +9,15 @@ use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::time::Timestamp;
 use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, Lease, LeaseOrigin, Snapshot, Store, StoreError,
+    Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, LeaseOrigin,
+    Snapshot, Store, StoreError,
 };
 use redis::{ScriptInvocation, Value};
 use tokio::task::AbortHandle;
 
-use crate::codec::{ResponseCodec, array_of, bytes_of, decode_record, int_of, status_code};
+use crate::codec::{
+    ResponseCodec, array_of, bytes_of, decode_record, int_of, parse_status, status_code,
+};
 use crate::connection::{Connection, Timeouts};
 use crate::error::{RedisStoreError, classify};
 use crate::eviction::{self, EvictionCheck, EvictionPolicy, read_policy};
@@ -513,6 +516,30 @@ fn decode_claim(
     }))
 }
 
+/// Decodes the evict script's reply.
+fn decode_eviction(reply: Value) -> Result<Eviction, RedisStoreError> {
+    let mut items = array_of(reply)?.into_iter();
+    let mut next = || {
+        items
+            .next()
+            .ok_or(RedisStoreError::UnexpectedReply("short evict reply"))
+    };
+    let tag = bytes_of(next()?)?;
+    let now = Timestamp::from_millis(int_of(next()?)?);
+    match tag.as_slice() {
+        b"A" => Ok(Eviction::Absent),
+        b"L" => Ok(Eviction::RefusedLiveLease {
+            locked_until: Timestamp::from_millis(int_of(next()?)?),
+            now,
+        }),
+        b"E" => Ok(Eviction::Evicted {
+            status: parse_status(&bytes_of(next()?)?)
+                .map_err(|_| RedisStoreError::UnexpectedReply("unknown record status"))?,
+        }),
+        _ => Err(RedisStoreError::UnexpectedReply("unknown evict outcome")),
+    }
+}
+
 #[async_trait]
 impl Store for RedisStore {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
@@ -622,6 +649,25 @@ impl Store for RedisStore {
         let write = self.fenced(&invocation).await?;
         self.notify(&lease.identity, write);
         Ok(write)
+    }
+
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError> {
+        let key = self.record_key(identity);
+        let mut invocation = self.inner.scripts.evict.key(&key);
+        invocation
+            .arg(if mode == EvictMode::Force { "1" } else { "0" })
+            .arg(&self.inner.channel)
+            .arg(identity.as_bytes());
+        let eviction =
+            decode_eviction(self.run(&invocation).await?).map_err(StoreError::corrupt)?;
+        if matches!(eviction, Eviction::Evicted { .. }) {
+            self.inner.signals.notify(identity);
+        }
+        Ok(eviction)
     }
 
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {

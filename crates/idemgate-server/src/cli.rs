@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::listener::{ListenerArgs, ListenerOptions};
+use crate::telemetry::TelemetrySettings;
 
 /// idemgate: `serve` runs the orders service (POST /api/v1/orders charges a payment
 /// gateway and stores an order exactly once per Idempotency-Key); `proxy` puts the
@@ -27,6 +28,8 @@ pub enum Command {
     /// Put the Idempotency-Key protocol in front of any HTTP API: a reverse proxy
     /// to --upstream.
     Proxy(crate::proxy::ProxyArgs),
+    /// Inspect or evict one key's record, straight on the store.
+    Keys(crate::keys_cli::KeysArgs),
 }
 
 /// Where log lines go and how they look.
@@ -76,6 +79,28 @@ pub struct RedisArgs {
     pub redis_wait_replicas: u32,
 }
 
+/// The admin key API's token, flattened into `serve` and `proxy`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AdminTokenArgs {
+    /// The bearer token of the admin key API (GET and DELETE /v1/keys on the
+    /// admin listener). Unset or empty: the key API is off. Prefer the variable
+    /// (a flag shows in the process list).
+    #[arg(
+        long,
+        env = "IDEMGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub admin_token: Option<String>,
+}
+
+impl AdminTokenArgs {
+    /// The token; `None` when the key API is off.
+    pub fn token(&self) -> Option<crate::admin::AdminToken> {
+        crate::admin::AdminToken::new(self.admin_token.as_deref())
+    }
+}
+
 /// `idemgate serve` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable.
 #[derive(Debug, Clone, clap::Args)]
@@ -83,6 +108,15 @@ pub struct ServeArgs {
     /// The public listen address.
     #[command(flatten)]
     pub address: ListenAddressArgs,
+
+    /// Admin address: /healthz, /readyz, /metrics, and /v1/keys when
+    /// IDEMGATE_ADMIN_TOKEN is set. Off unless given.
+    #[arg(long, env = "IDEMGATE_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+
+    /// The admin key API's bearer token.
+    #[command(flatten)]
+    pub admin: AdminTokenArgs,
 
     /// Orders database: sqlite://PATH (created on first run) or postgres://…
     #[arg(
@@ -265,6 +299,26 @@ pub struct ProcessArgs {
     /// Log format.
     #[arg(long, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+
+    /// Export the tracing spans (outcome, key digest, operation id) over
+    /// OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318;
+    /// /v1/traces is appended). Off by default.
+    #[arg(
+        long,
+        env = "IDEMGATE_OTLP",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub otlp: bool,
+}
+
+impl ProcessArgs {
+    /// Where logs and spans go.
+    pub fn telemetry(&self) -> TelemetrySettings {
+        TelemetrySettings {
+            log_format: self.log_format,
+            otlp: self.otlp,
+        }
+    }
 }
 
 /// The public listener's address, flattened into every subcommand that serves
@@ -340,6 +394,10 @@ pub enum IdempotencyStore {
 pub struct Settings {
     /// Listen address.
     pub listen: SocketAddr,
+    /// Admin listen address; `None`: no admin listener.
+    pub admin_listen: Option<SocketAddr>,
+    /// The admin key API's token; `None`: the key API is off.
+    pub admin_token: Option<crate::admin::AdminToken>,
     /// Orders database.
     pub database: DatabaseUrl,
     /// Idempotency store.
@@ -362,8 +420,8 @@ pub struct Settings {
     pub redis: RedisArgs,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
-    /// Log format.
-    pub log_format: LogFormat,
+    /// Logs and span export.
+    pub telemetry: TelemetrySettings,
     /// Connection limits of the listener.
     pub connections: ListenerOptions,
     /// The hidden benchmark baseline: no idempotency layer at all.
@@ -429,6 +487,8 @@ impl ServeArgs {
         }
         Ok(Settings {
             listen,
+            admin_listen: self.admin_listen,
+            admin_token: self.admin.token(),
             database,
             idempotency_store,
             gateway_url,
@@ -440,7 +500,7 @@ impl ServeArgs {
             store_timeout: timing.store_timeout,
             redis: self.redis,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
-            log_format: self.process.log_format,
+            telemetry: self.process.telemetry(),
             connections: self.connections.options()?,
             no_idempotency: self.no_idempotency,
         })

@@ -106,12 +106,18 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
         return ProblemDetails::unauthenticated("send Authorization: Bearer <token>")
             .into_response();
     };
-    let principal = Principal::new(format!(
-        "bearer:{}",
-        hex::encode(Sha256::digest(token.as_bytes()))
-    ));
+    let principal = bearer_principal(token);
     request.extensions_mut().insert(principal);
     next.run(request).await
+}
+
+/// The principal of a bearer token: `bearer:` and the token's SHA-256 in hex, so
+/// the token itself is never stored (and `idemgate keys --bearer` finds its keys).
+pub fn bearer_principal(token: &str) -> Principal {
+    Principal::new(format!(
+        "bearer:{}",
+        hex::encode(Sha256::digest(token.as_bytes()))
+    ))
 }
 
 async fn create_order(

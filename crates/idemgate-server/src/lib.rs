@@ -15,9 +15,12 @@
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub mod admin;
 pub mod cli;
 pub mod gateway;
 pub mod http;
+pub mod keys;
+pub mod keys_cli;
 pub mod listener;
 pub mod orders;
 pub mod proxy;

@@ -1,4 +1,4 @@
-//! `idemgate serve` and `idemgate proxy`: see `idemgate <command> --help`.
+//! `idemgate serve`, `idemgate proxy` and `idemgate keys`: see `idemgate <command> --help`.
 
 use std::process::ExitCode;
 
@@ -13,23 +13,39 @@ async fn main() -> ExitCode {
                 Ok(settings) => settings,
                 Err(error) => return config_error(&error),
             };
-            idemgate_server::telemetry::init(settings.log_format);
-            stopped(idemgate_server::server::run(settings).await)
+            let telemetry = match idemgate_server::telemetry::init(settings.telemetry) {
+                Ok(telemetry) => telemetry,
+                Err(error) => return startup_error(&error),
+            };
+            let result = idemgate_server::server::run(settings).await;
+            telemetry.shutdown();
+            stopped(result)
         }
         Command::Proxy(args) => {
             let settings = match args.settings() {
                 Ok(settings) => settings,
                 Err(error) => return config_error(&error),
             };
-            idemgate_server::telemetry::init(settings.log_format);
-            stopped(idemgate_server::proxy::run(settings).await)
+            let telemetry = match idemgate_server::telemetry::init(settings.telemetry) {
+                Ok(telemetry) => telemetry,
+                Err(error) => return startup_error(&error),
+            };
+            let result = idemgate_server::proxy::run(settings).await;
+            telemetry.shutdown();
+            stopped(result)
         }
+        Command::Keys(args) => idemgate_server::keys_cli::run(args).await,
     }
 }
 
 fn config_error(error: &idemgate_server::cli::ConfigError) -> ExitCode {
     eprintln!("idemgate: {error}");
     ExitCode::from(2)
+}
+
+fn startup_error(error: &idemgate_server::telemetry::TelemetryError) -> ExitCode {
+    eprintln!("idemgate: {error}");
+    ExitCode::FAILURE
 }
 
 fn stopped(result: Result<(), idemgate_server::server::StartupError>) -> ExitCode {

@@ -7,33 +7,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
 use axum::http::HeaderName;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use idemgate::deadline::WithDeadline;
-use idemgate::key::IdempotencyKey;
-use idemgate::scope::{Identity, IdentityDigest, Scope};
-use idemgate::{
-    DefaultPrincipal, DetachedTasks, IdempotencyLayer, MemoryStore, Principal, ProblemDetails,
-    Store,
-};
+use idemgate::{DefaultPrincipal, IdempotencyLayer, MemoryStore, Store};
 use idemgate_proxy::{HeaderPrincipal, ProxyConfig, Upstream};
 use idemgate_sqlx::PurgeTask;
-use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::admin::{Admin, AdminToken, admin_app};
 use crate::cli::{
-    ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, LogFormat, ProcessArgs, RedisArgs,
+    AdminTokenArgs, ConfigError, LayerArgs, LayerTiming, ListenAddressArgs, ProcessArgs, RedisArgs,
 };
 use crate::listener::{ListenerArgs, ListenerOptions, raise_fd_limit};
 use crate::repository::{connect_postgres, connect_sqlite};
-use crate::runtime::{
-    UNAVAILABLE_RETRY_AFTER, idempotency_layer, install_metrics, metrics_response,
-    serve_until_signal,
-};
+use crate::runtime::{idempotency_layer, install_metrics, serve_until_signal};
 use crate::server::{StartupError, bind};
 use crate::stores;
+use crate::telemetry::TelemetrySettings;
 
 /// `idemgate proxy` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable. Every POST and PATCH with an
@@ -50,7 +38,7 @@ pub struct ProxyArgs {
     pub address: ListenAddressArgs,
 
     /// Admin address: /healthz (200 once serving), /readyz (the store answers),
-    /// /metrics (Prometheus).
+    /// /metrics (Prometheus), and /v1/keys when IDEMGATE_ADMIN_TOKEN is set.
     #[arg(
         long,
         env = "IDEMGATE_ADMIN_LISTEN",
@@ -58,6 +46,10 @@ pub struct ProxyArgs {
         value_name = "ADDR"
     )]
     pub admin_listen: SocketAddr,
+
+    /// The admin key API's bearer token.
+    #[command(flatten)]
+    pub admin: AdminTokenArgs,
 
     /// Where idempotency records live: sqlite://PATH (created on first run),
     /// postgres://…, redis://… or memory (this process only).
@@ -82,20 +74,9 @@ pub struct ProxyArgs {
     )]
     pub principal: String,
 
-    /// A file holding the secret of `--principal authorization` (trailing newline
-    /// ignored). Keep it the same across restarts and instances.
-    #[arg(long, env = "IDEMGATE_PRINCIPAL_SECRET_FILE", value_name = "PATH")]
-    pub principal_secret_file: Option<PathBuf>,
-
-    /// The secret of `--principal authorization`; prefer the variable (a flag
-    /// shows in the process list).
-    #[arg(
-        long,
-        env = "IDEMGATE_PRINCIPAL_SECRET",
-        hide_env_values = true,
-        value_name = "SECRET"
-    )]
-    pub principal_secret: Option<String>,
+    /// The secret of `--principal authorization`.
+    #[command(flatten)]
+    pub secret: PrincipalSecretArgs,
 
     /// How long to wait for the upstream's response head, connecting included,
     /// in milliseconds. Past it: 504, stored as FAILED (the upstream may have run
@@ -123,6 +104,48 @@ pub struct ProxyArgs {
     /// Connection limits of both listeners.
     #[command(flatten)]
     pub connections: ListenerArgs,
+}
+
+/// The secret that `--principal authorization` HMACs the `Authorization` value
+/// under: flattened into `proxy`, and into `keys` to find such a principal's keys.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PrincipalSecretArgs {
+    /// A file holding the secret of `--principal authorization` (trailing newline
+    /// ignored). Keep it the same across restarts and instances.
+    #[arg(long, env = "IDEMGATE_PRINCIPAL_SECRET_FILE", value_name = "PATH")]
+    pub principal_secret_file: Option<PathBuf>,
+
+    /// The secret of `--principal authorization`; prefer the variable (a flag
+    /// shows in the process list).
+    #[arg(
+        long,
+        env = "IDEMGATE_PRINCIPAL_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub principal_secret: Option<String>,
+}
+
+impl PrincipalSecretArgs {
+    /// The secret: the file's content, else the variable's; empty when neither.
+    pub fn read(&self) -> Result<Vec<u8>, ConfigError> {
+        Ok(
+            match (&self.principal_secret_file, &self.principal_secret) {
+                (Some(path), _) => std::fs::read(path)
+                    .map_err(|error| {
+                        ConfigError::new(
+                            "--principal-secret-file",
+                            "IDEMGATE_PRINCIPAL_SECRET_FILE",
+                            format!("cannot read {}: {error}", path.display()),
+                        )
+                    })?
+                    .trim_ascii_end()
+                    .to_vec(),
+                (None, Some(secret)) => secret.as_bytes().to_vec(),
+                (None, None) => Vec::new(),
+            },
+        )
+    }
 }
 
 /// Where the proxy keeps its records.
@@ -163,6 +186,8 @@ pub struct ProxySettings {
     pub listen: SocketAddr,
     /// Admin listen address.
     pub admin_listen: SocketAddr,
+    /// The admin key API's token; `None`: the key API is off.
+    pub admin_token: Option<AdminToken>,
     /// Where requests go.
     pub upstream: Upstream,
     /// Record store.
@@ -175,8 +200,8 @@ pub struct ProxySettings {
     pub timing: LayerTiming,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
-    /// Log format.
-    pub log_format: LogFormat,
+    /// Logs and span export.
+    pub telemetry: TelemetrySettings,
     /// Connection limits of both listeners.
     pub connections: ListenerOptions,
     /// Redis safety checks: persistence policy, replicas to wait for.
@@ -200,35 +225,23 @@ impl ProxyArgs {
                 "must be at least 1",
             ));
         }
-        let store = match self.idempotency_store.as_str() {
-            "memory" => ProxyStore::Memory,
-            url if url.starts_with("sqlite:") => ProxyStore::Sqlite(url.to_owned()),
-            url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                ProxyStore::Postgres(url.to_owned())
-            }
-            url if url.starts_with("redis://") || url.starts_with("rediss://") => {
-                ProxyStore::Redis(url.to_owned())
-            }
-            other => {
-                return Err(ConfigError::new(
-                    "--idempotency-store",
-                    "IDEMGATE_IDEMPOTENCY_STORE",
-                    format!(
-                        "expected sqlite://PATH, postgres://…, redis://… or memory, got {other:?}"
-                    ),
-                ));
-            }
-        };
+        let store = self
+            .idempotency_store
+            .parse::<ProxyStore>()
+            .map_err(|reason| {
+                ConfigError::new("--idempotency-store", "IDEMGATE_IDEMPOTENCY_STORE", reason)
+            })?;
         Ok(ProxySettings {
             listen: self.address.address(),
             admin_listen: self.admin_listen,
+            admin_token: self.admin.token(),
             upstream,
             store,
             principal: self.principal_source()?,
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
             timing: self.layer.timing()?,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
-            log_format: self.process.log_format,
+            telemetry: self.process.telemetry(),
             connections: self.connections.options()?,
             redis: self.redis,
         })
@@ -252,24 +265,10 @@ impl ProxyArgs {
         }
     }
 
-    /// The secret of `--principal authorization`: from the file, else the
-    /// variable; neither is a startup error, never a silent random secret (each
-    /// restart would then forget every key).
+    /// The secret of `--principal authorization`; none is a startup error, never
+    /// a silent random secret (each restart would then forget every key).
     fn secret(&self) -> Result<Arc<[u8]>, ConfigError> {
-        let secret = match (&self.principal_secret_file, &self.principal_secret) {
-            (Some(path), _) => std::fs::read(path)
-                .map_err(|error| {
-                    ConfigError::new(
-                        "--principal-secret-file",
-                        "IDEMGATE_PRINCIPAL_SECRET_FILE",
-                        format!("cannot read {}: {error}", path.display()),
-                    )
-                })?
-                .trim_ascii_end()
-                .to_vec(),
-            (None, Some(secret)) => secret.as_bytes().to_vec(),
-            (None, None) => Vec::new(),
-        };
+        let secret = self.secret.read()?;
         if secret.is_empty() {
             return Err(ConfigError::new(
                 "--principal",
@@ -338,12 +337,13 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
             .with_upstream_timeout(settings.upstream_timeout),
         layer,
     );
-    let admin = admin_app(Admin {
-        store: Arc::new(WithDeadline::new(store, settings.timing.store_timeout)),
-        probe: readiness_probe(),
+    let admin = admin_app(Admin::new(
+        store,
+        settings.timing.store_timeout,
         metrics,
-        tasks: tasks.clone(),
-    });
+        tasks.clone(),
+        settings.admin_token.clone(),
+    ));
 
     let open_files = raise_fd_limit();
     let public_listener = bind(settings.listen, settings.connections).await?;
@@ -368,6 +368,29 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     Ok(())
 }
 
+impl std::str::FromStr for ProxyStore {
+    type Err = String;
+
+    /// `sqlite://PATH`, `postgres://…`, `redis://…` or `memory`.
+    fn from_str(store: &str) -> Result<Self, Self::Err> {
+        Ok(match store {
+            "memory" => Self::Memory,
+            url if url.starts_with("sqlite:") => Self::Sqlite(url.to_owned()),
+            url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Self::Postgres(url.to_owned())
+            }
+            url if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                Self::Redis(url.to_owned())
+            }
+            other => {
+                return Err(format!(
+                    "expected sqlite://PATH, postgres://…, redis://… or memory, got {other:?}"
+                ));
+            }
+        })
+    }
+}
+
 impl ProxyStore {
     fn kind(&self) -> &'static str {
         match self {
@@ -377,59 +400,6 @@ impl ProxyStore {
             Self::Memory => "memory",
         }
     }
-}
-
-/// What the admin routes read.
-#[derive(Clone)]
-struct Admin {
-    /// The store, each read bounded by the store timeout.
-    store: Arc<WithDeadline>,
-    /// The record `/readyz` reads (never written, so always absent).
-    probe: IdentityDigest,
-    metrics: Option<PrometheusHandle>,
-    tasks: DetachedTasks,
-}
-
-fn admin_app(admin: Admin) -> Router {
-    Router::new()
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(serde_json::json!({ "status": "ok" })) }),
-        )
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(render_metrics))
-        .with_state(admin)
-}
-
-/// Ready when the store answers a read within the store timeout: a proxy whose
-/// store is down answers every keyed request 503, so a load balancer should skip
-/// it.
-async fn readyz(State(admin): State<Admin>) -> Response {
-    match admin.store.get(&admin.probe).await {
-        Ok(_) => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
-        Err(error) => {
-            tracing::warn!(%error, "readiness: the idempotency store did not answer");
-            ProblemDetails::store_unavailable(UNAVAILABLE_RETRY_AFTER).into_response()
-        }
-    }
-}
-
-/// The identity `/readyz` reads: one no request can name (its principal is not
-/// one an extractor makes), so the read finds nothing and changes nothing.
-fn readiness_probe() -> IdentityDigest {
-    let scope = Scope {
-        principal: Principal::new("idemgate:readyz"),
-        method: "GET".to_owned(),
-        path: "/readyz".to_owned(),
-    };
-    // A constant key of visible ASCII: parsing it cannot fail.
-    let key = IdempotencyKey::parse(b"idemgate-readyz", 255).expect("a valid constant key");
-    *Identity::new(scope, key).digest()
-}
-
-async fn render_metrics(State(admin): State<Admin>) -> Response {
-    admin.tasks.record_gauges();
-    metrics_response(admin.metrics.as_ref())
 }
 
 #[cfg(test)]

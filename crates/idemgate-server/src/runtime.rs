@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use idemgate::telemetry::LATENCY_BUCKETS;
 use idemgate::{DetachedTasks, IdempotencyLayer, Store};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -20,9 +21,24 @@ pub(crate) const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Installs the process-wide Prometheus recorder; `None` (logged) when one is
 /// already installed, and `/metrics` answers 404.
+///
+/// Latencies render as Prometheus histograms with [`LATENCY_BUCKETS`], not as
+/// summaries: per-process quantiles cannot be aggregated across a fleet, bucket
+/// counts can (`histogram_quantile(0.99, sum by (le) (rate(…_bucket[5m])))`).
 pub(crate) fn install_metrics() -> Option<PrometheusHandle> {
-    match PrometheusBuilder::new().install_recorder() {
-        Ok(handle) => Some(handle),
+    let installed = PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS)
+        .and_then(PrometheusBuilder::install_recorder);
+    match installed {
+        Ok(handle) => {
+            idemgate::telemetry::describe();
+            metrics::describe_gauge!(
+                "idemgate_lease_seconds",
+                metrics::Unit::Seconds,
+                "The configured lease: an in-flight operation older than this is being renewed (or is stuck)."
+            );
+            Some(handle)
+        }
         Err(error) => {
             tracing::warn!(%error, "metrics recorder not installed; /metrics answers 404");
             None
@@ -42,8 +58,11 @@ pub(crate) fn metrics_response(metrics: Option<&PrometheusHandle>) -> Response {
     }
 }
 
-/// The idempotency layer over `store` with the flags' timing.
+/// The idempotency layer over `store` with the flags' timing. Publishes the
+/// lease as `idemgate_lease_seconds`, so an alert compares the oldest in-flight
+/// age with the lease this instance really runs with.
 pub(crate) fn idempotency_layer(store: Arc<dyn Store>, timing: LayerTiming) -> IdempotencyLayer {
+    metrics::gauge!("idemgate_lease_seconds").set(timing.lease.as_secs_f64());
     let layer = IdempotencyLayer::from_arc(store)
         .with_ttl(timing.ttl)
         .with_lease(timing.lease)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use idemgate::{MemoryStore, Store};
 use idemgate_sqlx::PurgeTask;
 
+use crate::admin::{Admin, admin_app};
 use crate::cli::{IdempotencyStore, LayerTiming, Settings};
 use crate::gateway::Gateway;
 use crate::http::{AppState, OrderWrites, app, app_without_idempotency};
@@ -113,7 +114,7 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         }
     };
     let layer = idempotency_layer(
-        store,
+        Arc::clone(&store),
         LayerTiming {
             ttl: settings.ttl,
             lease: settings.lease,
@@ -122,6 +123,21 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         },
     );
     let tasks = layer.detached_tasks();
+    let admin = settings.admin_listen.map(|addr| {
+        let state = Admin::new(
+            store,
+            settings.store_timeout,
+            metrics.clone(),
+            tasks.clone(),
+            settings.admin_token.clone(),
+        );
+        (addr, admin_app(state))
+    });
+    if admin.is_none() && settings.admin_token.is_some() {
+        tracing::warn!(
+            "IDEMGATE_ADMIN_TOKEN is set but --admin-listen is not: the admin key API is not served"
+        );
+    }
     let state = AppState {
         orders: orders.clone(),
         writes,
@@ -139,6 +155,13 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
     let open_files = raise_fd_limit();
     let listener = bind(settings.listen, settings.connections).await?;
     let addr = listener.local_addr().map_err(StartupError::Serve)?;
+    let mut servers = Vec::new();
+    if let Some((admin_addr, admin_router)) = admin {
+        let admin_listener = bind(admin_addr, settings.connections).await?;
+        let admin_addr = admin_listener.local_addr().map_err(StartupError::Serve)?;
+        tracing::info!(%admin_addr, "admin listening on http://{admin_addr}");
+        servers.push((admin_listener, admin_router));
+    }
     tracing::info!(
         %addr,
         database = database_kind(&orders),
@@ -147,7 +170,8 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         open_files,
         "idemgate listening on http://{addr}"
     );
-    serve_until_signal(vec![(listener, router)], tasks, settings.shutdown_timeout).await;
+    servers.insert(0, (listener, router));
+    serve_until_signal(servers, tasks, settings.shutdown_timeout).await;
     orders.close().await;
     Ok(())
 }

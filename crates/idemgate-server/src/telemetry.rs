@@ -1,18 +1,90 @@
-//! Log output.
+//! Log output, and (with `--otlp`) the tracing spans exported over OpenTelemetry.
+//!
+//! The layer's `idempotency` span (fields `key`: a digest prefix, never the key;
+//! `operation_id`; `outcome`) becomes an OTLP span with those attributes. Without
+//! `--otlp` no OpenTelemetry layer is installed at all: spans cost what they cost
+//! without it.
 
-use tracing_subscriber::EnvFilter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{ExporterBuildError, Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 use crate::cli::LogFormat;
 
+/// Where logs and spans go, from the flags.
+#[derive(Debug, Clone, Copy)]
+pub struct TelemetrySettings {
+    /// Human or JSON log lines on stderr.
+    pub log_format: LogFormat,
+    /// Export spans over OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub otlp: bool,
+}
+
+/// The OTLP exporter could not be built (for instance a malformed
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`).
+#[derive(Debug, thiserror::Error)]
+#[error("--otlp: cannot build the OTLP exporter: {0}")]
+pub struct TelemetryError(#[from] ExporterBuildError);
+
+/// Flushes exported spans on [`Telemetry::shutdown`]; holds nothing without `--otlp`.
+#[derive(Debug)]
+#[must_use = "call shutdown() before exiting, or the last spans are lost"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports the spans still buffered and stops the exporter's thread. Blocks
+    /// for at most the exporter's timeout.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider
+            && let Err(error) = provider.shutdown()
+        {
+            tracing::warn!(%error, "OTLP exporter did not flush its last spans");
+        }
+    }
+}
+
 /// Installs the global tracing subscriber: `RUST_LOG` filters (default `info`),
-/// `format` picks human or JSON lines. Logs go to stderr.
-pub fn init(format: LogFormat) {
+/// `log_format` picks human or JSON lines on stderr, and `otlp` adds the
+/// OpenTelemetry layer. The OTLP endpoint, headers and timeout come from the
+/// standard `OTEL_EXPORTER_OTLP_*` variables (default endpoint
+/// `http://localhost:4318`, `/v1/traces` appended); the service name from
+/// `OTEL_SERVICE_NAME`, else `idemgate`.
+pub fn init(settings: TelemetrySettings) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Pretty => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match settings.log_format {
+        LogFormat::Pretty => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
     };
+    let provider = settings.otlp.then(otlp_provider).transpose()?;
+    let otel = provider
+        .as_ref()
+        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("idemgate")));
+    // A subscriber set earlier (a test harness) wins; ours is then not needed.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    Ok(Telemetry { provider })
+}
+
+/// A tracer provider exporting batches over OTLP/HTTP (protobuf) from the SDK's
+/// own thread, so a slow or absent collector never delays a request.
+fn otlp_provider() -> Result<SdkTracerProvider, ExporterBuildError> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .build()?;
+    let service_name = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "idemgate".into());
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name(service_name).build())
+        .build())
 }

@@ -45,6 +45,8 @@ pub(crate) struct Statements {
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) delete: Arc<str>,
+    pub(crate) evict: Arc<str>,
+    pub(crate) evict_refused: Arc<str>,
     pub(crate) purge: Arc<str>,
 }
 
@@ -107,6 +109,20 @@ impl Statements {
             format!("UPDATE {t} SET status = 'RELEASED', locked_until = NULL WHERE {fence}");
         let renew = format!("UPDATE {t} SET locked_until = {NOW} + ?4 WHERE {fence}");
         let delete = format!("DELETE FROM {t} WHERE {fence}");
+        // The operator's eviction runs in an IMMEDIATE transaction (the write lock
+        // held from the start, `?2` its clock reading): the delete removes the live
+        // record unless `?3` (force) is false and its lease is live; when it removed
+        // nothing, `evict_refused` reports the live lease that stopped it, if any.
+        let evict = format!(
+            "DELETE FROM {t} WHERE identity = ?1 AND expires_at > ?2 \
+                 AND (?3 OR status <> 'PROCESSING' OR locked_until IS NULL \
+                     OR locked_until <= ?2) \
+             RETURNING status, locked_until AS locked_until_ms, ?2 AS now_ms, 1 AS evicted"
+        );
+        let evict_refused = format!(
+            "SELECT status, locked_until AS locked_until_ms, ?2 AS now_ms, 0 AS evicted \
+             FROM {t} WHERE identity = ?1 AND expires_at > ?2"
+        );
         let purge = format!(
             "DELETE FROM {t} WHERE rowid IN ( \
                  SELECT rowid FROM {t} WHERE expires_at <= {NOW} LIMIT ?1)"
@@ -120,6 +136,8 @@ impl Statements {
             release: release.into(),
             renew: renew.into(),
             delete: delete.into(),
+            evict: evict.into(),
+            evict_refused: evict_refused.into(),
             purge: purge.into(),
         }
     }

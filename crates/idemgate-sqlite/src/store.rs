@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
+use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{Claim, ClaimRequest, StoreError};
+use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
 use idemgate_sqlx::{PurgeTask, millis};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, SqlitePool};
@@ -178,16 +179,7 @@ impl SqliteStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let identity = request.identity.digest();
         let scope = request.identity.scope();
-        let mut tx = self
-            .inner
-            .pool
-            .begin_with(BEGIN_IMMEDIATE)
-            .await
-            .map_err(store_error)?;
-        let now: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.now)))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(store_error)?;
+        let (mut tx, now) = self.begin_at_now().await?;
         let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
             .bind(identity.as_bytes().to_vec())
             .bind(scope.principal.as_str().to_owned())
@@ -222,6 +214,51 @@ impl SqliteStore {
         };
         tx.commit().await.map_err(store_error)?;
         Ok(claim)
+    }
+
+    /// An IMMEDIATE transaction (the write lock held from its start) and the
+    /// store's clock read inside it.
+    async fn begin_at_now(
+        &self,
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Sqlite>, i64), StoreError> {
+        let mut tx = self
+            .inner
+            .pool
+            .begin_with(BEGIN_IMMEDIATE)
+            .await
+            .map_err(store_error)?;
+        let now: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.now)))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(store_error)?;
+        Ok((tx, now))
+    }
+
+    /// The operator's conditional delete, under the write lock of an IMMEDIATE
+    /// transaction: the delete and the read that explains a refusal see the same
+    /// record, since no other writer runs in between.
+    async fn evict_record(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError> {
+        let (mut tx, now) = self.begin_at_now().await?;
+        let mut row = None;
+        for sql in [&self.inner.sql.evict, &self.inner.sql.evict_refused] {
+            row = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+                .bind(identity.as_bytes().to_vec())
+                .bind(now)
+                .bind(mode == EvictMode::Force)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(store_error)?;
+            if row.is_some() {
+                break;
+            }
+        }
+        let eviction = idemgate_sqlx::decode_eviction(row.as_ref())?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(eviction)
     }
 }
 

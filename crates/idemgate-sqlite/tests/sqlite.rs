@@ -98,6 +98,13 @@ impl Store for TempStore {
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.store.delete(lease).await
     }
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: idemgate_core::EvictMode,
+    ) -> Result<idemgate_core::Eviction, StoreError> {
+        self.store.evict(identity, mode).await
+    }
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.store.get(identity).await
     }

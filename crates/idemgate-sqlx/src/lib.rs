@@ -16,7 +16,7 @@
 //!   missing table or a refused permission is [`StoreError::Misconfigured`], with a
 //!   [`Misconfiguration`] that names the fix);
 //! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run;
-//! - [`decode_snapshot`], [`decode_lease`], [`CompletionColumns`], [`millis`],
+//! - [`decode_snapshot`], [`decode_lease`], [`decode_eviction`], [`CompletionColumns`], [`millis`],
 //!   [`applied`] and [`CorruptRecord`]: how a record row becomes a
 //!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect;
 //! - [`schema_step`]: the schema-version rule every migration keeps;
@@ -44,8 +44,8 @@ use sqlx::{Database, Pool, Transaction};
 pub use error::{ErrorClass, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
 pub use record::{
-    CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_lease, decode_snapshot,
-    millis, token_param,
+    CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_eviction, decode_lease,
+    decode_snapshot, millis, token_param,
 };
 pub use setup::{SchemaStep, SchemaTooNew, SetupError, schema_step};
 

@@ -21,7 +21,7 @@ use idemgate_core::record::{
 };
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::time::Timestamp;
-use idemgate_core::{Completion, FencedWrite, Lease, Snapshot, StoreError};
+use idemgate_core::{Completion, Eviction, FencedWrite, Lease, Snapshot, StoreError};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 /// Durations beyond this are clamped (100 years), so millisecond sums in SQL never
@@ -185,6 +185,37 @@ where
         },
         now: Timestamp::from_millis(now),
     })
+}
+
+/// What an eviction found, from the row its statement returned: `status`,
+/// `locked_until_ms`, `now_ms` and `evicted` (whether the row was deleted); no row
+/// when no live record was there ([`Eviction::Absent`]).
+pub fn decode_eviction<R>(row: Option<&R>) -> Result<Eviction, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let Some(row) = row else {
+        return Ok(Eviction::Absent);
+    };
+    let status: String = column(row, "status")?;
+    let status: RecordStatus = status.parse().map_err(StoreError::corrupt)?;
+    if column(row, "evicted")? {
+        return Ok(Eviction::Evicted { status });
+    }
+    let locked_until: Option<i64> = column(row, "locked_until_ms")?;
+    match (status, locked_until) {
+        (RecordStatus::Processing, Some(locked_until)) => Ok(Eviction::RefusedLiveLease {
+            locked_until: Timestamp::from_millis(locked_until),
+            now: Timestamp::from_millis(column(row, "now_ms")?),
+        }),
+        _ => Err(corrupt(
+            "eviction refused for a record without a live lease",
+        )),
+    }
 }
 
 fn decode_response<R>(row: &R) -> Result<StoredResponse, StoreError>

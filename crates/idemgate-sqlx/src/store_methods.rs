@@ -18,7 +18,10 @@
 /// parameters 1–3: identity, operation id, token; `renew`'s 4th is the lease in
 /// milliseconds, `complete`'s 4th–9th the [`CompletionColumns`](crate::CompletionColumns)),
 /// `read` (parameter 1: identity) and `purge` (parameter 1: the batch size); an
-/// inherent `async fn claim(&self, &ClaimRequest) -> Result<Claim, StoreError>`;
+/// inherent `async fn claim(&self, &ClaimRequest) -> Result<Claim, StoreError>`
+/// and an inherent `async fn evict_record(&self, &IdentityDigest, EvictMode) ->
+/// Result<Eviction, StoreError>` (the conditional delete, whose atomicity each
+/// dialect gets its own way);
 /// and an impl of [`SqlStore`](crate::SqlStore), whose `Database` and error codes
 /// the expansion uses ([`store_error`](crate::store_error)).
 ///
@@ -240,6 +243,24 @@ macro_rules! sql_store_methods {
                 $crate::__private::idemgate_core::StoreError,
             > {
                 self.fenced(&self.inner.sql.delete, lease, None, true).await
+            }
+
+            async fn evict(
+                &self,
+                identity: &$crate::__private::idemgate_core::scope::IdentityDigest,
+                mode: $crate::__private::idemgate_core::EvictMode,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::Eviction,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                let eviction = self.evict_record(identity, mode).await?;
+                if ::std::matches!(
+                    eviction,
+                    $crate::__private::idemgate_core::Eviction::Evicted { .. }
+                ) {
+                    self.inner.signals.notify(identity);
+                }
+                ::std::result::Result::Ok(eviction)
             }
 
             async fn get(

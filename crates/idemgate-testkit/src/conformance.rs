@@ -13,9 +13,11 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::key::IdempotencyKey;
 use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
+use idemgate_core::scope::IdentityDigest;
 use idemgate_core::scope::{Identity, Principal, Scope};
 use idemgate_core::{
-    Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Lease, LeaseOrigin, Snapshot, Store,
+    Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, FinalStatus, Lease,
+    LeaseOrigin, Snapshot, Store,
 };
 use tokio::sync::Barrier;
 
@@ -111,6 +113,10 @@ async fn existing(store: &dyn Store, request: &ClaimRequest) -> Snapshot {
         Claim::Existing(snapshot) => snapshot,
         Claim::Acquired(lease) => panic!("expected an existing record, acquired {lease:?}"),
     }
+}
+
+async fn evict(store: &dyn Store, identity: &IdentityDigest, mode: EvictMode) -> Eviction {
+    store.evict(identity, mode).await.expect("evict")
 }
 
 async fn get(store: &dyn Store, request: &ClaimRequest) -> Option<Snapshot> {
@@ -683,28 +689,9 @@ pub async fn absent_records_and_bounded_waits(store: Arc<dyn Store>) {
 pub async fn waiters_wake_on_completion(store: Arc<dyn Store>) {
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
-    let digest = *request.identity.digest();
-    let waiter = {
-        let store = Arc::clone(&store);
-        tokio::spawn(async move {
-            let start = std::time::Instant::now();
-            loop {
-                // One long wait: a store that only sleeps out the timeout (polls)
-                // instead of waking its waiters fails the bound below.
-                store
-                    .wait_for_change(&digest, Duration::from_secs(10))
-                    .await;
-                let done = store
-                    .get(&digest)
-                    .await
-                    .expect("get")
-                    .is_some_and(|s| s.record.status().is_final());
-                if done || start.elapsed() > Duration::from_secs(20) {
-                    return start.elapsed();
-                }
-            }
-        })
-    };
+    let waited = wait_while(&store, *request.identity.digest(), |snapshot| {
+        snapshot.is_some_and(|s| !s.record.status().is_final())
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         store
@@ -713,9 +700,215 @@ pub async fn waiters_wake_on_completion(store: Arc<dyn Store>) {
             .expect("complete"),
         FencedWrite::Applied
     );
-    let waited = waiter.await.expect("waiter");
+    let waited = waited.await.expect("waiter");
     assert!(
         waited < Duration::from_secs(5),
         "waiter saw the completion only after {waited:?}: completions must wake waiters on the same store handle"
     );
+}
+
+/// Spawns a waiter that waits for changes of `digest` while `waiting` holds for
+/// what `get` reads, and returns how long it waited.
+fn wait_while(
+    store: &Arc<dyn Store>,
+    digest: IdentityDigest,
+    waiting: impl Fn(Option<Snapshot>) -> bool + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<Duration> {
+    let store = Arc::clone(store);
+    tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        loop {
+            // One long wait: a store that only sleeps out the timeout (polls)
+            // instead of waking its waiters fails the callers' bound.
+            store
+                .wait_for_change(&digest, Duration::from_secs(10))
+                .await;
+            let still = waiting(store.get(&digest).await.expect("get"));
+            if !still || start.elapsed() > Duration::from_secs(20) {
+                return start.elapsed();
+            }
+        }
+    })
+}
+
+/// Evicting a completed record frees its key: `get` finds nothing, the next claim
+/// (even with another body) is a new operation, and a second eviction finds nothing
+/// to remove. A released record is evicted the same way.
+pub async fn evict_frees_a_completed_key(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let digest = *request.identity.digest();
+    let first = acquire_completed(&*store, &request, DAY).await;
+    assert_eq!(
+        evict(&*store, &digest, EvictMode::UnlessRunning).await,
+        Eviction::Evicted {
+            status: RecordStatus::Completed
+        }
+    );
+    assert!(
+        get(&*store, &request).await.is_none(),
+        "evicted yet readable"
+    );
+    assert_eq!(
+        evict(&*store, &digest, EvictMode::UnlessRunning).await,
+        Eviction::Absent
+    );
+    let again = acquire(
+        &*store,
+        &ClaimRequest {
+            fingerprint: Fingerprint::from_bytes([9; 32]),
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(again.origin, LeaseOrigin::New, "an evicted key is new");
+    assert_ne!(again.operation_id, first.operation_id);
+    assert_eq!(
+        store.release(&again).await.expect("release"),
+        FencedWrite::Applied
+    );
+    assert_eq!(
+        evict(&*store, &digest, EvictMode::UnlessRunning).await,
+        Eviction::Evicted {
+            status: RecordStatus::Released
+        }
+    );
+}
+
+/// A `Processing` record with a live lease is refused without force and left as it
+/// was; forced, it is removed, the holder's completion is fenced out, and a waiter
+/// on the key is woken.
+pub async fn evict_refuses_a_live_lease_unless_forced(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let digest = *request.identity.digest();
+    let lease = acquire(&*store, &request).await;
+    let refused = evict(&*store, &digest, EvictMode::UnlessRunning).await;
+    let Eviction::RefusedLiveLease { locked_until, now } = refused else {
+        panic!("a live lease was not refused: {refused:?}");
+    };
+    assert_eq!(
+        locked_until, lease.locked_until,
+        "the refusal names the lease"
+    );
+    assert!(
+        now < locked_until,
+        "a live lease ends after the store's now"
+    );
+    let read = get(&*store, &request)
+        .await
+        .expect("a refused record stays");
+    assert_eq!(read.record.status(), RecordStatus::Processing);
+    assert_eq!(read.record.token, lease.token);
+
+    let waited = wait_while(&store, digest, |snapshot| snapshot.is_some());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        evict(&*store, &digest, EvictMode::Force).await,
+        Eviction::Evicted {
+            status: RecordStatus::Processing
+        }
+    );
+    let waited = waited.await.expect("waiter");
+    assert!(
+        waited < Duration::from_secs(5),
+        "waiter saw the eviction only after {waited:?}: evictions must wake waiters on the same store handle"
+    );
+    assert!(get(&*store, &request).await.is_none());
+    assert_eq!(
+        store
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Refused,
+        "the evicted holder's completion must be fenced out"
+    );
+    assert!(get(&*store, &request).await.is_none());
+}
+
+/// Nothing to evict: a key never claimed, and one whose record expired (without a
+/// purge), are absent, forced or not.
+pub async fn evict_absent_or_expired_key(store: Arc<dyn Store>) {
+    let never = fresh_request();
+    for mode in [EvictMode::UnlessRunning, EvictMode::Force] {
+        assert_eq!(
+            evict(&*store, never.identity.digest(), mode).await,
+            Eviction::Absent
+        );
+    }
+    let request = fresh_request();
+    acquire_completed(&*store, &request, Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        evict(&*store, request.identity.digest(), EvictMode::Force).await,
+        Eviction::Absent,
+        "an expired record is absent to evict"
+    );
+}
+
+/// A `Processing` record whose lease lapsed has no live holder: it is evicted
+/// without force.
+pub async fn evict_lapsed_lease_without_force(store: Arc<dyn Store>) {
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    };
+    let lease = acquire(&*store, &request).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        evict(&*store, request.identity.digest(), EvictMode::UnlessRunning).await,
+        Eviction::Evicted {
+            status: RecordStatus::Processing
+        }
+    );
+    assert_eq!(
+        store.renew(&lease, LONG).await.expect("renew"),
+        FencedWrite::Refused
+    );
+    assert!(get(&*store, &request).await.is_none());
+}
+
+/// Many real tasks evict one completed record at once: exactly one removes it, the
+/// others find nothing (an eviction is one atomic step, not a read then a delete).
+pub async fn concurrent_evictions_remove_once(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    acquire_completed(&*store, &request, DAY).await;
+    let digest = *request.identity.digest();
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|_| {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                evict(&*store, &digest, EvictMode::UnlessRunning).await
+            })
+        })
+        .collect();
+    let mut evicted = 0;
+    for task in tasks {
+        match task.await.expect("evict task") {
+            Eviction::Evicted { status } => {
+                assert_eq!(status, RecordStatus::Completed);
+                evicted += 1;
+            }
+            Eviction::Absent => {}
+            other => panic!("a completed record answered {other:?}"),
+        }
+    }
+    assert_eq!(
+        evicted, 1,
+        "{evicted} of {RACERS} concurrent evictions removed the record; exactly one may"
+    );
+}
+
+/// Claims `request` and completes it with [`awkward_response`], kept for `ttl`.
+async fn acquire_completed(store: &dyn Store, request: &ClaimRequest, ttl: Duration) -> Lease {
+    let lease = acquire(store, request).await;
+    let done = Completion {
+        ttl,
+        ..completion(awkward_response())
+    };
+    assert_eq!(
+        store.complete(&lease, &done).await.expect("complete"),
+        FencedWrite::Applied
+    );
+    lease
 }

@@ -57,6 +57,11 @@ macro_rules! store_conformance {
             responses_round_trip_byte_exact,
             absent_records_and_bounded_waits,
             waiters_wake_on_completion,
+            evict_frees_a_completed_key,
+            evict_refuses_a_live_lease_unless_forced,
+            evict_absent_or_expired_key,
+            evict_lapsed_lease_without_force,
+            concurrent_evictions_remove_once,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {

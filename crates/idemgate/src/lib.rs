@@ -18,8 +18,8 @@ pub mod telemetry;
 // is named here (CONTRIBUTING.md, "Public API").
 #[doc(inline)]
 pub use idemgate_core::{
-    BoxError, Claim, ClaimRequest, Completion, Decision, FencedWrite, FinalStatus, Lease,
-    LeaseOrigin, MemoryStore, Snapshot, Store, StoreError,
+    BoxError, Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite,
+    FinalStatus, Lease, LeaseOrigin, MemoryStore, Snapshot, Store, StoreError,
 };
 #[doc(inline)]
 pub use idemgate_core::{

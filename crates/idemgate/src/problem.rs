@@ -13,6 +13,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
+use idemgate_core::StoreError;
 use idemgate_core::key::KeyError;
 
 pub use idemgate_core::wire::PROBLEM_BASE;
@@ -100,6 +101,26 @@ impl ProblemDetails {
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
         (response, body)
+    }
+
+    /// The answer to a store error: 503 with `retry_after` when retrying may help
+    /// (unavailable, full), 500 when an operator must act (corrupt record,
+    /// misconfigured store; the error, logged, says the fix).
+    ///
+    /// ```
+    /// let problem = idemgate::ProblemDetails::for_store_error(
+    ///     &idemgate::StoreError::Full,
+    ///     std::time::Duration::from_secs(1),
+    /// );
+    /// assert_eq!(problem.status, 503);
+    /// ```
+    pub fn for_store_error(error: &StoreError, retry_after: Duration) -> Self {
+        match error {
+            StoreError::Full => Self::store_full(retry_after),
+            StoreError::Corrupt(_) => Self::store_corrupt(),
+            StoreError::Misconfigured(_) => Self::store_misconfigured(),
+            _ => Self::store_unavailable(retry_after),
+        }
     }
 
     /// 400: no `Idempotency-Key` where the layer requires one.

@@ -33,7 +33,7 @@ use crate::handler::{BoxFuture, Handler};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
 use crate::response::replay;
-use crate::telemetry::{Outcome, count, count_outcome, timed};
+use crate::telemetry::{Outcome, count, count_outcome, timed, timed_request};
 
 /// How many times a claim is retried when the record it found became claimable
 /// (released, or its lease lapsed) before it could be taken.
@@ -84,7 +84,11 @@ where
         // Erased once, here: the rest of the request path is not generic.
         let handler = Handler::new(inner);
         let config = Arc::clone(&self.config);
-        Box::pin(handle(config, handler, request.map(Body::new)))
+        Box::pin(timed_request(handle(
+            config,
+            handler,
+            request.map(Body::new),
+        )))
     }
 }
 
@@ -356,24 +360,9 @@ async fn answer_from_existing(
 /// The answer to a store error before anything ran: fail closed (PROTOCOL §9).
 fn store_failure(config: &Config, error: &StoreError) -> Response<Body> {
     tracing::error!(error = %error, cause = ?std::error::Error::source(error), "idempotency store failed");
-    let problem = match error {
-        StoreError::Full => {
-            count_outcome(Outcome::StoreUnavailable);
-            ProblemDetails::store_full(config.unavailable_retry_after)
-        }
-        StoreError::Corrupt(_) => {
-            count_outcome(Outcome::Rejected);
-            ProblemDetails::store_corrupt()
-        }
-        // Logged above with the fix (the error says: run migrate(), check grants).
-        StoreError::Misconfigured(_) => {
-            count_outcome(Outcome::Rejected);
-            ProblemDetails::store_misconfigured()
-        }
-        _ => {
-            count_outcome(Outcome::StoreUnavailable);
-            ProblemDetails::store_unavailable(config.unavailable_retry_after)
-        }
-    };
-    problem.into_response()
+    count_outcome(match error {
+        StoreError::Corrupt(_) | StoreError::Misconfigured(_) => Outcome::Rejected,
+        _ => Outcome::StoreUnavailable,
+    });
+    ProblemDetails::for_store_error(error, config.unavailable_retry_after).into_response()
 }

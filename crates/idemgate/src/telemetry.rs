@@ -3,6 +3,7 @@
 //! | metric | kind | labels |
 //! |---|---|---|
 //! | `idemgate_requests_total` | counter | `outcome` ([`Outcome::as_str`]) |
+//! | `idemgate_request_duration_seconds` | histogram | `outcome` (from the request's arrival at the layer to its response, or to the client leaving) |
 //! | `idemgate_store_seconds` | histogram | `op`: claim, complete, release, renew, delete, get, commit |
 //! | `idemgate_store_errors_total` | counter | `op` |
 //! | `idemgate_lease_takeovers_total` | counter | — |
@@ -13,8 +14,22 @@
 //! | `idemgate_oldest_in_flight_seconds` | gauge | — (age of this process's oldest `PROCESSING` operation) |
 //!
 //! No metric carries a key, a principal or a path: their cardinality is unbounded.
+//!
+//! `executed` and `replayed` durations side by side compare a first run (claim,
+//! handler, completion) with its repeats (one store read). An exporter that can
+//! render histograms with buckets should use [`LATENCY_BUCKETS`]; the `idemgate`
+//! binary does.
 
+use std::cell::Cell;
 use std::time::Instant;
+
+/// Histogram bucket bounds in seconds for this workload: a replay from memory
+/// takes tens of microseconds, a store round trip about a millisecond, a first
+/// run as long as its handler (a payment gateway: up to seconds).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0,
+];
 
 /// How a request left the layer. New outcomes may be added: match with a `_` arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +62,22 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in declaration order.
+    pub const ALL: [Self; 12] = [
+        Self::Executed,
+        Self::Replayed,
+        Self::Conflict,
+        Self::Mismatch,
+        Self::InvalidKey,
+        Self::MissingKey,
+        Self::TooLarge,
+        Self::Unauthenticated,
+        Self::StoreUnavailable,
+        Self::Overloaded,
+        Self::PassedThrough,
+        Self::Rejected,
+    ];
+
     /// The label value.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -66,9 +97,116 @@ impl Outcome {
     }
 }
 
+/// The `op` label values of `idemgate_store_seconds` and `idemgate_store_errors_total`.
+pub const STORE_OPS: [&str; 7] = [
+    "claim", "complete", "release", "renew", "delete", "get", "commit",
+];
+
+/// Describes every metric of the table above and registers each counter (every
+/// `outcome`, every `op`) at zero.
+///
+/// Call it once after installing a recorder. A counter that first appears at 1
+/// has no increase Prometheus can see (`rate` needs two samples), so the first
+/// store error or fenced completion would go unnoticed by an alert, and a
+/// dashboard panel would show "no data" rather than 0.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "idemgate_requests_total",
+        "Requests that reached the idempotency layer, by outcome."
+    );
+    describe_histogram!(
+        "idemgate_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time in the idempotency layer until the response, by outcome: executed (first run) vs replayed."
+    );
+    describe_histogram!(
+        "idemgate_store_seconds",
+        metrics::Unit::Seconds,
+        "Idempotency store calls, by op."
+    );
+    describe_counter!(
+        "idemgate_store_errors_total",
+        "Idempotency store calls that failed, by op."
+    );
+    describe_counter!(
+        "idemgate_lease_takeovers_total",
+        "Claims that took over a lapsed lease: an earlier run may have died mid-way."
+    );
+    describe_counter!(
+        "idemgate_fenced_completions_total",
+        "Completions refused because another holder had taken the lease over."
+    );
+    describe_counter!(
+        "idemgate_not_retained_total",
+        "Responses too large to store: completed as not retained."
+    );
+    describe_counter!(
+        "idemgate_renewals_lost_total",
+        "Lease renewals refused: the lease was lost while the handler ran."
+    );
+    describe_gauge!(
+        "idemgate_in_flight",
+        "Keyed operations this process is running."
+    );
+    describe_gauge!(
+        "idemgate_oldest_in_flight_seconds",
+        metrics::Unit::Seconds,
+        "Age of this process's oldest running keyed operation (0 when none)."
+    );
+    for outcome in Outcome::ALL {
+        metrics::counter!("idemgate_requests_total", "outcome" => outcome.as_str()).absolute(0);
+    }
+    for op in STORE_OPS {
+        metrics::counter!("idemgate_store_errors_total", "op" => op).absolute(0);
+    }
+    for name in [
+        "idemgate_lease_takeovers_total",
+        "idemgate_fenced_completions_total",
+        "idemgate_not_retained_total",
+        "idemgate_renewals_lost_total",
+    ] {
+        metrics::counter!(name).absolute(0);
+    }
+    metrics::gauge!("idemgate_in_flight").set(0.0);
+    metrics::gauge!("idemgate_oldest_in_flight_seconds").set(0.0);
+}
+
+tokio::task_local! {
+    /// The outcome of the request the current task serves, once known.
+    static OUTCOME: Cell<Option<Outcome>>;
+}
+
 pub(crate) fn count_outcome(outcome: Outcome) {
     metrics::counter!("idemgate_requests_total", "outcome" => outcome.as_str()).increment(1);
     tracing::Span::current().record("outcome", outcome.as_str());
+    // Outside `timed_request` (nothing to time) there is no slot.
+    let _ = OUTCOME.try_with(|slot| slot.set(Some(outcome)));
+}
+
+/// Runs one request through the layer and records its duration into
+/// `idemgate_request_duration_seconds{outcome}` with the outcome
+/// [`count_outcome`] gave it. A request whose client left is recorded too (the
+/// guard drops with the future, inside the task-local's scope).
+pub(crate) async fn timed_request<T>(request: impl Future<Output = T>) -> T {
+    OUTCOME
+        .scope(Cell::new(None), async move {
+            let _timer = RequestTimer(Instant::now());
+            request.await
+        })
+        .await
+}
+
+/// Records the duration when dropped: on completion and on cancellation alike.
+struct RequestTimer(Instant);
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        if let Ok(Some(outcome)) = OUTCOME.try_with(Cell::get) {
+            metrics::histogram!("idemgate_request_duration_seconds", "outcome" => outcome.as_str())
+                .record(self.0.elapsed().as_secs_f64());
+        }
+    }
 }
 
 pub(crate) fn count(name: &'static str) {

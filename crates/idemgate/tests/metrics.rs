@@ -35,6 +35,7 @@ async fn outcomes_and_store_latencies_are_recorded() {
     recorder
         .install()
         .expect("the only recorder of this binary");
+    idemgate::telemetry::describe();
 
     let gateway = Arc::new(Gateway::default());
     let app = app(IdempotencyLayer::new(MemoryStore::new()), gateway);
@@ -70,4 +71,43 @@ async fn outcomes_and_store_latencies_are_recorded() {
             _ => 0,
         });
     assert_eq!(claims, Some(3), "one claim latency per claim");
+    let durations = |o: &str| {
+        snapshot
+            .iter()
+            .find(|(key, _)| {
+                key.key().name() == "idemgate_request_duration_seconds"
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "outcome" && l.value() == o)
+            })
+            .map_or(0, |(_, value)| match value {
+                DebugValue::Histogram(samples) => samples.len(),
+                _ => 0,
+            })
+    };
+    for o in [
+        "executed",
+        "replayed",
+        "mismatch",
+        "invalid_key",
+        "unauthenticated",
+        "passed_through",
+    ] {
+        assert_eq!(durations(o), 1, "one request duration for {o}");
+    }
+    assert_eq!(durations("conflict"), 0);
+    // `describe()` registered what has not happened yet, at zero.
+    assert_eq!(
+        counter(&snapshot, "idemgate_fenced_completions_total", None),
+        0
+    );
+    assert!(snapshot.iter().any(|(key, _)| {
+        key.key().name() == "idemgate_store_errors_total"
+            && key.key().labels().any(|l| l.value() == "commit")
+    }));
+    assert!(snapshot.iter().any(|(key, _)| {
+        key.key().name() == "idemgate_requests_total"
+            && key.key().labels().any(|l| l.value() == "overloaded")
+    }));
 }

@@ -7,6 +7,9 @@
 mod client;
 mod connections;
 mod gateway;
+mod keys;
+mod monitoring;
+mod otlp;
 mod proxy;
 mod server;
 mod strict_input;
@@ -629,7 +632,24 @@ async fn health_and_metrics_answer() {
         metrics.contains("idemgate_requests_total{outcome=\"executed\"} 1"),
         "{metrics}"
     );
-    assert!(metrics.contains("idemgate_store_seconds"), "{metrics}");
+    // Histograms (aggregatable across instances), not per-process summaries.
+    assert!(
+        metrics.contains("# TYPE idemgate_store_seconds histogram")
+            && metrics.contains("idemgate_store_seconds_bucket{op=\"claim\",le=\"0.001\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("# TYPE idemgate_request_duration_seconds histogram")
+            && metrics.contains("idemgate_request_duration_seconds_count{outcome=\"executed\"} 1"),
+        "{metrics}"
+    );
+    // Registered at zero before any event, so `rate()` sees the first one.
+    assert!(
+        metrics.contains("idemgate_fenced_completions_total 0")
+            && metrics.contains("idemgate_store_errors_total{op=\"claim\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("idemgate_lease_seconds 30"), "{metrics}");
     assert!(
         metrics.contains("idemgate_oldest_in_flight_seconds"),
         "{metrics}"
@@ -669,6 +689,8 @@ fn serve_help_names_every_flag_and_variable() {
         "IDEMGATE_IDLE_TIMEOUT_MS",
         "--max-connections",
         "IDEMGATE_MAX_CONNECTIONS",
+        "--otlp",
+        "IDEMGATE_OTLP",
     ] {
         assert!(
             help.contains(needle),

@@ -132,13 +132,15 @@ async fn free_port() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
-const SECRET: &str = "e2e-principal-secret";
+pub const SECRET: &str = "e2e-principal-secret";
 
 /// How to start the proxy.
 pub struct ProxyOptions {
     pub upstream: String,
     pub store: String,
     pub extra: Vec<(String, String)>,
+    /// Environment variables set for the process.
+    pub env: Vec<(String, String)>,
 }
 
 impl ProxyOptions {
@@ -147,6 +149,7 @@ impl ProxyOptions {
             upstream,
             store: "memory".to_owned(),
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -159,10 +162,15 @@ impl ProxyOptions {
         self.extra.push((flag.to_owned(), value.to_string()));
         self
     }
+
+    pub fn env(mut self, name: &str, value: impl ToString) -> Self {
+        self.env.push((name.to_owned(), value.to_string()));
+        self
+    }
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 16] = [
+const PROXY_VARIABLES: [&str; 20] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -179,6 +187,10 @@ const PROXY_VARIABLES: [&str; 16] = [
     "IDEMGATE_LOG_FORMAT",
     "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
     "IDEMGATE_MAX_CONNECTIONS",
+    "IDEMGATE_ADMIN_TOKEN",
+    "IDEMGATE_OTLP",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 ];
 
 fn proxy_command(options: &ProxyOptions) -> Command {
@@ -201,6 +213,7 @@ fn proxy_command(options: &ProxyOptions) -> Command {
     for (flag, value) in &options.extra {
         command.args([flag, value]);
     }
+    command.envs(options.env.iter().map(|(k, v)| (k, v)));
     command
 }
 
@@ -537,6 +550,21 @@ async fn proxy_passes_gets_and_keyless_posts_through_to_run_every_time() {
         assert_eq!(admin.status(), StatusCode::OK, "{path}");
     }
     assert_eq!(upstream.executions(), 5);
+    // The same histograms as `serve`: one recorder, built in one place.
+    let metrics = http
+        .get(format!("http://{}/metrics", proxy.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "# TYPE idemgate_request_duration_seconds histogram",
+        "idemgate_request_duration_seconds_bucket{outcome=\"passed_through\",le=\"0.001\"}",
+    ] {
+        assert!(metrics.contains(needle), "no {needle} in:\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,8 +63,14 @@ pub struct Options {
     pub simulated_delay_ms: u64,
     /// More `serve` flags, as (flag, value).
     pub extra: Vec<(String, String)>,
+    /// Environment variables set for the process.
+    pub env: Vec<(String, String)>,
     /// Run under `prlimit --nofile=SOFT:HARD` (util-linux).
     pub nofile: Option<(u64, u64)>,
+    /// Serve the admin listener (`--admin-listen 127.0.0.1:0`).
+    pub admin: bool,
+    /// `IDEMGATE_ADMIN_TOKEN`, when set.
+    pub admin_token: Option<String>,
 }
 
 impl Options {
@@ -79,13 +85,29 @@ impl Options {
             gateway_timeout_ms: 10_000,
             simulated_delay_ms: 0,
             extra: Vec::new(),
+            env: Vec::new(),
             nofile: None,
+            admin: false,
+            admin_token: None,
         }
+    }
+
+    /// With an admin listener, and the key API on it when `token` is given.
+    pub fn admin(mut self, token: Option<&str>) -> Self {
+        self.admin = true;
+        self.admin_token = token.map(str::to_owned);
+        self
     }
 
     /// One more `serve` flag.
     pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
         self.extra.push((flag.to_owned(), value.to_string()));
+        self
+    }
+
+    /// One more environment variable.
+    pub fn env(mut self, name: &str, value: impl ToString) -> Self {
+        self.env.push((name.to_owned(), value.to_string()));
         self
     }
 
@@ -115,6 +137,8 @@ impl Options {
 pub struct Server {
     child: Child,
     pub addr: SocketAddr,
+    /// The admin listener, when started with one.
+    pub admin: Option<SocketAddr>,
     pub options: Options,
 }
 
@@ -169,26 +193,54 @@ impl Server {
             "IDEMGATE_BODY_READ_TIMEOUT_MS",
             "IDEMGATE_IDLE_TIMEOUT_MS",
             "IDEMGATE_MAX_CONNECTIONS",
+            "IDEMGATE_OTLP",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "IDEMGATE_ADMIN_LISTEN",
+            "IDEMGATE_ADMIN_TOKEN",
         ] {
             command.env_remove(variable);
         }
+        if options.admin {
+            command.args(["--admin-listen", "127.0.0.1:0"]);
+        }
+        if let Some(token) = &options.admin_token {
+            command.env("IDEMGATE_ADMIN_TOKEN", token);
+        }
+        command.envs(options.env.iter().map(|(k, v)| (k, v)));
         for (flag, value) in &options.extra {
             command.args([flag, value]);
         }
         if let Some(url) = &options.gateway_url {
             command.args(["--gateway-url", url]);
         }
-        let (child, addrs) = spawn_listening(&mut command, &["listening on http://"]).await;
-        let addr = addrs[0];
+        let markers: &[&str] = if options.admin {
+            &[
+                "idemgate listening on http://",
+                "admin listening on http://",
+            ]
+        } else {
+            &["listening on http://"]
+        };
+        let (child, addrs) = spawn_listening(&mut command, markers).await;
         Self {
             child,
-            addr,
+            addr: addrs[0],
+            admin: addrs.get(1).copied(),
             options,
         }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// A URL on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!(
+            "http://{}{path}",
+            self.admin.expect("started with an admin listener")
+        )
     }
 
     /// The process id (while it runs).

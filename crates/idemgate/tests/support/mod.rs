@@ -221,6 +221,13 @@ impl Store for FakeTransactionalStore {
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.memory.delete(lease).await
     }
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: idemgate::EvictMode,
+    ) -> Result<idemgate::Eviction, StoreError> {
+        self.memory.evict(identity, mode).await
+    }
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.memory.get(identity).await
     }
@@ -285,6 +292,13 @@ impl Store for FaultyStore {
     }
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.memory.delete(lease).await
+    }
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: idemgate::EvictMode,
+    ) -> Result<idemgate::Eviction, StoreError> {
+        self.memory.evict(identity, mode).await
     }
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.answer_unless_frozen().await;

@@ -1,0 +1,281 @@
+//! What the proxy benchmark puts between the load and the answer: a minimal fast
+//! upstream (this binary again, as a child process, so its CPU is its own), and
+//! nginx as a plain reverse proxy — the physical reference for one proxy hop.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+
+use crate::BoxError;
+use crate::server::process_cpu_time;
+
+/// Set (to anything) in a child's environment: this binary runs as the upstream.
+pub(crate) const UPSTREAM_ROLE: &str = "IDEMGATE_BENCH_UPSTREAM";
+
+/// What the upstream answers to every request: a created order, the size of the
+/// orders service's answer.
+const UPSTREAM_BODY: &[u8] =
+    br#"{"id":"0b8f5c9e-6a2e-4a51-9d1e-1c2f3a4b5c6d","status":"created","amount":1500}"#;
+
+/// The upstream's main: one thread, hyper HTTP/1.1 keep-alive, reads each body
+/// and answers `201` with [`UPSTREAM_BODY`]. Prints its address on stdout.
+pub(crate) async fn serve_upstream() -> Result<(), BoxError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    println!("{}", listener.local_addr()?);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        stream.set_nodelay(true)?;
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(answer);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    // Read the whole body, as a real handler would.
+    let _ = request.into_body().collect().await;
+    let mut response = Response::new(Full::new(Bytes::from_static(UPSTREAM_BODY)));
+    *response.status_mut() = http::StatusCode::CREATED;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+/// The upstream child process.
+pub(crate) struct UpstreamProcess {
+    child: Child,
+    pid: u32,
+    pub(crate) addr: SocketAddr,
+}
+
+impl UpstreamProcess {
+    /// Starts this binary as the upstream and reads the address it prints.
+    pub(crate) async fn start() -> Result<Self, BoxError> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .env(UPSTREAM_ROLE, "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().ok_or("the upstream exited at once")?;
+        let stdout = child.stdout.take().ok_or("no stdout pipe")?;
+        let line = tokio::time::timeout(Duration::from_secs(10), async {
+            BufReader::new(stdout).lines().next_line().await
+        })
+        .await
+        .map_err(|_| "the upstream printed no address within 10 s")??
+        .ok_or("the upstream exited before listening")?;
+        Ok(Self {
+            child,
+            pid,
+            addr: line.trim().parse()?,
+        })
+    }
+
+    pub(crate) fn cpu_time(&self) -> Result<Duration, BoxError> {
+        process_cpu_time(self.pid)
+    }
+
+    pub(crate) async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// nginx as a plain reverse proxy to the upstream, with upstream keep-alive, as
+/// one would deploy it; master and workers stopped together.
+pub(crate) struct NginxProcess {
+    child: Child,
+    master: u32,
+    dir: PathBuf,
+    pub(crate) addr: SocketAddr,
+    pub(crate) version: String,
+    pub(crate) workers: usize,
+}
+
+/// The nginx binary: on `PATH`, else Debian's `/usr/sbin/nginx`.
+fn nginx_binary() -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("nginx"))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| PathBuf::from("/usr/sbin/nginx"))
+}
+
+/// The generated configuration: `worker_processes` as many as the proxy's tokio
+/// workers (one per CPU), no access log, HTTP/1.1 keep-alive to the upstream,
+/// `X-Forwarded-*` set as `idemgate proxy` sets them.
+fn nginx_config(dir: &Path, listen: SocketAddr, upstream: SocketAddr, workers: usize) -> String {
+    let dir = dir.display();
+    format!(
+        "daemon off;\n\
+         master_process on;\n\
+         worker_processes {workers};\n\
+         pid {dir}/nginx.pid;\n\
+         error_log {dir}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20 access_log off;\n\
+         \x20 client_body_temp_path {dir}/body;\n\
+         \x20 proxy_temp_path {dir}/proxy;\n\
+         \x20 fastcgi_temp_path {dir}/fastcgi;\n\
+         \x20 uwsgi_temp_path {dir}/uwsgi;\n\
+         \x20 scgi_temp_path {dir}/scgi;\n\
+         \x20 upstream app {{ server {upstream}; keepalive 64; }}\n\
+         \x20 server {{\n\
+         \x20   listen {listen} reuseport;\n\
+         \x20   keepalive_requests 1000000;\n\
+         \x20   location / {{\n\
+         \x20     proxy_pass http://app;\n\
+         \x20     proxy_http_version 1.1;\n\
+         \x20     proxy_set_header Connection \"\";\n\
+         \x20     proxy_set_header Host $host;\n\
+         \x20     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+         \x20     proxy_set_header X-Forwarded-Proto $scheme;\n\
+         \x20     proxy_set_header X-Forwarded-Host $host;\n\
+         \x20   }}\n\
+         \x20 }}\n\
+         }}\n"
+    )
+}
+
+impl NginxProcess {
+    /// Writes the configuration under `dir` and starts nginx on a free port.
+    pub(crate) async fn start(dir: &Path, upstream: SocketAddr) -> Result<Self, BoxError> {
+        let binary = nginx_binary();
+        let version = std::process::Command::new(&binary)
+            .arg("-v")
+            .output()
+            .map_err(|e| {
+                format!(
+                    "{} -v: {e} (scripts/services.sh nginx installs it)",
+                    binary.display()
+                )
+            })?;
+        let version = String::from_utf8_lossy(&version.stderr)
+            .trim()
+            .trim_start_matches("nginx version: ")
+            .to_owned();
+        std::fs::create_dir_all(dir)?;
+        let addr = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+            probe.local_addr()?
+        };
+        let workers = std::thread::available_parallelism().map_or(2, usize::from);
+        let config = dir.join("nginx.conf");
+        std::fs::write(&config, nginx_config(dir, addr, upstream, workers))?;
+        let child = Command::new(&binary)
+            .arg("-p")
+            .arg(dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let master = child.id().ok_or("nginx exited at once")?;
+        let nginx = Self {
+            child,
+            master,
+            dir: dir.to_owned(),
+            addr,
+            version,
+            workers,
+        };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return Ok(nginx);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+        nginx.stop().await;
+        Err(format!("nginx did not listen on {addr} within 5 s:\n{log}").into())
+    }
+
+    /// The CPU time of the master and its workers so far.
+    pub(crate) fn cpu_time(&self) -> Result<Duration, BoxError> {
+        let mut total = process_cpu_time(self.master)?;
+        for pid in children_of(self.master) {
+            total += process_cpu_time(pid).unwrap_or_default();
+        }
+        Ok(total)
+    }
+
+    /// SIGQUIT (graceful), then SIGKILL if the master lingers.
+    pub(crate) async fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-QUIT", &self.master.to_string()])
+            .status()
+            .await;
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The pids whose parent is `parent` (/proc/PID/stat field 4).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nginx_config_proxies_with_keep_alive_to_the_upstream() {
+        let config = nginx_config(
+            Path::new("/tmp/x"),
+            "127.0.0.1:81".parse().unwrap(),
+            "127.0.0.1:82".parse().unwrap(),
+            2,
+        );
+        for expected in [
+            "worker_processes 2;",
+            "upstream app { server 127.0.0.1:82; keepalive 64; }",
+            "listen 127.0.0.1:81 reuseport;",
+            "proxy_http_version 1.1;",
+            "proxy_set_header Connection \"\";",
+            "pid /tmp/x/nginx.pid;",
+        ] {
+            assert!(config.contains(expected), "{expected:?} missing:\n{config}");
+        }
+    }
+}

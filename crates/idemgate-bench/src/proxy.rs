@@ -1,0 +1,573 @@
+//! The proxy suite (`--suite proxy`): what one `idemgate proxy` hop costs against
+//! one nginx hop, in the same run, in front of the same minimal upstream.
+//!
+//! Per round: `nginx, c1, nginx, c2, …, nginx`, where the cases are the direct
+//! call, the proxy's keyless pass-through, and new-key and replay per store (order
+//! rotated per round); every case is divided by the mean of the two nginx runs
+//! around it. nginx and the upstream stay up for the whole suite; each proxy run
+//! starts a fresh `idemgate proxy` on a fresh store.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hops::{NginxProcess, UpstreamProcess};
+use crate::load::{self, LoadPlan, LoadResult, Scenario};
+use crate::machine::Machine;
+use crate::report::{Figure, Settings, StoreKind, Target, figure, median};
+use crate::server::{self, ServerProcess, StoreProcesses};
+use crate::{BoxError, Context};
+
+/// What stands between the load and the upstream, and what the requests carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Case {
+    /// Straight to the upstream: no hop.
+    Direct,
+    /// nginx as a plain reverse proxy: the reference hop.
+    Nginx,
+    /// `idemgate proxy`, keyless `POST` (streamed through, no store).
+    PassThrough,
+    /// `idemgate proxy`, a fresh key per request on this store.
+    NewKey(StoreKind),
+    /// `idemgate proxy`, completed keys sent again on this store.
+    Replay(StoreKind),
+}
+
+impl Case {
+    pub(crate) fn name(self) -> String {
+        match self {
+            Self::Direct => "direct".to_owned(),
+            Self::Nginx => "nginx".to_owned(),
+            Self::PassThrough => "proxy pass-through".to_owned(),
+            Self::NewKey(store) => format!("proxy new-key, {}", store.name()),
+            Self::Replay(store) => format!("proxy replay, {}", store.name()),
+        }
+    }
+
+    /// The load this case sends and the answers it expects.
+    fn scenario(self) -> Scenario {
+        match self {
+            Self::Direct | Self::Nginx => Scenario::Bare,
+            Self::PassThrough => Scenario::NoKey,
+            Self::NewKey(_) => Scenario::NewKey,
+            Self::Replay(_) => Scenario::Replay,
+        }
+    }
+
+    /// The proxy's record store for this case (pass-through never reaches it).
+    fn store(self) -> Option<StoreKind> {
+        match self {
+            Self::Direct | Self::Nginx => None,
+            Self::PassThrough => Some(StoreKind::Memory),
+            Self::NewKey(store) | Self::Replay(store) => Some(store),
+        }
+    }
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ProxyRun {
+    pub(crate) case: Case,
+    pub(crate) round: usize,
+    /// Position in the round: a case's neighbours (`seq` ± 1) are nginx runs.
+    pub(crate) seq: usize,
+    pub(crate) load: LoadResult,
+    pub(crate) rps: f64,
+    /// CPU per expected answer of the hop's process(es): the upstream for
+    /// `direct`, nginx's master and workers, or the `idemgate proxy` process.
+    pub(crate) hop_cpu_us: f64,
+    /// Redis's or the PostgreSQL backends' CPU per answer, when the store is one.
+    pub(crate) store_cpu_us: Option<f64>,
+    pub(crate) upstream_cpu_us: f64,
+    pub(crate) client_cpu_us: f64,
+    pub(crate) warnings: Vec<String>,
+}
+
+/// Everything the suite produced; saved as JSON so the report can be rebuilt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ProxyReport {
+    pub(crate) machine: Machine,
+    pub(crate) command: String,
+    pub(crate) settings: Settings,
+    pub(crate) nginx: String,
+    pub(crate) nginx_workers: usize,
+    pub(crate) runs: Vec<ProxyRun>,
+    pub(crate) failures: Vec<String>,
+}
+
+/// One case over all rounds.
+#[derive(Debug, Clone)]
+struct Row {
+    rps: Figure,
+    cpu: Figure,
+    p50_ms: f64,
+    p99_ms: f64,
+    store_cpu_us: f64,
+    upstream_cpu_us: f64,
+    errors: u64,
+}
+
+/// Runs the suite for `stores`.
+pub(crate) async fn measure(
+    context: &Context,
+    stores: &[StoreKind],
+    settings: &Settings,
+    mut report: ProxyReport,
+) -> Result<ProxyReport, BoxError> {
+    let upstream = UpstreamProcess::start().await?;
+    let nginx = NginxProcess::start(&context.scratch.join("nginx"), upstream.addr).await;
+    let nginx = match nginx {
+        Ok(nginx) => nginx,
+        Err(error) => {
+            upstream.stop().await;
+            return Err(error);
+        }
+    };
+    report.nginx = nginx.version.clone();
+    report.nginx_workers = nginx.workers;
+    let warmup = Duration::from_secs_f64(settings.warmup_s);
+    let window = Duration::from_secs_f64(settings.measure_s);
+    let mut cases = vec![Case::Direct, Case::PassThrough];
+    for store in stores {
+        cases.extend([Case::NewKey(*store), Case::Replay(*store)]);
+    }
+    let hops = Hops {
+        upstream: &upstream,
+        nginx: &nginx,
+    };
+    for round in 0..settings.rounds {
+        let mut order = cases.clone();
+        let len = order.len();
+        order.rotate_left(round % len);
+        let mut sequence = vec![Case::Nginx];
+        for case in order {
+            sequence.extend([case, Case::Nginx]);
+        }
+        for (seq, case) in sequence.into_iter().enumerate() {
+            let plan = LoadPlan {
+                scenario: case.scenario(),
+                connections: settings.connections,
+                warmup,
+                measure: window,
+                principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+            };
+            match one_run(context, &hops, case, round, &plan).await {
+                Ok(mut run) => {
+                    run.seq = seq;
+                    eprintln!(
+                        "[bench] {:>26} round {round}: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms, hop CPU {:.1} µs/req, upstream {:.1}, errors {}",
+                        case.name(),
+                        run.rps,
+                        run.load.p50_us as f64 / 1000.0,
+                        run.load.p99_us as f64 / 1000.0,
+                        run.hop_cpu_us,
+                        run.upstream_cpu_us,
+                        run.load.error_count()
+                    );
+                    report.runs.push(run);
+                }
+                Err(error) => {
+                    let failure = format!("{} round {round}: {error}", case.name());
+                    eprintln!("[bench] FAILED {failure}");
+                    report.failures.push(failure);
+                }
+            }
+        }
+    }
+    nginx.stop().await;
+    upstream.stop().await;
+    Ok(report)
+}
+
+/// The processes that live for the whole suite.
+struct Hops<'a> {
+    upstream: &'a UpstreamProcess,
+    nginx: &'a NginxProcess,
+}
+
+/// The hop a case measures: where to send, whose CPU to count.
+enum Hop {
+    Upstream,
+    Nginx,
+    Proxy(Box<ServerProcess>, StoreProcesses),
+}
+
+async fn one_run(
+    context: &Context,
+    hops: &Hops<'_>,
+    case: Case,
+    round: usize,
+    plan: &LoadPlan,
+) -> Result<ProxyRun, BoxError> {
+    let dir = context.scratch.join(format!(
+        "proxy-{}-{round}",
+        case.name().replace([' ', ','], "")
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let hop = match case.store() {
+        None if case == Case::Direct => Hop::Upstream,
+        None => Hop::Nginx,
+        Some(store) => {
+            let args = proxy_args(context, store, &dir).await?;
+            let proxy =
+                ServerProcess::start_proxy(&context.binary, hops.upstream.addr, &args).await?;
+            let store_processes = match (case, store) {
+                (Case::PassThrough, _) | (_, StoreKind::Memory | StoreKind::Sqlite) => {
+                    StoreProcesses::None
+                }
+                (_, StoreKind::Redis) => context
+                    .redis_pid
+                    .map_or(StoreProcesses::None, StoreProcesses::Pid),
+                (_, StoreKind::Postgres) => {
+                    StoreProcesses::PostgresBackends(crate::BENCH_DATABASE.to_owned())
+                }
+            };
+            Hop::Proxy(Box::new(proxy), store_processes)
+        }
+    };
+    let (addr, store_processes) = match &hop {
+        Hop::Upstream => (hops.upstream.addr, None),
+        Hop::Nginx => (hops.nginx.addr, None),
+        Hop::Proxy(proxy, store) => (proxy.addr, Some(store)),
+    };
+    let hop_cpu = || -> Result<Duration, BoxError> {
+        match &hop {
+            Hop::Upstream => hops.upstream.cpu_time(),
+            Hop::Nginx => hops.nginx.cpu_time(),
+            Hop::Proxy(proxy, _) => proxy.cpu_time(),
+        }
+    };
+    let measured = drive(addr, plan, hops.upstream, store_processes, hop_cpu).await;
+    let warnings = match hop {
+        Hop::Proxy(proxy, _) => proxy.stop().await,
+        _ => Vec::new(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    let (load, cpu) = measured?;
+    let good = load.good.max(1) as f64;
+    let per_request = |d: Duration| d.as_secs_f64() * 1e6 / good;
+    Ok(ProxyRun {
+        case,
+        round,
+        seq: 0,
+        rps: load.good as f64 / load.seconds,
+        hop_cpu_us: per_request(cpu.hop),
+        store_cpu_us: cpu.store.map(per_request),
+        upstream_cpu_us: per_request(cpu.upstream),
+        client_cpu_us: per_request(cpu.client),
+        load,
+        warnings,
+    })
+}
+
+/// The proxy's flags for a record store on fresh storage under `dir`.
+async fn proxy_args(
+    context: &Context,
+    store: StoreKind,
+    dir: &Path,
+) -> Result<Vec<String>, BoxError> {
+    let url = match store {
+        StoreKind::Memory => "memory".to_owned(),
+        StoreKind::Sqlite => format!("sqlite://{}", dir.join("proxy.db").display()),
+        StoreKind::Redis => context.redis.clone(),
+        StoreKind::Postgres => {
+            crate::fresh_database(context).await?;
+            context.postgres_bench.clone()
+        }
+    };
+    Ok(vec![
+        "--idempotency-store".to_owned(),
+        url,
+        "--ttl".to_owned(),
+        context.ttl.to_string(),
+    ])
+}
+
+/// CPU time spent in the measured window.
+struct WindowCpu {
+    hop: Duration,
+    store: Option<Duration>,
+    upstream: Duration,
+    client: Duration,
+}
+
+async fn drive(
+    addr: SocketAddr,
+    plan: &LoadPlan,
+    upstream: &UpstreamProcess,
+    store: Option<&StoreProcesses>,
+    hop_cpu: impl Fn() -> Result<Duration, BoxError>,
+) -> Result<(LoadResult, WindowCpu), BoxError> {
+    let keys = if plan.scenario == Scenario::Replay {
+        let keys = load::replay_keys(&plan.principal);
+        load::precomplete(addr, &plan.principal, &keys).await?;
+        keys
+    } else {
+        vec!["unused".to_owned()]
+    };
+    let own_pid = std::process::id();
+    let mut samples = Vec::with_capacity(2);
+    let result = load::run(addr, plan, Rc::new(keys), || {
+        samples.push((
+            hop_cpu(),
+            store.map(StoreProcesses::sample),
+            upstream.cpu_time(),
+            server::process_cpu_time(own_pid),
+        ));
+    })
+    .await?;
+    let [start, end] = <[_; 2]>::try_from(samples).map_err(|_| "missing CPU samples")?;
+    let store = match (store, &start.1, &end.1) {
+        (Some(StoreProcesses::None) | None, _, _) => None,
+        (Some(_), Some(a), Some(b)) => Some(StoreProcesses::spent(a, b)),
+        _ => None,
+    };
+    Ok((
+        result,
+        WindowCpu {
+            hop: end.0?.saturating_sub(start.0?),
+            store,
+            upstream: end.2?.saturating_sub(start.2?),
+            client: end.3?.saturating_sub(start.3?),
+        },
+    ))
+}
+
+impl ProxyReport {
+    /// Every case but nginx, against the nginx runs around it.
+    fn rows(&self) -> BTreeMap<Case, Row> {
+        let mut grouped: BTreeMap<Case, Vec<&ProxyRun>> = BTreeMap::new();
+        for run in &self.runs {
+            grouped.entry(run.case).or_default().push(run);
+        }
+        let neighbours = |run: &ProxyRun| -> Option<(f64, f64)> {
+            let around: Vec<&ProxyRun> = self
+                .runs
+                .iter()
+                .filter(|r| {
+                    r.case == Case::Nginx
+                        && r.round == run.round
+                        && (r.seq + 1 == run.seq || r.seq == run.seq + 1)
+                })
+                .collect();
+            if around.is_empty() {
+                return None;
+            }
+            let n = around.len() as f64;
+            Some((
+                around.iter().map(|r| r.rps).sum::<f64>() / n,
+                around.iter().map(|r| r.hop_cpu_us).sum::<f64>() / n,
+            ))
+        };
+        grouped
+            .into_iter()
+            .map(|(case, runs)| {
+                let bases: Vec<Option<(f64, f64)>> = runs
+                    .iter()
+                    .map(|run| {
+                        if case == Case::Nginx {
+                            Some((run.rps, run.hop_cpu_us))
+                        } else {
+                            neighbours(run)
+                        }
+                    })
+                    .collect();
+                let rps: Vec<_> = runs
+                    .iter()
+                    .zip(&bases)
+                    .map(|(r, b)| (r.rps, b.map(|b| b.0)))
+                    .collect();
+                let cpu: Vec<_> = runs
+                    .iter()
+                    .zip(&bases)
+                    .map(|(r, b)| (r.hop_cpu_us, b.map(|b| b.1)))
+                    .collect();
+                let of = |f: &dyn Fn(&ProxyRun) -> f64| {
+                    median(&mut runs.iter().map(|r| f(r)).collect::<Vec<_>>())
+                };
+                let row = Row {
+                    rps: figure(&rps),
+                    cpu: figure(&cpu),
+                    p50_ms: of(&|r| r.load.p50_us as f64 / 1000.0),
+                    p99_ms: of(&|r| r.load.p99_us as f64 / 1000.0),
+                    store_cpu_us: of(&|r| r.store_cpu_us.unwrap_or(f64::NAN)),
+                    upstream_cpu_us: of(&|r| r.upstream_cpu_us),
+                    errors: runs.iter().map(|r| r.load.error_count()).sum(),
+                };
+                (case, row)
+            })
+            .collect()
+    }
+
+    /// The issue's targets for the proxy.
+    fn targets(&self, rows: &BTreeMap<Case, Row>) -> Vec<Target> {
+        let mut targets = Vec::new();
+        if let Some(pass) = rows.get(&Case::PassThrough) {
+            targets.push(Target::at_most(
+                "keyless pass-through: proxy CPU per request ≤ 1.5 × nginx's",
+                pass.cpu.ratio,
+                1.5,
+                "×",
+            ));
+        }
+        if let Some(direct) = rows.get(&Case::Direct) {
+            for (case, row) in rows {
+                if let Case::Replay(store) = case {
+                    targets.push(Target::at_most(
+                        &format!("replay p99 added over direct ≤ 1 ms ({})", store.name()),
+                        row.p99_ms - direct.p99_ms,
+                        1.0,
+                        " ms",
+                    ));
+                }
+            }
+        }
+        if let Some(new_key) = rows.get(&Case::NewKey(StoreKind::Memory)) {
+            targets.push(Target::at_least(
+                "memory-store new-key throughput ≥ 0.8 × nginx's",
+                new_key.rps.ratio,
+                0.8,
+                "×",
+            ));
+        }
+        targets
+    }
+
+    pub(crate) fn markdown(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        let s = &self.settings;
+        let rows = self.rows();
+        let _ = writeln!(out, "Generated by `idemgate-bench` on {}.\n", m.date);
+        let _ = writeln!(out, "```sh\n{}\n```\n", self.command);
+        let _ = writeln!(
+            out,
+            "{} CPUs ({}), load average at start {}; nginx {} with {} worker processes; \
+             {} round(s) of `nginx, c1, nginx, c2, …, nginx`, {:.1} s warm-up then {:.1} s \
+             measured per run, {} keep-alive connections.\n",
+            m.nproc,
+            m.cpu_model,
+            m.load_average_at_start,
+            self.nginx,
+            self.nginx_workers,
+            s.rounds,
+            s.warmup_s,
+            s.measure_s,
+            s.connections
+        );
+        let _ = writeln!(out, "#### Targets\n");
+        let _ = writeln!(out, "| target | measured | met |\n|---|---|---|");
+        for target in self.targets(&rows) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                target.name,
+                target.measured,
+                if target.met { "yes" } else { "**no**" }
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "#### Results\n");
+        let _ = writeln!(
+            out,
+            "| case | req/s | × nginx | p50 ms | p99 ms | hop CPU µs/req | × nginx | store CPU µs/req | upstream CPU µs/req | errors |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for (case, row) in &rows {
+            let ratio = |f: &Figure| {
+                if *case == Case::Nginx {
+                    "1".to_owned()
+                } else if f.ratio.is_nan() {
+                    "–".to_owned()
+                } else {
+                    format!("{:.2} [{:.2}–{:.2}]", f.ratio, f.ratio_min, f.ratio_max)
+                }
+            };
+            let store = if row.store_cpu_us.is_nan() {
+                "–".to_owned()
+            } else {
+                format!("{:.0}", row.store_cpu_us)
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {} | {:.2} | {:.2} | {:.1} | {} | {} | {:.1} | {} |",
+                case.name(),
+                row.rps.median,
+                ratio(&row.rps),
+                row.p50_ms,
+                row.p99_ms,
+                row.cpu.median,
+                ratio(&row.cpu),
+                store,
+                row.upstream_cpu_us,
+                row.errors
+            );
+        }
+        let _ = writeln!(out);
+        if !self.failures.is_empty() {
+            let _ = writeln!(out, "Failed runs:\n");
+            for failure in &self.failures {
+                let _ = writeln!(out, "- {failure}");
+            }
+            let _ = writeln!(out);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(case: Case, round: usize, seq: usize, rps: f64, cpu: f64, p99_us: u64) -> ProxyRun {
+        ProxyRun {
+            case,
+            round,
+            seq,
+            load: LoadResult {
+                p99_us,
+                ..LoadResult::default()
+            },
+            rps,
+            hop_cpu_us: cpu,
+            store_cpu_us: None,
+            upstream_cpu_us: 10.0,
+            client_cpu_us: 5.0,
+            warnings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn cases_are_divided_by_the_nginx_runs_around_them() {
+        let report = ProxyReport {
+            machine: Machine::default(),
+            command: String::new(),
+            settings: Settings::default(),
+            nginx: "1.22".to_owned(),
+            nginx_workers: 2,
+            runs: vec![
+                run(Case::Nginx, 0, 0, 1000.0, 20.0, 1000),
+                run(Case::PassThrough, 0, 1, 900.0, 27.0, 1200),
+                run(Case::Nginx, 0, 2, 800.0, 16.0, 1000),
+                run(Case::Direct, 0, 3, 2000.0, 10.0, 500),
+                run(Case::Nginx, 0, 4, 1000.0, 20.0, 1000),
+                run(Case::Replay(StoreKind::Memory), 0, 5, 900.0, 30.0, 2000),
+                run(Case::Nginx, 0, 6, 1000.0, 20.0, 1000),
+            ],
+            failures: Vec::new(),
+        };
+        let rows = report.rows();
+        let pass = &rows[&Case::PassThrough];
+        assert!((pass.rps.ratio - 1.0).abs() < 1e-9, "{}", pass.rps.ratio);
+        assert!((pass.cpu.ratio - 1.5).abs() < 1e-9, "{}", pass.cpu.ratio);
+        let targets = report.targets(&rows);
+        assert!(targets[0].met, "1.5× is within the bound");
+        assert!(!targets[1].met, "replay p99 is 1.5 ms over direct");
+    }
+}
