@@ -12,11 +12,12 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
-use http::header::HOST;
+use http::header::{CONNECTION, HOST, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use idemgate::{Finality, OperationContext};
 use tower_service::Service;
 
@@ -120,13 +121,36 @@ impl Forward {
         }
     }
 
-    async fn forward(self, request: Request<Body>) -> Response<Body> {
-        let request = self.upstream_request(request);
+    async fn forward(self, mut request: Request<Body>) -> Response<Body> {
+        // Taken before the headers are cleaned: an upgrade is the one hop-by-hop
+        // exchange a proxy carries on, by tunnelling both connections.
+        let upgrade = requested_upgrade(&request).map(|protocol| Upgrade {
+            protocol,
+            client: hyper::upgrade::on(&mut request),
+        });
+        let mut request = self.upstream_request(request);
+        if let Some(upgrade) = &upgrade {
+            upgrade.mark(request.headers_mut());
+        }
         let sent = tokio::time::timeout(self.timeout, self.client.request(request)).await;
         match sent {
-            Ok(Ok(response)) => {
+            Ok(Ok(mut response)) => {
+                let switched = match upgrade {
+                    Some(upgrade) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                        let protocol = response.headers().get(UPGRADE).cloned();
+                        upgrade.tunnel(hyper::upgrade::on(&mut response));
+                        protocol
+                    }
+                    _ => None,
+                };
                 let (mut parts, body) = response.into_parts();
                 remove_hop_by_hop(&mut parts.headers);
+                if let Some(protocol) = switched {
+                    parts
+                        .headers
+                        .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+                    parts.headers.insert(UPGRADE, protocol);
+                }
                 if self.rejections.contains(&parts.status) {
                     // Inert on requests the layer does not cover.
                     parts.extensions.insert(Finality::Rejected);
@@ -199,6 +223,53 @@ impl Forward {
         *request.uri_mut() = target;
         *request.version_mut() = Version::HTTP_11;
         request
+    }
+}
+
+/// An HTTP/1.1 client's request to switch protocols (WebSocket, say), and its
+/// side of the connection once switched.
+struct Upgrade {
+    protocol: HeaderValue,
+    client: OnUpgrade,
+}
+
+/// The protocol of `Upgrade` when `Connection` lists `upgrade` on an HTTP/1.1
+/// request (HTTP/2 has no such upgrade).
+fn requested_upgrade(request: &Request<Body>) -> Option<HeaderValue> {
+    let asks = request.version() == Version::HTTP_11
+        && request
+            .headers()
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| request.headers().get(UPGRADE).cloned())
+        .flatten()
+}
+
+impl Upgrade {
+    /// Puts the upgrade back on the cleaned upstream request.
+    fn mark(&self, headers: &mut http::HeaderMap) {
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(UPGRADE, self.protocol.clone());
+    }
+
+    /// Once both sides have switched, copies bytes both ways until either closes.
+    fn tunnel(self, upstream: OnUpgrade) {
+        tokio::spawn(async move {
+            let (client, upstream) = match tokio::try_join!(self.client, upstream) {
+                Ok(sides) => sides,
+                Err(error) => {
+                    tracing::warn!(error = ?error, "an upgraded connection failed to switch");
+                    return;
+                }
+            };
+            let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+            if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                tracing::debug!(error = ?error, "an upgraded connection ended with an error");
+            }
+        });
     }
 }
 

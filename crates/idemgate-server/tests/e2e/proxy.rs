@@ -842,3 +842,90 @@ async fn proxy_killed_mid_request_hands_the_same_forwarded_key_to_the_retry() {
     assert_eq!(keys[0], keys[1], "a takeover keeps the operation's key");
     assert_ne!(keys[0], key);
 }
+
+/// An upstream that switches every request to the `shout` protocol (101), keeps
+/// the request head it got, then answers each byte it reads in upper case.
+async fn upgrading_upstream() -> (SocketAddr, Arc<std::sync::Mutex<String>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let head_seen = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let head_seen = Arc::clone(&head_seen);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0_u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                *head_seen.lock().unwrap() = String::from_utf8_lossy(&head).to_lowercase();
+                let switched = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: shout\r\n\r\n";
+                if stream.write_all(switched).await.is_err() {
+                    return;
+                }
+                while let Ok(n) = stream.read(&mut buffer).await {
+                    if n == 0
+                        || stream
+                            .write_all(&buffer[..n].to_ascii_uppercase())
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_tunnels_an_upgraded_connection_both_ways() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, seen) = upgrading_upstream().await;
+    let proxy = Proxy::start(ProxyOptions::new(format!("http://{upstream}"))).await;
+    let address = proxy
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream
+        .write_all(b"GET /chat HTTP/1.1\r\nhost: example.test\r\nconnection: Upgrade\r\nupgrade: shout\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut buffer = [0_u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buffer).await.unwrap();
+        assert!(n > 0, "the proxy closed before answering: {head:?}");
+        head.extend_from_slice(&buffer[..n]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: shout"), "{head}");
+    let upstream_head = seen.lock().unwrap().clone();
+    assert!(upstream_head.contains("upgrade: shout"), "{upstream_head}");
+    assert!(
+        upstream_head.contains("connection: upgrade"),
+        "{upstream_head}"
+    );
+    assert!(
+        upstream_head.contains("x-forwarded-for: 127.0.0.1"),
+        "{upstream_head}"
+    );
+    for word in ["ping", "again"] {
+        stream.write_all(word.as_bytes()).await.unwrap();
+        let mut echoed = vec![0_u8; word.len()];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut echoed))
+            .await
+            .expect("the tunnel carries bytes both ways")
+            .unwrap();
+        assert_eq!(echoed, word.to_ascii_uppercase().as_bytes());
+    }
+}
