@@ -19,10 +19,7 @@ use idemgate_core::{
 use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
 
 async fn cached_store() -> Arc<dyn Store> {
-    Arc::new(ReplayCache::new(
-        Arc::new(MemoryStore::new()),
-        ReplayCacheConfig::default(),
-    ))
+    idemgate_testkit::cache::cached(Arc::new(MemoryStore::new()))
 }
 
 mod conformance {
@@ -255,6 +252,14 @@ async fn the_byte_bound_holds() {
         "{} entries of 4 kB under a {bound}-byte bound",
         cache.len()
     );
+}
+
+#[tokio::test]
+async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
+    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
 }
 
 #[tokio::test]
