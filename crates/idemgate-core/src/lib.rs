@@ -47,6 +47,7 @@ pub mod signals;
 pub mod store;
 pub mod time;
 pub mod transaction;
+pub mod wire;
 
 pub use decide::{Decision, decide};
 pub use memory::MemoryStore;

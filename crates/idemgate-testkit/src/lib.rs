@@ -1,4 +1,5 @@
-//! Test support for idemgate: the one store conformance suite.
+//! Test support for idemgate: the one store conformance suite, and the fault
+//! relay client tests put between a client and the real server ([`relay`]).
 //!
 //! A store proves itself with one line in its tests:
 //!
@@ -24,6 +25,7 @@
 
 pub mod cache;
 pub mod conformance;
+pub mod relay;
 #[cfg(feature = "transactional")]
 pub mod setup;
 #[cfg(feature = "strategies")]

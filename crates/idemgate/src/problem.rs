@@ -16,8 +16,8 @@ use serde::Serialize;
 use idemgate_core::StoreError;
 use idemgate_core::key::KeyError;
 
-/// Where the problem types are documented; every `type` URI starts with it.
-pub const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
+pub use idemgate_core::wire::PROBLEM_BASE;
+use idemgate_core::wire::{IN_PROGRESS, KEY_REUSED, problem_type};
 
 /// An RFC 9457 problem: a stable `type` URI per error, a title, the status and a
 /// detail for this occurrence.
@@ -59,7 +59,7 @@ impl ProblemDetails {
         detail: impl Into<String>,
     ) -> Self {
         Self {
-            type_uri: format!("{PROBLEM_BASE}{slug}"),
+            type_uri: problem_type(slug),
             title,
             status: status.as_u16(),
             detail: detail.into(),
@@ -189,7 +189,7 @@ impl ProblemDetails {
     pub fn key_reused() -> Self {
         Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "key-reused",
+            KEY_REUSED,
             "Idempotency-Key reused with a different request",
             "this Idempotency-Key was already used with a different request body, method, path or query; use a new key for a new request",
         )
@@ -199,7 +199,7 @@ impl ProblemDetails {
     pub fn in_progress(retry_after: Duration) -> Self {
         Self::new(
             StatusCode::CONFLICT,
-            "in-progress",
+            IN_PROGRESS,
             "Request in progress",
             "a request with this Idempotency-Key is still being processed; retry after the indicated delay",
         )

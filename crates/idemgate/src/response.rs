@@ -6,8 +6,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use idemgate_core::record::{StoredBody, StoredResponse};
 
-/// Marks every replayed response.
-pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub use idemgate_core::wire::IDEMPOTENT_REPLAYED;
 
 /// Sent with a replay whose body was too large to keep.
 pub static IDEMPOTENCY_RESPONSE: HeaderName = HeaderName::from_static("idempotency-response");

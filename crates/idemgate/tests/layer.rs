@@ -132,8 +132,12 @@ async fn wait_mode_gives_up_with_409_after_its_bound() {
     let layer = IdempotencyLayer::new(MemoryStore::new()).with_wait(Duration::from_millis(200));
     let app = app(layer, Arc::clone(&gateway));
     let key = new_key();
-    let first = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
-    gateway.charging.notified().await;
+    let first = send_until_charging(
+        &app,
+        &gateway,
+        post_json("/orders", Some("a"), Some(&key), ORDER),
+    )
+    .await;
     let start = std::time::Instant::now();
     let second = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
     assert_eq!(second.status, StatusCode::CONFLICT);
@@ -163,8 +167,12 @@ async fn payload_tampering_is_422_and_never_runs() {
     // Tampering while the first request still runs is a 422 too, not a 409.
     gateway.delay_ms.store(400, Ordering::SeqCst);
     let key = new_key();
-    let running = send_in_background(&app, post_json("/orders", Some("alice"), Some(&key), ORDER));
-    gateway.charging.notified().await;
+    let running = send_until_charging(
+        &app,
+        &gateway,
+        post_json("/orders", Some("alice"), Some(&key), ORDER),
+    )
+    .await;
     let during = send(
         &app,
         post_json("/orders", Some("alice"), Some(&key), &tampered),
@@ -618,8 +626,12 @@ async fn a_client_that_disconnects_mid_handler_gets_a_replay_on_retry() {
     let (app, gateway) = memory_app();
     gateway.delay_ms.store(300, Ordering::SeqCst);
     let key = new_key();
-    let client = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
-    gateway.charging.notified().await;
+    let client = send_until_charging(
+        &app,
+        &gateway,
+        post_json("/orders", Some("a"), Some(&key), ORDER),
+    )
+    .await;
     client.abort(); // the connection drops: axum drops the request future
     assert!(client.await.unwrap_err().is_cancelled());
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -637,11 +649,12 @@ async fn shutdown_waits_for_handlers_whose_clients_left() {
     let layer = IdempotencyLayer::new(MemoryStore::new());
     let tasks = layer.detached_tasks();
     let app = app(layer, Arc::clone(&gateway));
-    let client = send_in_background(
+    let client = send_until_charging(
         &app,
+        &gateway,
         post_json("/orders", Some("a"), Some(&new_key()), ORDER),
-    );
-    gateway.charging.notified().await;
+    )
+    .await;
     client.abort();
     assert_eq!(tasks.running(), 1);
     assert!(tasks.shutdown(Duration::from_secs(5)).await);
@@ -883,8 +896,12 @@ async fn a_fenced_completion_gives_the_client_the_winners_outcome() {
     let layer = IdempotencyLayer::from_arc(store.clone()).with_lease(Duration::from_millis(200));
     let app = app(layer, Arc::clone(&gateway));
     let key = new_key();
-    let slow = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
-    gateway.charging.notified().await;
+    let slow = send_until_charging(
+        &app,
+        &gateway,
+        post_json("/orders", Some("a"), Some(&key), ORDER),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await; // the first lease has lapsed
     gateway.delay_ms.store(0, Ordering::SeqCst);
     let winner = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
@@ -912,8 +929,12 @@ async fn the_handler_sees_its_operation_and_renewal_keeps_a_slow_holder() {
     let layer = IdempotencyLayer::new(MemoryStore::new()).with_lease(Duration::from_millis(300));
     let app = app(layer, Arc::clone(&gateway));
     let key = new_key();
-    let slow = send_in_background(&app, post_json("/orders", Some("a"), Some(&key), ORDER));
-    gateway.charging.notified().await;
+    let slow = send_until_charging(
+        &app,
+        &gateway,
+        post_json("/orders", Some("a"), Some(&key), ORDER),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await; // past the first lease length
     let duplicate = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
     assert_eq!(
@@ -938,11 +959,12 @@ async fn too_many_keyed_requests_in_flight_are_503() {
         IdempotencyLayer::new(MemoryStore::new()).with_max_in_flight(1),
         &gateway,
     );
-    let first = send_in_background(
+    let first = send_until_charging(
         &app,
+        &gateway,
         post_json("/orders", Some("a"), Some(&new_key()), ORDER),
-    );
-    gateway.charging.notified().await;
+    )
+    .await;
     let second = send(
         &app,
         post_json("/orders", Some("a"), Some(&new_key()), ORDER),
@@ -969,11 +991,12 @@ async fn every_retry_after_comes_from_the_configuration() {
             .with_unavailable_retry_after(Duration::from_secs(9)),
         &gateway,
     );
-    let first = send_in_background(
+    let first = send_until_charging(
         &busy_app,
+        &gateway,
         post_json("/orders", Some("a"), Some(&new_key()), ORDER),
-    );
-    gateway.charging.notified().await;
+    )
+    .await;
     let overloaded = send(
         &busy_app,
         post_json("/orders", Some("a"), Some(&new_key()), ORDER),

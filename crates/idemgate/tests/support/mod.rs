@@ -354,6 +354,23 @@ pub fn send_in_background(app: &Router, request: Request) -> tokio::task::JoinHa
     tokio::spawn(async move { send(&app, request).await })
 }
 
+/// Sends `request` in the background and returns once its handler is charging.
+///
+/// The wait is registered before the request starts: `notify_waiters` wakes only
+/// the waiters that exist when it fires, and on a multi-thread runtime the spawned
+/// request can reach the gateway before this task would otherwise start waiting
+/// (the test would then wait forever).
+pub async fn send_until_charging(
+    app: &Router,
+    gateway: &Gateway,
+    request: Request,
+) -> tokio::task::JoinHandle<Answer> {
+    let charging = gateway.charging.notified();
+    let answer = send_in_background(app, request);
+    charging.await;
+    answer
+}
+
 /// `n` identical keyed orders from `user`, released at once by a barrier, from
 /// `n` tasks: a real race, not a loop.
 pub async fn send_concurrently(app: &Router, n: usize, user: &str, key: &str) -> Vec<Answer> {
