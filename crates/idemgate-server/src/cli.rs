@@ -609,6 +609,41 @@ mod tests {
     }
 
     #[test]
+    fn the_replay_cache_is_on_by_default_and_zero_entries_turn_it_off() {
+        let on = args(&[]).unwrap().replay_cache.expect("on by default");
+        assert_eq!(on, ReplayCacheConfig::default());
+        let sized = args(&[
+            "--replay-cache-entries",
+            "5",
+            "--replay-cache-bytes",
+            "4096",
+            "--replay-cache-max-age-ms",
+            "250",
+        ])
+        .unwrap();
+        assert_eq!(
+            sized.replay_cache,
+            Some(ReplayCacheConfig {
+                entries: 5,
+                bytes: 4096,
+                max_age: Duration::from_millis(250),
+            })
+        );
+        assert_eq!(
+            args(&["--replay-cache-entries", "0"]).unwrap().replay_cache,
+            None
+        );
+        let err = args(&["--replay-cache-bytes", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_REPLAY_CACHE_BYTES"), "{err}");
+        let err = args(&["--replay-cache-max-age-ms", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_REPLAY_CACHE_MAX_AGE_MS"), "{err}");
+    }
+
+    #[test]
     fn listen_beats_port_beats_default() {
         let s = args(&["--listen", "127.0.0.1:0", "--port", "9999"]).unwrap();
         assert_eq!(s.listen.port(), 0);
