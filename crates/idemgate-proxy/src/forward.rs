@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 use http::header::HOST;
-use http::{HeaderValue, Request, Response, Version};
+use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -22,6 +22,7 @@ use tower_service::Service;
 
 use crate::headers::{IDEMPOTENCY_KEY, add_forwarded, remove_hop_by_hop};
 use crate::problem;
+use crate::routes::{DEFAULT_REJECTIONS, ForwardKey};
 use crate::upstream::Upstream;
 
 /// How long an idle pooled connection to the upstream is kept. Below the
@@ -37,6 +38,11 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// the operation's derived key ([`OperationContext::downstream_key`]) when the
 /// idempotency layer claimed one — never the client's raw key.
 ///
+/// A route's policy changes two things here: which key the upstream gets
+/// ([`ForwardKey`]), and which upstream statuses are rejections — answers that
+/// mean nothing happened, marked [`Finality::Rejected`] so the layer undoes the
+/// claim and the client may correct the body and reuse its key.
+///
 /// Failures are answered with problem+json and marked for the layer: a refused
 /// connection ran nothing, so its claim is released ([`Finality::Retryable`]); a
 /// timeout or a broken exchange after the request went out may have run, so it is
@@ -47,6 +53,25 @@ pub struct Forward {
     client: Client<HttpConnector, Body>,
     upstream: Arc<Upstream>,
     timeout: Duration,
+    host: HostHeader,
+    /// The scheme clients spoke to this proxy, for `X-Forwarded-Proto`.
+    proto: &'static str,
+    key: ForwardKey,
+    rejections: Arc<[StatusCode]>,
+}
+
+/// The `Host` header the upstream receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HostHeader {
+    /// The client's, as it sent it (the default): the upstream sees the name its
+    /// clients use, as behind any reverse proxy.
+    #[default]
+    Client,
+    /// The upstream URL's `host:port`, for an upstream that routes by its own name
+    /// (a virtual host, a platform router). The client's is still in
+    /// `X-Forwarded-Host`.
+    Upstream,
 }
 
 impl Forward {
@@ -65,6 +90,33 @@ impl Forward {
             client,
             upstream: Arc::new(upstream),
             timeout,
+            host: HostHeader::Client,
+            proto: "http",
+            key: ForwardKey::Derived,
+            rejections: Arc::from(DEFAULT_REJECTIONS),
+        }
+    }
+
+    /// Which `Host` the upstream receives (default: the client's).
+    pub fn with_host_header(mut self, host: HostHeader) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Whether clients speak HTTPS to this proxy (it terminates TLS), for
+    /// `X-Forwarded-Proto`.
+    pub fn with_https_clients(mut self, https: bool) -> Self {
+        self.proto = if https { "https" } else { "http" };
+        self
+    }
+
+    /// This forwarder (sharing its connection pool) with a route's key mode and
+    /// rejection statuses.
+    pub fn with_route_policy(&self, key: ForwardKey, rejections: &[StatusCode]) -> Self {
+        Self {
+            key,
+            rejections: Arc::from(rejections),
+            ..self.clone()
         }
     }
 
@@ -75,6 +127,10 @@ impl Forward {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 remove_hop_by_hop(&mut parts.headers);
+                if self.rejections.contains(&parts.status) {
+                    // Inert on requests the layer does not cover.
+                    parts.extensions.insert(Finality::Rejected);
+                }
                 // The upstream's HTTP version is its hop's: the client's hop is
                 // answered in HTTP/1.1 (or HTTP/2, which ignores this field), not
                 // downgraded to an HTTP/1.0 upstream's version and its closes.
@@ -115,16 +171,31 @@ impl Forward {
         let target = self.upstream.target(request.uri());
         let headers = request.headers_mut();
         remove_hop_by_hop(headers);
-        headers.remove(IDEMPOTENCY_KEY);
-        if let Some(key) = derived_key.and_then(|key| HeaderValue::try_from(key).ok()) {
-            headers.insert(IDEMPOTENCY_KEY, key);
+        match self.key {
+            // The client's key goes only with the operation it claimed: a request
+            // the layer did not cover carries none upstream.
+            ForwardKey::Derived => {
+                headers.remove(IDEMPOTENCY_KEY);
+                if let Some(key) = derived_key.and_then(|key| HeaderValue::try_from(key).ok()) {
+                    headers.insert(IDEMPOTENCY_KEY, key);
+                }
+            }
+            ForwardKey::Original => {}
+            ForwardKey::None => {
+                headers.remove(IDEMPOTENCY_KEY);
+            }
         }
         if !headers.contains_key(HOST)
             && let Some(host) = authority.and_then(|a| HeaderValue::try_from(a.as_str()).ok())
         {
             headers.insert(HOST, host);
         }
-        add_forwarded(headers, client_ip, "http");
+        add_forwarded(headers, client_ip, self.proto);
+        if self.host == HostHeader::Upstream
+            && let Ok(host) = HeaderValue::try_from(self.upstream.authority())
+        {
+            headers.insert(HOST, host);
+        }
         *request.uri_mut() = target;
         *request.version_mut() = Version::HTTP_11;
         request

@@ -6,7 +6,9 @@
 //! ([`Forward`]) — URI rewritten onto the upstream, hop-by-hop headers dropped both
 //! ways, `X-Forwarded-*` appended, the derived key in place of the client's — and
 //! answers upstream failures so the layer settles them right (see
-//! `docs/proxy.md`).
+//! `docs/proxy.md`). Per-route policies ([`Routes`]) are the same layer
+//! configured once per route, all sharing one store and one detached-task
+//! tracker.
 //!
 //! ```
 //! use std::time::Duration;
@@ -19,20 +21,33 @@
 //! let router: axum::Router = app(config, layer);
 //! ```
 
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use idemgate::IdempotencyLayer;
+use axum::body::Body;
+use http::{Request, Response};
+use idemgate::scope::normalize_path;
+use idemgate::{Idempotency, IdempotencyLayer};
+use tower::ServiceExt;
+use tower::util::Oneshot;
 use tower_layer::Layer;
+use tower_service::Service;
 
 mod forward;
 pub mod headers;
+mod jwt;
 mod principal;
 pub mod problem;
+mod routes;
 mod upstream;
 
-pub use forward::Forward;
+pub use forward::{Forward, HostHeader};
+pub use jwt::{JwksError, JwtPrincipal};
 pub use principal::HeaderPrincipal;
+pub use routes::{DEFAULT_REJECTIONS, ForwardKey, RoutePattern, Routes, RoutesError};
 pub use upstream::{Upstream, UpstreamError};
 
 /// The default `--upstream-timeout-ms`.
@@ -43,6 +58,9 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ProxyConfig {
     upstream: Upstream,
     upstream_timeout: Duration,
+    host: HostHeader,
+    https_clients: bool,
+    routes: Routes,
 }
 
 impl ProxyConfig {
@@ -52,6 +70,9 @@ impl ProxyConfig {
         Self {
             upstream,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
+            host: HostHeader::Client,
+            https_clients: false,
+            routes: Routes::default(),
         }
     }
 
@@ -67,13 +88,104 @@ impl ProxyConfig {
         self.upstream_timeout = timeout;
         self
     }
+
+    /// Which `Host` the upstream receives (default: the client's).
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let config = config.with_host_header(idemgate_proxy::HostHeader::Upstream);
+    /// ```
+    pub fn with_host_header(mut self, host: HostHeader) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Say that clients speak HTTPS to the proxy (it terminates TLS itself), so
+    /// the upstream gets `X-Forwarded-Proto: https`.
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let config = config.with_https_clients(true);
+    /// ```
+    pub fn with_https_clients(mut self, https: bool) -> Self {
+        self.https_clients = https;
+        self
+    }
+
+    /// Per-route policies, tried in order before the defaults.
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let routes = idemgate_proxy::Routes::from_toml("inline".as_ref(), r#"
+    ///     [[route]]
+    ///     method = "POST"
+    ///     path = "/payments"
+    ///     require_key = true
+    /// "#).unwrap();
+    /// let config = config.with_routes(routes);
+    /// ```
+    pub fn with_routes(mut self, routes: Routes) -> Self {
+        self.routes = routes;
+        self
+    }
 }
 
 /// The public listener's whole router: every path belongs to the upstream (no
 /// route is reserved), each request through `idempotency` to [`Forward`]. The
 /// layer decides what is covered (by default every `POST` and `PATCH` with a key);
-/// everything else streams through untouched by it.
+/// everything else streams through untouched by it. A request that a route of
+/// `config` matches goes through that route's configuration of the same layer.
 pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
-    let forward = Forward::new(config.upstream, config.upstream_timeout);
-    Router::new().fallback_service(idempotency.layer(forward))
+    let forward = Forward::new(config.upstream, config.upstream_timeout)
+        .with_host_header(config.host)
+        .with_https_clients(config.https_clients);
+    let routes = config
+        .routes
+        .iter()
+        .map(|route| {
+            let policy = &route.policy;
+            let forward = forward.with_route_policy(
+                policy.forward_key(),
+                policy.rejections.as_deref().unwrap_or(&DEFAULT_REJECTIONS),
+            );
+            let service = policy.layer(&route.method, &idempotency).layer(forward);
+            (route.clone(), service)
+        })
+        .collect();
+    Router::new().fallback_service(Dispatch {
+        routes: Arc::new(routes),
+        default: idempotency.layer(forward),
+    })
+}
+
+/// Sends each request to the service of the first route that matches it, else
+/// to the defaults'.
+#[derive(Clone, Debug)]
+struct Dispatch {
+    routes: Arc<Vec<(routes::Route, Idempotency<Forward>)>>,
+    default: Idempotency<Forward>,
+}
+
+impl Service<Request<Body>> for Dispatch {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Oneshot<Idempotency<Forward>, Request<Body>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Each call readies the service it picks (Oneshot).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let service = if self.routes.is_empty() {
+            &self.default
+        } else {
+            let path = normalize_path(request.uri().path());
+            self.routes
+                .iter()
+                .find(|(route, _)| route.matches(request.method(), &path))
+                .map_or(&self.default, |(_, service)| service)
+        };
+        service.clone().oneshot(request)
+    }
 }

@@ -55,6 +55,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
@@ -210,6 +212,9 @@ pub struct Listener {
     tcp: TcpListener,
     options: ListenerOptions,
     max_connections: usize,
+    /// Set: every connection speaks TLS, its handshake within the header-read
+    /// timeout.
+    tls: Option<Arc<ServerConfig>>,
 }
 
 impl Listener {
@@ -235,7 +240,19 @@ impl Listener {
             tcp,
             options,
             max_connections,
+            tls: None,
         })
+    }
+
+    /// Serves HTTPS with `config` instead of plain HTTP.
+    pub fn with_tls(mut self, config: Arc<ServerConfig>) -> Self {
+        self.tls = Some(config);
+        self
+    }
+
+    /// Whether connections speak TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The bound address (the port, when bound to port 0).
@@ -289,6 +306,7 @@ impl Listener {
             connections.spawn(connection(
                 stream,
                 peer,
+                self.tls.clone().map(TlsAcceptor::from),
                 builder.clone(),
                 router.clone(),
                 self.options,
@@ -374,21 +392,53 @@ static SHED_RESPONSE: LazyLock<Vec<u8>> = LazyLock::new(|| {
     response
 });
 
-/// One connection: hyper serving the router, watched for the header and idle
-/// timeouts, told to finish when the listener stops.
+/// One connection: the TLS handshake if any (within the header-read timeout,
+/// which runs from accept), then hyper serving the router.
 async fn connection(
     stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    builder: auto::Builder<TokioExecutor>,
+    router: Router,
+    options: ListenerOptions,
+    stop: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let watched = Watched {
+        inner: stream,
+        activity: Arc::clone(&activity),
+    };
+    let Some(tls) = tls else {
+        let io = TokioIo::new(watched);
+        return serve_connection(io, activity, peer, builder, router, options, stop).await;
+    };
+    match tokio::time::timeout(options.header_read_timeout, tls.accept(watched)).await {
+        Ok(Ok(stream)) => {
+            let io = TokioIo::new(stream);
+            serve_connection(io, activity, peer, builder, router, options, stop).await;
+        }
+        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+        Err(_elapsed) => {
+            metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => "tls")
+                .increment(1);
+            tracing::debug!("closing a connection whose TLS handshake did not finish in time");
+        }
+    }
+}
+
+/// hyper serving the router on one connection, watched for the header and idle
+/// timeouts, told to finish when the listener stops.
+async fn serve_connection<I>(
+    io: I,
+    activity: Arc<Activity>,
     peer: SocketAddr,
     builder: auto::Builder<TokioExecutor>,
     router: Router,
     options: ListenerOptions,
     mut stop: watch::Receiver<bool>,
-) {
-    let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(Watched {
-        inner: stream,
-        activity: Arc::clone(&activity),
-    });
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn({
         let activity = Arc::clone(&activity);
         move |request: Request<Incoming>| {

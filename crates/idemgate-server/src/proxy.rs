@@ -3,14 +3,17 @@
 //! separate admin listener.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderName;
 use idemgate::{DefaultPrincipal, IdempotencyLayer, MemoryStore, Store};
-use idemgate_proxy::{HeaderPrincipal, ProxyConfig, Upstream};
+use idemgate_proxy::{HeaderPrincipal, HostHeader, JwtPrincipal, ProxyConfig, Routes, Upstream};
 use idemgate_sqlx::PurgeTask;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::admin::{Admin, AdminToken, admin_app};
 use crate::cli::{
@@ -25,7 +28,8 @@ use crate::telemetry::TelemetrySettings;
 
 /// `idemgate proxy` flags. Every flag can also come from the environment variable
 /// named in its help; a flag wins over its variable. Every POST and PATCH with an
-/// Idempotency-Key is covered; everything else streams through.
+/// Idempotency-Key is covered, unless a route of --config says otherwise;
+/// everything else streams through.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
     /// The API to put the protocol in front of: http://host:port[/base]. Request
@@ -63,9 +67,10 @@ pub struct ProxyArgs {
 
     /// Whom a key belongs to: `authorization` (an HMAC-SHA256 of the whole
     /// Authorization value, under the secret of IDEMGATE_PRINCIPAL_SECRET or
-    /// --principal-secret-file) or `header:NAME` (a header an authenticating proxy
-    /// in front sets, trusted as is). A covered request with a key and no
-    /// principal gets 401 and is not forwarded.
+    /// --principal-secret-file), `header:NAME` (a header an authenticating proxy
+    /// in front sets, trusted as is) or `jwt` (a claim of a bearer JWT verified
+    /// with --jwt-secret-file or --jwks-file). A covered request with a key and no
+    /// valid principal gets 401 and is not forwarded.
     #[arg(
         long,
         env = "IDEMGATE_PRINCIPAL",
@@ -78,6 +83,33 @@ pub struct ProxyArgs {
     #[command(flatten)]
     pub secret: PrincipalSecretArgs,
 
+    /// `--principal jwt`: the claim that names the principal.
+    #[arg(
+        long,
+        env = "IDEMGATE_JWT_CLAIM",
+        default_value = "sub",
+        value_name = "CLAIM"
+    )]
+    pub jwt_claim: String,
+
+    /// `--principal jwt`: a file holding the HS256 secret (trailing newline
+    /// ignored).
+    #[arg(long, env = "IDEMGATE_JWT_SECRET_FILE", value_name = "PATH")]
+    pub jwt_secret_file: Option<PathBuf>,
+
+    /// `--principal jwt`: a JWKS document (JSON) of the RS256/ES256 public keys
+    /// tokens are signed with; a token's `kid` picks the key.
+    #[arg(long, env = "IDEMGATE_JWKS_FILE", value_name = "PATH")]
+    pub jwks_file: Option<PathBuf>,
+
+    /// `--principal jwt`: accept only tokens with this `iss`.
+    #[arg(long, env = "IDEMGATE_JWT_ISSUER", value_name = "ISS")]
+    pub jwt_issuer: Option<String>,
+
+    /// `--principal jwt`: accept only tokens with this `aud`.
+    #[arg(long, env = "IDEMGATE_JWT_AUDIENCE", value_name = "AUD")]
+    pub jwt_audience: Option<String>,
+
     /// How long to wait for the upstream's response head, connecting included,
     /// in milliseconds. Past it: 504, stored as FAILED (the upstream may have run
     /// the request, so a retry replays the 504 instead of running it again).
@@ -88,6 +120,43 @@ pub struct ProxyArgs {
         value_name = "MS"
     )]
     pub upstream_timeout_ms: u64,
+
+    /// Per-route policies (TOML; see docs/proxy.md): which routes are covered and
+    /// how. Without it every POST and PATCH is covered with the defaults above. A
+    /// bad file stops the start, naming its line.
+    #[arg(long, env = "IDEMGATE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The Host header the upstream receives: `client` (as the client sent it) or
+    /// `upstream` (the --upstream URL's host:port, for an upstream that routes by
+    /// its own name). The client's Host is in X-Forwarded-Host either way.
+    #[arg(
+        long,
+        env = "IDEMGATE_UPSTREAM_HOST_HEADER",
+        default_value = "client",
+        value_name = "WHICH"
+    )]
+    pub upstream_host_header: HostHeaderArg,
+
+    /// A PEM file of the certificate chain the public listener presents; with
+    /// --tls-key it speaks HTTPS (rustls) instead of plain HTTP. Without both, TLS
+    /// is terminated in front.
+    #[arg(
+        long,
+        env = "IDEMGATE_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM file of the private key of --tls-cert.
+    #[arg(
+        long,
+        env = "IDEMGATE_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
 
     /// Record timing: TTL, lease, wait mode, store timeout.
     #[command(flatten)]
@@ -131,21 +200,27 @@ impl PrincipalSecretArgs {
     pub fn read(&self) -> Result<Vec<u8>, ConfigError> {
         Ok(
             match (&self.principal_secret_file, &self.principal_secret) {
-                (Some(path), _) => std::fs::read(path)
-                    .map_err(|error| {
-                        ConfigError::new(
-                            "--principal-secret-file",
-                            "IDEMGATE_PRINCIPAL_SECRET_FILE",
-                            format!("cannot read {}: {error}", path.display()),
-                        )
-                    })?
-                    .trim_ascii_end()
-                    .to_vec(),
+                (Some(path), _) => read_file(
+                    path,
+                    "--principal-secret-file",
+                    "IDEMGATE_PRINCIPAL_SECRET_FILE",
+                )?
+                .trim_ascii_end()
+                .to_vec(),
                 (None, Some(secret)) => secret.as_bytes().to_vec(),
                 (None, None) => Vec::new(),
             },
         )
     }
+}
+
+/// `--upstream-host-header`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostHeaderArg {
+    /// The client's Host, as sent.
+    Client,
+    /// The upstream URL's host:port.
+    Upstream,
 }
 
 /// Where the proxy keeps its records.
@@ -168,6 +243,8 @@ pub enum PrincipalSource {
     Authorization(Arc<[u8]>),
     /// This header, trusted as is.
     Header(HeaderName),
+    /// A claim of a verified bearer JWT.
+    Jwt(JwtPrincipal),
 }
 
 impl std::fmt::Debug for PrincipalSource {
@@ -175,6 +252,7 @@ impl std::fmt::Debug for PrincipalSource {
         match self {
             Self::Authorization(_) => f.write_str("Authorization(<secret>)"),
             Self::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Self::Jwt(jwt) => f.debug_tuple("Jwt").field(jwt).finish(),
         }
     }
 }
@@ -196,6 +274,12 @@ pub struct ProxySettings {
     pub principal: PrincipalSource,
     /// Upstream response-head timeout.
     pub upstream_timeout: Duration,
+    /// The Host the upstream receives.
+    pub host_header: HostHeader,
+    /// Per-route policies (empty without --config).
+    pub routes: Routes,
+    /// The public listener's TLS, when it terminates TLS itself.
+    pub tls: Option<Arc<ServerConfig>>,
     /// The layer's timing.
     pub timing: LayerTiming,
     /// Graceful shutdown deadline.
@@ -231,6 +315,21 @@ impl ProxyArgs {
             .map_err(|reason| {
                 ConfigError::new("--idempotency-store", "IDEMGATE_IDEMPOTENCY_STORE", reason)
             })?;
+        let timing = self.layer.timing()?;
+        let routes = match &self.config {
+            Some(path) => {
+                let routes = Routes::load(path).map_err(|error| {
+                    ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
+                })?;
+                routes
+                    .check_timing(timing.ttl, timing.lease)
+                    .map_err(|error| {
+                        ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
+                    })?;
+                routes
+            }
+            None => Routes::default(),
+        };
         Ok(ProxySettings {
             listen: self.address.address(),
             admin_listen: self.admin_listen,
@@ -239,7 +338,13 @@ impl ProxyArgs {
             store,
             principal: self.principal_source()?,
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
-            timing: self.layer.timing()?,
+            host_header: match self.upstream_host_header {
+                HostHeaderArg::Client => HostHeader::Client,
+                HostHeaderArg::Upstream => HostHeader::Upstream,
+            },
+            routes,
+            tls: self.tls()?,
+            timing,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
             telemetry: self.process.telemetry(),
             connections: self.connections.options()?,
@@ -251,9 +356,7 @@ impl ProxyArgs {
         let refuse = |reason: String| ConfigError::new("--principal", "IDEMGATE_PRINCIPAL", reason);
         match self.principal.as_str() {
             "authorization" => self.secret().map(PrincipalSource::Authorization),
-            "jwt" => Err(refuse(
-                "jwt is not supported yet; use authorization or header:NAME".to_owned(),
-            )),
+            "jwt" => self.jwt().map(PrincipalSource::Jwt),
             other => match other.strip_prefix("header:") {
                 Some(name) => HeaderName::from_bytes(name.trim().as_bytes())
                     .map(PrincipalSource::Header)
@@ -263,6 +366,84 @@ impl ProxyArgs {
                 ))),
             },
         }
+    }
+
+    /// `--tls-cert` and `--tls-key` (clap requires both or neither), loaded: an
+    /// unreadable or mismatched pair stops the start.
+    fn tls(&self) -> Result<Option<Arc<ServerConfig>>, ConfigError> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let refuse = |flag, env, path: &Path, error: &dyn std::fmt::Display| {
+            ConfigError::new(flag, env, format!("{}: {error}", path.display()))
+        };
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| refuse("--tls-cert", "IDEMGATE_TLS_CERT", cert, &e))?;
+        if chain.is_empty() {
+            return Err(refuse(
+                "--tls-cert",
+                "IDEMGATE_TLS_CERT",
+                cert,
+                &"no certificate in the file",
+            ));
+        }
+        let private = PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| refuse("--tls-key", "IDEMGATE_TLS_KEY", key, &e))?;
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let mut config = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|builder| {
+                builder
+                    .with_no_client_auth()
+                    .with_single_cert(chain, private)
+            })
+            .map_err(|e| refuse("--tls-key", "IDEMGATE_TLS_KEY", key, &e))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Some(Arc::new(config)))
+    }
+
+    /// `--principal jwt`: the verifier of exactly one key source.
+    fn jwt(&self) -> Result<JwtPrincipal, ConfigError> {
+        let principal = match (&self.jwt_secret_file, &self.jwks_file) {
+            (Some(path), None) => {
+                let secret = read_file(path, "--jwt-secret-file", "IDEMGATE_JWT_SECRET_FILE")?;
+                let secret = secret.trim_ascii_end();
+                if secret.is_empty() {
+                    return Err(ConfigError::new(
+                        "--jwt-secret-file",
+                        "IDEMGATE_JWT_SECRET_FILE",
+                        format!("{} is empty", path.display()),
+                    ));
+                }
+                JwtPrincipal::hs256(secret, self.jwt_claim.clone())
+            }
+            (None, Some(path)) => {
+                let jwks = read_file(path, "--jwks-file", "IDEMGATE_JWKS_FILE")?;
+                JwtPrincipal::jwks(&jwks, self.jwt_claim.clone()).map_err(|error| {
+                    ConfigError::new(
+                        "--jwks-file",
+                        "IDEMGATE_JWKS_FILE",
+                        format!("{}: {error}", path.display()),
+                    )
+                })?
+            }
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(ConfigError::new(
+                    "--principal",
+                    "IDEMGATE_PRINCIPAL",
+                    "`jwt` verifies tokens with exactly one of --jwt-secret-file (HS256) or --jwks-file (RS256/ES256)",
+                ));
+            }
+        };
+        let principal = match &self.jwt_issuer {
+            Some(issuer) => principal.with_issuer(issuer),
+            None => principal,
+        };
+        Ok(match &self.jwt_audience {
+            Some(audience) => principal.with_audience(audience),
+            None => principal,
+        })
     }
 
     /// The secret of `--principal authorization`; none is a startup error, never
@@ -278,6 +459,17 @@ impl ProxyArgs {
         }
         Ok(Arc::from(secret))
     }
+}
+
+/// The bytes of a file a flag names; an unreadable one names the flag.
+fn read_file(path: &Path, flag: &'static str, env: &'static str) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|error| {
+        ConfigError::new(
+            flag,
+            env,
+            format!("cannot read {}: {error}", path.display()),
+        )
+    })
 }
 
 /// The store, and the SQL stores' purge task (running until the handle drops).
@@ -320,6 +512,7 @@ fn with_principal(layer: IdempotencyLayer, source: &PrincipalSource) -> Idempote
             layer.with_principal(DefaultPrincipal::with_authorization_secret(secret))
         }
         PrincipalSource::Header(name) => layer.with_principal(HeaderPrincipal::new(name.clone())),
+        PrincipalSource::Jwt(jwt) => layer.with_principal(jwt.clone()),
     }
 }
 
@@ -335,7 +528,10 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     let tasks = layer.detached_tasks();
     let public = idemgate_proxy::app(
         ProxyConfig::new(settings.upstream.clone())
-            .with_upstream_timeout(settings.upstream_timeout),
+            .with_upstream_timeout(settings.upstream_timeout)
+            .with_host_header(settings.host_header)
+            .with_https_clients(settings.tls.is_some())
+            .with_routes(settings.routes.clone()),
         layer,
     );
     let admin = admin_app(Admin::new(
@@ -347,7 +543,15 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     ));
 
     let open_files = raise_fd_limit();
-    let public_listener = bind(settings.listen, settings.connections).await?;
+    let mut public_listener = bind(settings.listen, settings.connections).await?;
+    if let Some(tls) = &settings.tls {
+        public_listener = public_listener.with_tls(Arc::clone(tls));
+    }
+    let scheme = if public_listener.is_tls() {
+        "https"
+    } else {
+        "http"
+    };
     let admin_listener = bind(settings.admin_listen, settings.connections).await?;
     let admin_addr = admin_listener.local_addr().map_err(StartupError::Serve)?;
     let addr = public_listener.local_addr().map_err(StartupError::Serve)?;
@@ -358,7 +562,7 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         store = settings.store.kind(),
         max_connections = public_listener.max_connections(),
         open_files,
-        "idemgate proxy listening on http://{addr}"
+        "idemgate proxy listening on {scheme}://{addr}"
     );
     serve_until_signal(
         vec![(public_listener, public), (admin_listener, admin)],
@@ -522,7 +726,7 @@ mod tests {
     }
 
     #[test]
-    fn principal_sources_parse_and_jwt_is_not_supported_yet() {
+    fn principal_sources_parse_and_jwt_needs_one_key_source() {
         let s = settings(&["--principal", "header:X-User-Id"]).unwrap();
         assert!(
             matches!(&s.principal, PrincipalSource::Header(name) if name == "x-user-id"),
@@ -530,7 +734,31 @@ mod tests {
             s.principal
         );
         let err = settings(&["--principal", "jwt"]).unwrap_err().to_string();
-        assert!(err.contains("not supported yet"), "{err}");
+        assert!(err.contains("exactly one of --jwt-secret-file"), "{err}");
+        let secret = std::env::temp_dir().join(format!("idemgate-jwt-{}", std::process::id()));
+        std::fs::write(&secret, "jwt-secret\n").unwrap();
+        let secret = secret.to_str().unwrap();
+        let s = settings(&["--principal", "jwt", "--jwt-secret-file", secret]).unwrap();
+        assert!(matches!(s.principal, PrincipalSource::Jwt(_)));
+        let err = settings(&[
+            "--principal",
+            "jwt",
+            "--jwt-secret-file",
+            secret,
+            "--jwks-file",
+            secret,
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("exactly one"), "{err}");
+        let err = settings(&["--principal", "jwt", "--jwks-file", secret])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("IDEMGATE_JWKS_FILE") && err.contains("JWKS"),
+            "{err}"
+        );
+        let _ = std::fs::remove_file(secret);
         let err = settings(&["--principal", "header:bad name"])
             .unwrap_err()
             .to_string();
@@ -554,6 +782,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("IDEMGATE_UPSTREAM_TIMEOUT_MS"), "{err}");
+    }
+
+    #[test]
+    fn tls_needs_a_readable_certificate_and_key_pair() {
+        let fixture = |name: &str| {
+            format!(
+                "{}/tests/e2e/fixtures/tls/{name}",
+                env!("CARGO_MANIFEST_DIR")
+            )
+        };
+        let (cert, key) = (fixture("cert.pem"), fixture("key.pem"));
+        let p = ["--principal", "header:x-user"];
+        let s = settings(&[p[0], p[1], "--tls-cert", &cert, "--tls-key", &key]).unwrap();
+        assert!(s.tls.is_some());
+        assert!(settings(&[p[0], p[1]]).unwrap().tls.is_none());
+        let err = settings(&[p[0], p[1], "--tls-cert", &key, "--tls-key", &key])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_TLS_CERT"), "{err}");
+        let err = settings(&[p[0], p[1], "--tls-cert", &cert, "--tls-key", &cert])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_TLS_KEY"), "{err}");
+        let mut argv = vec!["idemgate", "proxy", "--upstream", "http://h:1"];
+        argv.extend(["--tls-cert", &cert]);
+        assert!(
+            Cli::try_parse_from(argv).is_err(),
+            "a certificate needs its key"
+        );
     }
 
     #[test]

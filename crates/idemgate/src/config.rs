@@ -10,6 +10,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use idemgate_core::deadline::WithDeadline;
+use idemgate_core::fingerprint::BodySelection;
 
 use crate::finality::ServerErrorPolicy;
 use crate::principal::PrincipalExtractor;
@@ -45,6 +46,7 @@ pub(crate) struct Config {
     pub(crate) principal: Arc<dyn PrincipalExtractor>,
     pub(crate) path_source: PathSource,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) fingerprint_body: BodySelection,
     pub(crate) replay_set_cookie: bool,
     /// `Retry-After` of the 503s for store trouble (unavailable, full, a
     /// transaction that did not commit).

@@ -8,6 +8,7 @@ use tower_layer::Layer;
 
 use idemgate_core::Store;
 use idemgate_core::deadline::{DEFAULT_STORE_TIMEOUT, WithDeadline};
+use idemgate_core::fingerprint::BodySelection;
 use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
 
 use crate::config::{Config, PathSource, WaitMode};
@@ -77,6 +78,7 @@ impl IdempotencyLayer {
                 principal: Arc::new(DefaultPrincipal::new()),
                 path_source: PathSource::Request,
                 fingerprint_headers: Vec::new(),
+                fingerprint_body: BodySelection::Whole,
                 replay_set_cookie: false,
                 unavailable_retry_after: Duration::from_secs(1),
                 busy_retry_after: Duration::from_secs(1),
@@ -233,6 +235,20 @@ impl IdempotencyLayer {
     pub fn with_fingerprint_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         let names = names.into_iter().collect();
         self.with(|c| c.fingerprint_headers = names)
+    }
+
+    /// Which part of a JSON body the fingerprint covers (default: all of it): only
+    /// the values at some JSON pointers, or all but some, so a volatile field a
+    /// client changes on every retry (a timestamp, a trace id) is not a 422. A
+    /// body that is not JSON is fingerprinted whole. See [`BodySelection`].
+    ///
+    /// ```
+    /// use idemgate::fingerprint::BodySelection;
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_fingerprint_body(BodySelection::Except(vec!["/sent_at".parse().unwrap()]));
+    /// ```
+    pub fn with_fingerprint_body(self, selection: BodySelection) -> Self {
+        self.with(|c| c.fingerprint_body = selection)
     }
 
     /// Store and replay `Set-Cookie` headers (off by default: replaying a session

@@ -201,17 +201,20 @@ async fn keyed(
                 .map(move |value| (name.as_str(), value.as_bytes()))
         })
         .collect();
-    let fingerprint = Fingerprint::of(FingerprintInput {
-        method: parts.method.as_str(),
-        path: &path,
-        query: &query,
-        content_type: parts
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok()),
-        headers: &header_values,
-        body: &body,
-    });
+    let fingerprint = Fingerprint::of_selected(
+        FingerprintInput {
+            method: parts.method.as_str(),
+            path: &path,
+            query: &query,
+            content_type: parts
+                .headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            headers: &header_values,
+            body: &body,
+        },
+        &config.fingerprint_body,
+    );
     let scope_path = match config.path_source {
         PathSource::RouteTemplate => parts
             .extensions

@@ -186,6 +186,54 @@ async fn payload_tampering_is_422_and_never_runs() {
 // --- Scope and fingerprint -------------------------------------------------------
 
 #[tokio::test]
+async fn an_excluded_body_field_may_change_between_retries_and_others_may_not() {
+    use idemgate::fingerprint::BodySelection;
+    let gateway = Arc::new(Gateway::default());
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .with_fingerprint_body(BodySelection::Except(vec!["/sent_at".parse().unwrap()]));
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+    let body = |sent_at: &str, amount: u32| {
+        format!(
+            r#"{{"items":[{{"id":42,"quantity":1}}],"currency":"RUB","amount":{amount},"sent_at":"{sent_at}"}}"#
+        )
+    };
+    let first = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("alice"),
+            Some(&key),
+            &body("12:00:01", 1500),
+        ),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let retry = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("alice"),
+            Some(&key),
+            &body("12:00:09", 1500),
+        ),
+    )
+    .await;
+    assert!(
+        retry.replayed(),
+        "the excluded field changed: still the same request"
+    );
+    assert_eq!(retry.body, first.body);
+    let tampered = send(
+        &app,
+        post_json("/orders", Some("alice"), Some(&key), &body("12:00:09", 1)),
+    )
+    .await;
+    assert_eq!(tampered.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
 async fn the_same_key_from_another_principal_or_route_is_another_operation() {
     let (app, gateway) = memory_app();
     let key = new_key();

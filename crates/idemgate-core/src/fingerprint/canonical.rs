@@ -401,7 +401,7 @@ fn write_decimal(out: &mut Vec<u8>, negative: bool, digits: &[u8], mut exponent:
 /// control characters as lower-case `\u00xx`, everything else as UTF-8. `s` is
 /// UTF-8: every byte that needs an escape is ASCII, so runs of the others are
 /// copied as they are.
-fn write_string(out: &mut Vec<u8>, s: &[u8]) {
+pub(super) fn write_string(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
     let mut rest = s;
     while let Some(at) = rest

@@ -3,6 +3,10 @@
 mod canonical;
 #[cfg(test)]
 mod properties;
+mod select;
+
+use select::Selected;
+pub use select::{BodySelection, JsonPointer, PointerError};
 
 use std::fmt;
 
@@ -46,6 +50,13 @@ impl Fingerprint {
     /// );
     /// ```
     pub fn of(input: FingerprintInput<'_>) -> Self {
+        Self::of_selected(input, &BodySelection::Whole)
+    }
+
+    /// The fingerprint of a request whose JSON body counts only as far as
+    /// `selection` says (a route's `fingerprint` setting); see [`BodySelection`].
+    /// With [`BodySelection::Whole`] it is [`Fingerprint::of`].
+    pub fn of_selected(input: FingerprintInput<'_>, selection: &BodySelection) -> Self {
         let mut hasher = Sha256::new();
         let mut field = |bytes: &[u8]| {
             hasher.update((bytes.len() as u64).to_be_bytes());
@@ -63,10 +74,22 @@ impl Fingerprint {
             .content_type
             .filter(|ct| is_json(ct))
             .and_then(|_| canonical::canonicalize(input.body).ok());
-        match &canonical {
-            Some(json) => {
+        match canonical.map(|json| selection.apply(json)) {
+            Some(Selected::Document(json)) => {
                 field(b"json");
-                field(json);
+                field(&json);
+            }
+            Some(Selected::Values(values)) => {
+                field(b"json-only");
+                for value in &values {
+                    match value {
+                        Some(value) => {
+                            field(b"=");
+                            field(value);
+                        }
+                        None => field(b"absent"),
+                    }
+                }
             }
             None => {
                 field(b"raw");

@@ -301,3 +301,97 @@ proptest! {
         }
     }
 }
+
+/// The JSON pointer of the top-level member `name` (RFC 6901 escapes).
+fn pointer_to(name: &str) -> super::JsonPointer {
+    format!("/{}", name.replace('~', "~0").replace('/', "~1"))
+        .parse()
+        .unwrap()
+}
+
+fn selected(selection: &super::BodySelection, body: &str) -> Fingerprint {
+    Fingerprint::of_selected(
+        FingerprintInput {
+            method: "POST",
+            path: "/orders",
+            query: "",
+            content_type: Some("application/json"),
+            headers: &[],
+            body: body.as_bytes(),
+        },
+        selection,
+    )
+}
+
+/// An object of `members` with `name` set to `value`, spelled by `seed`.
+fn object_with(members: &[(String, Json)], name: &str, value: &Json, seed: u64) -> String {
+    let mut members: Vec<(String, Json)> =
+        members.iter().filter(|(n, _)| n != name).cloned().collect();
+    members.push((name.to_owned(), value.clone()));
+    spell(&Json::Object(members), seed)
+}
+
+fn differ(a: &Json, b: &Json) -> bool {
+    canonicalize(spell(a, 0).as_bytes()) != canonicalize(spell(b, 0).as_bytes())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn an_excluded_member_never_changes_the_fingerprint_and_others_still_do(
+        members in prop::collection::btree_map(any::<String>(), json(), 0..5),
+        name in any::<String>(),
+        (a, b) in (json(), json()),
+        (first, second) in (any::<u64>(), any::<u64>()),
+    ) {
+        let members: Vec<_> = members.into_iter().collect();
+        let selection = super::BodySelection::Except(vec![pointer_to(&name)]);
+        let one = object_with(&members, &name, &a, first);
+        let other = object_with(&members, &name, &b, second);
+        prop_assert_eq!(selected(&selection, &one), selected(&selection, &other), "{} vs {}", one, other);
+        if differ(&a, &b) {
+            prop_assert_ne!(selected(&super::BodySelection::Whole, &one), selected(&super::BodySelection::Whole, &other));
+            // The same change under another name is still a change.
+            let kept = format!("{name}-kept");
+            let selection = super::BodySelection::Except(vec![pointer_to(&kept)]);
+            prop_assert_ne!(
+                selected(&selection, &object_with(&members, &name, &a, first)),
+                selected(&selection, &object_with(&members, &name, &b, second))
+            );
+        }
+    }
+
+    #[test]
+    fn excluding_what_is_absent_is_the_whole_body(value in json(), seed in any::<u64>(), name in any::<String>()) {
+        let body = spell(&value, seed);
+        let pointer = pointer_to(&format!("{name}\u{0}absent"));
+        prop_assert_eq!(
+            selected(&super::BodySelection::Except(vec![pointer]), &body),
+            selected(&super::BodySelection::Whole, &body)
+        );
+    }
+
+    #[test]
+    fn only_the_selected_member_counts(
+        members in prop::collection::btree_map(any::<String>(), json(), 1..5),
+        (a, b) in (json(), json()),
+        (first, second) in (any::<u64>(), any::<u64>()),
+    ) {
+        let members: Vec<_> = members.into_iter().collect();
+        let (chosen, chosen_value) = members[0].clone();
+        let selection = super::BodySelection::Only(vec![pointer_to(&chosen)]);
+        // Any other member changes: same fingerprint.
+        let other = format!("{chosen}-other");
+        let one = object_with(&members, &other, &a, first);
+        let two = object_with(&members, &other, &b, second);
+        prop_assert_eq!(selected(&selection, &one), selected(&selection, &two), "{} vs {}", one, two);
+        // The chosen member changes: another fingerprint.
+        if differ(&chosen_value, &a) {
+            prop_assert_ne!(
+                selected(&selection, &one),
+                selected(&selection, &object_with(&members, &chosen, &a, second))
+            );
+        }
+    }
+}

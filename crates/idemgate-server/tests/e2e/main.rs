@@ -11,6 +11,7 @@ mod keys;
 mod monitoring;
 mod otlp;
 mod proxy;
+mod proxy_policies;
 mod replay_cache;
 mod server;
 mod strict_input;

@@ -126,10 +126,15 @@ async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> R
     response
 }
 
-/// A port nothing listens on (bound, then released).
-async fn free_port() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
+/// A port nothing listens on, held (bound, not listening) so that no other
+/// test's listener takes it meanwhile: connecting to it is refused. With
+/// SO_REUSEADDR a listener may still bind it on purpose ([`Upstream::start_on`]).
+fn reserved_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
 }
 
 pub const SECRET: &str = "e2e-principal-secret";
@@ -170,7 +175,7 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 20] = [
+const PROXY_VARIABLES: [&str; 29] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -191,9 +196,18 @@ const PROXY_VARIABLES: [&str; 20] = [
     "IDEMGATE_OTLP",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "IDEMGATE_CONFIG",
+    "IDEMGATE_UPSTREAM_HOST_HEADER",
+    "IDEMGATE_JWT_CLAIM",
+    "IDEMGATE_JWT_SECRET_FILE",
+    "IDEMGATE_JWKS_FILE",
+    "IDEMGATE_JWT_ISSUER",
+    "IDEMGATE_JWT_AUDIENCE",
+    "IDEMGATE_TLS_CERT",
+    "IDEMGATE_TLS_KEY",
 ];
 
-fn proxy_command(options: &ProxyOptions) -> Command {
+pub(crate) fn proxy_command(options: &ProxyOptions) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
     command
         .arg("proxy")
@@ -226,13 +240,19 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(options: ProxyOptions) -> Self {
+        Self::start_listening(options, "proxy listening on http://").await
+    }
+
+    /// A proxy whose public listener speaks HTTPS (`--tls-cert`/`--tls-key`).
+    pub async fn start_tls(options: ProxyOptions) -> Self {
+        Self::start_listening(options, "proxy listening on https://").await
+    }
+
+    async fn start_listening(options: ProxyOptions, public_marker: &str) -> Self {
         let mut command = proxy_command(&options);
         command.env("IDEMGATE_PRINCIPAL_SECRET", SECRET);
-        let (child, addrs) = spawn_listening(
-            &mut command,
-            &["proxy listening on http://", "admin listening on http://"],
-        )
-        .await;
+        let (child, addrs) =
+            spawn_listening(&mut command, &[public_marker, "admin listening on http://"]).await;
         Self {
             child,
             addr: addrs[0],
@@ -250,7 +270,7 @@ impl Proxy {
     }
 }
 
-fn derived_key(seen: &Seen) -> String {
+pub(crate) fn derived_key(seen: &Seen) -> String {
     seen.headers
         .get("idempotency-key")
         .expect("a keyed request reaches the upstream with a derived key")
@@ -395,7 +415,7 @@ async fn proxy_refuses_a_changed_payload_without_forwarding_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_releases_the_key_when_the_upstream_is_down_and_runs_the_retry_once() {
-    let addr = free_port().await;
+    let (reservation, addr) = reserved_port();
     let proxy = Proxy::start(ProxyOptions::new(format!("http://{addr}"))).await;
     let client = Client::new();
     let key = new_key();
@@ -406,6 +426,7 @@ async fn proxy_releases_the_key_when_the_upstream_is_down_and_runs_the_retry_onc
         "https://idemgate.dev/problems/upstream-unreachable"
     );
     let upstream = Upstream::start_on(addr).await;
+    drop(reservation);
     let retry = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
     assert!(!retry.replayed(), "nothing ran before: the retry runs");
