@@ -143,6 +143,11 @@ struct Args {
     #[arg(long, default_value_t = 900)]
     ttl: u64,
 
+    /// The server's `--replay-cache-entries` (0: replay cache off); unset, the
+    /// server's default.
+    #[arg(long, value_name = "N")]
+    replay_cache_entries: Option<usize>,
+
     /// Write the report into docs/benchmarks.md (between its markers) and the
     /// chart to docs/benchmarks.svg.
     #[arg(long)]
@@ -327,6 +332,7 @@ async fn prepare(
             None
         },
         ttl: args.ttl,
+        replay_cache_entries: args.replay_cache_entries,
     };
     let machine = machine::describe(&args.postgres_url, &args.redis_url, &scratch);
     Ok(Prepared {
@@ -577,6 +583,7 @@ struct Context {
     /// The Redis server's pid (from `INFO server`), for its CPU time.
     redis_pid: Option<u32>,
     ttl: u64,
+    replay_cache_entries: Option<usize>,
 }
 
 async fn psql(url: &str, sql: &str) -> Result<(), BoxError> {
@@ -637,6 +644,9 @@ async fn server_args(
     ];
     if scenario == Scenario::Bare {
         args.push("--no-idempotency".to_owned());
+    }
+    if let Some(entries) = context.replay_cache_entries {
+        args.extend(["--replay-cache-entries".to_owned(), entries.to_string()]);
     }
     Ok(args)
 }

@@ -4,7 +4,8 @@
 //! `Idempotency-Key` header ([`key`]), scoping keys by principal, method and path
 //! ([`scope`]), fingerprinting requests ([`fingerprint`]), the record
 //! ([`record`]), the pure decision over an existing record ([`decide()`]), the
-//! [`Store`] trait every backend implements, and [`MemoryStore`].
+//! [`Store`] trait every backend implements, [`MemoryStore`], and
+//! [`cache::ReplayCache`], which answers replays from memory in front of any store.
 //!
 //! Applications add the `idemgate` crate (the tower layer), which re-exports this
 //! one. Store authors depend on this crate alone, and prove their store with the
@@ -34,6 +35,7 @@
 //! # });
 //! ```
 
+pub mod cache;
 pub mod deadline;
 pub mod decide;
 pub mod fingerprint;

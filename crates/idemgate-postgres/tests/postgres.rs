@@ -58,6 +58,20 @@ mod conformance {
     idemgate_testkit::store_conformance!(super::conformance_store);
 }
 
+async fn cached_store() -> Arc<dyn Store> {
+    idemgate_testkit::cache::cached(conformance_store().await)
+}
+
+mod cached {
+    idemgate_testkit::store_conformance!(super::cached_store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
+    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(conformance_store().await)
+        .await;
+}
+
 /// A schema of its own, for tests that count or delete every row of a table.
 struct TempSchema {
     name: String,

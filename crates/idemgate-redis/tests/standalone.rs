@@ -30,6 +30,19 @@ async fn store() -> Arc<dyn Store> {
 
 idemgate_testkit::store_conformance!(store);
 
+async fn cached_store() -> Arc<dyn Store> {
+    idemgate_testkit::cache::cached(store().await)
+}
+
+mod cached {
+    idemgate_testkit::store_conformance!(super::cached_store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
+    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(store().await).await;
+}
+
 async fn admin() -> redis::aio::MultiplexedConnection {
     redis::Client::open(support::standalone_url())
         .expect("url")

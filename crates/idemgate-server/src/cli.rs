@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use idemgate::cache::ReplayCacheConfig;
 
 use crate::listener::{ListenerArgs, ListenerOptions};
 use crate::telemetry::TelemetrySettings;
@@ -233,9 +234,39 @@ pub struct LayerArgs {
         value_name = "MS"
     )]
     pub store_timeout_ms: u64,
+
+    /// How many completed records this process keeps in memory to answer replays
+    /// without a store round trip (0: no replay cache).
+    #[arg(
+        long,
+        env = "IDEMGATE_REPLAY_CACHE_ENTRIES",
+        default_value_t = ReplayCacheConfig::DEFAULT_ENTRIES,
+        value_name = "N"
+    )]
+    pub replay_cache_entries: usize,
+
+    /// The replay cache's bound in bytes (bodies, headers and a fixed overhead per
+    /// record).
+    #[arg(
+        long,
+        env = "IDEMGATE_REPLAY_CACHE_BYTES",
+        default_value_t = ReplayCacheConfig::DEFAULT_BYTES,
+        value_name = "BYTES"
+    )]
+    pub replay_cache_bytes: u64,
+
+    /// How long a cached record answers after it was read, in milliseconds: an
+    /// operator eviction on another instance takes effect here within this time.
+    #[arg(
+        long,
+        env = "IDEMGATE_REPLAY_CACHE_MAX_AGE_MS",
+        default_value_t = 5_000,
+        value_name = "MS"
+    )]
+    pub replay_cache_max_age_ms: u64,
 }
 
-/// The layer's timing, checked.
+/// The layer's timing and replay cache, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerTiming {
     /// Record TTL.
@@ -246,6 +277,8 @@ pub struct LayerTiming {
     pub wait: Option<Duration>,
     /// Bound on one store operation, statement or connection checkout.
     pub store_timeout: Duration,
+    /// The replay cache's bounds; `None`: off.
+    pub replay_cache: Option<ReplayCacheConfig>,
 }
 
 impl LayerArgs {
@@ -276,11 +309,30 @@ impl LayerArgs {
                 ),
             ));
         }
+        if self.replay_cache_entries > 0 && self.replay_cache_bytes == 0 {
+            return Err(ConfigError::new(
+                "--replay-cache-bytes",
+                "IDEMGATE_REPLAY_CACHE_BYTES",
+                "must be at least 1 (turn the cache off with --replay-cache-entries 0)",
+            ));
+        }
+        if self.replay_cache_entries > 0 && self.replay_cache_max_age_ms == 0 {
+            return Err(ConfigError::new(
+                "--replay-cache-max-age-ms",
+                "IDEMGATE_REPLAY_CACHE_MAX_AGE_MS",
+                "must be at least 1 (turn the cache off with --replay-cache-entries 0)",
+            ));
+        }
         Ok(LayerTiming {
             ttl: Duration::from_secs(self.ttl),
             lease: Duration::from_secs(self.lease),
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
             store_timeout: Duration::from_millis(self.store_timeout_ms),
+            replay_cache: (self.replay_cache_entries > 0).then(|| ReplayCacheConfig {
+                entries: self.replay_cache_entries,
+                bytes: self.replay_cache_bytes,
+                max_age: Duration::from_millis(self.replay_cache_max_age_ms),
+            }),
         })
     }
 }
@@ -418,6 +470,8 @@ pub struct Settings {
     pub wait: Option<Duration>,
     /// Bound on one store operation, statement or connection checkout.
     pub store_timeout: Duration,
+    /// The replay cache's bounds; `None`: off.
+    pub replay_cache: Option<ReplayCacheConfig>,
     /// Redis safety checks: persistence policy, replicas to wait for.
     pub redis: RedisArgs,
     /// Graceful shutdown deadline.
@@ -500,6 +554,7 @@ impl ServeArgs {
             lease: timing.lease,
             wait: timing.wait,
             store_timeout: timing.store_timeout,
+            replay_cache: timing.replay_cache,
             redis: self.redis,
             shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
             telemetry: self.process.telemetry(),
@@ -553,6 +608,41 @@ mod tests {
             .expect("serve subcommand");
         let help = serve.render_long_help().to_string();
         assert!(!help.contains("no-idempotency"), "{help}");
+    }
+
+    #[test]
+    fn the_replay_cache_is_on_by_default_and_zero_entries_turn_it_off() {
+        let on = args(&[]).unwrap().replay_cache.expect("on by default");
+        assert_eq!(on, ReplayCacheConfig::default());
+        let sized = args(&[
+            "--replay-cache-entries",
+            "5",
+            "--replay-cache-bytes",
+            "4096",
+            "--replay-cache-max-age-ms",
+            "250",
+        ])
+        .unwrap();
+        assert_eq!(
+            sized.replay_cache,
+            Some(ReplayCacheConfig {
+                entries: 5,
+                bytes: 4096,
+                max_age: Duration::from_millis(250),
+            })
+        );
+        assert_eq!(
+            args(&["--replay-cache-entries", "0"]).unwrap().replay_cache,
+            None
+        );
+        let err = args(&["--replay-cache-bytes", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_REPLAY_CACHE_BYTES"), "{err}");
+        let err = args(&["--replay-cache-max-age-ms", "0"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("IDEMGATE_REPLAY_CACHE_MAX_AGE_MS"), "{err}");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::cli::{
 };
 use crate::listener::{ListenerArgs, ListenerOptions, raise_fd_limit};
 use crate::repository::{connect_postgres, connect_sqlite};
-use crate::runtime::{idempotency_layer, install_metrics, serve_until_signal};
+use crate::runtime::{idempotency_layer, install_metrics, serve_until_signal, with_replay_cache};
 use crate::server::{StartupError, bind};
 use crate::stores;
 use crate::telemetry::TelemetrySettings;
@@ -520,6 +520,7 @@ fn with_principal(layer: IdempotencyLayer, source: &PrincipalSource) -> Idempote
 pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     let metrics = install_metrics();
     let (store, _purge) = open_store(&settings).await?;
+    let store = with_replay_cache(store, settings.timing.replay_cache);
     let layer = with_principal(
         idempotency_layer(Arc::clone(&store), settings.timing),
         &settings.principal,

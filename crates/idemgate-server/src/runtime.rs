@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use idemgate::cache::{ReplayCache, ReplayCacheConfig};
 use idemgate::telemetry::LATENCY_BUCKETS;
 use idemgate::{DetachedTasks, IdempotencyLayer, Store};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -55,6 +56,18 @@ pub(crate) fn metrics_response(metrics: Option<&PrometheusHandle>) -> Response {
         )
             .into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `store` behind the replay cache, when one is configured. The layer and the
+/// admin key API share the result, so a local eviction drops the cached record.
+pub(crate) fn with_replay_cache(
+    store: Arc<dyn Store>,
+    config: Option<ReplayCacheConfig>,
+) -> Arc<dyn Store> {
+    match config {
+        Some(config) => Arc::new(ReplayCache::new(store, config)),
+        None => store,
     }
 }
 

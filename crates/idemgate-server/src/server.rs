@@ -13,6 +13,7 @@ use crate::listener::{Listener, ListenerOptions, raise_fd_limit};
 use crate::repository::OrdersDb;
 use crate::runtime::{
     UNAVAILABLE_RETRY_AFTER, idempotency_layer, install_metrics, serve_until_signal,
+    with_replay_cache,
 };
 use crate::stores;
 
@@ -100,7 +101,12 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         (store, OrderWrites::Direct, None)
     } else {
-        idempotency_store(&settings, &orders).await?
+        let (store, writes, purge) = idempotency_store(&settings, &orders).await?;
+        (
+            with_replay_cache(store, settings.replay_cache),
+            writes,
+            purge,
+        )
     };
     let gateway = match &settings.gateway_url {
         Some(url) => Gateway::http(url, settings.gateway_timeout)?,
@@ -120,6 +126,7 @@ pub async fn run(settings: Settings) -> Result<(), StartupError> {
             lease: settings.lease,
             wait: settings.wait,
             store_timeout: settings.store_timeout,
+            replay_cache: settings.replay_cache,
         },
     );
     let tasks = layer.detached_tasks();

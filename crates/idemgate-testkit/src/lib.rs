@@ -10,7 +10,10 @@
 //! idemgate_testkit::store_conformance!(store);
 //! ```
 //!
-//! There is exactly one copy of the suite, so backends cannot drift apart.
+//! There is exactly one copy of the suite, so backends cannot drift apart. Each
+//! store also runs it behind the replay cache ([`cache::cached`]), and proves with
+//! [`cache::eviction_elsewhere_is_seen_within_max_age`] that an eviction on one
+//! instance reaches another's cache in bounded time.
 //!
 //! The SQL stores also share their transactional mode (`idemgate_sqlx::Tx`), and
 //! prove it with the `transactional` suite (feature `transactional`): one
@@ -20,6 +23,7 @@
 //! idemgate_testkit::transactional_conformance!(harness);
 //! ```
 
+pub mod cache;
 pub mod conformance;
 pub mod relay;
 #[cfg(feature = "transactional")]

@@ -23,7 +23,8 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    deadline, decide, fingerprint, key, memory, record, scope, signals, store, time, transaction,
+    cache, deadline, decide, fingerprint, key, memory, record, scope, signals, store, time,
+    transaction,
 };
 
 pub use config::PathSource;

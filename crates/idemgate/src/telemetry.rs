@@ -6,6 +6,7 @@
 //! | `idemgate_request_duration_seconds` | histogram | `outcome` (from the request's arrival at the layer to its response, or to the client leaving) |
 //! | `idemgate_store_seconds` | histogram | `op`: claim, complete, release, renew, delete, get, commit |
 //! | `idemgate_store_errors_total` | counter | `op` |
+//! | `idemgate_replay_cache_total` | counter | `result`: hit, miss (claims and reads that asked the [replay cache](crate::cache); a hit made no store round trip and still counts in `idemgate_store_seconds{op="claim"}`) |
 //! | `idemgate_lease_takeovers_total` | counter | — |
 //! | `idemgate_fenced_completions_total` | counter | — |
 //! | `idemgate_not_retained_total` | counter | — |
@@ -128,6 +129,10 @@ pub fn describe() {
     describe_counter!(
         "idemgate_store_errors_total",
         "Idempotency store calls that failed, by op."
+    );
+    describe_counter!(
+        idemgate_core::cache::REPLAY_CACHE_METRIC,
+        "Claims and reads that asked the replay cache, by result: a hit was answered from memory."
     );
     describe_counter!(
         "idemgate_lease_takeovers_total",

@@ -13,7 +13,7 @@ use crate::gateway::MockGateway;
 use crate::proxy::{Proxy, ProxyOptions, SECRET, Upstream};
 use crate::server::{Options, Server, TempDir, postgres_url, redis_url, sqlite_url};
 
-const ADMIN_TOKEN: &str = "e2e-admin-token";
+pub(crate) const ADMIN_TOKEN: &str = "e2e-admin-token";
 
 /// What one `idemgate keys …` run printed and returned.
 #[derive(Debug)]
@@ -201,7 +201,7 @@ async fn admin_get(
     admin_call(reqwest::Method::GET, url, token).await
 }
 
-async fn admin_call(
+pub(crate) async fn admin_call(
     method: reqwest::Method,
     url: &str,
     token: Option<&str>,
@@ -218,7 +218,7 @@ async fn admin_call(
     (status, headers, json)
 }
 
-fn keys_query(principal: &str, key: &str, path: &str) -> String {
+pub(crate) fn keys_query(principal: &str, key: &str, path: &str) -> String {
     let principal: String = url_encode(principal);
     format!(
         "/v1/keys?principal={principal}&method=POST&path={path}&key={}",
@@ -239,7 +239,7 @@ fn url_encode(value: &str) -> String {
 }
 
 /// The principal `serve` stores for a bearer token.
-fn bearer_principal(client: &Client) -> String {
+pub(crate) fn bearer_principal(client: &Client) -> String {
     idemgate_server::http::bearer_principal(&client.token)
         .as_str()
         .to_owned()

@@ -12,6 +12,7 @@ mod monitoring;
 mod otlp;
 mod proxy;
 mod proxy_policies;
+mod replay_cache;
 mod server;
 mod strict_input;
 

@@ -1,0 +1,320 @@
+//! `ReplayCache`: final records in process memory, in front of any store (the
+//! seeds' two-level cache, "горячие ключи в памяти").
+//!
+//! A replay is a claim that finds a final record. A claim never changes a
+//! `COMPLETED` or `FAILED` record, so the record this process last read answers the
+//! next claim of its identity as well as the store would: the cache hands back the
+//! same [`Snapshot`] and [`crate::decide()`] does the rest, the fingerprint check
+//! included (a changed body still gets 422). `PROCESSING` and `RELEASED` records
+//! change under other instances' claims, so they are never cached.
+//!
+//! How long an entry may answer:
+//! - never past the record's `expires_at`, measured on the store's clock: the
+//!   snapshot carries the store's `now`, and the entry lives for
+//!   `expires_at - now` on this process's monotonic clock from just before the
+//!   read, so a skewed local wall clock does not matter;
+//! - never longer than [`ReplayCacheConfig::max_age`] after the read. This bounds
+//!   what the cache cannot see: an operator eviction (`idemgate keys evict`,
+//!   `DELETE /v1/keys`) served by *another* instance takes effect in this one's
+//!   cache within `max_age`. An eviction or a delete through this store drops the
+//!   entry at once.
+//!
+//! The cache is bounded by entries and by bytes (the body, the headers and a fixed
+//! overhead per entry): each entry weighs at least `bytes / entries`, so a full cache
+//! of small entries stops at the entry bound and one of large entries at the byte
+//! bound. Eviction is quick_cache's S3-FIFO, which keeps hot keys and resists scans.
+//!
+//! Metrics: `idemgate_replay_cache_total{result="hit"|"miss"}`, one per claim or
+//! read that asked the cache.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use idemgate_core::{MemoryStore, Store};
+//! use idemgate_core::cache::{ReplayCache, ReplayCacheConfig};
+//!
+//! let store: Arc<dyn Store> = Arc::new(ReplayCache::new(Arc::new(MemoryStore::new()), ReplayCacheConfig::default()));
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::record::{Record, StoredBody};
+use crate::scope::IdentityDigest;
+use crate::store::{
+    Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
+    StoreError,
+};
+use crate::time::Timestamp;
+
+/// The counter of cache lookups, labelled `result="hit"` or `"miss"`.
+pub const REPLAY_CACHE_METRIC: &str = "idemgate_replay_cache_total";
+
+/// What an entry costs beyond its body and headers: the record's fixed fields, the
+/// key, the cache's own bookkeeping (a round figure, measured from the types).
+const ENTRY_OVERHEAD: u64 = 256;
+
+/// How large and how fresh the cache is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayCacheConfig {
+    /// At most this many records (at least 1).
+    pub entries: usize,
+    /// At most this many bytes of records (at least 1).
+    pub bytes: u64,
+    /// An entry answers at most this long after the store returned it: the bound on
+    /// how long another instance's eviction stays invisible here.
+    pub max_age: Duration,
+}
+
+impl ReplayCacheConfig {
+    /// Default entry bound.
+    pub const DEFAULT_ENTRIES: usize = 10_000;
+    /// Default byte bound (32 MiB).
+    pub const DEFAULT_BYTES: u64 = 32 * 1024 * 1024;
+    /// Default max age: short enough that an operator's eviction reaches every
+    /// instance before a human retries, long enough that a client's retry storm is
+    /// answered from memory.
+    pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(5);
+}
+
+impl Default for ReplayCacheConfig {
+    fn default() -> Self {
+        Self {
+            entries: Self::DEFAULT_ENTRIES,
+            bytes: Self::DEFAULT_BYTES,
+            max_age: Self::DEFAULT_MAX_AGE,
+        }
+    }
+}
+
+/// A final record as a store returned it, and until when it may answer.
+#[derive(Debug)]
+struct Entry {
+    record: Record,
+    /// The store's clock at the read...
+    store_now: Timestamp,
+    /// ...taken no later than this instant (just before the call).
+    read_at: Instant,
+    /// `min(read_at + max_age, the record's expiry on this clock)`.
+    fresh_until: Instant,
+    /// Its weight against the byte bound, computed once.
+    weight: u64,
+}
+
+impl Entry {
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            record: self.record.clone(),
+            now: self.store_now.saturating_add(self.read_at.elapsed()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct EntryWeight;
+
+impl quick_cache::Weighter<IdentityDigest, Arc<Entry>> for EntryWeight {
+    fn weight(&self, _key: &IdentityDigest, entry: &Arc<Entry>) -> u64 {
+        entry.weight
+    }
+}
+
+type Entries = quick_cache::sync::Cache<IdentityDigest, Arc<Entry>, EntryWeight>;
+
+/// A store whose final records are also kept in this process's memory; see the
+/// [module docs](self) for what makes that safe and how long an entry lives.
+pub struct ReplayCache {
+    inner: Arc<dyn Store>,
+    entries: Entries,
+    config: ReplayCacheConfig,
+    /// Every entry weighs at least this, so the byte bound also bounds entries.
+    min_weight: u64,
+    /// Bumped by every local invalidation, so a read that raced one does not put
+    /// the record it read back (see [`ReplayCache::fill`]).
+    invalidations: AtomicU64,
+}
+
+impl std::fmt::Debug for ReplayCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayCache")
+            .field("config", &self.config)
+            .field("len", &self.entries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplayCache {
+    /// `inner` with a cache of its final records bounded by `config` (zero bounds
+    /// count as 1).
+    pub fn new(inner: Arc<dyn Store>, config: ReplayCacheConfig) -> Self {
+        let entries = config.entries.max(1);
+        let bytes = config.bytes.max(1);
+        let min_weight = bytes.div_ceil(entries as u64);
+        Self {
+            inner,
+            entries: Entries::with_weighter(entries, bytes, EntryWeight),
+            config,
+            min_weight,
+            invalidations: AtomicU64::new(0),
+        }
+    }
+
+    /// Records cached now (expired ones not yet dropped included).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no record is cached.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The weight of the cached records in bytes, as counted against the bound.
+    pub fn weight(&self) -> u64 {
+        self.entries.weight()
+    }
+
+    /// The cached record under `identity`, if it may still answer.
+    fn lookup(&self, identity: &IdentityDigest) -> Option<Snapshot> {
+        let found = self.entries.get(identity).and_then(|entry| {
+            if Instant::now() < entry.fresh_until {
+                Some(entry.snapshot())
+            } else {
+                self.entries.remove(identity);
+                None
+            }
+        });
+        let result = if found.is_some() { "hit" } else { "miss" };
+        metrics::counter!(REPLAY_CACHE_METRIC, "result" => result).increment(1);
+        found
+    }
+
+    /// Caches `snapshot` if its record is final and still has time to live.
+    /// `read_at` is an instant before the store read, `epoch` the invalidation count
+    /// then: a local evict or delete that ran meanwhile wins over this fill.
+    fn fill(&self, identity: &IdentityDigest, snapshot: &Snapshot, read_at: Instant, epoch: u64) {
+        let record = &snapshot.record;
+        if !record.status().is_final() {
+            return;
+        }
+        // A millisecond off for the store clock's truncation, so the entry never
+        // outlives the record.
+        let left = record
+            .expires_at
+            .duration_since(snapshot.now)
+            .saturating_sub(Duration::from_millis(1));
+        if left.is_zero() {
+            return;
+        }
+        let entry = Entry {
+            record: record.clone(),
+            store_now: snapshot.now,
+            read_at,
+            fresh_until: read_at + left.min(self.config.max_age),
+            weight: entry_bytes(record).max(self.min_weight),
+        };
+        if self.invalidations.load(Ordering::SeqCst) != epoch {
+            return;
+        }
+        self.entries.insert(*identity, Arc::new(entry));
+        // An invalidation between the check and the insert may have removed nothing;
+        // then it is this fill's to undo.
+        if self.invalidations.load(Ordering::SeqCst) != epoch {
+            self.entries.remove(identity);
+        }
+    }
+
+    /// Drops the entry under `identity` and fences out fills that read before now.
+    fn invalidate(&self, identity: &IdentityDigest) {
+        self.invalidations.fetch_add(1, Ordering::SeqCst);
+        self.entries.remove(identity);
+    }
+}
+
+/// What a record costs in memory: body, headers, and a fixed overhead.
+fn entry_bytes(record: &Record) -> u64 {
+    let Some(response) = record.response() else {
+        return ENTRY_OVERHEAD;
+    };
+    let body = match &response.body {
+        StoredBody::Retained(body) => body.len(),
+        StoredBody::NotRetained => 0,
+    };
+    let headers: usize = response
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 32)
+        .sum();
+    ENTRY_OVERHEAD + (body + headers) as u64
+}
+
+#[async_trait]
+impl Store for ReplayCache {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let identity = request.identity.digest();
+        if let Some(snapshot) = self.lookup(identity) {
+            return Ok(Claim::Existing(snapshot));
+        }
+        let epoch = self.invalidations.load(Ordering::SeqCst);
+        let read_at = Instant::now();
+        let claim = self.inner.try_claim(request).await?;
+        if let Claim::Existing(snapshot) = &claim {
+            self.fill(identity, snapshot, read_at, epoch);
+        }
+        Ok(claim)
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        // Not filled from here: the lease carries neither the fingerprint nor the
+        // creation time, and a cached record must be the store's, field for field.
+        // The first replay reads it and fills.
+        self.inner.complete(lease, completion).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.inner.release(lease).await
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        self.inner.renew(lease, lease_for).await
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let written = self.inner.delete(lease).await;
+        self.invalidate(&lease.identity);
+        written
+    }
+
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError> {
+        let eviction = self.inner.evict(identity, mode).await;
+        self.invalidate(identity);
+        eviction
+    }
+
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        if let Some(snapshot) = self.lookup(identity) {
+            return Ok(Some(snapshot));
+        }
+        let epoch = self.invalidations.load(Ordering::SeqCst);
+        let read_at = Instant::now();
+        let found = self.inner.get(identity).await?;
+        if let Some(snapshot) = &found {
+            self.fill(identity, snapshot, read_at, epoch);
+        }
+        Ok(found)
+    }
+
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        self.inner.wait_for_change(identity, timeout).await;
+    }
+}

@@ -1,0 +1,316 @@
+//! `ReplayCache` over `MemoryStore`: the conformance suite through the cache, and
+//! what only the cache promises, with the inner store's calls counted.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::StatusCode;
+use idemgate_core::cache::{ReplayCache, ReplayCacheConfig};
+use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
+use idemgate_core::scope::IdentityDigest;
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, FinalStatus,
+    Lease, MemoryStore, Snapshot, Store, StoreError, decide,
+};
+use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
+
+async fn cached_store() -> Arc<dyn Store> {
+    idemgate_testkit::cache::cached(Arc::new(MemoryStore::new()))
+}
+
+mod conformance {
+    idemgate_testkit::store_conformance!(super::cached_store);
+}
+
+/// A `MemoryStore` that counts the calls that reach it.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: MemoryStore,
+    calls: AtomicUsize,
+}
+
+impl Counting {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Store for Counting {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.count();
+        self.inner.try_claim(request).await
+    }
+    async fn complete(&self, lease: &Lease, c: &Completion) -> Result<FencedWrite, StoreError> {
+        self.count();
+        self.inner.complete(lease, c).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.count();
+        self.inner.release(lease).await
+    }
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        self.count();
+        self.inner.renew(lease, lease_for).await
+    }
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.count();
+        self.inner.delete(lease).await
+    }
+    async fn evict(&self, id: &IdentityDigest, mode: EvictMode) -> Result<Eviction, StoreError> {
+        self.count();
+        self.inner.evict(id, mode).await
+    }
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.count();
+        self.inner.get(identity).await
+    }
+}
+
+fn cache_over(config: ReplayCacheConfig) -> (Arc<Counting>, ReplayCache) {
+    let inner = Arc::new(Counting::default());
+    let cache = ReplayCache::new(Arc::clone(&inner) as Arc<dyn Store>, config);
+    (inner, cache)
+}
+
+fn config(entries: usize, bytes: u64, max_age: Duration) -> ReplayCacheConfig {
+    ReplayCacheConfig {
+        entries,
+        bytes,
+        max_age,
+    }
+}
+
+async fn existing(store: &dyn Store, request: &ClaimRequest) -> Snapshot {
+    match store.try_claim(request).await.expect("claim") {
+        Claim::Existing(snapshot) => snapshot,
+        Claim::Acquired(lease) => panic!("expected an existing record, acquired {lease:?}"),
+    }
+}
+
+/// Claims and completes `request` through `store` with `response`, kept for `ttl`.
+async fn completed(store: &dyn Store, request: &ClaimRequest, status: FinalStatus, ttl: Duration) {
+    let lease = acquire(store, request).await;
+    let done = Completion {
+        status,
+        ttl,
+        ..completion(awkward_response())
+    };
+    assert_eq!(
+        store.complete(&lease, &done).await.expect("complete"),
+        FencedWrite::Applied
+    );
+}
+
+#[tokio::test]
+async fn a_final_record_is_answered_with_no_store_call() {
+    let (inner, cache) = cache_over(ReplayCacheConfig::default());
+    for status in [FinalStatus::Completed, FinalStatus::Failed] {
+        let request = fresh_request();
+        completed(&cache, &request, status, Duration::from_secs(3_600)).await;
+        let first = existing(&cache, &request).await; // the read that fills
+        let before = inner.calls();
+        for _ in 0..10 {
+            let snapshot = existing(&cache, &request).await;
+            assert_eq!(
+                snapshot.record, first.record,
+                "the cache changed the record"
+            );
+            assert_eq!(
+                decide(&snapshot, &request.fingerprint),
+                Decision::Replay(&awkward_response())
+            );
+            let read = cache.get(request.identity.digest()).await.expect("get");
+            assert_eq!(read.expect("cached").record, first.record);
+        }
+        // Another body under the same key is still told apart: 422 stays exact.
+        let changed = ClaimRequest {
+            fingerprint: Fingerprint::from_bytes([9; 32]),
+            ..request.clone()
+        };
+        assert_eq!(
+            decide(&existing(&cache, &changed).await, &changed.fingerprint),
+            Decision::Mismatch
+        );
+        assert_eq!(
+            inner.calls(),
+            before,
+            "{status:?}: a cached record still reached the store"
+        );
+    }
+}
+
+#[tokio::test]
+async fn processing_and_released_records_are_never_cached() {
+    let (inner, cache) = cache_over(ReplayCacheConfig::default());
+    let request = fresh_request();
+    let lease = acquire(&cache, &request).await;
+    for _ in 0..3 {
+        let before = inner.calls();
+        assert_eq!(
+            existing(&cache, &request).await.record.status(),
+            RecordStatus::Processing
+        );
+        let _ = cache.get(request.identity.digest()).await.expect("get");
+        assert_eq!(inner.calls(), before + 2, "a PROCESSING record was cached");
+    }
+    assert_eq!(
+        cache.release(&lease).await.expect("release"),
+        FencedWrite::Applied
+    );
+    // Another body sees the released record without claiming it.
+    let other = ClaimRequest {
+        fingerprint: Fingerprint::from_bytes([9; 32]),
+        ..request.clone()
+    };
+    for _ in 0..3 {
+        let before = inner.calls();
+        assert_eq!(
+            existing(&cache, &other).await.record.status(),
+            RecordStatus::Released
+        );
+        assert_eq!(inner.calls(), before + 1, "a RELEASED record was cached");
+    }
+    assert!(cache.is_empty(), "{} entries cached", cache.len());
+}
+
+#[tokio::test]
+async fn an_entry_ends_at_the_records_expiry() {
+    let (inner, cache) = cache_over(config(100, 1 << 20, Duration::from_secs(60)));
+    let request = fresh_request();
+    completed(
+        &cache,
+        &request,
+        FinalStatus::Completed,
+        Duration::from_millis(400),
+    )
+    .await;
+    let first = existing(&cache, &request).await;
+    let before = inner.calls();
+    let _ = existing(&cache, &request).await;
+    assert_eq!(inner.calls(), before, "not cached");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let again = acquire(&cache, &request).await;
+    assert_ne!(
+        again.operation_id, first.record.operation_id,
+        "the cache answered for an expired record"
+    );
+}
+
+#[tokio::test]
+async fn the_entry_bound_holds() {
+    let (_inner, cache) = cache_over(config(16, 1 << 30, Duration::from_secs(60)));
+    for _ in 0..200 {
+        let request = fresh_request();
+        completed(
+            &cache,
+            &request,
+            FinalStatus::Completed,
+            Duration::from_secs(60),
+        )
+        .await;
+        let _ = existing(&cache, &request).await;
+    }
+    assert!(cache.len() <= 16, "{} entries, bound 16", cache.len());
+    assert!(!cache.is_empty());
+}
+
+#[tokio::test]
+async fn the_byte_bound_holds() {
+    let bound = 100_000;
+    let (inner, cache) = cache_over(config(100_000, bound, Duration::from_secs(60)));
+    let big = StoredResponse {
+        status: StatusCode::OK,
+        headers: vec![],
+        body: StoredBody::Retained(Bytes::from(vec![7u8; 4_000])),
+    };
+    for _ in 0..200 {
+        let request = fresh_request();
+        let lease = acquire(&*inner, &request).await;
+        let done = completion(big.clone());
+        assert_eq!(
+            inner.complete(&lease, &done).await.expect("complete"),
+            FencedWrite::Applied
+        );
+        let _ = existing(&cache, &request).await;
+    }
+    assert!(!cache.is_empty(), "nothing cached");
+    assert!(
+        cache.weight() <= bound,
+        "{} bytes, bound {bound}",
+        cache.weight()
+    );
+    assert!(
+        cache.len() < 200 && cache.len() * 4_000 <= bound as usize,
+        "{} entries of 4 kB under a {bound}-byte bound",
+        cache.len()
+    );
+}
+
+#[tokio::test]
+async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
+    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn local_evict_and_delete_drop_the_entry() {
+    let (inner, cache) = cache_over(ReplayCacheConfig::default());
+    let request = fresh_request();
+    completed(
+        &cache,
+        &request,
+        FinalStatus::Completed,
+        Duration::from_secs(60),
+    )
+    .await;
+    let first = existing(&cache, &request).await;
+    assert_eq!(cache.len(), 1);
+    assert_eq!(
+        cache
+            .evict(request.identity.digest(), EvictMode::UnlessRunning)
+            .await
+            .expect("evict"),
+        Eviction::Evicted {
+            status: RecordStatus::Completed
+        }
+    );
+    assert!(
+        cache
+            .get(request.identity.digest())
+            .await
+            .expect("get")
+            .is_none()
+    );
+    let lease = acquire(&cache, &request).await;
+    assert_ne!(lease.operation_id, first.record.operation_id);
+
+    // A delete drops the entry even when the store refused it (a stale lease):
+    // the cache never keeps what a local write may have changed.
+    assert_eq!(
+        cache
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
+    let _ = existing(&cache, &request).await;
+    assert_eq!(cache.len(), 1);
+    assert_eq!(
+        cache.delete(&lease).await.expect("delete"),
+        FencedWrite::Refused
+    );
+    assert!(cache.is_empty());
+    let before = inner.calls();
+    let _ = existing(&cache, &request).await;
+    assert_eq!(inner.calls(), before + 1, "a deleted entry still answered");
+}
