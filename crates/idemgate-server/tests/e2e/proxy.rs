@@ -605,8 +605,22 @@ async fn proxy_refuses_to_start_without_a_principal_secret() {
 /// An upstream that reads each request head and then closes the connection
 /// without a byte of answer: the request was sent, whether it ran is unknown.
 /// Counts the requests it received.
-async fn hanging_up_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+/// Reads from `stream` until the end of an HTTP head (`\r\n\r\n`), returning what
+/// was read; `None` if the peer closed or failed first.
+pub async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
     use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buffer[..n]),
+        }
+    }
+    Some(head)
+}
+
+async fn hanging_up_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let received = Arc::new(AtomicUsize::new(0));
@@ -615,13 +629,8 @@ async fn hanging_up_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
         while let Ok((mut stream, _)) = listener.accept().await {
             let counter = Arc::clone(&counter);
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buffer = [0_u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buffer[..n]),
-                    }
+                if read_head(&mut stream).await.is_none() {
+                    return;
                 }
                 counter.fetch_add(1, Ordering::SeqCst);
                 drop(stream);
@@ -855,15 +864,11 @@ async fn upgrading_upstream() -> (SocketAddr, Arc<std::sync::Mutex<String>>) {
         while let Ok((mut stream, _)) = listener.accept().await {
             let head_seen = Arc::clone(&head_seen);
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buffer = [0_u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buffer[..n]),
-                    }
-                }
+                let Some(head) = read_head(&mut stream).await else {
+                    return;
+                };
                 *head_seen.lock().unwrap() = String::from_utf8_lossy(&head).to_lowercase();
+                let mut buffer = [0_u8; 4096];
                 let switched = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: shout\r\n\r\n";
                 if stream.write_all(switched).await.is_err() {
                     return;
@@ -899,13 +904,9 @@ async fn proxy_tunnels_an_upgraded_connection_both_ways() {
         .write_all(b"GET /chat HTTP/1.1\r\nhost: example.test\r\nconnection: Upgrade\r\nupgrade: shout\r\n\r\n")
         .await
         .unwrap();
-    let mut head = Vec::new();
-    let mut buffer = [0_u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut buffer).await.unwrap();
-        assert!(n > 0, "the proxy closed before answering: {head:?}");
-        head.extend_from_slice(&buffer[..n]);
-    }
+    let head = read_head(&mut stream)
+        .await
+        .expect("the proxy answered the upgrade before closing");
     let head = String::from_utf8_lossy(&head).to_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: shout"), "{head}");

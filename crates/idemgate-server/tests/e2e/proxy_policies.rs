@@ -12,7 +12,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header, encode, get_current_timestamp
 use serde_json::json;
 
 use crate::client::{Answer, Client, ORDER, new_key};
-use crate::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command};
+use crate::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command, read_head};
 use crate::server::TempDir;
 
 /// Writes `text` as `routes.toml` in `dir`; returns its path.
@@ -362,7 +362,7 @@ async fn a_route_may_make_a_duplicate_wait_for_the_running_request() {
 /// An upstream that answers each request with a head and part of its body, then
 /// resets the connection. Counts the requests it received.
 async fn resetting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let received = Arc::new(AtomicUsize::new(0));
@@ -371,13 +371,8 @@ async fn resetting_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
         while let Ok((mut stream, _)) = listener.accept().await {
             let counter = Arc::clone(&counter);
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buffer = [0_u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buffer[..n]),
-                    }
+                if read_head(&mut stream).await.is_none() {
+                    return;
                 }
                 counter.fetch_add(1, Ordering::SeqCst);
                 let _ = stream
