@@ -19,6 +19,17 @@
 //!   cache within `max_age`. An eviction or a delete through this store drops the
 //!   entry at once.
 //!
+//! Where entries come from:
+//! - a claim or a read that returned a final record: the store's record, field for
+//!   field;
+//! - a completion through this cache of a claim it saw acquired as a new operation
+//!   (`LeaseOrigin::New`): the record the store just wrote, rebuilt from the claim
+//!   request, the lease and the completion, so the client's retry after a lost
+//!   response is answered from memory too. Its `expires_at` is a lower bound (the
+//!   claim's store clock plus the TTL; the store counts from its completion), so the
+//!   entry never outlives the record. Takeovers and released records are not filled
+//!   this way: their `created_at` is older than this process knows.
+//!
 //! The cache is bounded by entries and by bytes (the body, the headers and a fixed
 //! overhead per entry): each entry weighs at least `bytes / entries`, so a full cache
 //! of small entries stops at the entry bound and one of large entries at the byte
@@ -41,7 +52,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::record::{Record, StoredBody};
+use crate::fingerprint::Fingerprint;
+use crate::record::{
+    FencingToken, LeaseOrigin, OperationId, RECORD_FORMAT_VERSION, Record, StoredBody,
+};
 use crate::scope::IdentityDigest;
 use crate::store::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
@@ -123,11 +137,31 @@ impl quick_cache::Weighter<IdentityDigest, Arc<Entry>> for EntryWeight {
 
 type Entries = quick_cache::sync::Cache<IdentityDigest, Arc<Entry>, EntryWeight>;
 
+/// A new operation this cache saw claimed, kept until its completion so the record
+/// the completion writes can be cached without reading it back.
+#[derive(Debug, Clone, Copy)]
+struct NewClaim {
+    fingerprint: Fingerprint,
+    operation_id: OperationId,
+    token: FencingToken,
+    /// The store's clock at the claim (the lease's end minus its length): the
+    /// record's `created_at`.
+    claimed_at: Timestamp,
+    /// Just after the claim returned, so `claimed_at` is no later than the store's
+    /// clock at this instant.
+    clock_read: Instant,
+    /// The invalidation count before the claim.
+    epoch: u64,
+}
+
 /// A store whose final records are also kept in this process's memory; see the
 /// [module docs](self) for what makes that safe and how long an entry lives.
 pub struct ReplayCache {
     inner: Arc<dyn Store>,
     entries: Entries,
+    /// New operations claimed through this cache and not yet completed; bounded
+    /// like the entries (a claim that falls out is simply not filled).
+    new_claims: quick_cache::sync::Cache<IdentityDigest, NewClaim>,
     config: ReplayCacheConfig,
     /// Every entry weighs at least this, so the byte bound also bounds entries.
     min_weight: u64,
@@ -155,6 +189,7 @@ impl ReplayCache {
         Self {
             inner,
             entries: Entries::with_weighter(entries, bytes, EntryWeight),
+            new_claims: quick_cache::sync::Cache::new(entries),
             config,
             min_weight,
             invalidations: AtomicU64::new(0),
@@ -195,25 +230,69 @@ impl ReplayCache {
     /// `read_at` is an instant before the store read, `epoch` the invalidation count
     /// then: a local evict or delete that ran meanwhile wins over this fill.
     fn fill(&self, identity: &IdentityDigest, snapshot: &Snapshot, read_at: Instant, epoch: u64) {
-        let record = &snapshot.record;
-        if !record.status().is_final() {
+        if snapshot.record.status().is_final() {
+            self.put(
+                identity,
+                snapshot.record.clone(),
+                snapshot.now,
+                read_at,
+                epoch,
+            );
+        }
+    }
+
+    /// Caches the record `completion` just wrote for a new operation this cache saw
+    /// claimed (see the [module docs](self)).
+    fn fill_completed(&self, lease: &Lease, completion: &Completion) {
+        let Some((_, claim)) = self.new_claims.remove(&lease.identity) else {
+            return;
+        };
+        if claim.operation_id != lease.operation_id || claim.token != lease.token {
             return;
         }
+        let record = Record {
+            fingerprint: claim.fingerprint,
+            format_version: RECORD_FORMAT_VERSION,
+            operation_id: claim.operation_id,
+            token: claim.token,
+            state: completion.state(),
+            created_at: claim.claimed_at,
+            expires_at: claim.claimed_at.saturating_add(completion.ttl),
+        };
+        self.put(
+            &lease.identity,
+            record,
+            claim.claimed_at,
+            claim.clock_read,
+            claim.epoch,
+        );
+    }
+
+    /// Caches the final `record`, read when the store's clock said `store_now`, no
+    /// later than `read_at`, unless an invalidation since `epoch` forbids it.
+    fn put(
+        &self,
+        identity: &IdentityDigest,
+        record: Record,
+        store_now: Timestamp,
+        read_at: Instant,
+        epoch: u64,
+    ) {
         // A millisecond off for the store clock's truncation, so the entry never
         // outlives the record.
         let left = record
             .expires_at
-            .duration_since(snapshot.now)
+            .duration_since(store_now)
             .saturating_sub(Duration::from_millis(1));
         if left.is_zero() {
             return;
         }
         let entry = Entry {
-            record: record.clone(),
-            store_now: snapshot.now,
+            weight: entry_bytes(&record).max(self.min_weight),
+            record,
+            store_now,
             read_at,
             fresh_until: read_at + left.min(self.config.max_age),
-            weight: entry_bytes(record).max(self.min_weight),
         };
         if self.invalidations.load(Ordering::SeqCst) != epoch {
             return;
@@ -260,8 +339,23 @@ impl Store for ReplayCache {
         let epoch = self.invalidations.load(Ordering::SeqCst);
         let read_at = Instant::now();
         let claim = self.inner.try_claim(request).await?;
-        if let Claim::Existing(snapshot) = &claim {
-            self.fill(identity, snapshot, read_at, epoch);
+        match &claim {
+            Claim::Existing(snapshot) => self.fill(identity, snapshot, read_at, epoch),
+            Claim::Acquired(lease) if lease.origin == LeaseOrigin::New => {
+                let lease_ms = i64::try_from(request.lease.as_millis()).unwrap_or(i64::MAX);
+                let claimed_at =
+                    Timestamp::from_millis(lease.locked_until.as_millis().saturating_sub(lease_ms));
+                let note = NewClaim {
+                    fingerprint: request.fingerprint,
+                    operation_id: lease.operation_id,
+                    token: lease.token,
+                    claimed_at,
+                    clock_read: Instant::now(),
+                    epoch,
+                };
+                self.new_claims.insert(*identity, note);
+            }
+            Claim::Acquired(_) => {}
         }
         Ok(claim)
     }
@@ -271,13 +365,17 @@ impl Store for ReplayCache {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
-        // Not filled from here: the lease carries neither the fingerprint nor the
-        // creation time, and a cached record must be the store's, field for field.
-        // The first replay reads it and fills.
-        self.inner.complete(lease, completion).await
+        let written = self.inner.complete(lease, completion).await;
+        if matches!(written, Ok(FencedWrite::Applied)) {
+            self.fill_completed(lease, completion);
+        } else {
+            self.new_claims.remove(&lease.identity);
+        }
+        written
     }
 
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.new_claims.remove(&lease.identity);
         self.inner.release(lease).await
     }
 
@@ -286,6 +384,7 @@ impl Store for ReplayCache {
     }
 
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.new_claims.remove(&lease.identity);
         let written = self.inner.delete(lease).await;
         self.invalidate(&lease.identity);
         written

@@ -148,6 +148,65 @@ async fn a_final_record_is_answered_with_no_store_call() {
 }
 
 #[tokio::test]
+async fn a_completion_fills_the_cache_for_the_first_retry() {
+    let (inner, cache) = cache_over(ReplayCacheConfig::default());
+    for status in [FinalStatus::Completed, FinalStatus::Failed] {
+        let request = fresh_request();
+        completed(&cache, &request, status, Duration::from_secs(3_600)).await;
+        let before = inner.calls();
+        let first = existing(&cache, &request).await;
+        assert_eq!(
+            inner.calls(),
+            before,
+            "{status:?}: the first retry after the completion reached the store"
+        );
+        assert_eq!(
+            decide(&first, &request.fingerprint),
+            Decision::Replay(&awkward_response())
+        );
+        // The store's record field for field, but for `expires_at`: a lower bound.
+        let stored = inner
+            .get(request.identity.digest())
+            .await
+            .expect("get")
+            .expect("completed");
+        assert!(first.record.expires_at <= stored.record.expires_at);
+        let mut expected = stored.record;
+        expected.expires_at = first.record.expires_at;
+        assert_eq!(first.record, expected);
+    }
+}
+
+#[tokio::test]
+async fn a_released_claims_completion_is_read_back_before_it_is_cached() {
+    let (inner, cache) = cache_over(ReplayCacheConfig::default());
+    let request = fresh_request();
+    let first = acquire(&cache, &request).await;
+    assert_eq!(
+        cache.release(&first).await.expect("release"),
+        FencedWrite::Applied
+    );
+    // Claimed again: its `created_at` is the first claim's, which the cache does
+    // not know, so the completion does not fill and the first retry reads.
+    completed(
+        &cache,
+        &request,
+        FinalStatus::Completed,
+        Duration::from_secs(3_600),
+    )
+    .await;
+    let before = inner.calls();
+    existing(&cache, &request).await;
+    assert_eq!(
+        inner.calls(),
+        before + 1,
+        "a released claim's completion was cached"
+    );
+    existing(&cache, &request).await;
+    assert_eq!(inner.calls(), before + 1, "the read did not fill");
+}
+
+#[tokio::test]
 async fn processing_and_released_records_are_never_cached() {
     let (inner, cache) = cache_over(ReplayCacheConfig::default());
     let request = fresh_request();
