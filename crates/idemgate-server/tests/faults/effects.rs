@@ -37,6 +37,16 @@ impl Probe {
         }
     }
 
+    /// A fresh key, principal and amount on `client`'s HTTP connections: for tests
+    /// that make hundreds of keys, each of which would otherwise build a client.
+    pub fn on(client: &Client) -> Self {
+        Self {
+            key: new_key(),
+            client: client.with_token(&format!("token-{}", new_key())),
+            amount: NEXT_AMOUNT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
     /// The order this key asks for.
     pub fn body(&self) -> String {
         format!(

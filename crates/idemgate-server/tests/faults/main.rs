@@ -25,6 +25,7 @@ mod effects;
 mod own_stores;
 mod setups;
 
+mod batch_crash;
 mod crash;
 mod outage;
 mod takeover;
