@@ -1,6 +1,6 @@
 //! `RedisStore` on a real three-primary Redis Cluster (`IDEMGATE_TEST_REDIS_CLUSTER_URLS`,
 //! started by `scripts/test.sh` through `scripts/redis-cluster.sh`): the same
-//! conformance suite as on one server, plus races between two clients and the key
+//! conformance suite as on one server (directly and behind the replay cache), plus races between two clients and the key
 //! layout's spread over the slots. Without the variable every test here fails.
 
 mod support;
@@ -24,6 +24,20 @@ async fn store() -> Arc<dyn Store> {
 }
 
 idemgate_testkit::store_conformance!(store);
+
+async fn cached_store() -> Arc<dyn Store> {
+    idemgate_testkit::cache::cached(store().await)
+}
+
+/// The replay cache in front of the cluster: the same suite, unchanged.
+mod cached {
+    idemgate_testkit::store_conformance!(super::cached_store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
+    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(store().await).await;
+}
 
 #[tokio::test]
 async fn every_primary_is_checked_for_its_eviction_policy_and_persistence() {

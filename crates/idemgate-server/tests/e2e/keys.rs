@@ -63,12 +63,20 @@ fn order_key_args<'a>(store: &'a str, client: &'a Client, key: &'a str) -> Vec<&
     ]
 }
 
+/// How long the server's replay cache may keep answering a key the CLI (another
+/// process) evicted: `--replay-cache-max-age-ms`, short here.
+const CACHE_MAX_AGE: Duration = Duration::from_millis(300);
+
 /// A completed order key is shown (status, sizes, operation id; the body only
-/// with `--body`), evicted, then absent, and the same request runs again: a
-/// second order and a second charge.
+/// with `--body`), evicted, then absent, and — once the server's replay cache has
+/// let go of it, as docs/operations.md tells operators to wait — the same request
+/// runs again: a second order and a second charge.
 async fn show_and_evict_through_the_cli(options: Options, store: &str) {
     let gateway = MockGateway::start().await;
-    let server = Server::start(options.gateway(gateway.url())).await;
+    let options = options
+        .gateway(gateway.url())
+        .arg("--replay-cache-max-age-ms", CACHE_MAX_AGE.as_millis());
+    let server = Server::start(options).await;
     let client = Client::new();
     let key = new_key();
     let url = server.url("/api/v1/orders");
@@ -123,6 +131,7 @@ async fn show_and_evict_through_the_cli(options: Options, store: &str) {
     assert_eq!(again.code, 3, "{again:?}");
     assert_eq!(again.json()["outcome"], "absent");
 
+    tokio::time::sleep(CACHE_MAX_AGE).await;
     let rerun = client.post(&url, Some(&key), ORDER).await;
     assert_eq!(rerun.status, StatusCode::CREATED, "{rerun:?}");
     assert!(!rerun.replayed(), "after an eviction the key is new");
