@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: starts what the tests need, then runs every test of the workspace.
 #   scripts/test.sh            # all tests
-#   scripts/test.sh -p idemgate # extra arguments go to `cargo test`
+#   scripts/test.sh -p idemgate # only these crates; extra arguments go to `cargo test`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,5 +14,10 @@ trap 'scripts/redis-cluster.sh stop' EXIT
 IDEMGATE_TEST_REDIS_CLUSTER_URLS="$(scripts/redis-cluster.sh start)"
 export IDEMGATE_TEST_REDIS_CLUSTER_URLS
 
-cargo test --workspace --all-targets "$@"
-cargo test --workspace --doc "$@"
+# `-p CRATE` narrows the run to those crates; without it, the whole workspace.
+scope=(--workspace)
+for arg in "$@"; do
+    case "$arg" in -p | --package | -p* | --package=*) scope=() ;; esac
+done
+cargo test "${scope[@]}" --all-targets "$@"
+cargo test "${scope[@]}" --doc "$@"
