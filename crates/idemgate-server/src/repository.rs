@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{PgConnection, PgPool, Row, SqliteConnection, SqlitePool};
 use uuid::Uuid;
@@ -309,7 +309,10 @@ pub(crate) async fn connect_sqlite(
 pub(crate) async fn connect_postgres(url: &str, timeout: Duration) -> Result<PgPool, sqlx::Error> {
     let options = PgConnectOptions::from_str(url)?
         .options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
-    PgPoolOptions::new()
+    // The store's settings (a checkout pings only a connection idle for a while),
+    // for the orders too: with --no-idempotency as well, so the bench's `bare`
+    // baseline pays the same per checkout.
+    idemgate_postgres::PostgresStore::pool_options()
         .max_connections(32)
         .acquire_timeout(timeout)
         .connect_with(options)
