@@ -321,9 +321,9 @@ impl Task {
             return Ok(connection);
         }
         let mut connection = SqliteConnection::connect_with(&self.pool.connect_options()).await?;
-        let commits = Arc::clone(&self.counters);
+        let counters = Arc::clone(&self.counters);
         connection.lock_handle().await?.set_commit_hook(move || {
-            commits.commits.fetch_add(1, Ordering::Relaxed);
+            counters.commits.fetch_add(1, Ordering::Relaxed);
             true // let it commit
         });
         Ok(connection)

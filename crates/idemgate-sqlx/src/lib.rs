@@ -21,8 +21,10 @@
 //!   [`applied`] and [`CorruptRecord`]: how a record row becomes a
 //!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect;
 //! - [`schema_step`]: the schema-version rule every migration keeps;
-//! - [`sql_store_methods!`]: the [`Store`] impl and the fenced writes, reads and
-//!   purges both stores run the same way, expanded on each store's own types.
+//! - [`sql_store_methods!`]: the [`Store`] impl, fenced writes, reads and purges
+//!   of a store whose writes run on its pool (PostgreSQL's); the SQLite store sends
+//!   its writes through its one writer connection instead (group commit) and
+//!   implements [`Store`] itself.
 //!
 //! A store plugs in by implementing [`SqlStore`]: its `sqlx` database, how it begins
 //! a business transaction, its fenced completion inside one, its change signals and
