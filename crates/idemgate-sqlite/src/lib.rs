@@ -95,7 +95,7 @@
 //!   transaction back (busy, I/O, full disk, out of memory, corruption), or a
 //!   failed `COMMIT`, fails the whole batch: every caller in it gets
 //!   [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable), none is
-//!   acknowledged. A write that waited in the queue longer than the busy timeout
+//!   acknowledged. A write that waited in the queue longer than [`DEFAULT_BUSY_TIMEOUT`]
 //!   is answered `Unavailable` without running; one whose caller gave up is
 //!   skipped. Between batches the writer holds no lock, so other processes on the
 //!   same file write in turn (each waiting up to the busy timeout, as before).

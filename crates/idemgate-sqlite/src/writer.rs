@@ -17,7 +17,8 @@
 //! the whole batch instead, and so does a failed `COMMIT`: every caller in it gets
 //! [`StoreError::Unavailable`] (the failing one its own error), none is
 //! acknowledged. A caller that gave up (its future dropped) before its write ran is
-//! skipped; one that waited in the queue longer than the busy timeout is answered
+//! skipped; one that waited in the queue longer than [`DEFAULT_BUSY_TIMEOUT`](crate::DEFAULT_BUSY_TIMEOUT) (a
+//! transactional turn may hold the writer that long, too) is answered
 //! `Unavailable` without running, as a busy database would.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,9 +33,9 @@ use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::SqliteStore;
 use crate::error::{ClaimContended, store_error};
 use crate::sql::{BEGIN_IMMEDIATE, Statements};
+use crate::store::SqliteStore;
 use crate::tx::{Returned, WriterTransaction};
 
 /// At most this many writes share one transaction, so a batch's answers do not
@@ -131,7 +132,8 @@ pub(crate) struct Writer {
     pool: SqlitePool,
     sql: Arc<Statements>,
     counters: Arc<Counters>,
-    /// How long a write may wait in the queue (the busy timeout).
+    /// How long a write may wait in the queue, and a turn hold the connection
+    /// ([`DEFAULT_BUSY_TIMEOUT`](crate::DEFAULT_BUSY_TIMEOUT): sqlx does not tell a pool's own busy timeout).
     patience: Duration,
 }
 
@@ -140,9 +142,9 @@ pub(crate) struct Writer {
 #[error("the SQLite store's writer stopped before answering")]
 pub(crate) struct WriterGone;
 
-/// A write waited in the queue longer than the busy timeout.
+/// A write waited in the queue longer than the writer's patience.
 #[derive(Debug, thiserror::Error)]
-#[error("the SQLite store's writer was busy for longer than the busy timeout ({0:?})")]
+#[error("the SQLite store's writer was busy for longer than {0:?}")]
 pub(crate) struct QueueTimeout(Duration);
 
 /// Another write in the same batch failed so that the batch could not commit.
