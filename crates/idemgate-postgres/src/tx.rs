@@ -52,11 +52,19 @@ pub type Tx = idemgate_sqlx::Tx<PostgresStore>;
 #[async_trait]
 impl SqlStore for PostgresStore {
     type Database = Postgres;
+    type Transaction = sqlx::Transaction<'static, Postgres>;
 
     const BACKEND: &'static str = "PostgreSQL";
 
     fn pool(&self) -> &PgPool {
         PostgresStore::pool(self)
+    }
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        PostgresStore::pool(self)
+            .begin()
+            .await
+            .map_err(idemgate_sqlx::store_error::<Self>)
     }
 
     async fn complete_in(

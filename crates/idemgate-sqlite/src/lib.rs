@@ -5,7 +5,8 @@
 //! It implements [`idemgate_core::Store`] with the same guarantees as the PostgreSQL
 //! store: each claim is one `INSERT … ON CONFLICT … DO UPDATE … RETURNING` under the
 //! write lock, and every later write is fenced on the claim's (operation id, fencing
-//! token).
+//! token). Concurrent writes share SQLite transactions and their `fsync`s (group
+//! commit, see "How each operation runs").
 //!
 //! It also offers the **transactional mode**: the [`Tx`] extractor lends a handler a
 //! transaction on the same file, and the idempotency layer commits the handler's
@@ -78,14 +79,46 @@
 //!
 //! # How each operation runs
 //!
-//! - **Claim**: in one `BEGIN IMMEDIATE` transaction, the upsert inserts a
-//!   `PROCESSING` record, replaces an expired one (new operation id), or takes over a
-//!   `RELEASED` record or a lapsed lease with the same fingerprint (same operation
-//!   id); when it changes nothing, the record that blocked it is read under the same
-//!   write lock. The read never decides to insert.
-//! - **complete / release / renew / delete**: one statement each, matching identity,
-//!   operation id, token, `status = 'PROCESSING'` and not expired. A single write
-//!   statement takes the write lock when it starts, as `BEGIN IMMEDIATE` does.
+//! SQLite has one writer at a time, and with `synchronous = FULL` every commit is an
+//! `fsync`: one commit per write would make the disk's flush rate the store's
+//! throughput, and connections fighting for the write lock sleep in SQLite's busy
+//! handler. So the store has **one writer connection, owned by a writer task**, and
+//! every write goes through it (**group commit**); the pool only reads.
+//!
+//! - **The writer** takes the first queued write, begins an `IMMEDIATE`
+//!   transaction (the write lock, waiting up to the busy timeout for other
+//!   processes), reads the clock once, runs that write and every other one already
+//!   queued (up to 256), and commits once: one `fsync` for the whole batch. Only
+//!   then does it answer each caller, so every acknowledged write is durable.
+//!   Each write is one statement, so one that fails is undone by SQLite alone and
+//!   the others commit; an error after which SQLite may have rolled the whole
+//!   transaction back (busy, I/O, full disk, out of memory, corruption), or a
+//!   failed `COMMIT`, fails the whole batch: every caller in it gets
+//!   [`StoreError::Unavailable`](idemgate_core::StoreError::Unavailable), none is
+//!   acknowledged. A write that waited in the queue longer than [`DEFAULT_BUSY_TIMEOUT`]
+//!   is answered `Unavailable` without running; one whose caller gave up is
+//!   skipped. Between batches the writer holds no lock, so other processes on the
+//!   same file write in turn (each waiting up to the busy timeout, as before).
+//!   [`SqliteStore::writer_stats`] counts its commits (by a commit hook: SQLite's
+//!   own count) and writes.
+//! - **Claim**: first a read on the pool. A record that is there and that this
+//!   request may not take (`Record::claim_origin`: a replay, a 409, a 422) is
+//!   answered from it, never waiting behind the writer. Otherwise the writer runs
+//!   the upsert, the one atomic claim: it inserts a `PROCESSING` record, replaces
+//!   an expired one (new operation id), or takes over a `RELEASED` record or a
+//!   lapsed lease with the same fingerprint (same operation id); when it changes
+//!   nothing, the record that blocked it is read in the same transaction.
+//! - **complete / release / renew / delete / evict / purge**: through the writer,
+//!   one statement each (purge: one per batch of rows), fenced on identity,
+//!   operation id, token, `status = 'PROCESSING'` and not expired. The eviction's
+//!   delete and the read explaining a refusal share the batch's transaction.
+//! - **Transactional mode**: a [`Tx`] is a turn of the writer: inside its current
+//!   batch the writer opens a savepoint and lends the handler its connection; the
+//!   layer runs the fenced completion on it, and the connection goes back with the
+//!   savepoint released (or rolled back), and commits with the batch. Many
+//!   handlers' transactions and many claims share one `fsync`.
+//! - **Reads** (`get`, the claim's first read) run on the pool, in WAL mode beside
+//!   the writer, and see committed writes only.
 //! - **Expiry**: every statement treats a record past `expires_at` as absent.
 //!   [`SqliteStore::purge_expired`] deletes them in bounded batches;
 //!   [`SqliteStore::spawn_purge`] runs it periodically.
@@ -153,19 +186,22 @@
 //! # }
 //! ```
 //!
-//! A `Tx` holds SQLite's single write lock until the layer finishes the request (see
-//! [`Tx`]), so transactional handlers should be short. Outside axum, [`Tx::begin`]
-//! does what the extractor does.
+//! A `Tx` holds the store's one writer connection (and SQLite's write lock) until the
+//! layer finishes the request (see [`Tx`]), so transactional handlers should be
+//! short; its commit is shared with the writes batched around it. Outside axum,
+//! [`Tx::begin`] does what the extractor does.
 
 mod error;
 mod migrate;
 mod sql;
 mod store;
 mod tx;
+mod writer;
 
 pub use error::Error;
 pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
 pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore};
-pub use tx::Tx;
+pub use tx::{Tx, WriterTransaction};
+pub use writer::WriterStats;

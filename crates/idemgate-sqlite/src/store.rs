@@ -4,16 +4,21 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
+use async_trait::async_trait;
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
-use idemgate_sqlx::{PurgeTask, millis};
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
+    StoreError,
+};
+use idemgate_sqlx::{CompletionColumns, PurgeTask, applied, millis, token_param};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{AssertSqlSafe, SqlitePool};
+use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
 
-use crate::error::{ClaimContended, Error, store_error};
-use crate::sql::{self, BEGIN_IMMEDIATE, Statements};
+use crate::error::{Error, store_error};
+use crate::sql::{self, Statements};
+use crate::tx::WriterTransaction;
+use crate::writer::{Op, Statement, Writer, WriterStats};
 
 /// How long a connection waits for another's write lock before answering
 /// `SQLITE_BUSY` (→ [`StoreError::Unavailable`]).
@@ -42,10 +47,13 @@ pub struct SqliteStore {
 
 #[derive(Debug)]
 struct Inner {
+    /// The readers' pool (and the options the writer opens its connection with).
     pool: SqlitePool,
     table: String,
-    sql: Statements,
+    sql: Arc<Statements>,
     signals: ChangeSignals,
+    /// Every write goes through it (see the crate docs, "How each operation runs").
+    writer: Writer,
 }
 
 impl SqliteStore {
@@ -104,10 +112,12 @@ impl SqliteStore {
     }
 
     fn build(pool: SqlitePool, table: String) -> Self {
+        let sql = Arc::new(Statements::new(&table));
         Self {
             inner: Arc::new(Inner {
+                writer: Writer::new(pool.clone(), Arc::clone(&sql), DEFAULT_BUSY_TIMEOUT),
                 pool,
-                sql: Statements::new(&table),
+                sql,
                 table,
                 signals: ChangeSignals::new(),
             }),
@@ -130,9 +140,17 @@ impl SqliteStore {
         Self::build(self.inner.pool.clone(), table.into())
     }
 
-    /// The pool the store (and its [`crate::Tx`]) uses.
+    /// The pool the store reads on. Its writes, and every [`crate::Tx`], run on
+    /// the store's one writer connection, opened with this pool's connect options
+    /// (see the crate docs, "How each operation runs").
     pub fn pool(&self) -> &SqlitePool {
         &self.inner.pool
+    }
+
+    /// What the writer has done so far: SQLite's own count of its commits, and
+    /// the writes answered. Fewer commits than writes means batches were shared.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.inner.writer.stats()
     }
 
     /// The record table's name.
@@ -155,7 +173,14 @@ impl SqliteStore {
     /// returns how many went. Each batch is its own short write, so claims get the
     /// write lock in between. A `batch` of 0 deletes nothing.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        self.purge_now(batch).await
+        idemgate_sqlx::purge_in_batches(batch, |limit| {
+            let statement =
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge))).bind(limit);
+            self.inner
+                .writer
+                .run(|reply| Op::Execute { statement, reply })
+        })
+        .await
     }
 
     /// Runs [`SqliteStore::purge_expired`] every `every` on the current tokio runtime,
@@ -169,97 +194,175 @@ impl SqliteStore {
     /// # Ok(()) }
     /// ```
     pub fn spawn_purge(&self, every: Duration, batch: usize) -> Result<PurgeTask, Error> {
-        self.spawn_purge_task(every, batch)
-            .map_err(Error::NoRuntime)
+        let store = self.clone();
+        PurgeTask::spawn(every, move || {
+            let store = store.clone();
+            async move { store.purge_expired(batch).await }
+        })
+        .map_err(Error::NoRuntime)
     }
 
-    /// The claim, in one `IMMEDIATE` transaction: the clock is read once the write
-    /// lock is held, the upsert runs, and if it changed nothing the record that
-    /// blocked it is read under the same lock.
+    /// The claim. A record that is there and that this request may not take is
+    /// answered from a read on the pool, without waiting for the writer (a replay,
+    /// a 409, a 422); anything else goes to the writer, whose upsert is the one
+    /// atomic claim (it restates `Record::claim_origin` in SQL).
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        let identity = request.identity.digest();
-        let scope = request.identity.scope();
-        let (mut tx, now) = self.begin_at_now().await?;
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
+        if let Some(snapshot) = self.read(request.identity.digest()).await?
+            && snapshot
+                .record
+                .claim_origin(&request.fingerprint, snapshot.now)
+                .is_none()
+        {
+            return Ok(Claim::Existing(snapshot));
+        }
+        let request = request.clone();
+        self.inner
+            .writer
+            .run(|reply| Op::Claim { request, reply })
+            .await
+    }
+
+    /// The record as the pool sees it now (committed writes only).
+    async fn read(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read)))
             .bind(identity.as_bytes().to_vec())
-            .bind(scope.principal.as_str().to_owned())
-            .bind(scope.method.clone())
-            .bind(scope.path.clone())
-            .bind(request.identity.key().as_str().to_owned())
-            .bind(request.fingerprint.as_bytes().to_vec())
-            .bind(i64::from(RECORD_FORMAT_VERSION))
-            .bind(OperationId::random().as_uuid())
-            .bind(now)
-            .bind(millis(request.lease))
-            .bind(millis(request.ttl))
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&self.inner.pool)
             .await
             .map_err(store_error)?;
-        // An early return drops `tx`, which rolls the claim back.
-        let claim = match row {
-            Some(row) => Claim::Acquired(idemgate_sqlx::decode_lease(&row, *identity)?),
-            None => {
-                let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.read_at)))
-                    .bind(identity.as_bytes().to_vec())
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(store_error)?;
-                match row {
-                    Some(row) => Claim::Existing(idemgate_sqlx::decode_snapshot(&row)?),
-                    // The insert conflicted, so the row is there under this lock.
-                    None => return Err(StoreError::unavailable(ClaimContended)),
-                }
-            }
-        };
-        tx.commit().await.map_err(store_error)?;
-        Ok(claim)
+        row.as_ref().map(idemgate_sqlx::decode_snapshot).transpose()
     }
 
-    /// An IMMEDIATE transaction (the write lock held from its start) and the
-    /// store's clock read inside it.
-    async fn begin_at_now(
+    /// A fenced statement (`sql`, parameters 1–3: identity, operation id, token),
+    /// ready for more parameters; `None` for a token no record can hold.
+    fn fenced(&self, sql: &Arc<str>, lease: &Lease) -> Option<Statement> {
+        let token = token_param(lease.token)?;
+        Some(
+            sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+                .bind(lease.identity.as_bytes().to_vec())
+                .bind(lease.operation_id.as_uuid())
+                .bind(token),
+        )
+    }
+
+    /// The fenced completion of `lease` with `completion`.
+    fn completion(&self, lease: &Lease, completion: &Completion) -> Option<Statement> {
+        let columns = CompletionColumns::of(completion);
+        Some(
+            self.fenced(&self.inner.sql.complete, lease)?
+                .bind(columns.status)
+                .bind(i32::from(columns.response_status))
+                .bind(columns.headers)
+                .bind(columns.body.map(<[u8]>::to_vec))
+                .bind(columns.retained)
+                .bind(columns.ttl_ms),
+        )
+    }
+
+    /// Runs a fenced write through the writer; wakes in-process waiters when it
+    /// applied and `notify` says the record changed for them.
+    async fn write(
         &self,
-    ) -> Result<(sqlx::Transaction<'static, sqlx::Sqlite>, i64), StoreError> {
-        let mut tx = self
+        statement: Option<Statement>,
+        lease: &Lease,
+        notify: bool,
+    ) -> Result<FencedWrite, StoreError> {
+        let Some(statement) = statement else {
+            return Ok(FencedWrite::Refused);
+        };
+        let rows = self
             .inner
-            .pool
-            .begin_with(BEGIN_IMMEDIATE)
-            .await
-            .map_err(store_error)?;
-        let now: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.now)))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(store_error)?;
-        Ok((tx, now))
+            .writer
+            .run(|reply| Op::Execute { statement, reply })
+            .await?;
+        let write = applied(rows);
+        if notify && write == FencedWrite::Applied {
+            self.inner.signals.notify(&lease.identity);
+        }
+        Ok(write)
     }
 
-    /// The operator's conditional delete, under the write lock of an IMMEDIATE
-    /// transaction: the delete and the read that explains a refusal see the same
-    /// record, since no other writer runs in between.
-    async fn evict_record(
+    /// The fenced completion on `connection` (a transactional turn), without
+    /// committing.
+    pub(crate) async fn complete_on(
+        &self,
+        connection: &mut SqliteConnection,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        let Some(statement) = self.completion(lease, completion) else {
+            return Ok(FencedWrite::Refused);
+        };
+        let done = statement.execute(connection).await.map_err(store_error)?;
+        Ok(applied(done.rows_affected()))
+    }
+
+    /// A transactional turn on the writer's connection (for [`crate::Tx`]).
+    pub(crate) async fn lend_writer(&self) -> Result<WriterTransaction, StoreError> {
+        self.inner.writer.run(|lend| Op::Turn { lend }).await
+    }
+
+    pub(crate) fn signals(&self) -> &ChangeSignals {
+        &self.inner.signals
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.claim(request).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        self.write(self.completion(lease, completion), lease, true)
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.write(self.fenced(&self.inner.sql.release, lease), lease, true)
+            .await
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        let statement = self
+            .fenced(&self.inner.sql.renew, lease)
+            .map(|statement| statement.bind(millis(lease_for)));
+        self.write(statement, lease, false).await
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        self.write(self.fenced(&self.inner.sql.delete, lease), lease, true)
+            .await
+    }
+
+    async fn evict(
         &self,
         identity: &IdentityDigest,
         mode: EvictMode,
     ) -> Result<Eviction, StoreError> {
-        let (mut tx, now) = self.begin_at_now().await?;
-        let mut row = None;
-        for sql in [&self.inner.sql.evict, &self.inner.sql.evict_refused] {
-            row = sqlx::query(AssertSqlSafe(Arc::clone(sql)))
-                .bind(identity.as_bytes().to_vec())
-                .bind(now)
-                .bind(mode == EvictMode::Force)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(store_error)?;
-            if row.is_some() {
-                break;
-            }
+        let eviction = self
+            .inner
+            .writer
+            .run(|reply| Op::Evict {
+                identity: *identity,
+                mode,
+                reply,
+            })
+            .await?;
+        if matches!(eviction, Eviction::Evicted { .. }) {
+            self.inner.signals.notify(identity);
         }
-        let eviction = idemgate_sqlx::decode_eviction(row.as_ref())?;
-        tx.commit().await.map_err(store_error)?;
         Ok(eviction)
     }
-}
 
-idemgate_sqlx::sql_store_methods!(SqliteStore);
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.read(identity).await
+    }
+
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        self.inner.signals.wait(identity, timeout).await;
+    }
+}

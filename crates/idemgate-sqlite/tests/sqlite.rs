@@ -502,3 +502,265 @@ async fn open_is_ready_to_use_without_migrate() {
     store.pool().close().await;
     reopened.pool().close().await;
 }
+
+// --- group commit -----------------------------------------------------------------------
+
+/// `n` claim requests, each its own task, released together by a barrier; their
+/// answers in task order.
+async fn concurrent_claims(
+    store: &SqliteStore,
+    requests: Vec<ClaimRequest>,
+) -> Vec<Result<Claim, StoreError>> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(requests.len()));
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|request| {
+            let store = store.clone();
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.try_claim(&request).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("claim task"));
+    }
+    answers
+}
+
+async fn record_count(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idemgate_records")
+        .fetch_one(store.pool())
+        .await
+        .expect("count records")
+}
+
+/// The writer batches: 64 concurrent claims of distinct keys are all acquired and
+/// durable, in fewer commits than claims (SQLite's own count, from a commit hook on
+/// the writer's connection); 64 of one key make exactly one holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_share_commits() {
+    const N: usize = 64;
+    let db = TempDb::new();
+    let store = db.store(8).await;
+    // One at a time, each claim is its own commit: the count is SQLite's. (This
+    // also opens the writer's connection before the concurrent count starts.)
+    let before = store.writer_stats();
+    for _ in 0..3 {
+        acquire(&store, &fresh_request()).await;
+    }
+    let after = store.writer_stats();
+    assert_eq!(after.commits - before.commits, 3, "{before:?} → {after:?}");
+    assert_eq!(after.operations - before.operations, 3);
+
+    let before = store.writer_stats();
+    let answers = concurrent_claims(&store, (0..N).map(|_| fresh_request()).collect()).await;
+    let after = store.writer_stats();
+    let acquired = answers
+        .iter()
+        .filter(|answer| matches!(answer, Ok(Claim::Acquired(_))))
+        .count();
+    assert_eq!(acquired, N, "{answers:?}");
+    assert_eq!(record_count(&store).await, N as i64 + 3);
+    assert_eq!(after.operations - before.operations, N as u64);
+    let commits = after.commits - before.commits;
+    eprintln!("[group commit] {N} concurrent claims of distinct keys: {commits} commits");
+    assert!(
+        (1..N as u64).contains(&commits),
+        "{N} claims took {commits} commits: the writer did not batch"
+    );
+
+    // One key: the upsert is still the one atomic claim within a batch.
+    let request = fresh_request();
+    let before = store.writer_stats();
+    let answers = concurrent_claims(&store, vec![request.clone(); N]).await;
+    let after = store.writer_stats();
+    let acquired = answers
+        .iter()
+        .filter(|answer| matches!(answer, Ok(Claim::Acquired(_))))
+        .count();
+    let existing = answers
+        .iter()
+        .filter(|answer| matches!(answer, Ok(Claim::Existing(_))))
+        .count();
+    assert_eq!((acquired, existing), (1, N - 1), "{answers:?}");
+    let commits = after.commits - before.commits;
+    eprintln!("[group commit] {N} concurrent claims of one key: {commits} commits");
+    assert!(commits < N as u64);
+
+    // Reopened, every acknowledged claim is there.
+    drop(store);
+    let reopened = SqliteStore::open(&db.path).await.expect("reopen");
+    assert_eq!(record_count(&reopened).await, N as i64 + 4);
+}
+
+/// A write that fails in a batch fails alone: a trigger refuses one key's insert
+/// (`RAISE(ABORT)` undoes that statement only), and the other claims, queued in the
+/// same batches, are acquired and committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_write_does_not_fail_its_batch() {
+    const N: usize = 64;
+    let db = TempDb::new();
+    let store = db.store(8).await;
+    sqlx::query(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON idemgate_records \
+         WHEN NEW.idempotency_key LIKE 'poison-%' \
+         BEGIN SELECT RAISE(ABORT, 'poisoned key'); END",
+    )
+    .execute(store.pool())
+    .await
+    .expect("create trigger");
+
+    let requests: Vec<_> = (0..N)
+        .map(|i| {
+            if i % 8 == 3 {
+                idemgate_testkit::conformance::request_for(
+                    "alice",
+                    "POST",
+                    "/orders",
+                    &format!("poison-{i}"),
+                    1,
+                )
+            } else {
+                fresh_request()
+            }
+        })
+        .collect();
+    let before = store.writer_stats();
+    let answers = concurrent_claims(&store, requests).await;
+    let after = store.writer_stats();
+    for (i, answer) in answers.iter().enumerate() {
+        if i % 8 == 3 {
+            assert!(answer.is_err(), "poisoned claim {i}: {answer:?}");
+        } else {
+            assert!(
+                matches!(answer, Ok(Claim::Acquired(_))),
+                "claim {i}: {answer:?}"
+            );
+        }
+    }
+    assert_eq!(record_count(&store).await, (N - N / 8) as i64);
+    assert!(
+        after.commits - before.commits < N as u64,
+        "the writer did not batch: {before:?} → {after:?}"
+    );
+}
+
+/// Transactional requests share commits with each other and with claims: each of
+/// 16 concurrent requests claims, writes its order through a `Tx` and completes in
+/// it; every order and every completion is there, in fewer commits than the 32
+/// writes (16 claims, 16 transactions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactional_turns_share_commits() {
+    const N: usize = 16;
+    let db = TempDb::new();
+    let store = db.store(8).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(N));
+    let before = store.writer_stats();
+    let tasks: Vec<_> = (0..N)
+        .map(|_| {
+            let store = store.clone();
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let request = fresh_request();
+                let lease = acquire(&store, &request).await;
+                let slot = TransactionSlot::new();
+                let mut tx = Tx::begin(&store, &slot).await.expect("begin");
+                sqlx::query("INSERT INTO orders (operation_id, amount) VALUES (?1, 4200)")
+                    .bind(lease.operation_id.as_bytes().to_vec())
+                    .execute(&mut *tx)
+                    .await
+                    .expect("insert");
+                drop(tx);
+                let idemgate_core::transaction::SlotContents::Returned(pending) = slot.take()
+                else {
+                    panic!("the transaction did not come back");
+                };
+                let write = pending
+                    .complete_and_commit(&lease, &completion(awkward_response()))
+                    .await
+                    .expect("commit");
+                assert_eq!(write, FencedWrite::Applied);
+                request
+            })
+        })
+        .collect();
+    let mut requests = Vec::new();
+    for task in tasks {
+        requests.push(task.await.expect("request task"));
+    }
+    let after = store.writer_stats();
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(store.pool())
+        .await
+        .expect("count orders");
+    assert_eq!(orders, N as i64);
+    for request in &requests {
+        let snapshot = store
+            .get(request.identity.digest())
+            .await
+            .expect("get")
+            .expect("record");
+        assert_eq!(
+            snapshot.record.status(),
+            idemgate_core::record::RecordStatus::Completed
+        );
+    }
+    assert_eq!(after.operations - before.operations, 2 * N as u64);
+    assert!(
+        after.commits - before.commits < 2 * N as u64,
+        "{} writes took {} commits",
+        2 * N,
+        after.commits - before.commits
+    );
+}
+
+/// A transactional handler's failing statement rolls back its turn alone: the
+/// claims that share its batch commit, and its own writes vanish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolled_back_turn_leaves_its_batch_intact() {
+    let db = TempDb::new();
+    let store = db.store(8).await;
+    let lease = acquire(&store, &fresh_request()).await;
+    let slot = TransactionSlot::new();
+    let mut tx = Tx::begin(&store, &slot).await.expect("begin");
+    sqlx::query("INSERT INTO orders (operation_id, amount) VALUES (?1, 1)")
+        .bind(lease.operation_id.as_bytes().to_vec())
+        .execute(&mut *tx)
+        .await
+        .expect("insert");
+    // While the turn holds the writer, claims queue behind it, in its batch.
+    let claims: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.try_claim(&fresh_request()).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let duplicate = sqlx::query("INSERT INTO orders (operation_id, amount) VALUES (?1, 2)")
+        .bind(lease.operation_id.as_bytes().to_vec())
+        .execute(&mut *tx)
+        .await;
+    assert!(
+        duplicate.is_err(),
+        "the UNIQUE column refused the duplicate"
+    );
+    drop(tx);
+    let idemgate_core::transaction::SlotContents::Returned(pending) = slot.take() else {
+        panic!("the transaction did not come back");
+    };
+    pending.rollback().await.expect("rollback");
+    for claim in claims {
+        let claim = claim.await.expect("claim task").expect("claim");
+        assert!(matches!(claim, Claim::Acquired(_)), "{claim:?}");
+    }
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(store.pool())
+        .await
+        .expect("count orders");
+    assert_eq!(orders, 0, "the rolled-back turn's order stayed");
+    assert_eq!(record_count(&store).await, 9);
+}

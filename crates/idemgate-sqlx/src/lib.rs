@@ -6,7 +6,8 @@
 //! runs the fenced completion inside that same transaction and commits both — or
 //! rolls both back. This crate holds that machinery once:
 //!
-//! - [`Tx`], the axum extractor (and [`Tx::begin`] outside axum), generic over the
+//! - [`Tx`], the axum extractor (its transaction a store's [`SqlStore::Transaction`],
+//!   finished through [`BusinessTransaction`]) (and [`Tx::begin`] outside axum), generic over the
 //!   store; the store crates name it for their store (`idemgate_postgres::Tx`,
 //!   `idemgate_sqlite::Tx`), and applications use those names;
 //! - [`TxRejection`] and its `application/problem+json` answers ([`PROBLEM_NOT_BEHIND_LAYER`],
@@ -20,8 +21,10 @@
 //!   [`applied`] and [`CorruptRecord`]: how a record row becomes a
 //!   [`Snapshot`](idemgate_core::Snapshot) and back, whatever the dialect;
 //! - [`schema_step`]: the schema-version rule every migration keeps;
-//! - [`sql_store_methods!`]: the [`Store`] impl and the fenced writes, reads and
-//!   purges both stores run the same way, expanded on each store's own types.
+//! - [`sql_store_methods!`]: the [`Store`] impl, fenced writes, reads and purges
+//!   of a store whose writes run on its pool (PostgreSQL's); the SQLite store sends
+//!   its writes through its one writer connection instead (group commit) and
+//!   implements [`Store`] itself.
 //!
 //! A store plugs in by implementing [`SqlStore`]: its `sqlx` database, how it begins
 //! a business transaction, its fenced completion inside one, its change signals and
@@ -35,6 +38,8 @@ mod record;
 mod setup;
 mod store_methods;
 mod tx;
+
+use std::ops::DerefMut;
 
 use async_trait::async_trait;
 use idemgate_core::signals::ChangeSignals;
@@ -72,17 +77,22 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
     /// The `sqlx` database the store lives in.
     type Database: Database;
 
+    /// The business transaction a [`Tx`] holds and the layer finishes: it
+    /// dereferences to the connection the handler's statements run on. PostgreSQL
+    /// uses a `sqlx::Transaction` on a pool connection of its own; SQLite lends the
+    /// store's one writer connection, inside the writer's current batch, so
+    /// transactional requests share its commits.
+    type Transaction: BusinessTransaction<Self>
+        + DerefMut<Target = <Self::Database as Database>::Connection>;
+
     /// The database's name for log messages (`"PostgreSQL"`, `"SQLite"`).
     const BACKEND: &'static str;
 
-    /// The pool the store, and every [`Tx`] on it, uses.
+    /// The pool the store uses.
     fn pool(&self) -> &Pool<Self::Database>;
 
-    /// Begins a business transaction on [`SqlStore::pool`]. A store whose database
-    /// must take its write lock up front (SQLite: `BEGIN IMMEDIATE`) says so here.
-    async fn begin(&self) -> Result<Transaction<'static, Self::Database>, sqlx::Error> {
-        self.pool().begin().await
-    }
+    /// Begins a business transaction (for [`Tx::begin`]).
+    async fn begin(&self) -> Result<Self::Transaction, StoreError>;
 
     /// Runs the fenced completion of `lease` on `connection` (the business
     /// transaction), without committing: [`FencedWrite::Refused`] when the record no
@@ -101,4 +111,29 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
     /// Classifies a database error by its code (a PostgreSQL SQLSTATE, SQLite's
     /// extended result code in decimal); see [`classify`].
     fn classify_code(code: &str) -> ErrorClass;
+}
+
+/// How the layer finishes a [`SqlStore::Transaction`]: commit it, or roll it back.
+#[async_trait]
+pub trait BusinessTransaction<S: SqlStore>: Send + 'static {
+    /// Commits the business writes (and the completion run on it, if any). `Ok`
+    /// only once they are durable.
+    async fn commit(self) -> Result<(), StoreError>;
+
+    /// Rolls the business writes back.
+    async fn rollback(self) -> Result<(), StoreError>;
+}
+
+/// A plain `sqlx` transaction on a pool connection (PostgreSQL's).
+#[async_trait]
+impl<S: SqlStore> BusinessTransaction<S> for Transaction<'static, S::Database> {
+    async fn commit(self) -> Result<(), StoreError> {
+        Transaction::commit(self)
+            .await
+            .map_err(StoreError::unavailable)
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        Transaction::rollback(self).await.map_err(store_error::<S>)
+    }
 }

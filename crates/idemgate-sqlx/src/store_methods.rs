@@ -1,6 +1,7 @@
-//! The [`Store`](idemgate_core::Store) methods both SQL stores run the same way,
-//! written once: [`sql_store_methods!`](crate::sql_store_methods) expands them in
-//! each store's crate, on its concrete `sqlx` types.
+//! The [`Store`](idemgate_core::Store) methods of a SQL store whose writes run on
+//! its pool, written once: [`sql_store_methods!`](crate::sql_store_methods) expands
+//! them in the store's crate, on its concrete `sqlx` types. PostgreSQL uses it;
+//! SQLite does not (its writes go through one writer connection, batched).
 //!
 //! A macro, not generic functions, because what they do — execute a statement on a
 //! pool and count the rows it changed — has no generic form in `sqlx`

@@ -10,10 +10,10 @@ use http::StatusCode;
 use http::request::Parts;
 use idemgate_core::transaction::{AlreadyLent, PendingTransaction, TransactionSlot};
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
-use sqlx::{Database, Transaction};
+use sqlx::Database;
 
 use crate::problem::Problem;
-use crate::{SqlStore, store_error};
+use crate::{BusinessTransaction, SqlStore};
 
 /// The problem `type` of [`TxRejection::NotBehindLayer`].
 pub const PROBLEM_NOT_BEHIND_LAYER: &str =
@@ -38,7 +38,7 @@ pub const PROBLEM_UNAVAILABLE: &str = "https://idemgate.dev/problems/store-unava
 /// `Tx` per request.
 pub struct Tx<S: SqlStore> {
     /// `Some` from `begin` until `drop`.
-    transaction: Option<Transaction<'static, S::Database>>,
+    transaction: Option<S::Transaction>,
     slot: TransactionSlot,
     store: S,
 }
@@ -61,7 +61,7 @@ impl<S: SqlStore> Tx<S> {
                     transaction: None,
                     store: store.clone(),
                 }));
-                Err(TxRejection::Unavailable(store_error::<S>(err)))
+                Err(TxRejection::Unavailable(err))
             }
         }
     }
@@ -174,7 +174,7 @@ impl IntoResponse for TxRejection {
 /// A handler's transaction, back in the slot and waiting for the layer.
 struct Pending<S: SqlStore> {
     /// `None` when the transaction never began (nothing to commit).
-    transaction: Option<Transaction<'static, S::Database>>,
+    transaction: Option<S::Transaction>,
     store: S,
 }
 
@@ -191,35 +191,32 @@ impl<S: SqlStore> PendingTransaction for Pending<S> {
         };
         // An error drops the transaction, which rolls it back.
         let write = store
-            .complete_in(&mut transaction, lease, completion)
+            .complete_in(&mut *transaction, lease, completion)
             .await?;
         if write == FencedWrite::Refused {
             // The record moved on: the business writes go with the refused result.
             // A failed rollback leaves nothing committed either (the connection
             // rolls back when it is dropped), so the answer stays `Refused`.
-            if let Err(error) = transaction.rollback().await {
+            if let Err(error) = BusinessTransaction::<S>::rollback(transaction).await {
                 tracing::warn!(%error, "rolling back a refused transactional completion failed");
             }
             return Ok(FencedWrite::Refused);
         }
-        transaction
-            .commit()
-            .await
-            .map_err(StoreError::unavailable)?;
+        BusinessTransaction::<S>::commit(transaction).await?;
         store.signals().notify(&lease.identity);
         Ok(FencedWrite::Applied)
     }
 
     async fn commit(self: Box<Self>) -> Result<(), StoreError> {
         match self.transaction {
-            Some(transaction) => transaction.commit().await.map_err(StoreError::unavailable),
+            Some(transaction) => BusinessTransaction::<S>::commit(transaction).await,
             None => Ok(()),
         }
     }
 
     async fn rollback(self: Box<Self>) -> Result<(), StoreError> {
         match self.transaction {
-            Some(transaction) => transaction.rollback().await.map_err(store_error::<S>),
+            Some(transaction) => BusinessTransaction::<S>::rollback(transaction).await,
             None => Ok(()),
         }
     }
