@@ -47,6 +47,31 @@ impl OrdersDb {
         })
     }
 
+    /// Connects and migrates: what a starting server does. Two processes that open
+    /// one fresh SQLite file at once race to switch it to WAL and to create its
+    /// tables, and the loser can get `SQLITE_BUSY` at once, whatever the busy
+    /// timeout (SQLite does not wait on a journal-mode change or a stale
+    /// snapshot); that is retried, briefly, until `timeout` (at least 5 s) has
+    /// passed. Any other error, or the last busy one, is returned.
+    pub async fn open(url: &DatabaseUrl, timeout: Duration) -> Result<Self, sqlx::Error> {
+        let deadline = tokio::time::Instant::now() + timeout.max(Duration::from_secs(5));
+        loop {
+            let opened = async {
+                let db = Self::connect(url, timeout).await?;
+                db.migrate().await?;
+                Ok(db)
+            }
+            .await;
+            match opened {
+                Err(error) if is_sqlite_busy(&error) && tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(%error, "the orders database is busy at startup; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                opened => return opened,
+            }
+        }
+    }
+
     /// Creates the orders table if it is missing (idempotent, safe to run from
     /// several instances at once).
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
@@ -281,6 +306,21 @@ fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
     })
+}
+
+/// Whether `error` is SQLite's "database is locked" (`SQLITE_BUSY`, code 5, with
+/// any extended code).
+fn is_sqlite_busy(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(error) = error else {
+        return false;
+    };
+    error
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some()
+        && error
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .is_some_and(|code| code & 0xff == 5)
 }
 
 /// A SQLite pool on `url` (`sqlite://PATH`, the file created if missing), for the

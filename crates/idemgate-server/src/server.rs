@@ -90,8 +90,7 @@ async fn idempotency_store(
 /// results, all within `settings.shutdown_timeout`.
 pub async fn run(settings: Settings) -> Result<(), StartupError> {
     let metrics = install_metrics();
-    let orders = OrdersDb::connect(&settings.database, settings.store_timeout).await?;
-    orders.migrate().await?;
+    let orders = OrdersDb::open(&settings.database, settings.store_timeout).await?;
     let (store, writes, _purge) = if settings.no_idempotency {
         // The benchmark baseline: the layer below is built (for its task handle)
         // but never installed, so its unused in-memory store sees no request.

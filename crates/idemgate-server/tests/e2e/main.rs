@@ -414,6 +414,31 @@ async fn restart_replays_identically(database: &str, gateway: &MockGateway) {
     server.stop().await;
 }
 
+/// Four servers started at once on one fresh SQLite file: all come up (they race
+/// to switch it to WAL and to create the tables; the losers retry), and a key is
+/// one order whichever of them answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn servers_starting_together_on_a_fresh_sqlite_file_all_come_up() {
+    let gateway = MockGateway::start().await;
+    for _ in 0..3 {
+        let (db, _dir) = sqlite_url();
+        let servers = futures_util::future::join_all(
+            (0..4).map(|_| Server::start(Options::new(&db).gateway(gateway.url()))),
+        )
+        .await;
+        let client = Client::new();
+        let key = new_key();
+        for server in &servers {
+            let answer = client.post(&orders_url(server), Some(&key), ORDER).await;
+            assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+        }
+        assert_eq!(client.orders(&servers[0].url("")).await.len(), 1);
+        for server in servers {
+            server.stop().await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_records_survive_a_restart() {
     let gateway = MockGateway::start().await;
