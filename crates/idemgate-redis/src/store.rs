@@ -13,6 +13,7 @@ use idemgate_core::{
     Snapshot, Store, StoreError,
 };
 use redis::{ScriptInvocation, Value};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use crate::codec::{
@@ -57,6 +58,8 @@ struct Inner {
     replication_wait: Option<ReplicationWait>,
     signals: Arc<ChangeSignals>,
     subscriber: OnceLock<AbortHandle>,
+    /// `true` while the subscriber's subscription is confirmed.
+    subscribed: watch::Sender<bool>,
     pubsub_clients: Vec<redis::Client>,
     connect_timeout: Duration,
 }
@@ -312,6 +315,7 @@ impl RedisStoreBuilder {
                 replication_wait: self.replication_wait,
                 signals: Arc::new(ChangeSignals::new()),
                 subscriber: OnceLock::new(),
+                subscribed: watch::Sender::new(false),
                 pubsub_clients,
                 connect_timeout: self.connect_timeout,
             }),
@@ -361,8 +365,9 @@ impl RedisStore {
         format!("{}{{{}}}", self.inner.key_prefix, identity.to_hex())
     }
 
-    /// The pub/sub channel completions, releases and deletions are announced on:
-    /// `<prefix>changes`, with the 32-byte identity digest as the message.
+    /// The pub/sub channel completions, releases and deletions of records someone
+    /// waits for are announced on: `<prefix>changes`, with the 32-byte identity
+    /// digest as the message (writes nobody waits for announce nothing).
     pub fn change_channel(&self) -> &str {
         &self.inner.channel
     }
@@ -444,6 +449,7 @@ impl RedisStore {
                 self.inner.pubsub_clients.clone(),
                 self.inner.channel.clone(),
                 Arc::downgrade(&self.inner.signals),
+                self.inner.subscribed.clone(),
                 self.inner.connect_timeout,
             ))
             .abort_handle()
@@ -689,10 +695,40 @@ impl Store for RedisStore {
     }
 
     /// Wakes on this store's own completions, releases and deletions at once, and on
-    /// other instances' through the pub/sub channel (subscribed at the first wait, so
-    /// that first wait may miss one); the timeout is the floor either way.
+    /// other instances' through the pub/sub channel. Once subscribed (the first wait
+    /// subscribes, and waits for the confirmation within its timeout), it marks the
+    /// record as waited on, so that the write ending the run announces it (writes
+    /// nobody waits for announce nothing); a record that is no longer in progress
+    /// when marked ends the wait at once. The timeout is the floor either way.
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        let until = tokio::time::Instant::now() + timeout;
         self.ensure_subscribed();
-        self.inner.signals.wait(identity, timeout).await;
+        let mut subscribed = self.inner.subscribed.subscribe();
+        // Not subscribed (Redis down, or the first wait): a mark now could be
+        // announced before anyone listens, so wait for the subscription first.
+        let _ = tokio::time::timeout_at(until, subscribed.wait_for(|up| *up)).await;
+        let signal = self.inner.signals.wait(identity, timeout);
+        tokio::pin!(signal);
+        // Registers the waiter before the mark, so an announcement that follows the
+        // mark at once finds it.
+        if futures_util::FutureExt::now_or_never(signal.as_mut()).is_some() {
+            return;
+        }
+        if *subscribed.borrow() {
+            let key = self.record_key(identity);
+            let invocation = self.inner.scripts.mark_waiting.key(&key);
+            let mark = tokio::time::timeout_at(until, self.run(&invocation)).await;
+            match mark.map(|reply| reply.and_then(|r| int_of(r).map_err(StoreError::corrupt))) {
+                // Absent, released or final: it changed since the caller's read.
+                Ok(Ok(0)) => return,
+                Ok(Ok(_)) => {}
+                // A hint only: without the mark, the timeout ends the wait.
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "marking a Redis record as waited on failed")
+                }
+                Err(_) => return,
+            }
+        }
+        let _ = tokio::time::timeout_at(until, signal).await;
     }
 }
