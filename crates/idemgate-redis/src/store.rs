@@ -443,6 +443,26 @@ impl RedisStore {
         }
     }
 
+    /// Marks the record as waited on (the write ending its run will announce it),
+    /// or finds it no longer in progress. A hint: failures and timeouts (at
+    /// `until`) count as marked, so the wait falls back to its timeout.
+    async fn mark_waiting(
+        &self,
+        identity: &IdentityDigest,
+        until: tokio::time::Instant,
+    ) -> MarkedWaiting {
+        let key = self.record_key(identity);
+        let invocation = self.inner.scripts.mark_waiting.key(&key);
+        match tokio::time::timeout_at(until, self.run(&invocation)).await {
+            Ok(Ok(Value::Int(0))) => MarkedWaiting::Ended,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "marking a Redis record as waited on failed");
+                MarkedWaiting::Marked
+            }
+            _ => MarkedWaiting::Marked,
+        }
+    }
+
     fn ensure_subscribed(&self) {
         self.inner.subscriber.get_or_init(|| {
             tokio::spawn(subscriber::run(
@@ -455,6 +475,15 @@ impl RedisStore {
             .abort_handle()
         });
     }
+}
+
+/// What marking a record as waited on found.
+#[derive(Debug, PartialEq, Eq)]
+enum MarkedWaiting {
+    /// In progress, now marked (or unknown: the mark failed or timed out).
+    Marked,
+    /// Absent, released or final: nothing left to wait for.
+    Ended,
 }
 
 fn fenced_reply(reply: Value) -> Result<FencedWrite, StoreError> {
@@ -707,28 +736,22 @@ impl Store for RedisStore {
         // Not subscribed (Redis down, or the first wait): a mark now could be
         // announced before anyone listens, so wait for the subscription first.
         let _ = tokio::time::timeout_at(until, subscribed.wait_for(|up| *up)).await;
-        let signal = self.inner.signals.wait(identity, timeout);
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let signal = self.inner.signals.wait(identity, left);
         tokio::pin!(signal);
-        // Registers the waiter before the mark, so an announcement that follows the
-        // mark at once finds it.
+        // Its first poll registers the waiter before the mark, so an announcement
+        // right after the mark finds it.
         if futures_util::FutureExt::now_or_never(signal.as_mut()).is_some() {
             return;
         }
-        if *subscribed.borrow() {
-            let key = self.record_key(identity);
-            let invocation = self.inner.scripts.mark_waiting.key(&key);
-            let mark = tokio::time::timeout_at(until, self.run(&invocation)).await;
-            match mark.map(|reply| reply.and_then(|r| int_of(r).map_err(StoreError::corrupt))) {
-                // Absent, released or final: it changed since the caller's read.
-                Ok(Ok(0)) => return,
-                Ok(Ok(_)) => {}
-                // A hint only: without the mark, the timeout ends the wait.
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "marking a Redis record as waited on failed")
-                }
-                Err(_) => return,
-            }
+        let subscribed = *subscribed.borrow();
+        if subscribed && self.mark_waiting(identity, until).await == MarkedWaiting::Ended {
+            // It changed since the caller's read: end this wait (and wake local
+            // waiters on the record, which re-read) instead of sleeping it out.
+            self.inner.signals.notify(identity);
         }
-        let _ = tokio::time::timeout_at(until, signal).await;
+        // Always awaited to its end (its own timeout is what is left), so the
+        // signal's entry is removed.
+        signal.await;
     }
 }
