@@ -62,8 +62,8 @@
 //!   purge. The lease is a field compared with `TIME` inside the script, never the
 //!   key's expiry: a dead holder's record keeps its operation id for the next
 //!   claimant.
-//! - **Only Redis 7.0 commands** (`HSET HGETALL HMGET HINCRBY HDEL PEXPIREAT DEL
-//!   PUBLISH TIME`, and `WAIT` with the replication wait), tested against 7.0.15.
+//! - **Only Redis 7.0 commands** (`HSET HGET HGETALL HMGET HINCRBY HDEL PEXPIREAT
+//!   DEL PUBLISH TIME`, and `WAIT` with the replication wait), tested against 7.0.15.
 //!   No `HEXPIRE` (7.4), no `WAITAOF` (7.2).
 //!
 //! # Key layout
@@ -81,6 +81,7 @@
 //! | `lu` | lease end (ms since the epoch, server time); only while `P` |
 //! | `ca`, `ea` | created at, expires at (ms); `ea` is also the key's `PEXPIREAT` |
 //! | `rs` | the response: a codec byte (0 raw, 1 zstd) + `StoredResponse::encode` |
+//! | `w` | `1` while a waiter waits for the run to end (see Wait mode); a hint, not record data |
 //!
 //! Responses whose encoding exceeds a threshold (1 KiB by default) are compressed
 //! with zstd (level 1 by default) when that makes them smaller. On the
@@ -97,10 +98,10 @@
 //! 16384 slots. The same layout works unchanged on a single server and on a cluster.
 //! The prefix may not contain braces (the constructor refuses it).
 //!
-//! Completions, releases and deletions are announced on the pub/sub channel
-//! `<prefix>changes` (message: the 32-byte digest), published by the scripts
-//! themselves. See [`Store::wait_for_change`](idemgate_core::Store::wait_for_change)
-//! below.
+//! Completions, releases and deletions of records someone waits for are announced
+//! on the pub/sub channel `<prefix>changes` (message: the 32-byte digest),
+//! published by the scripts themselves. See
+//! [`Store::wait_for_change`](idemgate_core::Store::wait_for_change) below.
 //!
 //! # Wait mode
 //!
@@ -109,8 +110,18 @@
 //! writes through the pub/sub channel (subscribed at the first wait, resubscribed
 //! after failures; on a cluster through any node, since `PUBLISH` reaches them all).
 //! Both are hints: the wait's timeout is the floor, and callers re-read the record.
-//! Every subscribed instance receives every announcement (32 bytes each) and wakes
-//! only its own waiters for that digest.
+//!
+//! Announcements cost only where someone waits. A waiter, once its instance is
+//! subscribed, marks the record (`w`, one small script: set only while the record
+//! is in progress, so a run that ended since the waiter's read ends the wait at
+//! once instead of being missed); the write that ends the run publishes only when
+//! the mark is there, and clears it. Ordinary traffic — keys nobody waits for —
+//! publishes nothing, so no instance reads a message per completion (before the
+//! mark, every subscribed instance received every completion's 32 bytes). Each
+//! wait costs one extra round trip, on the slow path of a request that found the
+//! key in progress. During a rolling upgrade, instances of an earlier version
+//! neither mark nor need marks (they publish always, and their own waiters fall
+//! back to their poll interval when a newer instance completes the record).
 //!
 //! # Failures
 //!

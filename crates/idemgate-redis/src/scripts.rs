@@ -6,8 +6,18 @@
 //! written with `%.0f`, which prints every integer below 2^53 exactly (Lua numbers
 //! are doubles; `tostring` could switch to exponent notation).
 //!
-//! Only Redis 7.0 commands: `HGETALL HMGET HSET HDEL HINCRBY PEXPIREAT DEL PUBLISH
-//! TIME`.
+//! Only Redis 7.0 commands: `HGET HGETALL HMGET HSET HDEL HINCRBY PEXPIREAT DEL
+//! PUBLISH TIME`.
+//!
+//! # Announcements only when someone waits
+//!
+//! A write that ends a run (complete, release, delete, evict) `PUBLISH`es the
+//! record's digest only when the record carries the waiter mark `w`, which
+//! `MARK_WAITING` sets for a waiter (on any instance) while the record is in
+//! progress; the announcing write clears it. A key nobody waits for — every new
+//! key of ordinary traffic — costs no `PUBLISH`, and no subscribed instance reads
+//! a message for it. The mark is a hint beside the record, never read by the
+//! protocol: claims, fencing and decoding ignore it.
 
 use redis::Script;
 
@@ -20,9 +30,16 @@ end
 local function num(n)
   return string.format('%.0f', n)
 end
-local function holds(key, op, tk)
-  local h = redis.call('HMGET', key, 'op', 'tk', 'st')
-  return h[1] == op and h[2] == tk and h[3] == 'P'
+-- The record's waiter mark when (op, tk) holds its `P` lease ('' when unmarked),
+-- or false when it does not hold it.
+local function held(key, op, tk)
+  local h = redis.call('HMGET', key, 'op', 'tk', 'st', 'w')
+  if h[1] == op and h[2] == tk and h[3] == 'P' then return h[4] or '' end
+  return false
+end
+-- Announces a change on `channel` when a waiter marked the record.
+local function announce(mark, channel, digest)
+  if mark and mark ~= '' then redis.call('PUBLISH', channel, digest) end
 end
 ";
 
@@ -72,29 +89,31 @@ return {'E', num(now), fields}
 /// ttl ms, channel, identity digest. Returns 1 when applied, 0 when refused.
 const COMPLETE: &str = r"
 local key = KEYS[1]
-if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+local mark = held(key, ARGV[1], ARGV[2])
+if not mark then return 0 end
 local expires = now_ms() + tonumber(ARGV[5])
 redis.call('HSET', key, 'st', ARGV[3], 'rs', ARGV[4], 'ea', num(expires))
-redis.call('HDEL', key, 'lu')
+redis.call('HDEL', key, 'lu', 'w')
 redis.call('PEXPIREAT', key, num(expires))
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+announce(mark, ARGV[6], ARGV[7])
 return 1
 ";
 
 /// `KEYS[1]` record; `ARGV`: operation id, token, channel, identity digest.
 const RELEASE: &str = r"
 local key = KEYS[1]
-if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+local mark = held(key, ARGV[1], ARGV[2])
+if not mark then return 0 end
 redis.call('HSET', key, 'st', 'R')
-redis.call('HDEL', key, 'lu')
-redis.call('PUBLISH', ARGV[3], ARGV[4])
+redis.call('HDEL', key, 'lu', 'w')
+announce(mark, ARGV[3], ARGV[4])
 return 1
 ";
 
 /// `KEYS[1]` record; `ARGV`: operation id, token, lease ms.
 const RENEW: &str = r"
 local key = KEYS[1]
-if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+if not held(key, ARGV[1], ARGV[2]) then return 0 end
 redis.call('HSET', key, 'lu', num(now_ms() + tonumber(ARGV[3])))
 return 1
 ";
@@ -102,9 +121,10 @@ return 1
 /// `KEYS[1]` record; `ARGV`: operation id, token, channel, identity digest.
 const DELETE: &str = r"
 local key = KEYS[1]
-if not holds(key, ARGV[1], ARGV[2]) then return 0 end
+local mark = held(key, ARGV[1], ARGV[2])
+if not mark then return 0 end
 redis.call('DEL', key)
-redis.call('PUBLISH', ARGV[3], ARGV[4])
+announce(mark, ARGV[3], ARGV[4])
 return 1
 ";
 
@@ -115,15 +135,26 @@ return 1
 const EVICT: &str = r"
 local key = KEYS[1]
 local now = now_ms()
-local h = redis.call('HMGET', key, 'st', 'lu')
+local h = redis.call('HMGET', key, 'st', 'lu', 'w')
 if not h[1] then return {'A', num(now)} end
 local lu = tonumber(h[2])
 if ARGV[1] ~= '1' and h[1] == 'P' and lu ~= nil and lu > now then
   return {'L', num(now), num(lu)}
 end
 redis.call('DEL', key)
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+announce(h[3], ARGV[2], ARGV[3])
 return {'E', num(now), h[1]}
+";
+
+/// `KEYS[1]` record. A waiter's mark: when the record is in progress (`P`, whatever
+/// its lease), sets `w` so that the write ending the run announces it, and returns
+/// 1 (wait); otherwise returns 0 (absent, released or final: it changed already, so
+/// re-read now). Marking and the test are one step, so a completion cannot slip
+/// between the waiter's last read and its mark unannounced.
+const MARK_WAITING: &str = r"
+if redis.call('HGET', KEYS[1], 'st') ~= 'P' then return 0 end
+redis.call('HSET', KEYS[1], 'w', '1')
+return 1
 ";
 
 /// `KEYS[1]` record. Returns `{now, {HGETALL…}}`: a read with the server's clock.
@@ -140,6 +171,7 @@ pub(crate) struct Scripts {
     pub(crate) renew: Script,
     pub(crate) delete: Script,
     pub(crate) evict: Script,
+    pub(crate) mark_waiting: Script,
     pub(crate) get: Script,
 }
 
@@ -153,6 +185,7 @@ impl Scripts {
             renew: script(RENEW),
             delete: script(DELETE),
             evict: script(EVICT),
+            mark_waiting: script(MARK_WAITING),
             get: script(GET),
         }
     }

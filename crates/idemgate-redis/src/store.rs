@@ -13,6 +13,7 @@ use idemgate_core::{
     Snapshot, Store, StoreError,
 };
 use redis::{ScriptInvocation, Value};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use crate::codec::{
@@ -57,6 +58,8 @@ struct Inner {
     replication_wait: Option<ReplicationWait>,
     signals: Arc<ChangeSignals>,
     subscriber: OnceLock<AbortHandle>,
+    /// `true` while the subscriber's subscription is confirmed.
+    subscribed: watch::Sender<bool>,
     pubsub_clients: Vec<redis::Client>,
     connect_timeout: Duration,
 }
@@ -312,6 +315,7 @@ impl RedisStoreBuilder {
                 replication_wait: self.replication_wait,
                 signals: Arc::new(ChangeSignals::new()),
                 subscriber: OnceLock::new(),
+                subscribed: watch::Sender::new(false),
                 pubsub_clients,
                 connect_timeout: self.connect_timeout,
             }),
@@ -361,8 +365,9 @@ impl RedisStore {
         format!("{}{{{}}}", self.inner.key_prefix, identity.to_hex())
     }
 
-    /// The pub/sub channel completions, releases and deletions are announced on:
-    /// `<prefix>changes`, with the 32-byte identity digest as the message.
+    /// The pub/sub channel completions, releases and deletions of records someone
+    /// waits for are announced on: `<prefix>changes`, with the 32-byte identity
+    /// digest as the message (writes nobody waits for announce nothing).
     pub fn change_channel(&self) -> &str {
         &self.inner.channel
     }
@@ -438,17 +443,47 @@ impl RedisStore {
         }
     }
 
+    /// Marks the record as waited on (the write ending its run will announce it),
+    /// or finds it no longer in progress. A hint: failures and timeouts (at
+    /// `until`) count as marked, so the wait falls back to its timeout.
+    async fn mark_waiting(
+        &self,
+        identity: &IdentityDigest,
+        until: tokio::time::Instant,
+    ) -> MarkedWaiting {
+        let key = self.record_key(identity);
+        let invocation = self.inner.scripts.mark_waiting.key(&key);
+        match tokio::time::timeout_at(until, self.run(&invocation)).await {
+            Ok(Ok(Value::Int(0))) => MarkedWaiting::Ended,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "marking a Redis record as waited on failed");
+                MarkedWaiting::Marked
+            }
+            _ => MarkedWaiting::Marked,
+        }
+    }
+
     fn ensure_subscribed(&self) {
         self.inner.subscriber.get_or_init(|| {
             tokio::spawn(subscriber::run(
                 self.inner.pubsub_clients.clone(),
                 self.inner.channel.clone(),
                 Arc::downgrade(&self.inner.signals),
+                self.inner.subscribed.clone(),
                 self.inner.connect_timeout,
             ))
             .abort_handle()
         });
     }
+}
+
+/// What marking a record as waited on found.
+#[derive(Debug, PartialEq, Eq)]
+enum MarkedWaiting {
+    /// In progress, now marked (or unknown: the mark failed or timed out).
+    Marked,
+    /// Absent, released or final: nothing left to wait for.
+    Ended,
 }
 
 fn fenced_reply(reply: Value) -> Result<FencedWrite, StoreError> {
@@ -689,10 +724,34 @@ impl Store for RedisStore {
     }
 
     /// Wakes on this store's own completions, releases and deletions at once, and on
-    /// other instances' through the pub/sub channel (subscribed at the first wait, so
-    /// that first wait may miss one); the timeout is the floor either way.
+    /// other instances' through the pub/sub channel. Once subscribed (the first wait
+    /// subscribes, and waits for the confirmation within its timeout), it marks the
+    /// record as waited on, so that the write ending the run announces it (writes
+    /// nobody waits for announce nothing); a record that is no longer in progress
+    /// when marked ends the wait at once. The timeout is the floor either way.
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        let until = tokio::time::Instant::now() + timeout;
         self.ensure_subscribed();
-        self.inner.signals.wait(identity, timeout).await;
+        let mut subscribed = self.inner.subscribed.subscribe();
+        // Not subscribed (Redis down, or the first wait): a mark now could be
+        // announced before anyone listens, so wait for the subscription first.
+        let _ = tokio::time::timeout_at(until, subscribed.wait_for(|up| *up)).await;
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let signal = self.inner.signals.wait(identity, left);
+        tokio::pin!(signal);
+        // Its first poll registers the waiter before the mark, so an announcement
+        // right after the mark finds it.
+        if futures_util::FutureExt::now_or_never(signal.as_mut()).is_some() {
+            return;
+        }
+        let subscribed = *subscribed.borrow();
+        if subscribed && self.mark_waiting(identity, until).await == MarkedWaiting::Ended {
+            // It changed since the caller's read: end this wait (and wake local
+            // waiters on the record, which re-read) instead of sleeping it out.
+            self.inner.signals.notify(identity);
+        }
+        // Always awaited to its end (its own timeout is what is left), so the
+        // signal's entry is removed.
+        signal.await;
     }
 }

@@ -68,6 +68,13 @@ async fn a_completion_on_another_instance_wakes_waiters() {
     support::other_instance_wakes_waiter(&a, &b).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_completions_someone_waits_for_are_announced() {
+    let (a, b) = (cluster_store().await, cluster_store().await);
+    // PUBLISH on a cluster reaches every node: listen on any.
+    support::announcements_only_when_waited(&a, &b, &support::cluster_urls()[0]).await;
+}
+
 /// Records hash by their digest alone (the `{…}` tag), so they land on every
 /// primary; each record's scripts run on the node that owns its slot.
 #[tokio::test]

@@ -78,6 +78,12 @@ async fn a_completion_on_another_instance_wakes_waiters() {
     support::other_instance_wakes_waiter(&a, &b).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_completions_someone_waits_for_are_announced() {
+    let (a, b) = (redis_store().await, redis_store().await);
+    support::announcements_only_when_waited(&a, &b, &support::standalone_url()).await;
+}
+
 #[tokio::test]
 async fn one_hash_per_record_under_a_hash_tagged_key_expiring_at_expires_at() {
     let store = redis_store().await;

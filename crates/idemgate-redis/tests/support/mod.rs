@@ -253,3 +253,111 @@ pub async fn other_instance_wakes_waiter(
     let seen = b.get(&digest).await.expect("get").expect("record");
     assert!(seen.record.status().is_final());
 }
+
+/// Announcements cost only where someone waits: a completion nobody waits for
+/// publishes nothing on the change channel, one that a waiter on `b` marked does
+/// (and wakes it), and a wait on a record that ended before the wait began returns
+/// at once instead of sleeping out its timeout. `subscriber_url` is a server (or
+/// any cluster node) to listen on the channel through.
+pub async fn announcements_only_when_waited(
+    a: &idemgate_redis::RedisStore,
+    b: &idemgate_redis::RedisStore,
+    subscriber_url: &str,
+) {
+    use futures_util::StreamExt;
+    use idemgate_core::{Claim, Completion, FencedWrite, FinalStatus, Store};
+
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: idemgate_testkit::conformance::awkward_response(),
+        ttl: Duration::from_secs(60),
+    };
+    let acquire = |request| async move {
+        match a.try_claim(&request).await.expect("claim") {
+            Claim::Acquired(lease) => lease,
+            Claim::Existing(_) => panic!("fresh identity not acquired"),
+        }
+    };
+    let mut pubsub = redis::Client::open(subscriber_url)
+        .expect("url")
+        .get_async_pubsub()
+        .await
+        .expect("pub/sub connection");
+    pubsub
+        .subscribe(a.change_channel())
+        .await
+        .expect("subscribe");
+    let mut messages = pubsub.into_on_message();
+
+    // Nobody waits: completed, not announced.
+    let unwaited = idemgate_testkit::conformance::fresh_request();
+    let lease = acquire(unwaited.clone()).await;
+    assert_eq!(
+        a.complete(&lease, &completion).await.expect("complete"),
+        FencedWrite::Applied
+    );
+
+    // A waiter on the other instance: announced, and the waiter wakes.
+    let waited = idemgate_testkit::conformance::fresh_request();
+    let lease = acquire(waited.clone()).await;
+    let digest = *waited.identity.digest();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            b.wait_for_change(&digest, Duration::from_secs(10)).await;
+            start.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        a.complete(&lease, &completion).await.expect("complete"),
+        FencedWrite::Applied
+    );
+    let woke_after = waiter.await.expect("waiter");
+    assert!(
+        woke_after < Duration::from_secs(3),
+        "the waiter woke only after {woke_after:?}"
+    );
+
+    // Other tests share the channel: read until the waited record's announcement.
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(message) = messages.next().await {
+            let payload = message.get_payload_bytes().to_vec();
+            if payload == digest.as_bytes() {
+                return true;
+            }
+            seen.push(payload);
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        found,
+        Ok(true),
+        "the waited-for completion was not announced"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|p| p == unwaited.identity.digest().as_bytes()),
+        "a completion nobody waited for was announced"
+    );
+
+    // Ended before the wait began: no announcement to hear, the mark says so.
+    let ended = idemgate_testkit::conformance::fresh_request();
+    let lease = acquire(ended.clone()).await;
+    assert_eq!(
+        a.complete(&lease, &completion).await.expect("complete"),
+        FencedWrite::Applied
+    );
+    let start = Instant::now();
+    b.wait_for_change(ended.identity.digest(), Duration::from_secs(10))
+        .await;
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "a wait on a record that had ended slept {:?}",
+        start.elapsed()
+    );
+}
