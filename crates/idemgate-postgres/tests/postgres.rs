@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use idemgate_core::record::OperationId;
 use idemgate_core::transaction::TransactionSlot;
 use idemgate_core::{Claim, ClaimRequest, FencedWrite, Lease, LeaseOrigin, Store, StoreError};
-use idemgate_postgres::{Error, IDLE_PING_AFTER, PostgresStore, PurgeTask, Tx};
+use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx};
 use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -404,60 +404,6 @@ async fn unreachable_database_is_unavailable() {
         "took {:?}",
         start.elapsed()
     );
-}
-
-/// `PostgresStore::pool_options` pings a connection at checkout only once it sat idle
-/// for `IDLE_PING_AFTER`: a pooled connection killed and left idle that long is
-/// replaced before the claim runs; one killed and reused at once fails its statement
-/// as `Unavailable` (never anything else) and is not reused, so the next call
-/// succeeds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_pooled_connection_is_replaced() {
-    let store = PostgresStore::new(
-        PostgresStore::pool_options()
-            .max_connections(1)
-            .connect(&url())
-            .await
-            .expect("connect"),
-    )
-    .with_schema(SHARED_SCHEMA);
-    store.migrate().await.expect("migrate");
-    let killer = pool(1).await;
-
-    kill_the_pooled_connection(&store, &killer).await;
-    tokio::time::sleep(IDLE_PING_AFTER + Duration::from_millis(300)).await;
-    acquire(&store, &fresh_request()).await;
-
-    kill_the_pooled_connection(&store, &killer).await;
-    match store.try_claim(&fresh_request()).await {
-        // Reused within the second: the statement found the dead connection.
-        Err(StoreError::Unavailable(_)) => {}
-        // The machine stalled past IDLE_PING_AFTER: the ping found it.
-        Ok(Claim::Acquired(_)) => {}
-        other => panic!("expected Unavailable or a claim, got {other:?}"),
-    }
-    acquire(&store, &fresh_request()).await;
-}
-
-/// Terminates the backend of `store`'s one pooled connection (it stays in the pool,
-/// dead), waiting until it is gone.
-async fn kill_the_pooled_connection(store: &PostgresStore, killer: &PgPool) {
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(store.pool())
-        .await
-        .expect("backend pid");
-    // Back in the idle queue (sqlx returns it from a spawned task, after a ping).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.pool().num_idle() < 1 {
-        assert!(Instant::now() < deadline, "the connection never went idle");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let gone: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 10000)")
-        .bind(pid)
-        .fetch_one(killer)
-        .await
-        .expect("terminate");
-    assert!(gone, "backend {pid} did not exit");
 }
 
 /// A statement that hits `statement_timeout` (SQLSTATE 57014) is `Unavailable`, with
