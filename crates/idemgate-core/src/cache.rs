@@ -22,8 +22,9 @@
 //! Where entries come from:
 //! - a claim or a read that returned a final record: the store's record, field for
 //!   field;
-//! - a completion through this cache of a claim it saw acquired as a new operation
-//!   (`LeaseOrigin::New`): the record the store just wrote, rebuilt from the claim
+//! - a completion of a claim this cache saw acquired as a new operation
+//!   (`LeaseOrigin::New`), through [`Store::complete`] or committed in the handler's
+//!   transaction ([`Store::completed_in_transaction`]): the record the store just wrote, rebuilt from the claim
 //!   request, the lease and the completion, so the client's retry after a lost
 //!   response is answered from memory too. Its `expires_at` is a lower bound (the
 //!   claim's store clock plus the TTL; the store counts from its completion), so the
@@ -411,6 +412,10 @@ impl Store for ReplayCache {
             self.fill(identity, snapshot, read_at, epoch);
         }
         Ok(found)
+    }
+
+    fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
+        self.fill_completed(lease, completion);
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {

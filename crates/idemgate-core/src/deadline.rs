@@ -136,6 +136,10 @@ impl Store for WithDeadline {
         self.bounded("get", self.inner.get(identity)).await
     }
 
+    fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
+        self.inner.completed_in_transaction(lease, completion);
+    }
+
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
         self.inner.wait_for_change(identity, timeout).await;
     }

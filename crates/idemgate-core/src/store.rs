@@ -75,6 +75,15 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the record without claiming it (wait mode polls with it).
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError>;
 
+    /// Told that the handler's transaction (the transactional mode,
+    /// [`crate::transaction`]) committed `completion` under `lease`: the one
+    /// completion that does not go through [`Store::complete`]. Not a write, and
+    /// nothing for a store to do (the default); a wrapper that keeps what
+    /// completions write, the replay cache, learns of it here.
+    fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
+        let _ = (lease, completion);
+    }
+
     /// Returns when the record under `identity` may have changed, or after `timeout`.
     /// A hint only: callers re-read with [`Store::get`]. The default sleeps, which
     /// turns waiting into polling.

@@ -178,6 +178,28 @@ async fn a_completion_fills_the_cache_for_the_first_retry() {
 }
 
 #[tokio::test]
+async fn a_completion_committed_in_the_handlers_transaction_fills_the_cache() {
+    let (inner, cache) = cache_over(ReplayCacheConfig::default());
+    let request = fresh_request();
+    let lease = acquire(&cache, &request).await;
+    // The transactional mode: the record is completed by the handler's transaction,
+    // not through the cache, which is told afterwards.
+    let done = completion(awkward_response());
+    assert_eq!(
+        inner.complete(&lease, &done).await.expect("complete"),
+        FencedWrite::Applied
+    );
+    cache.completed_in_transaction(&lease, &done);
+    let before = inner.calls();
+    let first = existing(&cache, &request).await;
+    assert_eq!(inner.calls(), before, "the first retry reached the store");
+    assert_eq!(
+        decide(&first, &request.fingerprint),
+        Decision::Replay(&awkward_response())
+    );
+}
+
+#[tokio::test]
 async fn a_released_claims_completion_is_read_back_before_it_is_cached() {
     let (inner, cache) = cache_over(ReplayCacheConfig::default());
     let request = fresh_request();

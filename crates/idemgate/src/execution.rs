@@ -328,7 +328,12 @@ impl Execution {
             }))
         });
         match committed {
-            Ok(FencedWrite::Applied) => Written::Applied,
+            Ok(FencedWrite::Applied) => {
+                self.config
+                    .store
+                    .completed_in_transaction(&self.lease, completion);
+                Written::Applied
+            }
             Ok(FencedWrite::Refused) => Written::Refused,
             Err(error) => {
                 let landed =
