@@ -63,7 +63,10 @@ impl OrdersDb {
             }
             .await;
             match opened {
-                Err(error) if is_sqlite_busy(&error) && tokio::time::Instant::now() < deadline => {
+                Err(error)
+                    if idemgate_sqlite::is_busy(&error)
+                        && tokio::time::Instant::now() < deadline =>
+                {
                     tracing::debug!(%error, "the orders database is busy at startup; retrying");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -306,21 +309,6 @@ fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
     })
-}
-
-/// Whether `error` is SQLite's "database is locked" (`SQLITE_BUSY`, code 5, with
-/// any extended code).
-fn is_sqlite_busy(error: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(error) = error else {
-        return false;
-    };
-    error
-        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
-        .is_some()
-        && error
-            .code()
-            .and_then(|code| code.parse::<i32>().ok())
-            .is_some_and(|code| code & 0xff == 5)
 }
 
 /// A SQLite pool on `url` (`sqlite://PATH`, the file created if missing), for the

@@ -27,6 +27,22 @@ const SQLITE_PROTOCOL: i32 = 15;
 const SQLITE_AUTH: i32 = 23;
 const SQLITE_NOTADB: i32 = 26;
 
+/// Whether `error` is SQLite's "database is locked" (`SQLITE_BUSY`, any extended
+/// code): for callers that retry what SQLite does not wait for itself, such as two
+/// processes switching one fresh file to WAL at once.
+pub fn is_busy(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(error) = error else {
+        return false;
+    };
+    error
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some()
+        && error
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .is_some_and(|code| code & 0xff == SQLITE_BUSY)
+}
+
 /// Classifies SQLite's extended result code, as sqlx reports it (in decimal).
 pub(crate) fn classify_result_code(code: &str) -> ErrorClass {
     code.parse::<i32>()

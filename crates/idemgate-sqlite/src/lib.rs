@@ -198,7 +198,7 @@ mod store;
 mod tx;
 mod writer;
 
-pub use error::Error;
+pub use error::{Error, is_busy};
 pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
