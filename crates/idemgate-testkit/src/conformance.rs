@@ -690,7 +690,7 @@ pub async fn waiters_wake_on_completion(store: Arc<dyn Store>) {
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
     let waited = wait_while(&store, *request.identity.digest(), |snapshot| {
-        snapshot.is_some_and(|s| !s.record.status().is_final())
+        !snapshot.is_some_and(|s| s.record.status().is_final())
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(

@@ -377,6 +377,7 @@ async fn serve_admin_key_api_refuses_a_live_lease_unless_forced() {
         2,
         "evicting a running key let the operation run a second time"
     );
+    assert_eq!(gateway.distinct_charges(), 2, "under a new operation id");
     let orders = client.orders(&server.url("")).await;
     assert_eq!(
         orders.len(),

@@ -420,7 +420,7 @@ async fn restart_replays_identically(database: &str, gateway: &MockGateway) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn servers_starting_together_on_a_fresh_sqlite_file_all_come_up() {
     let gateway = MockGateway::start().await;
-    for _ in 0..3 {
+    for round in 0..3 {
         let (db, _dir) = sqlite_url();
         let servers = futures_util::future::join_all(
             (0..4).map(|_| Server::start(Options::new(&db).gateway(gateway.url()))),
@@ -428,11 +428,18 @@ async fn servers_starting_together_on_a_fresh_sqlite_file_all_come_up() {
         .await;
         let client = Client::new();
         let key = new_key();
+        let mut answers = Vec::new();
         for server in &servers {
             let answer = client.post(&orders_url(server), Some(&key), ORDER).await;
             assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+            answers.push(answer);
+        }
+        for later in &answers[1..] {
+            assert!(later.replayed(), "{later:?}");
+            assert_eq!(later.body, answers[0].body);
         }
         assert_eq!(client.orders(&servers[0].url("")).await.len(), 1);
+        assert_eq!(gateway.calls().len(), round + 1, "one charge per round");
         for server in servers {
             server.stop().await;
         }
@@ -656,7 +663,7 @@ async fn health_and_metrics_answer() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("idemgate_requests_total{outcome=\"executed\"} 1"),
+        metrics.contains("idemgate_requests_total{outcome=\"executed\"} 1\n"),
         "{metrics}"
     );
     // Histograms (aggregatable across instances), not per-process summaries.
@@ -667,16 +674,17 @@ async fn health_and_metrics_answer() {
     );
     assert!(
         metrics.contains("# TYPE idemgate_request_duration_seconds histogram")
-            && metrics.contains("idemgate_request_duration_seconds_count{outcome=\"executed\"} 1"),
+            && metrics
+                .contains("idemgate_request_duration_seconds_count{outcome=\"executed\"} 1\n"),
         "{metrics}"
     );
     // Registered at zero before any event, so `rate()` sees the first one.
     assert!(
-        metrics.contains("idemgate_fenced_completions_total 0")
-            && metrics.contains("idemgate_store_errors_total{op=\"claim\"} 0"),
+        metrics.contains("idemgate_fenced_completions_total 0\n")
+            && metrics.contains("idemgate_store_errors_total{op=\"claim\"} 0\n"),
         "{metrics}"
     );
-    assert!(metrics.contains("idemgate_lease_seconds 30"), "{metrics}");
+    assert!(metrics.contains("idemgate_lease_seconds 30\n"), "{metrics}");
     assert!(
         metrics.contains("idemgate_oldest_in_flight_seconds"),
         "{metrics}"
