@@ -200,5 +200,5 @@ pub use error::Error;
 pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
-pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, IDLE_PING_AFTER, PostgresStore};
+pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PostgresStore};
 pub use tx::Tx;

@@ -9,7 +9,7 @@ use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
 use idemgate_sqlx::{PurgeTask, millis};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, Connection, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use crate::error::{ClaimContended, Error, store_error};
 use crate::sql::{self, Names, Statements};
@@ -20,10 +20,6 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 /// How long [`PostgresStore::connect`]'s pool waits for a free connection before a
 /// call fails with [`StoreError::Unavailable`] (the layer's 503).
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long a pooled connection may sit idle before a checkout pings it; see
-/// [`PostgresStore::pool_options`].
-pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 
 /// How often one claim re-runs when the record changes between its statements.
 const CLAIM_ATTEMPTS: usize = 4;
@@ -80,50 +76,15 @@ impl PostgresStore {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let pool = Self::pool_options()
+        let pool = PgPoolOptions::new()
+            .max_connections(DEFAULT_MAX_CONNECTIONS)
+            .acquire_timeout(DEFAULT_ACQUIRE_TIMEOUT)
             .connect(url)
             .await
             .map_err(Error::Connect)?;
         let store = Self::new(pool);
         store.migrate().await?;
         Ok(store)
-    }
-
-    /// The pool settings [`PostgresStore::connect`] uses, to start from when building
-    /// a pool of your own: [`DEFAULT_MAX_CONNECTIONS`], [`DEFAULT_ACQUIRE_TIMEOUT`],
-    /// and a checkout that pings only a connection idle for [`IDLE_PING_AFTER`] or
-    /// longer.
-    ///
-    /// sqlx's default pings every connection it hands out, one more round trip
-    /// before each statement; a new key checks out twice (the claim, then the
-    /// business transaction), so under load that is two of its round trips for
-    /// nothing: a connection reused within the second is alive as far as a ping can
-    /// tell. One that died since is found by its statement instead, which fails as
-    /// [`StoreError::Unavailable`] (a 503 with `Retry-After`, safe to retry) and is
-    /// not returned to the pool (sqlx tests every connection on release).
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = idemgate_postgres::PostgresStore::pool_options()
-    ///     .max_connections(32)
-    ///     .connect("postgres://app@127.0.0.1/app")
-    ///     .await?;
-    /// let store = idemgate_postgres::PostgresStore::new(pool);
-    /// # Ok(()) }
-    /// ```
-    pub fn pool_options() -> PgPoolOptions {
-        PgPoolOptions::new()
-            .max_connections(DEFAULT_MAX_CONNECTIONS)
-            .acquire_timeout(DEFAULT_ACQUIRE_TIMEOUT)
-            .test_before_acquire(false)
-            .before_acquire(|connection, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_PING_AFTER {
-                        connection.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
     }
 
     /// A store on `pool`, with its records in `idemgate_records` on the connection's

@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{PgConnection, PgPool, Row, SqliteConnection, SqlitePool};
 use uuid::Uuid;
@@ -337,10 +337,7 @@ pub(crate) async fn connect_sqlite(
 pub(crate) async fn connect_postgres(url: &str, timeout: Duration) -> Result<PgPool, sqlx::Error> {
     let options = PgConnectOptions::from_str(url)?
         .options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
-    // The store's settings (a checkout pings only a connection idle for a while),
-    // for the orders too: with --no-idempotency as well, so the bench's `bare`
-    // baseline pays the same per checkout.
-    idemgate_postgres::PostgresStore::pool_options()
+    PgPoolOptions::new()
         .max_connections(32)
         .acquire_timeout(timeout)
         .connect_with(options)
