@@ -40,6 +40,7 @@ mod forward;
 pub mod headers;
 mod jwt;
 mod principal;
+mod principal_source;
 pub mod problem;
 mod routes;
 mod upstream;
@@ -47,6 +48,7 @@ mod upstream;
 pub use forward::{Forward, HostHeader};
 pub use jwt::{JwksError, JwtPrincipal};
 pub use principal::HeaderPrincipal;
+pub use principal_source::PrincipalSource;
 pub use routes::{DEFAULT_REJECTIONS, ForwardKey, RoutePattern, Routes, RoutesError};
 pub use upstream::{Upstream, UpstreamError};
 

@@ -27,54 +27,37 @@ use idemgate::scope::{Identity, IdentityDigest, Scope};
 use idemgate::{DetachedTasks, EvictMode, Eviction, Principal, ProblemDetails, Store};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
-use crate::keys::{EvictionView, KeyQuery, KeyView, lease_left};
-use crate::runtime::{UNAVAILABLE_RETRY_AFTER, metrics_response};
-
-/// The bearer token of the key API, kept as its SHA-256 so that comparing a
-/// presented token takes the same time whatever its length or content.
-#[derive(Clone)]
-pub struct AdminToken(Arc<[u8; 32]>);
-
-impl AdminToken {
-    /// The token from `IDEMGATE_ADMIN_TOKEN`; `None` (the key API off) when it is
-    /// unset or empty.
-    pub fn new(token: Option<&str>) -> Option<Self> {
-        token
-            .filter(|token| !token.is_empty())
-            .map(|token| Self(Arc::new(Sha256::digest(token.as_bytes()).into())))
-    }
-
-    fn admits(&self, presented: &[u8]) -> bool {
-        let presented: [u8; 32] = Sha256::digest(presented).into();
-        presented.ct_eq(&*self.0).into()
-    }
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(<redacted>)")
-    }
-}
+use crate::config::AdminToken;
+use crate::idempotency::UNAVAILABLE_RETRY_AFTER;
+use crate::inspect::{EvictionView, KeyQuery, KeyView, lease_left};
+use crate::monitoring::metrics_response;
 
 /// What the admin routes read.
 #[derive(Clone)]
-pub(crate) struct Admin {
+pub struct AdminState {
     /// The store, each call bounded by the store timeout.
-    pub(crate) store: Arc<WithDeadline>,
+    store: Arc<WithDeadline>,
     /// The record `/readyz` reads (never written, so always absent).
-    pub(crate) probe: IdentityDigest,
-    pub(crate) metrics: Option<PrometheusHandle>,
-    pub(crate) tasks: DetachedTasks,
+    probe: IdentityDigest,
+    metrics: Option<PrometheusHandle>,
+    tasks: DetachedTasks,
     /// The key API's token; `None`: the key API is off.
-    pub(crate) token: Option<AdminToken>,
+    token: Option<AdminToken>,
 }
 
-impl Admin {
-    /// The admin state over `store`, each call bounded by `store_timeout`.
-    pub(crate) fn new(
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field("key_api", &self.token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminState {
+    /// The admin state over `store`, each call bounded by `store_timeout`; the
+    /// key API is on only with a `token`.
+    pub fn new(
         store: Arc<dyn Store>,
         store_timeout: std::time::Duration,
         metrics: Option<PrometheusHandle>,
@@ -91,8 +74,9 @@ impl Admin {
     }
 }
 
-/// The admin router.
-pub(crate) fn admin_app(admin: Admin) -> Router {
+/// The admin router: health, readiness, metrics, and the key API when a token
+/// is configured.
+pub fn router(admin: AdminState) -> Router {
     let mut router = Router::new()
         .route(
             "/healthz",
@@ -117,7 +101,7 @@ pub(crate) fn admin_app(admin: Admin) -> Router {
 /// Ready when the store answers a read within the store timeout: an instance
 /// whose store is down answers every keyed request 503, so a load balancer should
 /// skip it.
-async fn readyz(State(admin): State<Admin>) -> Response {
+async fn readyz(State(admin): State<AdminState>) -> Response {
     match admin.store.get(&admin.probe).await {
         Ok(_) => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
         Err(error) => {
@@ -140,7 +124,7 @@ fn readiness_probe() -> IdentityDigest {
     *Identity::new(scope, key).digest()
 }
 
-async fn render_metrics(State(admin): State<Admin>) -> Response {
+async fn render_metrics(State(admin): State<AdminState>) -> Response {
     admin.tasks.record_gauges();
     metrics_response(admin.metrics.as_ref())
 }
@@ -228,7 +212,7 @@ fn store_failed(error: idemgate::StoreError) -> ProblemDetails {
 }
 
 async fn show_key(
-    State(admin): State<Admin>,
+    State(admin): State<AdminState>,
     params: Result<Query<KeyParams>, QueryRejection>,
 ) -> Result<axum::Json<KeyView>, ProblemDetails> {
     let (identity, params) = identity_of(params)?;
@@ -242,7 +226,7 @@ async fn show_key(
 }
 
 async fn evict_key(
-    State(admin): State<Admin>,
+    State(admin): State<AdminState>,
     params: Result<Query<KeyParams>, QueryRejection>,
 ) -> Result<axum::Json<EvictionView>, ProblemDetails> {
     let (identity, params) = identity_of(params)?;
@@ -278,22 +262,5 @@ async fn evict_key(
             ),
         )
         .with_retry_after(lease_left(eviction).unwrap_or_default())),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_token_admits_only_itself_and_none_means_off() {
-        let token = AdminToken::new(Some("s3cret")).expect("a token");
-        assert!(token.admits(b"s3cret"));
-        assert!(!token.admits(b"s3cre"));
-        assert!(!token.admits(b"s3crett"));
-        assert!(!token.admits(b""));
-        assert!(AdminToken::new(None).is_none());
-        assert!(AdminToken::new(Some("")).is_none(), "an empty token is off");
-        assert!(!format!("{token:?}").contains("s3cret"));
     }
 }

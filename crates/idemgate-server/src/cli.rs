@@ -1,14 +1,21 @@
-//! The command line: `idemgate serve` and `idemgate proxy` (its flags in
-//! [`crate::proxy`]), every flag with its environment variable.
+//! The command line: every clap type of `idemgate serve`, `idemgate proxy` and
+//! `idemgate keys`, each flag with its environment variable, and the checks of the
+//! argument groups several subcommands share. It turns text into the checked
+//! values of [`crate::config`] and imports nothing else of this crate; each
+//! subcommand module (`crate::cmd`) takes its own arguments from here.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Parser, Subcommand};
 use idemgate::cache::ReplayCacheConfig;
+use idemgate_listener::ListenerOptions;
 
-use crate::listener::{ListenerArgs, ListenerOptions};
-use crate::telemetry::TelemetrySettings;
+use crate::config::{
+    AdminToken, ConfigError, LayerSettings, LogFormat, RedisPersistence, RedisSafety,
+    TelemetrySettings,
+};
 
 /// idemgate: `serve` runs the orders service (POST /api/v1/orders charges a payment
 /// gateway and stores an order exactly once per Idempotency-Key); `proxy` puts the
@@ -30,27 +37,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Put the Idempotency-Key protocol in front of any HTTP API: a reverse proxy
     /// to --upstream.
-    Proxy(crate::proxy::ProxyArgs),
+    Proxy(ProxyArgs),
     /// Inspect or evict one key's record, straight on the store.
-    Keys(crate::keys_cli::KeysArgs),
-}
-
-/// Where log lines go and how they look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Pretty,
-    /// One JSON object per line.
-    Json,
-}
-
-/// What a Redis idempotency store that persists nothing means for startup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RedisPersistence {
-    /// Log a warning and start: a restart of Redis forgets completed keys.
-    Warn,
-    /// Refuse to start until Redis has AOF or snapshots.
-    Refuse,
+    Keys(KeysArgs),
 }
 
 /// The safety flags of a redis:// idempotency store, flattened into every
@@ -82,6 +71,16 @@ pub struct RedisArgs {
     pub redis_wait_replicas: u32,
 }
 
+impl RedisArgs {
+    /// The checks these flags ask for.
+    pub fn safety(&self) -> RedisSafety {
+        RedisSafety {
+            persistence: self.redis_persistence,
+            wait_replicas: self.redis_wait_replicas,
+        }
+    }
+}
+
 /// The admin key API's token, flattened into `serve` and `proxy`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AdminTokenArgs {
@@ -99,8 +98,8 @@ pub struct AdminTokenArgs {
 
 impl AdminTokenArgs {
     /// The token; `None` when the key API is off.
-    pub fn token(&self) -> Option<crate::admin::AdminToken> {
-        crate::admin::AdminToken::new(self.admin_token.as_deref())
+    pub fn token(&self) -> Option<AdminToken> {
+        AdminToken::new(self.admin_token.as_deref())
     }
 }
 
@@ -266,25 +265,10 @@ pub struct LayerArgs {
     pub replay_cache_max_age_ms: u64,
 }
 
-/// The layer's timing and replay cache, checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LayerTiming {
-    /// Record TTL.
-    pub ttl: Duration,
-    /// Lease length.
-    pub lease: Duration,
-    /// Wait-mode bound; `None` answers 409 at once.
-    pub wait: Option<Duration>,
-    /// Bound on one store operation, statement or connection checkout.
-    pub store_timeout: Duration,
-    /// The replay cache's bounds; `None`: off.
-    pub replay_cache: Option<ReplayCacheConfig>,
-}
-
 impl LayerArgs {
     /// Checks the flags: a lease and a store timeout of at least 1, a TTL longer
     /// than the lease.
-    pub fn timing(&self) -> Result<LayerTiming, ConfigError> {
+    pub fn settings(&self) -> Result<LayerSettings, ConfigError> {
         if self.store_timeout_ms == 0 {
             return Err(ConfigError::new(
                 "--store-timeout-ms",
@@ -323,7 +307,7 @@ impl LayerArgs {
                 "must be at least 1 (turn the cache off with --replay-cache-entries 0)",
             ));
         }
-        Ok(LayerTiming {
+        Ok(LayerSettings {
             ttl: Duration::from_secs(self.ttl),
             lease: Duration::from_secs(self.lease),
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
@@ -366,6 +350,11 @@ pub struct ProcessArgs {
 }
 
 impl ProcessArgs {
+    /// The graceful shutdown deadline.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs(self.shutdown_timeout)
+    }
+
     /// Where logs and spans go.
     pub fn telemetry(&self) -> TelemetrySettings {
         TelemetrySettings {
@@ -401,165 +390,415 @@ impl ListenAddressArgs {
     }
 }
 
-/// A setting that cannot work, naming the flag and the variable to fix.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid {flag} / {env}: {reason}")]
-pub struct ConfigError {
-    /// The flag.
-    pub flag: &'static str,
-    /// Its environment variable.
-    pub env: &'static str,
-    /// What is wrong.
-    pub reason: String,
+/// `idemgate proxy` flags. Every flag can also come from the environment variable
+/// named in its help; a flag wins over its variable. Every POST and PATCH with an
+/// Idempotency-Key is covered, unless a route of --config says otherwise;
+/// everything else streams through.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// The API to put the protocol in front of: http://host:port[/base]. Request
+    /// paths go under the base.
+    #[arg(long, env = "IDEMGATE_UPSTREAM", value_name = "URL")]
+    pub upstream: String,
+
+    /// The public listen address; every path on it belongs to the upstream.
+    #[command(flatten)]
+    pub address: ListenAddressArgs,
+
+    /// Admin address: /healthz (200 once serving), /readyz (the store answers),
+    /// /metrics (Prometheus), and /v1/keys when IDEMGATE_ADMIN_TOKEN is set.
+    #[arg(
+        long,
+        env = "IDEMGATE_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9901",
+        value_name = "ADDR"
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// The admin key API's bearer token.
+    #[command(flatten)]
+    pub admin: AdminTokenArgs,
+
+    /// Where idempotency records live: sqlite://PATH (created on first run),
+    /// postgres://…, redis://… or memory (this process only).
+    #[arg(
+        long,
+        env = "IDEMGATE_IDEMPOTENCY_STORE",
+        default_value = "sqlite://./idemgate-proxy.db",
+        value_name = "STORE"
+    )]
+    pub idempotency_store: String,
+
+    /// Whom a key belongs to: `authorization` (an HMAC-SHA256 of the whole
+    /// Authorization value, under the secret of IDEMGATE_PRINCIPAL_SECRET or
+    /// --principal-secret-file), `header:NAME` (a header an authenticating proxy
+    /// in front sets, trusted as is) or `jwt` (a claim of a bearer JWT verified
+    /// with --jwt-secret-file or --jwks-file). A covered request with a key and no
+    /// valid principal gets 401 and is not forwarded.
+    #[arg(
+        long,
+        env = "IDEMGATE_PRINCIPAL",
+        default_value = "authorization",
+        value_name = "SOURCE"
+    )]
+    pub principal: String,
+
+    /// The secret of `--principal authorization`.
+    #[command(flatten)]
+    pub secret: PrincipalSecretArgs,
+
+    /// `--principal jwt`: the claim that names the principal.
+    #[arg(
+        long,
+        env = "IDEMGATE_JWT_CLAIM",
+        default_value = "sub",
+        value_name = "CLAIM"
+    )]
+    pub jwt_claim: String,
+
+    /// `--principal jwt`: a file holding the HS256 secret (trailing newline
+    /// ignored).
+    #[arg(long, env = "IDEMGATE_JWT_SECRET_FILE", value_name = "PATH")]
+    pub jwt_secret_file: Option<PathBuf>,
+
+    /// `--principal jwt`: a JWKS document (JSON) of the RS256/ES256 public keys
+    /// tokens are signed with; a token's `kid` picks the key.
+    #[arg(long, env = "IDEMGATE_JWKS_FILE", value_name = "PATH")]
+    pub jwks_file: Option<PathBuf>,
+
+    /// `--principal jwt`: accept only tokens with this `iss`.
+    #[arg(long, env = "IDEMGATE_JWT_ISSUER", value_name = "ISS")]
+    pub jwt_issuer: Option<String>,
+
+    /// `--principal jwt`: accept only tokens with this `aud`.
+    #[arg(long, env = "IDEMGATE_JWT_AUDIENCE", value_name = "AUD")]
+    pub jwt_audience: Option<String>,
+
+    /// How long to wait for the upstream's response head, connecting included,
+    /// in milliseconds. Past it: 504, stored as FAILED (the upstream may have run
+    /// the request, so a retry replays the 504 instead of running it again).
+    #[arg(
+        long,
+        env = "IDEMGATE_UPSTREAM_TIMEOUT_MS",
+        default_value_t = 30_000,
+        value_name = "MS"
+    )]
+    pub upstream_timeout_ms: u64,
+
+    /// Per-route policies (TOML; see docs/proxy.md): which routes are covered and
+    /// how. Without it every POST and PATCH is covered with the defaults above. A
+    /// bad file stops the start, naming its line.
+    #[arg(long, env = "IDEMGATE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The Host header the upstream receives: `client` (as the client sent it) or
+    /// `upstream` (the --upstream URL's host:port, for an upstream that routes by
+    /// its own name). The client's Host is in X-Forwarded-Host either way.
+    #[arg(
+        long,
+        env = "IDEMGATE_UPSTREAM_HOST_HEADER",
+        default_value = "client",
+        value_name = "WHICH"
+    )]
+    pub upstream_host_header: HostHeaderArg,
+
+    /// A PEM file of the certificate chain the public listener presents; with
+    /// --tls-key it speaks HTTPS (rustls) instead of plain HTTP. Without both, TLS
+    /// is terminated in front.
+    #[arg(
+        long,
+        env = "IDEMGATE_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM file of the private key of --tls-cert.
+    #[arg(
+        long,
+        env = "IDEMGATE_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
+    /// Record timing: TTL, lease, wait mode, store timeout.
+    #[command(flatten)]
+    pub layer: LayerArgs,
+
+    /// Safety checks of a redis:// store.
+    #[command(flatten)]
+    pub redis: RedisArgs,
+
+    /// Shutdown deadline and log format.
+    #[command(flatten)]
+    pub process: ProcessArgs,
+
+    /// Connection limits of both listeners.
+    #[command(flatten)]
+    pub connections: ListenerArgs,
 }
 
-impl ConfigError {
-    pub(crate) fn new(flag: &'static str, env: &'static str, reason: impl Into<String>) -> Self {
-        Self {
-            flag,
-            env,
-            reason: reason.into(),
-        }
+/// The secret that `--principal authorization` HMACs the `Authorization` value
+/// under: flattened into `proxy`, and into `keys` to find such a principal's keys.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PrincipalSecretArgs {
+    /// A file holding the secret of `--principal authorization` (trailing newline
+    /// ignored). Keep it the same across restarts and instances.
+    #[arg(long, env = "IDEMGATE_PRINCIPAL_SECRET_FILE", value_name = "PATH")]
+    pub principal_secret_file: Option<PathBuf>,
+
+    /// The secret of `--principal authorization`; prefer the variable (a flag
+    /// shows in the process list).
+    #[arg(
+        long,
+        env = "IDEMGATE_PRINCIPAL_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub principal_secret: Option<String>,
+}
+
+impl PrincipalSecretArgs {
+    /// The secret: the file's content, else the variable's; empty when neither.
+    pub fn read(&self) -> Result<Vec<u8>, ConfigError> {
+        Ok(
+            match (&self.principal_secret_file, &self.principal_secret) {
+                (Some(path), _) => read_file(
+                    path,
+                    "--principal-secret-file",
+                    "IDEMGATE_PRINCIPAL_SECRET_FILE",
+                )?
+                .trim_ascii_end()
+                .to_vec(),
+                (None, Some(secret)) => secret.as_bytes().to_vec(),
+                (None, None) => Vec::new(),
+            },
+        )
     }
 }
 
-/// Where the orders live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DatabaseUrl {
-    /// A SQLite file.
-    Sqlite(String),
-    /// A PostgreSQL server.
-    Postgres(String),
+/// `--upstream-host-header`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostHeaderArg {
+    /// The client's Host, as sent.
+    Client,
+    /// The upstream URL's host:port.
+    Upstream,
 }
 
-/// Where the idempotency records live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdempotencyStore {
-    /// The orders database, transactional mode.
-    Database,
-    /// Process memory.
-    Memory,
-    /// A Redis server.
-    Redis(String),
+/// The bytes of a file a flag names; an unreadable one names the flag.
+pub fn read_file(
+    path: &Path,
+    flag: &'static str,
+    env: &'static str,
+) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|error| {
+        ConfigError::new(
+            flag,
+            env,
+            format!("cannot read {}: {error}", path.display()),
+        )
+    })
 }
 
-/// `serve`'s settings, checked.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Listen address.
-    pub listen: SocketAddr,
-    /// Admin listen address; `None`: no admin listener.
-    pub admin_listen: Option<SocketAddr>,
-    /// The admin key API's token; `None`: the key API is off.
-    pub admin_token: Option<crate::admin::AdminToken>,
-    /// Orders database.
-    pub database: DatabaseUrl,
-    /// Idempotency store.
-    pub idempotency_store: IdempotencyStore,
-    /// Payment gateway base URL; `None` for the simulated one.
-    pub gateway_url: Option<reqwest::Url>,
-    /// Gateway timeout.
-    pub gateway_timeout: Duration,
-    /// How long each simulated charge takes.
-    pub simulated_gateway_delay: Duration,
-    /// Record TTL.
-    pub ttl: Duration,
-    /// Lease length.
-    pub lease: Duration,
-    /// Wait-mode bound; `None` answers 409 at once.
-    pub wait: Option<Duration>,
-    /// Bound on one store operation, statement or connection checkout.
-    pub store_timeout: Duration,
-    /// The replay cache's bounds; `None`: off.
-    pub replay_cache: Option<ReplayCacheConfig>,
-    /// Redis safety checks: persistence policy, replicas to wait for.
-    pub redis: RedisArgs,
-    /// Graceful shutdown deadline.
-    pub shutdown_timeout: Duration,
-    /// Logs and span export.
-    pub telemetry: TelemetrySettings,
-    /// Connection limits of the listener.
-    pub connections: ListenerOptions,
-    /// The hidden benchmark baseline: no idempotency layer at all.
-    pub no_idempotency: bool,
+/// `idemgate keys`.
+#[derive(Debug, clap::Args)]
+pub struct KeysArgs {
+    /// What to do with the key.
+    #[command(subcommand)]
+    pub command: KeysCommand,
 }
 
-impl ServeArgs {
-    /// Checks the flags and resolves the defaults.
-    pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let listen = self.address.address();
-        let timing = self.layer.timing()?;
-        let database = if self.database.starts_with("sqlite:") {
-            DatabaseUrl::Sqlite(self.database.clone())
-        } else if self.database.starts_with("postgres://")
-            || self.database.starts_with("postgresql://")
-        {
-            DatabaseUrl::Postgres(self.database.clone())
-        } else {
-            return Err(ConfigError::new(
-                "--database",
-                "DATABASE_URL",
-                format!(
-                    "expected sqlite://PATH or postgres://…, got {:?}",
-                    self.database
-                ),
-            ));
-        };
-        let idempotency_store = match self.idempotency_store.as_str() {
-            "database" => IdempotencyStore::Database,
-            "memory" => IdempotencyStore::Memory,
-            url if url.starts_with("redis://") || url.starts_with("rediss://") => {
-                IdempotencyStore::Redis(url.to_owned())
+/// `idemgate keys` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print the record under a key as JSON: status, created/expires, the lease's
+    /// time left, the response's status and size, the operation id. Exit 3 when
+    /// there is none.
+    Show {
+        /// Which key.
+        #[command(flatten)]
+        target: KeyTarget,
+        /// Also print the stored response's headers and body (they may hold
+        /// personal data).
+        #[arg(long)]
+        body: bool,
+    },
+    /// Remove the record under a key, so the next request with it runs as a new
+    /// operation. DANGEROUS: an operation that already ran runs again on the next
+    /// retry. A running (PROCESSING, live lease) record is refused (exit 4)
+    /// unless --force.
+    Evict {
+        /// Which key.
+        #[command(flatten)]
+        target: KeyTarget,
+        /// Evict even a record whose request may still be running: a retry can
+        /// then run the operation beside it, and the running request's result is
+        /// not stored.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the principal string the layer stores for a credential, as JSON
+    /// (`{"principal": …}`): what the admin API's `principal=` takes.
+    Principal {
+        /// Whose principal.
+        #[command(flatten)]
+        whose: PrincipalArgs,
+    },
+}
+
+/// Whose key: exactly one of `--principal`, `--authorization`, `--bearer` or
+/// `--principal-header`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(
+    ArgGroup::new("whose")
+        .required(true)
+        .args(["principal", "authorization", "bearer", "principal_header"])
+))]
+pub struct PrincipalArgs {
+    /// The principal as the layer stored it: `bearer:<sha256 hex>` (serve),
+    /// `authz:<hmac hex>` (proxy, --principal authorization),
+    /// `header:<name>:<value>` (proxy, --principal header:NAME), or the id an
+    /// application's authentication layer set.
+    #[arg(long, value_name = "P")]
+    pub principal: Option<String>,
+
+    /// The client's whole Authorization value (`Bearer abc…`), for a proxy with
+    /// --principal authorization: the principal is its HMAC under the proxy's
+    /// secret (IDEMGATE_PRINCIPAL_SECRET or --principal-secret-file).
+    #[arg(long, value_name = "VALUE")]
+    pub authorization: Option<String>,
+
+    /// The bearer token of a request to `idemgate serve`'s orders API.
+    #[arg(long, value_name = "TOKEN")]
+    pub bearer: Option<String>,
+
+    /// `NAME: VALUE` of the header a proxy with --principal header:NAME trusts.
+    #[arg(long, value_name = "NAME: VALUE")]
+    pub principal_header: Option<String>,
+
+    /// The proxy's principal secret, for --authorization.
+    #[command(flatten)]
+    pub secret: PrincipalSecretArgs,
+}
+
+/// The store and the identity parts of one key.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeyTarget {
+    /// Where the records live: sqlite://PATH, postgres://… or redis://… (for
+    /// `serve` in its default `database` mode, its DATABASE_URL).
+    #[arg(long, value_name = "URL")]
+    pub store: String,
+
+    /// Whose key.
+    #[command(flatten)]
+    pub whose: PrincipalArgs,
+
+    /// The request method (POST, PATCH; any case).
+    #[arg(long, value_name = "M")]
+    pub method: String,
+
+    /// The request path as the client sent it (/api/v1/orders); normalized as the
+    /// layer normalizes it.
+    #[arg(long, value_name = "/x")]
+    pub path: String,
+
+    /// The Idempotency-Key value.
+    #[arg(long, value_name = "K")]
+    pub key: String,
+
+    /// The longest the store may take to answer, in milliseconds.
+    #[arg(long, default_value_t = 5_000, value_name = "MS")]
+    pub store_timeout_ms: u64,
+}
+
+/// Connection limits as flags, flattened into every subcommand that listens
+/// (`serve`, `proxy`). Each flag has its environment variable; a flag
+/// wins over its variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenerArgs {
+    /// How long a client has to send a complete request head, in milliseconds:
+    /// counted from accept for a new connection (so a client that connects and
+    /// sends nothing is closed too) and from the first byte of each later request.
+    /// Past it the connection is closed.
+    #[arg(
+        long,
+        env = "IDEMGATE_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 10_000,
+        value_name = "MS"
+    )]
+    pub header_read_timeout_ms: u64,
+
+    /// How long a client has to send a whole request body, in milliseconds, from
+    /// the end of the head. Past it the answer is 408 (problem+json
+    /// `body-timeout`), nothing runs, and the connection is closed.
+    #[arg(
+        long,
+        env = "IDEMGATE_BODY_READ_TIMEOUT_MS",
+        default_value_t = 30_000,
+        value_name = "MS"
+    )]
+    pub body_read_timeout_ms: u64,
+
+    /// How long a keep-alive connection may wait for its next request, in
+    /// milliseconds; then it is closed. Keep it above the idle timeout of a load
+    /// balancer in front (often 60 s).
+    #[arg(
+        long,
+        env = "IDEMGATE_IDLE_TIMEOUT_MS",
+        default_value_t = 75_000,
+        value_name = "MS"
+    )]
+    pub idle_timeout_ms: u64,
+
+    /// Most connections open at once; beyond it a new connection gets an immediate
+    /// 503 (problem+json `connection-limit`, `Retry-After: 1`) and is closed.
+    /// Capped at the file-descriptor limit minus a reserve of 128 (logged when it
+    /// applies).
+    #[arg(
+        long,
+        env = "IDEMGATE_MAX_CONNECTIONS",
+        default_value_t = 10_000,
+        value_name = "N"
+    )]
+    pub max_connections: usize,
+}
+
+impl ListenerArgs {
+    /// Checks the flags: every timeout and the bound must be at least 1.
+    pub fn options(&self) -> Result<ListenerOptions, ConfigError> {
+        let millis = |value: u64, flag, env| {
+            if value == 0 {
+                Err(ConfigError::new(flag, env, "must be at least 1"))
+            } else {
+                Ok(Duration::from_millis(value))
             }
-            other => {
-                return Err(ConfigError::new(
-                    "--idempotency-store",
-                    "IDEMGATE_IDEMPOTENCY_STORE",
-                    format!("expected database, memory or redis://…, got {other:?}"),
-                ));
-            }
         };
-        let gateway_url = match &self.gateway_url {
-            None => None,
-            Some(url) => Some(
-                reqwest::Url::parse(url)
-                    .ok()
-                    .filter(|u| matches!(u.scheme(), "http" | "https"))
-                    .ok_or_else(|| {
-                        ConfigError::new(
-                            "--gateway-url",
-                            "PAYMENT_GATEWAY_URL",
-                            format!("not an http(s) URL: {url:?}"),
-                        )
-                    })?,
-            ),
-        };
-        if self.gateway_timeout_ms == 0 {
+        if self.max_connections == 0 {
             return Err(ConfigError::new(
-                "--gateway-timeout-ms",
-                "PAYMENT_GATEWAY_TIMEOUT_MS",
+                "--max-connections",
+                "IDEMGATE_MAX_CONNECTIONS",
                 "must be at least 1",
             ));
         }
-        Ok(Settings {
-            listen,
-            admin_listen: self.admin_listen,
-            admin_token: self.admin.token(),
-            database,
-            idempotency_store,
-            gateway_url,
-            gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
-            simulated_gateway_delay: Duration::from_millis(self.simulated_gateway_delay_ms),
-            ttl: timing.ttl,
-            lease: timing.lease,
-            wait: timing.wait,
-            store_timeout: timing.store_timeout,
-            replay_cache: timing.replay_cache,
-            redis: self.redis,
-            shutdown_timeout: Duration::from_secs(self.process.shutdown_timeout),
-            telemetry: self.process.telemetry(),
-            connections: self.connections.options()?,
-            no_idempotency: self.no_idempotency,
+        Ok(ListenerOptions {
+            header_read_timeout: millis(
+                self.header_read_timeout_ms,
+                "--header-read-timeout-ms",
+                "IDEMGATE_HEADER_READ_TIMEOUT_MS",
+            )?,
+            body_read_timeout: millis(
+                self.body_read_timeout_ms,
+                "--body-read-timeout-ms",
+                "IDEMGATE_BODY_READ_TIMEOUT_MS",
+            )?,
+            idle_timeout: millis(
+                self.idle_timeout_ms,
+                "--idle-timeout-ms",
+                "IDEMGATE_IDLE_TIMEOUT_MS",
+            )?,
+            max_connections: self.max_connections,
         })
     }
 }
@@ -568,107 +807,15 @@ impl ServeArgs {
 mod tests {
     use super::*;
 
-    fn args(extra: &[&str]) -> Result<Settings, ConfigError> {
-        let mut argv = vec!["idemgate", "serve"];
-        argv.extend_from_slice(extra);
-        let Command::Serve(args) = Cli::try_parse_from(argv).expect("parses").command else {
-            panic!("serve parses as serve");
+    #[test]
+    fn a_zero_limit_names_its_flag() {
+        let args = ListenerArgs {
+            header_read_timeout_ms: 0,
+            body_read_timeout_ms: 1,
+            idle_timeout_ms: 1,
+            max_connections: 1,
         };
-        args.settings()
-    }
-
-    #[test]
-    fn defaults_follow_the_contract() {
-        // Run without the variables set in this process (they may be set by CI).
-        let s = args(&[
-            "--database",
-            "sqlite://./x.db",
-            "--idempotency-store",
-            "database",
-        ])
-        .unwrap();
-        assert_eq!(s.ttl, Duration::from_secs(86_400));
-        assert_eq!(s.lease, Duration::from_secs(30));
-        assert_eq!(s.idempotency_store, IdempotencyStore::Database);
-        assert!(s.wait.is_none());
-        assert!(!s.no_idempotency);
-        assert_eq!(s.store_timeout, Duration::from_secs(2));
-        assert_eq!(s.redis.redis_persistence, RedisPersistence::Warn);
-        assert_eq!(s.redis.redis_wait_replicas, 0);
-        assert_eq!(s.connections, ListenerOptions::default());
-    }
-
-    #[test]
-    fn the_benchmark_baseline_flag_is_hidden() {
-        let s = args(&["--no-idempotency"]).unwrap();
-        assert!(s.no_idempotency);
-        let mut command = <Cli as clap::CommandFactory>::command();
-        let serve = command
-            .find_subcommand_mut("serve")
-            .expect("serve subcommand");
-        let help = serve.render_long_help().to_string();
-        assert!(!help.contains("no-idempotency"), "{help}");
-    }
-
-    #[test]
-    fn the_replay_cache_is_on_by_default_and_zero_entries_turn_it_off() {
-        let on = args(&[]).unwrap().replay_cache.expect("on by default");
-        assert_eq!(on, ReplayCacheConfig::default());
-        let sized = args(&[
-            "--replay-cache-entries",
-            "5",
-            "--replay-cache-bytes",
-            "4096",
-            "--replay-cache-max-age-ms",
-            "250",
-        ])
-        .unwrap();
-        assert_eq!(
-            sized.replay_cache,
-            Some(ReplayCacheConfig {
-                entries: 5,
-                bytes: 4096,
-                max_age: Duration::from_millis(250),
-            })
-        );
-        assert_eq!(
-            args(&["--replay-cache-entries", "0"]).unwrap().replay_cache,
-            None
-        );
-        let err = args(&["--replay-cache-bytes", "0"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("IDEMGATE_REPLAY_CACHE_BYTES"), "{err}");
-        let err = args(&["--replay-cache-max-age-ms", "0"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("IDEMGATE_REPLAY_CACHE_MAX_AGE_MS"), "{err}");
-    }
-
-    #[test]
-    fn listen_beats_port_beats_default() {
-        let s = args(&["--listen", "127.0.0.1:0", "--port", "9999"]).unwrap();
-        assert_eq!(s.listen.port(), 0);
-        let s = args(&["--port", "9999"]).unwrap();
-        assert_eq!(s.listen, "127.0.0.1:9999".parse().unwrap());
-    }
-
-    #[test]
-    fn errors_name_the_flag_and_the_variable() {
-        let err = args(&["--database", "mysql://x"]).unwrap_err().to_string();
-        assert!(
-            err.contains("--database") && err.contains("DATABASE_URL"),
-            "{err}"
-        );
-        let err = args(&["--idempotency-store", "etcd://x"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("IDEMGATE_IDEMPOTENCY_STORE"), "{err}");
-        let err = args(&["--ttl", "5", "--lease", "10"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("IDEMPOTENCY_TTL_SECONDS"), "{err}");
-        let err = args(&["--gateway-url", "ftp://x"]).unwrap_err().to_string();
-        assert!(err.contains("PAYMENT_GATEWAY_URL"), "{err}");
+        let error = args.options().unwrap_err().to_string();
+        assert!(error.contains("IDEMGATE_HEADER_READ_TIMEOUT_MS"), "{error}");
     }
 }

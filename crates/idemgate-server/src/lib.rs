@@ -1,13 +1,21 @@
-//! The idemgate orders service: the seeds' running example as a real service.
+//! The `idemgate` binary as a library: `serve` (the orders service of the design
+//! articles), `proxy` (the Idempotency-Key protocol in front of any HTTP API) and
+//! `keys` (an operator's look at one key). `main.rs` only parses the command line
+//! and hands it to the subcommand's module.
 //!
-//! `POST /api/v1/orders` charges a payment gateway and stores an order, exactly
-//! once per `Idempotency-Key`, whatever the network, the client or the process
-//! does. By default everything lives in one SQLite file, and each order commits in
-//! the same transaction as its idempotency record.
+//! The modules, top to bottom — each imports only modules below it
+//! (`CONTRIBUTING.md`, "Layers of the binary"):
 //!
-//! `main.rs` only parses the command line; [`http::app`] builds the router that
-//! tests drive, [`listener`] accepts connections within their limits, and
-//! [`server::run`] wires stores, gateway and shutdown.
+//! | layer | modules | what they hold |
+//! |---|---|---|
+//! | command line | [`cli`] | every clap type; the checks of the argument groups the subcommands share |
+//! | subcommands | [`cmd::serve`], [`cmd::proxy`], [`cmd::keys`] | each one's checked settings and its run |
+//! | the demo | [`orders`] | the orders service: API, authentication, database, payment gateway client |
+//! | services | [`process`], [`store`], [`idempotency`], [`admin`], [`inspect`], [`principal`], [`monitoring`], [`telemetry`], [`database`] | process lifecycle, the one store opener, the layer as configured, the admin API, key inspection, principal rules, metrics, logs and spans, SQL pools |
+//! | leaf | [`config`] | checked values everything shares; imports nothing of this crate |
+//!
+//! The hardened listener both servers use is its own crate, `idemgate-listener`;
+//! the proxy's forwarding service and route policies are `idemgate-proxy`.
 
 /// The workspace README's examples, compiled as doctests here, where every store
 /// crate is a dependency.
@@ -17,15 +25,14 @@ pub struct ReadmeDoctests;
 
 pub mod admin;
 pub mod cli;
-pub mod gateway;
-pub mod http;
-pub mod keys;
-pub mod keys_cli;
-pub mod listener;
+pub mod cmd;
+pub mod config;
+pub mod database;
+pub mod idempotency;
+pub mod inspect;
+pub mod monitoring;
 pub mod orders;
-pub mod proxy;
-pub mod repository;
-mod runtime;
-pub mod server;
-mod stores;
+pub mod principal;
+pub mod process;
+pub mod store;
 pub mod telemetry;

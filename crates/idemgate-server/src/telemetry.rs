@@ -13,16 +13,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
 
-use crate::cli::LogFormat;
-
-/// Where logs and spans go, from the flags.
-#[derive(Debug, Clone, Copy)]
-pub struct TelemetrySettings {
-    /// Human or JSON log lines on stderr.
-    pub log_format: LogFormat,
-    /// Export spans over OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`.
-    pub otlp: bool,
-}
+use crate::config::{LogFormat, TelemetrySettings};
 
 /// The OTLP exporter could not be built (for instance a malformed
 /// `OTEL_EXPORTER_OTLP_ENDPOINT`).

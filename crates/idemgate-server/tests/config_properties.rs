@@ -5,12 +5,14 @@
 use std::time::Duration;
 
 use clap::Parser;
-use idemgate_server::cli::{Cli, Command, ConfigError, DatabaseUrl, IdempotencyStore, Settings};
+use idemgate_server::cli::{Cli, Command};
+use idemgate_server::cmd::serve::{RecordStore, ServeSettings};
+use idemgate_server::config::{ConfigError, DatabaseUrl, StoreUrl};
 use proptest::prelude::*;
 
 /// Parses `serve` with `flags`; `None` when clap itself refuses the command line
 /// (a malformed number, say), which it reports with its own usage message.
-fn serve(flags: &[(&str, String)]) -> Option<Result<Settings, ConfigError>> {
+fn serve(flags: &[(&str, String)]) -> Option<Result<ServeSettings, ConfigError>> {
     let mut argv = vec!["idemgate".to_owned(), "serve".to_owned()];
     for (flag, value) in flags {
         argv.push(format!("--{flag}={value}"));
@@ -18,7 +20,7 @@ fn serve(flags: &[(&str, String)]) -> Option<Result<Settings, ConfigError>> {
     let Command::Serve(args) = Cli::try_parse_from(argv).ok()?.command else {
         panic!("`serve` parses as serve");
     };
-    Some(args.settings())
+    Some(ServeSettings::from_args(&args))
 }
 
 /// Text an operator might put in a URL-ish flag: real prefixes, junk, and anything.
@@ -62,11 +64,12 @@ proptest! {
                     ),
                 }
                 match &settings.idempotency_store {
-                    IdempotencyStore::Database => prop_assert_eq!(store.as_str(), "database"),
-                    IdempotencyStore::Memory => prop_assert_eq!(store.as_str(), "memory"),
-                    IdempotencyStore::Redis(url) => prop_assert!(
+                    RecordStore::OrdersDatabase => prop_assert_eq!(store.as_str(), "database"),
+                    RecordStore::Separate(StoreUrl::Memory) => prop_assert_eq!(store.as_str(), "memory"),
+                    RecordStore::Separate(StoreUrl::Redis(url)) => prop_assert!(
                         url.starts_with("redis://") || url.starts_with("rediss://")
                     ),
+                    RecordStore::Separate(other) => prop_assert!(false, "serve accepted {other:?}"),
                 }
                 let url = settings.gateway_url.expect("a gateway URL was given");
                 prop_assert!(matches!(url.scheme(), "http" | "https"));
@@ -109,9 +112,9 @@ proptest! {
         match result {
             Ok(settings) => {
                 prop_assert!(runnable, "accepted ttl={ttl} lease={lease}");
-                prop_assert!(settings.ttl > settings.lease);
-                prop_assert!(settings.lease >= Duration::from_secs(1));
-                prop_assert_eq!(settings.wait, (wait_ms > 0).then(|| Duration::from_millis(wait_ms)));
+                prop_assert!(settings.layer.ttl > settings.layer.lease);
+                prop_assert!(settings.layer.lease >= Duration::from_secs(1));
+                prop_assert_eq!(settings.layer.wait, (wait_ms > 0).then(|| Duration::from_millis(wait_ms)));
                 prop_assert_eq!(settings.connections.max_connections, max_connections);
             }
             Err(error) => {
@@ -129,7 +132,7 @@ proptest! {
         argv.extend(args);
         if let Ok(cli) = Cli::try_parse_from(argv) {
             if let Command::Serve(args) = cli.command {
-                let _ = args.settings();
+                let _ = ServeSettings::from_args(&args);
             }
         }
     }

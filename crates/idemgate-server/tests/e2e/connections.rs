@@ -12,9 +12,9 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::{Client, ORDER, new_key};
-use crate::gateway::MockGateway;
-use crate::server::{Options, Server, sqlite_url};
+use crate::support::client::{Client, ORDER, new_key};
+use crate::support::gateway::MockGateway;
+use crate::support::server::{Options, Server, sqlite_url};
 
 /// Slack on top of a timeout before "closed in time" fails: the machine is shared.
 const MARGIN: Duration = Duration::from_secs(4);

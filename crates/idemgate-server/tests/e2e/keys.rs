@@ -8,10 +8,10 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::client::{Client, ORDER, new_key};
-use crate::gateway::MockGateway;
-use crate::proxy::{Proxy, ProxyOptions, SECRET, Upstream};
-use crate::server::{Options, Server, TempDir, postgres_url, redis_url, sqlite_url};
+use crate::support::client::{Client, ORDER, new_key};
+use crate::support::gateway::MockGateway;
+use crate::support::proxy::{Proxy, ProxyOptions, SECRET, Upstream};
+use crate::support::server::{Options, Server, TempDir, postgres_url, redis_url, sqlite_url};
 
 pub(crate) const ADMIN_TOKEN: &str = "e2e-admin-token";
 
@@ -249,7 +249,7 @@ fn url_encode(value: &str) -> String {
 
 /// The principal `serve` stores for a bearer token.
 pub(crate) fn bearer_principal(client: &Client) -> String {
-    idemgate_server::http::bearer_principal(&client.token)
+    idemgate_server::principal::bearer_principal(&client.token)
         .as_str()
         .to_owned()
 }

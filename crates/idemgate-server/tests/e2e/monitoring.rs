@@ -10,7 +10,6 @@
 //! file) must return a series: each alert fires on this traffic. `promtool check
 //! rules` and the rule unit tests (`alerts_test.yml`) run first.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,8 +17,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::client::{Client, ORDER, new_key};
-use crate::server::{Options, Server, TempDir, send_signal, sqlite_url};
+use crate::support::client::{Client, ORDER, new_key};
+use crate::support::net::free_port;
+use crate::support::server::{Options, Server, TempDir, send_signal, sqlite_url};
 
 /// The scrape and rule evaluation interval of the test Prometheus.
 const SCRAPE: Duration = Duration::from_secs(1);
@@ -28,14 +28,6 @@ fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../deploy")
         .join(path)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs `program args` and panics with its output unless it succeeds. A missing

@@ -18,9 +18,9 @@ use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::client::{Client, ORDER, new_key};
-use crate::proxy::{Proxy, ProxyOptions, Upstream};
-use crate::server::{Options, Server, sqlite_url};
+use crate::support::client::{Client, ORDER, new_key};
+use crate::support::proxy::{Proxy, ProxyOptions, Upstream};
+use crate::support::server::{Options, Server, sqlite_url};
 
 /// One span as the receiver decoded it.
 #[derive(Debug, Clone)]

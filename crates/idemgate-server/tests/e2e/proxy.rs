@@ -1,130 +1,19 @@
 //! `idemgate proxy`, the real binary, in front of a counting test upstream that
 //! records what it received: every scenario asserts upstream executions.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use tokio::process::{Child, Command};
+use axum::http::StatusCode;
 use tokio::sync::Barrier;
 
-use crate::client::{Client, ORDER, new_key};
-use crate::server::{TempDir, postgres_url, spawn_listening};
-
-/// One request as the upstream saw it.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub method: String,
-    pub uri: String,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-}
-
-#[derive(Default)]
-struct UpstreamState {
-    /// Requests whose handler started, before their body was read.
-    started: AtomicUsize,
-    executions: AtomicUsize,
-    seen: Mutex<Vec<Seen>>,
-    delay_ms: AtomicU64,
-    /// Statuses the next executions answer instead of 201.
-    statuses: Mutex<VecDeque<u16>>,
-}
-
-/// An API with no idempotency of its own: every request it receives is one
-/// execution, answered with a body unique to that execution.
-pub struct Upstream {
-    pub addr: SocketAddr,
-    state: Arc<UpstreamState>,
-}
-
-impl Upstream {
-    pub async fn start() -> Self {
-        Self::start_on("127.0.0.1:0".parse().unwrap()).await
-    }
-
-    pub async fn start_on(addr: SocketAddr) -> Self {
-        let state = Arc::new(UpstreamState::default());
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .expect("bind upstream");
-        let addr = listener.local_addr().unwrap();
-        let app = Router::new()
-            .fallback(execute)
-            .with_state(Arc::clone(&state));
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { addr, state }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub fn executions(&self) -> usize {
-        self.state.executions.load(Ordering::SeqCst)
-    }
-
-    pub fn started(&self) -> usize {
-        self.state.started.load(Ordering::SeqCst)
-    }
-
-    pub fn seen(&self) -> Vec<Seen> {
-        self.state.seen.lock().unwrap().clone()
-    }
-
-    pub fn set_delay(&self, delay: Duration) {
-        self.state
-            .delay_ms
-            .store(delay.as_millis() as u64, Ordering::SeqCst);
-    }
-
-    pub fn answer_next(&self, status: u16) {
-        self.state.statuses.lock().unwrap().push_back(status);
-    }
-}
-
-async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> Response {
-    state.started.fetch_add(1, Ordering::SeqCst);
-    let (parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .unwrap_or_default();
-    let run = state.executions.fetch_add(1, Ordering::SeqCst) + 1;
-    state.seen.lock().unwrap().push(Seen {
-        method: parts.method.to_string(),
-        uri: parts.uri.to_string(),
-        headers: parts.headers.clone(),
-        body,
-    });
-    let delay = state.delay_ms.load(Ordering::SeqCst);
-    if delay > 0 {
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-    }
-    let status = state
-        .statuses
-        .lock()
-        .unwrap()
-        .pop_front()
-        .and_then(|s| StatusCode::from_u16(s).ok())
-        .unwrap_or(StatusCode::CREATED);
-    let body = serde_json::json!({ "run": run, "id": uuid::Uuid::new_v4() }).to_string();
-    let mut response = (status, body).into_response();
-    let headers = response.headers_mut();
-    headers.insert("x-upstream-run", HeaderValue::from(run));
-    // Hop-by-hop on the way back: the client must see none of them.
-    headers.insert("connection", HeaderValue::from_static("x-upstream-hop"));
-    headers.insert("x-upstream-hop", HeaderValue::from_static("secret"));
-    headers.insert("proxy-authenticate", HeaderValue::from_static("Basic"));
-    response
-}
+use crate::support::client::{Client, ORDER, new_key};
+use crate::support::net::read_head;
+use crate::support::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command};
+use crate::support::server::{TempDir, postgres_url};
 
 /// A port nothing listens on, held (bound, not listening) so that no other
 /// test's listener takes it meanwhile: connecting to it is refused. With
@@ -135,148 +24,6 @@ fn reserved_port() -> (tokio::net::TcpSocket, SocketAddr) {
     socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = socket.local_addr().unwrap();
     (socket, addr)
-}
-
-pub const SECRET: &str = "e2e-principal-secret";
-
-/// How to start the proxy.
-pub struct ProxyOptions {
-    pub upstream: String,
-    pub store: String,
-    pub extra: Vec<(String, String)>,
-    /// Environment variables set for the process.
-    pub env: Vec<(String, String)>,
-}
-
-impl ProxyOptions {
-    pub fn new(upstream: String) -> Self {
-        Self {
-            upstream,
-            store: "memory".to_owned(),
-            extra: Vec::new(),
-            env: Vec::new(),
-        }
-    }
-
-    pub fn store(mut self, store: &str) -> Self {
-        self.store = store.to_owned();
-        self
-    }
-
-    pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
-        self.extra.push((flag.to_owned(), value.to_string()));
-        self
-    }
-
-    pub fn env(mut self, name: &str, value: impl ToString) -> Self {
-        self.env.push((name.to_owned(), value.to_string()));
-        self
-    }
-}
-
-/// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 29] = [
-    "IDEMGATE_UPSTREAM",
-    "IDEMGATE_LISTEN",
-    "PORT",
-    "IDEMGATE_ADMIN_LISTEN",
-    "IDEMGATE_IDEMPOTENCY_STORE",
-    "IDEMGATE_PRINCIPAL",
-    "IDEMGATE_PRINCIPAL_SECRET",
-    "IDEMGATE_PRINCIPAL_SECRET_FILE",
-    "IDEMGATE_UPSTREAM_TIMEOUT_MS",
-    "IDEMPOTENCY_TTL_SECONDS",
-    "IDEMPOTENCY_LEASE_SECONDS",
-    "IDEMPOTENCY_WAIT_MS",
-    "IDEMGATE_STORE_TIMEOUT_MS",
-    "IDEMGATE_LOG_FORMAT",
-    "IDEMGATE_SHUTDOWN_TIMEOUT_SECONDS",
-    "IDEMGATE_MAX_CONNECTIONS",
-    "IDEMGATE_ADMIN_TOKEN",
-    "IDEMGATE_OTLP",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "IDEMGATE_CONFIG",
-    "IDEMGATE_UPSTREAM_HOST_HEADER",
-    "IDEMGATE_JWT_CLAIM",
-    "IDEMGATE_JWT_SECRET_FILE",
-    "IDEMGATE_JWKS_FILE",
-    "IDEMGATE_JWT_ISSUER",
-    "IDEMGATE_JWT_AUDIENCE",
-    "IDEMGATE_TLS_CERT",
-    "IDEMGATE_TLS_KEY",
-];
-
-pub(crate) fn proxy_command(options: &ProxyOptions) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
-    command
-        .arg("proxy")
-        .args(["--upstream", &options.upstream])
-        .args(["--listen", "127.0.0.1:0"])
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .args(["--idempotency-store", &options.store])
-        .args(["--shutdown-timeout", "5"])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for variable in PROXY_VARIABLES {
-        command.env_remove(variable);
-    }
-    for (flag, value) in &options.extra {
-        command.args([flag, value]);
-    }
-    command.envs(options.env.iter().map(|(k, v)| (k, v)));
-    command
-}
-
-/// A running `idemgate proxy`.
-pub struct Proxy {
-    child: Child,
-    pub addr: SocketAddr,
-    pub admin: SocketAddr,
-}
-
-impl Proxy {
-    pub async fn start(options: ProxyOptions) -> Self {
-        Self::start_listening(options, "proxy listening on http://").await
-    }
-
-    /// A proxy whose public listener speaks HTTPS (`--tls-cert`/`--tls-key`).
-    pub async fn start_tls(options: ProxyOptions) -> Self {
-        Self::start_listening(options, "proxy listening on https://").await
-    }
-
-    async fn start_listening(options: ProxyOptions, public_marker: &str) -> Self {
-        let mut command = proxy_command(&options);
-        command.env("IDEMGATE_PRINCIPAL_SECRET", SECRET);
-        let (child, addrs) =
-            spawn_listening(&mut command, &[public_marker, "admin listening on http://"]).await;
-        Self {
-            child,
-            addr: addrs[0],
-            admin: addrs[1],
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// `kill -9`: no shutdown, the record stays PROCESSING.
-    pub async fn kill9(mut self) {
-        self.child.kill().await.expect("kill -9");
-    }
-}
-
-pub(crate) fn derived_key(seen: &Seen) -> String {
-    seen.headers
-        .get("idempotency-key")
-        .expect("a keyed request reaches the upstream with a derived key")
-        .to_str()
-        .unwrap()
-        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -379,7 +126,7 @@ async fn two_proxies_on_one_postgres_run_64_racers_upstream_once() {
 async fn two_proxies_on_one_redis_run_64_racers_upstream_once() {
     let upstream = Upstream::start().await;
     upstream.set_delay(Duration::from_millis(500));
-    let store = crate::server::redis_url();
+    let store = crate::support::server::redis_url();
     let a = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
     let b = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
     race(&[&a, &b], &upstream, 64).await;
@@ -605,21 +352,6 @@ async fn proxy_refuses_to_start_without_a_principal_secret() {
 /// An upstream that reads each request head and then closes the connection
 /// without a byte of answer: the request was sent, whether it ran is unknown.
 /// Counts the requests it received.
-/// Reads from `stream` until the end of an HTTP head (`\r\n\r\n`), returning what
-/// was read; `None` if the peer closed or failed first.
-pub async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let mut head = Vec::new();
-    let mut buffer = [0_u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => head.extend_from_slice(&buffer[..n]),
-        }
-    }
-    Some(head)
-}
-
 async fn hanging_up_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -736,7 +468,8 @@ async fn proxy_scopes_keys_by_a_trusted_header_principal() {
 async fn proxy_on_redis_replays_a_lost_response_with_one_upstream_execution() {
     let upstream = Upstream::start().await;
     let proxy =
-        Proxy::start(ProxyOptions::new(upstream.url()).store(&crate::server::redis_url())).await;
+        Proxy::start(ProxyOptions::new(upstream.url()).store(&crate::support::server::redis_url()))
+            .await;
     let client = Client::new();
     let key = new_key();
     let first = client.post(&proxy.url("/orders"), Some(&key), ORDER).await;

@@ -11,9 +11,10 @@ use axum::http::StatusCode;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode, get_current_timestamp};
 use serde_json::json;
 
-use crate::client::{Answer, Client, ORDER, new_key};
-use crate::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command, read_head};
-use crate::server::TempDir;
+use crate::support::client::{Answer, Client, ORDER, new_key};
+use crate::support::net::read_head;
+use crate::support::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command};
+use crate::support::server::TempDir;
 
 /// Writes `text` as `routes.toml` in `dir`; returns its path.
 fn routes_file(dir: &TempDir, text: &str) -> String {
@@ -23,10 +24,7 @@ fn routes_file(dir: &TempDir, text: &str) -> String {
 }
 
 fn fixture(name: &str) -> String {
-    format!(
-        "{}/tests/e2e/fixtures/jwt/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
+    format!("{}/tests/fixtures/jwt/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// One policy per route, each exercised by a test below.
@@ -691,10 +689,7 @@ async fn https_exchange(addr: SocketAddr, request: String) -> String {
 }
 
 fn tls_fixture(name: &str) -> String {
-    format!(
-        "{}/tests/e2e/fixtures/tls/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
+    format!("{}/tests/fixtures/tls/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

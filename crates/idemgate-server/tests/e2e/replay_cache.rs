@@ -4,10 +4,10 @@
 
 use reqwest::StatusCode;
 
-use crate::client::{Client, ORDER, new_key};
-use crate::gateway::MockGateway;
-use crate::keys::{ADMIN_TOKEN, admin_call, bearer_principal, keys_query};
-use crate::server::{Options, Server, redis_url, sqlite_url};
+use super::keys::{ADMIN_TOKEN, admin_call, bearer_principal, keys_query};
+use crate::support::client::{Client, ORDER, new_key};
+use crate::support::gateway::MockGateway;
+use crate::support::server::{Options, Server, redis_url, sqlite_url};
 
 /// `idemgate_replay_cache_total{result="…"}` of `server`.
 async fn cache_lookups(server: &Server, result: &str) -> f64 {

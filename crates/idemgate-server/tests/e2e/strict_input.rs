@@ -5,9 +5,9 @@
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 
-use crate::client::{Answer, Client, ORDER, new_key};
-use crate::gateway::MockGateway;
-use crate::server::{Options, Server, sqlite_url};
+use crate::support::client::{Answer, Client, ORDER, new_key};
+use crate::support::gateway::MockGateway;
+use crate::support::server::{Options, Server, sqlite_url};
 
 async fn send(request: reqwest::RequestBuilder) -> Answer {
     let response = request.send().await.expect("send");
@@ -18,7 +18,7 @@ async fn send(request: reqwest::RequestBuilder) -> Answer {
     }
 }
 
-async fn started() -> (MockGateway, Server, crate::server::TempDir) {
+async fn started() -> (MockGateway, Server, crate::support::server::TempDir) {
     let gateway = MockGateway::start().await;
     let (db, dir) = sqlite_url();
     let server = Server::start(Options::new(&db).gateway(gateway.url())).await;

@@ -15,12 +15,12 @@ use futures_util::StreamExt;
 use reqwest::StatusCode;
 use sqlx::Row;
 
-use crate::budget::{Rng, count, report};
-use crate::client::{Answer, Client};
-use crate::effects::{OrdersTable, Probe, assert_exactly_once};
-use crate::gateway::MockGateway;
-use crate::server::Server;
-use crate::setups::{Setup, Shared};
+use super::budget::{Rng, count, report};
+use super::effects::{OrdersTable, Probe, assert_exactly_once};
+use super::setups::{Setup, Shared};
+use crate::support::client::{Answer, Client};
+use crate::support::gateway::MockGateway;
+use crate::support::server::Server;
 
 /// Clients posting at once: enough that the writer always has a queue.
 const CLIENTS: usize = 32;

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use crate::budget::{Rng, count, report};
-use crate::effects::{Probe, assert_exactly_once};
-use crate::gateway::MockGateway;
-use crate::server::Server;
-use crate::setups::{Setup, Shared};
+use super::budget::{Rng, count, report};
+use super::effects::{Probe, assert_exactly_once};
+use super::setups::{Setup, Shared};
+use crate::support::gateway::MockGateway;
+use crate::support::server::Server;
 
 /// How long a retry may take to reach its final answer after the restart: the dead
 /// holder's lease (1 s) must lapse first.

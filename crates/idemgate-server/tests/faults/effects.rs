@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::client::{Answer, Client, new_key};
-use crate::gateway::MockGateway;
+use crate::support::client::{Answer, Client, new_key};
+use crate::support::gateway::MockGateway;
 
 /// Amounts are unique across the whole test binary, so no two keys share one.
 static NEXT_AMOUNT: AtomicI64 = AtomicI64::new(1_000);

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use crate::budget::{Rng, count, report, span};
-use crate::client::Answer;
-use crate::effects::{OrdersTable, Probe, assert_exactly_once, assert_retryable_problem};
-use crate::gateway::MockGateway;
-use crate::own_stores::{OwnPostgres, OwnRedis, OwnStore};
-use crate::server::{Options, Server, sqlite_url};
+use super::budget::{Rng, count, report, span};
+use super::effects::{OrdersTable, Probe, assert_exactly_once, assert_retryable_problem};
+use super::own_stores::{OwnPostgres, OwnRedis, OwnStore};
+use crate::support::client::Answer;
+use crate::support::gateway::MockGateway;
+use crate::support::server::{Options, Server, sqlite_url};
 
 /// Each request's bound. Generous: a frozen PostgreSQL holds a request until a pool
 /// acquire times out (about 5 s today) or the store is thawed.

@@ -13,15 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::server::{TempDir, send_signal};
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+use crate::support::net::free_port;
+use crate::support::server::{TempDir, send_signal};
+use crate::support::wait::wait_until;
 
 /// One child process and what it forks, killed when dropped.
 pub struct Tree {
@@ -98,18 +92,6 @@ fn descendants(root: u32) -> Vec<u32> {
         }
     }
     found
-}
-
-/// Polls `ready` until it holds, or panics after `limit`.
-async fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ready() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} not ready within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A process that can be killed, restarted on its data, frozen and thawed.

@@ -4,8 +4,8 @@
 //! The memory store is left out: it forgets every record when its process dies, so
 //! a retry after `kill -9` runs again by design.
 
-use crate::effects::OrdersTable;
-use crate::server::{Options, TempDir, postgres_url, redis_url, sqlite_url};
+use super::effects::OrdersTable;
+use crate::support::server::{Options, TempDir, postgres_url, redis_url, sqlite_url};
 
 /// Which store the records (and the orders) live in.
 #[derive(Debug, Clone, Copy)]

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use crate::budget::{Rng, count, report};
-use crate::effects::{Probe, assert_exactly_once, assert_retryable_problem};
-use crate::gateway::MockGateway;
-use crate::server::Server;
-use crate::setups::{Setup, Shared};
+use super::budget::{Rng, count, report};
+use super::effects::{Probe, assert_exactly_once, assert_retryable_problem};
+use super::setups::{Setup, Shared};
+use crate::support::gateway::MockGateway;
+use crate::support::server::Server;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 

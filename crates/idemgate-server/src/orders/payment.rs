@@ -1,4 +1,5 @@
-//! The payment gateway: `POST {gateway}/charges`, or a simulated one in-process.
+//! The payment gateway client: `POST {gateway}/charges`, or a simulated gateway
+//! in-process.
 
 use std::time::Duration;
 
@@ -42,7 +43,7 @@ pub enum ChargeOutcome {
 
 /// The payment gateway the orders handler charges.
 #[derive(Debug, Clone)]
-pub enum Gateway {
+pub enum PaymentGateway {
     /// A real HTTP gateway.
     Http {
         /// Shared connection pool.
@@ -58,7 +59,7 @@ pub enum Gateway {
     },
 }
 
-impl Gateway {
+impl PaymentGateway {
     /// An HTTP gateway at `base` (charges go to `{base}/charges`).
     pub fn http(base: &reqwest::Url, timeout: Duration) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()

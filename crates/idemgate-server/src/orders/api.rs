@@ -1,127 +1,25 @@
-//! The HTTP API: routes, authentication, and the orders handlers.
+//! The orders API's handlers: create, list and read orders, health and metrics.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use idemgate::transaction::TransactionSlot;
-use idemgate::{
-    DetachedTasks, Finality, IdempotencyLayer, OperationContext, Principal, ProblemDetails,
-};
-use metrics_exporter_prometheus::PrometheusHandle;
-use sha2::{Digest, Sha256};
+use idemgate::{Finality, OperationContext, Principal, ProblemDetails};
 use uuid::Uuid;
 
-use crate::gateway::{ChargeOutcome, ChargeRequest, Gateway};
-use crate::orders::{InvalidOrder, NewOrder, Order};
-use crate::repository::{OrdersDb, Placement, insert_postgres, insert_sqlite};
+use crate::orders::db::{Placement, insert_postgres, insert_sqlite};
+use crate::orders::order::{InvalidOrder, NewOrder, Order};
+use crate::orders::payment::{ChargeOutcome, ChargeRequest};
+use crate::orders::{OrderWrites, OrdersState};
 
-/// How the orders handler writes its order.
-#[derive(Clone, Debug)]
-pub enum OrderWrites {
-    /// In the idempotency layer's transaction (SQLite): the order and the
-    /// `COMPLETED` record commit together.
-    SqliteTransaction(idemgate_sqlite::SqliteStore),
-    /// The same on PostgreSQL.
-    PostgresTransaction(idemgate_postgres::PostgresStore),
-    /// Straight to the orders database, keyed by operation id (the idempotency
-    /// records live elsewhere: memory or Redis).
-    Direct,
-}
-
-/// What handlers share.
-#[derive(Clone, Debug)]
-pub struct AppState {
-    /// Orders storage.
-    pub orders: OrdersDb,
-    /// How orders are written.
-    pub writes: OrderWrites,
-    /// The payment gateway.
-    pub gateway: Gateway,
-    /// Renders `/metrics`; `None` when no recorder is installed.
-    pub metrics: Option<PrometheusHandle>,
-    /// The idempotency layer's detached handlers (for the in-flight gauges).
-    pub tasks: DetachedTasks,
-    /// The `Retry-After` of a 503 for an order that could not be stored: the one
-    /// the idempotency layer sends for its store (`with_unavailable_retry_after`).
-    pub unavailable_retry_after: Duration,
-}
-
-/// The whole service: `/api/v1/orders` behind bearer authentication and the
-/// idempotency layer, plus `/healthz` and `/metrics`.
-pub fn app(state: AppState, idempotency: IdempotencyLayer) -> Router {
-    routes(state, Some(idempotency))
-}
-
-/// The same routes and handlers with no idempotency layer: the `bare` baseline
-/// `idemgate-bench` measures the layer against (the hidden `--no-idempotency`).
-/// Handlers then get no operation and no transaction slot, so orders are written
-/// directly. Never for production: a retried POST charges and stores twice.
-pub fn app_without_idempotency(state: AppState) -> Router {
-    routes(state, None)
-}
-
-fn routes(state: AppState, idempotency: Option<IdempotencyLayer>) -> Router {
-    let mut api = Router::new()
-        .route("/api/v1/orders", get(list_orders).post(create_order))
-        .route("/api/v1/orders/{id}", get(get_order));
-    if let Some(idempotency) = idempotency {
-        // Route layers: only matched routes reach them, so 404/405 are not stored.
-        api = api.route_layer(idempotency);
-    }
-    let api = api.route_layer(middleware::from_fn(authenticate));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(render_metrics))
-        .merge(api)
-        .with_state(Arc::new(state))
-}
-
-/// `Authorization: Bearer <token>`: the token names the principal; only its
-/// SHA-256 is kept. Missing or empty → 401, two `Authorization` lines → 400
-/// `ambiguous-header`, both before the idempotency layer.
-async fn authenticate(mut request: Request, next: Next) -> Response {
-    let mut lines = request.headers().get_all(header::AUTHORIZATION).iter();
-    let (first, second) = (lines.next(), lines.next());
-    if second.is_some() {
-        // Which credentials are meant is ambiguous: refused before any claim.
-        return ProblemDetails::ambiguous_header(&header::AUTHORIZATION).into_response();
-    }
-    let token = first
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| {
-            value
-                .strip_prefix("Bearer ")
-                .or_else(|| value.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .filter(|token| !token.is_empty());
-    let Some(token) = token else {
-        return ProblemDetails::unauthenticated("send Authorization: Bearer <token>")
-            .into_response();
-    };
-    let principal = bearer_principal(token);
-    request.extensions_mut().insert(principal);
-    next.run(request).await
-}
-
-/// The principal of a bearer token: `bearer:` and the token's SHA-256 in hex, so
-/// the token itself is never stored (and `idemgate keys --bearer` finds its keys).
-pub fn bearer_principal(token: &str) -> Principal {
-    Principal::new(format!(
-        "bearer:{}",
-        hex::encode(Sha256::digest(token.as_bytes()))
-    ))
-}
-
-async fn create_order(
-    State(app): State<Arc<AppState>>,
+/// `POST /api/v1/orders`: validate, charge once, store the order (in the
+/// layer's transaction when the records share its database), answer 201.
+pub(crate) async fn create_order(
+    State(app): State<Arc<OrdersState>>,
     Extension(principal): Extension<Principal>,
     operation: Option<Extension<OperationContext>>,
     slot: Option<Extension<TransactionSlot>>,
@@ -204,7 +102,7 @@ async fn create_order(
 /// same database (begun only now, after the gateway call, so no database lock is
 /// held while the gateway thinks), else directly.
 async fn store_order(
-    app: &AppState,
+    app: &OrdersState,
     slot: Option<&TransactionSlot>,
     placement: Placement<'_>,
     order: &NewOrder,
@@ -262,8 +160,9 @@ fn invalid_order(error: &InvalidOrder) -> ProblemDetails {
     )
 }
 
-async fn list_orders(
-    State(app): State<Arc<AppState>>,
+/// `GET /api/v1/orders`: the principal's orders, oldest first.
+pub(crate) async fn list_orders(
+    State(app): State<Arc<OrdersState>>,
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<serde_json::Value>, ProblemDetails> {
     let orders = app
@@ -274,8 +173,9 @@ async fn list_orders(
     Ok(Json(serde_json::json!({ "orders": orders })))
 }
 
-async fn get_order(
-    State(app): State<Arc<AppState>>,
+/// `GET /api/v1/orders/{id}`: one of the principal's orders, else 404.
+pub(crate) async fn get_order(
+    State(app): State<Arc<OrdersState>>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<i64>,
 ) -> Result<Json<Order>, ProblemDetails> {
@@ -301,14 +201,16 @@ fn database_failure(error: sqlx::Error) -> ProblemDetails {
     )
 }
 
-async fn healthz(
-    State(app): State<Arc<AppState>>,
+/// `/healthz`: ok while the orders database answers.
+pub(crate) async fn healthz(
+    State(app): State<Arc<OrdersState>>,
 ) -> Result<Json<serde_json::Value>, ProblemDetails> {
     app.orders.ping().await.map_err(database_failure)?;
     Ok(Json(serde_json::json!({ "status": "ok" })))
 }
 
-async fn render_metrics(State(app): State<Arc<AppState>>) -> Response {
+/// `/metrics`: the Prometheus text, in-flight gauges refreshed first.
+pub(crate) async fn render_metrics(State(app): State<Arc<OrdersState>>) -> Response {
     app.tasks.record_gauges();
-    crate::runtime::metrics_response(app.metrics.as_ref())
+    crate::monitoring::metrics_response(app.metrics.as_ref())
 }

@@ -1,19 +1,17 @@
-//! Where orders are stored: SQLite or PostgreSQL.
+//! The orders database: SQLite or PostgreSQL.
 //!
 //! Every order row carries the operation id it was created by, under a UNIQUE
 //! constraint (PROTOCOL §11): whatever the idempotency store, one operation cannot
 //! insert two orders.
 
-use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{PgConnection, PgPool, Row, SqliteConnection, SqlitePool};
 use uuid::Uuid;
 
-use crate::cli::DatabaseUrl;
-use crate::orders::{Item, NewOrder, Order};
+use crate::config::DatabaseUrl;
+use crate::database::{connect_postgres, connect_sqlite};
+use crate::orders::order::{Item, NewOrder, Order};
 
 /// The orders database.
 #[derive(Debug, Clone)]
@@ -202,6 +200,14 @@ impl OrdersDb {
         }
     }
 
+    /// `sqlite` or `postgres`, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Sqlite(_) => "sqlite",
+            Self::Postgres(_) => "postgres",
+        }
+    }
+
     /// Whether the database answers.
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
         match self {
@@ -309,37 +315,4 @@ fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
     })
-}
-
-/// A SQLite pool on `url` (`sqlite://PATH`, the file created if missing), for the
-/// orders or for the proxy's records; `timeout` as in [`OrdersDb::connect`].
-pub(crate) async fn connect_sqlite(
-    url: &str,
-    timeout: Duration,
-) -> Result<SqlitePool, sqlx::Error> {
-    let path = url
-        .trim_start_matches("sqlite://")
-        .trim_start_matches("sqlite:");
-    SqlitePoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(timeout)
-        // Lock waits at least the crate's default: two processes starting on
-        // one file migrate in turn, and a slow disk must not fail that. A
-        // request is still bounded by the layer's store timeout.
-        .connect_with(
-            idemgate_sqlite::SqliteStore::connect_options(path)
-                .busy_timeout(timeout.max(idemgate_sqlite::DEFAULT_BUSY_TIMEOUT)),
-        )
-        .await
-}
-
-/// A PostgreSQL pool on `url`, every statement bounded by `timeout`.
-pub(crate) async fn connect_postgres(url: &str, timeout: Duration) -> Result<PgPool, sqlx::Error> {
-    let options = PgConnectOptions::from_str(url)?
-        .options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
-    PgPoolOptions::new()
-        .max_connections(32)
-        .acquire_timeout(timeout)
-        .connect_with(options)
-        .await
 }

@@ -4,25 +4,27 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-mod client;
-mod connections;
-mod gateway;
-mod keys;
-mod monitoring;
-mod otlp;
-mod proxy;
-mod proxy_policies;
-mod replay_cache;
-mod server;
-mod strict_input;
+mod support;
+
+/// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
+mod e2e {
+    mod connections;
+    mod keys;
+    mod monitoring;
+    mod otlp;
+    mod proxy;
+    mod proxy_policies;
+    mod replay_cache;
+    mod strict_input;
+}
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use client::{Client, ORDER, new_key};
-use gateway::{Fault, MockGateway};
 use reqwest::StatusCode;
-use server::{Options, Server, postgres_url, redis_url, sqlite_url};
+use support::client::{Client, ORDER, new_key};
+use support::gateway::{Fault, MockGateway};
+use support::server::{Options, Server, postgres_url, redis_url, sqlite_url};
 use tokio::sync::Barrier;
 
 fn orders_url(server: &Server) -> String {

@@ -8,24 +8,23 @@
 //! the counts `docs/reliability.md` publishes, and `IDEMGATE_FAULTS_SEED` replays a
 //! run's random choices (each test prints its seed).
 //!
-//! The harness (server process, mock gateway, client) is the `e2e` target's, shared
-//! by path rather than copied.
+//! The harness (server process, mock gateway, client) is `tests/support`, shared by
+//! every test binary of the crate.
 
 #![allow(dead_code, unreachable_pub)]
 
-#[path = "../e2e/client.rs"]
-mod client;
-#[path = "../e2e/gateway.rs"]
-mod gateway;
-#[path = "../e2e/server.rs"]
-mod server;
+mod support;
 
-mod budget;
-mod effects;
-mod own_stores;
-mod setups;
+/// The fault scenarios and their shared parts (budget, effects, own store
+/// processes, setups), a file each under `tests/faults/`.
+mod faults {
+    mod budget;
+    mod effects;
+    mod own_stores;
+    mod setups;
 
-mod batch_crash;
-mod crash;
-mod outage;
-mod takeover;
+    mod batch_crash;
+    mod crash;
+    mod outage;
+    mod takeover;
+}

@@ -5,31 +5,27 @@
 //! path, key — and [`KeyQuery::identity`] turns them into the digest stores index
 //! by, through the same `idemgate-core` code the layer runs on every request
 //! (`IdempotencyKey::parse`, `normalize_path`, `Identity::new`), so the two cannot
-//! disagree. Principals are opaque strings the layer built; [`principal_of`] makes
-//! them from what an operator has at hand (an `Authorization` value, a bearer
-//! token, a trusted header) with the layer's own extractors.
+//! disagree. Principals are opaque strings the layer built
+//! (`crate::principal` makes them from what an operator has at hand).
 //!
 //! Evicting is dangerous: the next request with the key is a new operation, so an
 //! operation that already ran (or, forced, still runs) can run a second time.
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use axum::http::{HeaderName, HeaderValue, Method, Request, header};
+use axum::http::Method;
 use base64::Engine as _;
 use idemgate::key::{DEFAULT_MAX_KEY_LENGTH, IdempotencyKey, KeyError};
 use idemgate::record::{Record, StoredBody};
 use idemgate::scope::{Identity, Scope, normalize_path};
 use idemgate::time::Timestamp;
-use idemgate::{
-    DefaultPrincipal, Eviction, Principal, PrincipalError, PrincipalExtractor, Snapshot,
-};
-use idemgate_proxy::HeaderPrincipal;
+use idemgate::{Eviction, Principal, Snapshot};
 use serde::Serialize;
 
 /// The parts of one record's identity, as an operator gives them.
 #[derive(Debug, Clone)]
 pub struct KeyQuery {
-    /// Whose key: the principal string the layer stored (see [`principal_of`]).
+    /// Whose key: the principal string the layer stored (see [`crate::principal::principal_of`]).
     pub principal: Principal,
     /// The request method (`POST`); standard methods are accepted in any case.
     pub method: String,
@@ -75,60 +71,6 @@ impl KeyQuery {
             path: normalize_path(&self.path),
         };
         Ok(Identity::new(scope, key))
-    }
-}
-
-/// What an operator knows about whom a key belongs to.
-#[derive(Debug, Clone)]
-pub enum PrincipalSpec {
-    /// The principal string itself, as the layer stored it.
-    Raw(String),
-    /// The `Authorization` value of the client's request, for a proxy whose
-    /// `--principal authorization` scopes keys by its HMAC under `secret`.
-    Authorization {
-        /// The whole header value (`Bearer abc…`).
-        value: String,
-        /// The proxy's principal secret.
-        secret: Vec<u8>,
-    },
-    /// The bearer token of a request to `idemgate serve`'s orders API.
-    Bearer(String),
-    /// A header a proxy with `--principal header:NAME` trusts, and its value.
-    Header(HeaderName, String),
-}
-
-/// Why [`principal_of`] could not make a principal.
-#[derive(Debug, thiserror::Error)]
-pub enum PrincipalSpecError {
-    /// The value cannot be an HTTP header value.
-    #[error("not a valid header value")]
-    HeaderValue,
-    /// The layer's extractor found no principal in it.
-    #[error("{0}")]
-    Extractor(#[from] PrincipalError),
-}
-
-/// The principal the layer makes from `spec`: by the layer's own extractors
-/// (`DefaultPrincipal`, `HeaderPrincipal`) over a request carrying the header, or
-/// the orders service's bearer rule, never a second copy of either.
-pub fn principal_of(spec: &PrincipalSpec) -> Result<Principal, PrincipalSpecError> {
-    let request_with = |name: HeaderName, value: &str| {
-        let value = HeaderValue::from_str(value).map_err(|_| PrincipalSpecError::HeaderValue)?;
-        let mut request = Request::new(());
-        request.headers_mut().insert(name, value);
-        Ok::<_, PrincipalSpecError>(request.into_parts().0)
-    };
-    match spec {
-        PrincipalSpec::Raw(principal) => Ok(Principal::new(principal.clone())),
-        PrincipalSpec::Authorization { value, secret } => {
-            let parts = request_with(header::AUTHORIZATION, value)?;
-            Ok(DefaultPrincipal::with_authorization_secret(secret).extract(&parts)?)
-        }
-        PrincipalSpec::Bearer(token) => Ok(crate::http::bearer_principal(token)),
-        PrincipalSpec::Header(name, value) => {
-            let parts = request_with(name.clone(), value)?;
-            Ok(HeaderPrincipal::new(name.clone()).extract(&parts)?)
-        }
     }
 }
 
@@ -361,42 +303,6 @@ mod tests {
             query("POST", "/x", "a,b").identity(),
             Err(KeyQueryError::Key(_))
         ));
-    }
-
-    #[test]
-    fn principals_come_from_the_layers_extractors() {
-        let secret = b"s3cret".to_vec();
-        let derived = principal_of(&PrincipalSpec::Authorization {
-            value: "Bearer abc".into(),
-            secret: secret.clone(),
-        })
-        .unwrap();
-        let parts = Request::builder()
-            .header(header::AUTHORIZATION, "Bearer abc")
-            .body(())
-            .unwrap()
-            .into_parts()
-            .0;
-        let layer = DefaultPrincipal::with_authorization_secret(&secret)
-            .extract(&parts)
-            .unwrap();
-        assert_eq!(derived, layer);
-        assert!(!derived.as_str().contains("abc"));
-        assert_eq!(
-            principal_of(&PrincipalSpec::Header(
-                HeaderName::from_static("x-user"),
-                "alice".into()
-            ))
-            .unwrap(),
-            Principal::new("header:x-user:alice")
-        );
-        assert!(
-            principal_of(&PrincipalSpec::Authorization {
-                value: String::new(),
-                secret,
-            })
-            .is_err()
-        );
     }
 
     #[test]

@@ -3,29 +3,24 @@
 //! delays and deadlines, with the orders (through the API) and the charges (the
 //! counting mock gateway) asserted after each.
 //!
-//! The harness (server process, mock gateway, orders client) is the `e2e`
-//! target's, shared by path rather than copied.
+//! The harness (server process, mock gateway, orders client) is `tests/support`,
+//! shared by every test binary of the crate.
 
 #![allow(dead_code, unreachable_pub)]
 
-#[path = "../e2e/client.rs"]
-mod client;
-#[path = "../e2e/gateway.rs"]
-mod gateway;
-#[path = "../e2e/server.rs"]
-mod server;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use gateway::{Fault as GatewayFault, MockGateway};
 use idemgate_client::{Client, Error, Operation, RetryMiddleware, RetryPolicy};
 use idemgate_testkit::relay::{Fault, Relay};
 use reqwest::StatusCode;
-use server::{Options, Server, sqlite_url};
+use support::gateway::{Fault as GatewayFault, MockGateway};
+use support::server::{Options, Server, sqlite_url};
 
-const ORDER: &str = client::ORDER;
+const ORDER: &str = support::client::ORDER;
 
 /// The server (SQLite, with the mock gateway), a relay in front of it, and the
 /// token the orders are made under.
@@ -33,9 +28,9 @@ struct Setup {
     gateway: MockGateway,
     server: Server,
     relay: Relay,
-    orders: client::Client,
+    orders: support::client::Client,
     database: String,
-    _db: server::TempDir,
+    _db: support::server::TempDir,
 }
 
 impl Setup {
@@ -52,7 +47,7 @@ impl Setup {
             gateway,
             server,
             relay,
-            orders: client::Client::new(),
+            orders: support::client::Client::new(),
             database: db,
             _db: dir,
         }
@@ -537,7 +532,7 @@ async fn a_replayed_5xx_is_the_outcome_and_is_not_retried() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let (_proxy, addrs) = server::spawn_listening(
+    let (_proxy, addrs) = support::server::spawn_listening(
         &mut command,
         &["proxy listening on http://", "admin listening on http://"],
     )

@@ -1,0 +1,233 @@
+//! The accept loop: bind, accept within the connection bound (a canned 503 beyond
+//! it), survive descriptor exhaustion, and drain on shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto;
+use idemgate::ProblemDetails;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_util::task::TaskTracker;
+
+use crate::ListenerOptions;
+use crate::connection::connection;
+use crate::limits::{FD_RESERVE, fd_limit};
+
+/// How long the accept loop pauses after an error that is not one connection's
+/// (out of descriptors, out of memory), so it neither spins nor dies.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A bound TCP listener that serves a [`Router`] within its [`ListenerOptions`].
+#[derive(Debug)]
+pub struct Listener {
+    tcp: TcpListener,
+    options: ListenerOptions,
+    max_connections: usize,
+    /// Set: every connection speaks TLS, its handshake within the header-read
+    /// timeout.
+    tls: Option<Arc<ServerConfig>>,
+}
+
+impl Listener {
+    /// Binds `addr`. The connection bound is capped here at the soft descriptor
+    /// limit minus a reserve, so call [`raise_fd_limit`](crate::raise_fd_limit) first.
+    pub async fn bind(addr: SocketAddr, options: ListenerOptions) -> std::io::Result<Self> {
+        let tcp = TcpListener::bind(addr).await?;
+        let mut max_connections = options.max_connections;
+        if let Some(limit) = fd_limit() {
+            let cap =
+                usize::try_from(limit.saturating_sub(FD_RESERVE).max(1)).unwrap_or(usize::MAX);
+            if cap < max_connections {
+                tracing::warn!(
+                    configured = max_connections,
+                    cap,
+                    open_file_limit = limit,
+                    "the connection bound is capped by the open-file limit"
+                );
+                max_connections = cap;
+            }
+        }
+        Ok(Self {
+            tcp,
+            options,
+            max_connections,
+            tls: None,
+        })
+    }
+
+    /// Serves HTTPS with `config` instead of plain HTTP.
+    pub fn with_tls(mut self, config: Arc<ServerConfig>) -> Self {
+        self.tls = Some(config);
+        self
+    }
+
+    /// Whether connections speak TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The bound address (the port, when bound to port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// The connection bound in force (after the descriptor cap).
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
+    /// Serves `router` (HTTP/1.1 and HTTP/2, upgrades allowed) until `shutdown`
+    /// resolves, then stops accepting, lets open requests finish (idle
+    /// connections close at once) and returns when every connection is closed.
+    /// Put a deadline around it: a client still sending is bounded only by the
+    /// timeouts.
+    pub async fn serve(self, router: Router, shutdown: impl Future<Output = ()>) {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // The watchdog below times the head; hyper's timer would also cut idle
+        // keep-alive connections at the header timeout.
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(None);
+        builder.http2().timer(TokioTimer::new());
+        let connections = TaskTracker::new();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut accept_errors = AcceptErrors::default();
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                accepted = self.tcp.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) if is_connection_error(&error) => continue,
+                Err(error) => {
+                    accept_errors.log(&error);
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            if connections.len() >= self.max_connections {
+                shed(&stream);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            connections.spawn(connection(
+                stream,
+                peer,
+                self.tls.clone().map(TlsAcceptor::from),
+                builder.clone(),
+                router.clone(),
+                self.options,
+                stop_rx.clone(),
+            ));
+        }
+        drop(self.tcp);
+        let _ = stop_tx.send(true);
+        connections.close();
+        connections.wait().await;
+    }
+}
+
+/// Errors that concern one connection only: the next accept may succeed at once.
+fn is_connection_error(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    )
+}
+
+/// Logs accept failures (out of descriptors, mostly) at most every few seconds.
+#[derive(Default)]
+struct AcceptErrors {
+    last_logged: Option<Instant>,
+    since_logged: u64,
+}
+
+impl AcceptErrors {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn log(&mut self, error: &std::io::Error) {
+        self.since_logged += 1;
+        metrics::counter!("idemgate_http_accept_errors_total").increment(1);
+        if self
+            .last_logged
+            .is_none_or(|at| at.elapsed() >= Self::EVERY)
+        {
+            tracing::warn!(%error, count = self.since_logged, "accepting connections failed; pausing briefly");
+            self.last_logged = Some(Instant::now());
+            self.since_logged = 0;
+        }
+    }
+}
+
+/// Over the bound: an immediate canned 503 and a close, without waiting on the
+/// client. Whatever the client already sent is drained (without waiting) so the
+/// close is a FIN, not a reset that could destroy the 503 before it is read.
+fn shed(stream: &TcpStream) {
+    metrics::counter!("idemgate_http_connections_shed_total").increment(1);
+    let _ = stream.try_write(&SHED_RESPONSE);
+    let mut sink = [0_u8; 4096];
+    for _ in 0..4 {
+        match stream.try_read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+}
+
+/// The answer to a connection over the bound, written raw (no HTTP parsing): the
+/// `connection-limit` problem, rendered once from [`ProblemDetails`] like every
+/// other problem, its length counted rather than written by hand.
+static SHED_RESPONSE: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let problem = ProblemDetails::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "connection-limit",
+        "Too many connections",
+        "the server has as many connections open as it accepts; retry after Retry-After",
+    );
+    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    let mut response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\n\
+         content-type: application/problem+json\r\n\
+         retry-after: 1\r\n\
+         connection: close\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    response.extend_from_slice(&body);
+    response
+});
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_canned_503_declares_its_length() {
+        let response = std::str::from_utf8(&SHED_RESPONSE).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.ends_with(&format!("\r\ncontent-length: {}", body.len())),
+            "{head}"
+        );
+        let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(problem["status"], 503);
+        assert_eq!(
+            problem["type"],
+            "https://idemgate.dev/problems/connection-limit"
+        );
+    }
+}

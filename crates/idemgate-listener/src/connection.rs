@@ -1,0 +1,343 @@
+//! One accepted connection: the TLS handshake, hyper serving the router, the
+//! watchdog that times request heads and idle keep-alive by the bytes it sees, and
+//! the response body that keeps the connection busy until hyper has sent it.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response};
+use http_body::Frame;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::ListenerOptions;
+use crate::body::{DeadlineBody, body_timeout_response};
+
+/// One connection: the TLS handshake if any (within the header-read timeout,
+/// which runs from accept), then hyper serving the router.
+pub(crate) async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    builder: auto::Builder<TokioExecutor>,
+    router: Router,
+    options: ListenerOptions,
+    stop: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let watched = Watched {
+        inner: stream,
+        activity: Arc::clone(&activity),
+    };
+    let Some(tls) = tls else {
+        let io = TokioIo::new(watched);
+        return serve_connection(io, activity, peer, builder, router, options, stop).await;
+    };
+    match tokio::time::timeout(options.header_read_timeout, tls.accept(watched)).await {
+        Ok(Ok(stream)) => {
+            let io = TokioIo::new(stream);
+            serve_connection(io, activity, peer, builder, router, options, stop).await;
+        }
+        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+        Err(_elapsed) => {
+            metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => "tls")
+                .increment(1);
+            tracing::debug!("closing a connection whose TLS handshake did not finish in time");
+        }
+    }
+}
+
+/// hyper serving the router on one connection, watched for the header and idle
+/// timeouts, told to finish when the listener stops.
+async fn serve_connection<I>(
+    io: I,
+    activity: Arc<Activity>,
+    peer: SocketAddr,
+    builder: auto::Builder<TokioExecutor>,
+    router: Router,
+    options: ListenerOptions,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn({
+        let activity = Arc::clone(&activity);
+        move |request: Request<Incoming>| {
+            let guard = activity.begin_request();
+            serve_request(
+                router.clone(),
+                request,
+                peer,
+                options.body_read_timeout,
+                guard,
+            )
+        }
+    });
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+    let mut stopping = false;
+    loop {
+        let deadline = activity.deadline(&options);
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                return;
+            }
+            () = sleep_until(deadline) => {
+                if let Some(phase) = activity.expired(&options) {
+                    metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => phase).increment(1);
+                    tracing::debug!(phase, "closing a connection past its timeout");
+                    return;
+                }
+            }
+            () = activity.changed.notified() => {}
+            _ = stop.wait_for(|stop| *stop), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One request, with the client's address as axum's `ConnectInfo` (the proxy's
+/// `X-Forwarded-For`): its body under the body-read deadline, the router's answer
+/// replaced by 408 when that deadline passed, the response body holding the
+/// connection busy until hyper has taken it whole.
+async fn serve_request(
+    router: Router,
+    mut request: Request<Incoming>,
+    peer: SocketAddr,
+    body_timeout: Duration,
+    guard: RequestGuard,
+) -> Result<Response<GuardedBody>, Infallible> {
+    request.extensions_mut().insert(ConnectInfo(peer));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| {
+        Body::new(DeadlineBody::new(
+            body,
+            Instant::now() + body_timeout,
+            Arc::clone(&timed_out),
+        ))
+    });
+    let response = match router.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    let response = if timed_out.load(Ordering::Acquire) {
+        metrics::counter!("idemgate_http_body_timeouts_total").increment(1);
+        body_timeout_response(body_timeout)
+    } else {
+        response
+    };
+    Ok(response.map(|body| GuardedBody::new(body, guard)))
+}
+
+/// What a connection is doing, for its watchdog.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Waiting for (the rest of) a request head, since this instant.
+    Head(Instant),
+    /// This many requests are in flight (more than one on HTTP/2).
+    Busy(usize),
+    /// Nothing in flight and nothing received, since this instant.
+    Idle(Instant),
+}
+
+/// A connection's phase, shared by its I/O, its requests and its watchdog.
+struct Activity {
+    phase: Mutex<Phase>,
+    /// Woken when the phase changes in a way that moves the deadline.
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            phase: Mutex::new(Phase::Head(Instant::now())),
+            changed: Notify::new(),
+        }
+    }
+
+    fn with_phase<T>(&self, f: impl FnOnce(&mut Phase) -> T) -> T {
+        f(&mut self.phase.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Bytes arrived: an idle connection now owes a request head.
+    fn received(&self) {
+        let woke = self.with_phase(|phase| match *phase {
+            Phase::Idle(_) => {
+                *phase = Phase::Head(Instant::now());
+                true
+            }
+            Phase::Head(_) | Phase::Busy(_) => false,
+        });
+        if woke {
+            self.changed.notify_one();
+        }
+    }
+
+    /// A request head is complete: no watchdog deadline until its response ends.
+    fn begin_request(self: &Arc<Self>) -> RequestGuard {
+        self.with_phase(|phase| {
+            *phase = match *phase {
+                Phase::Busy(requests) => Phase::Busy(requests + 1),
+                Phase::Head(_) | Phase::Idle(_) => Phase::Busy(1),
+            }
+        });
+        RequestGuard(Arc::clone(self))
+    }
+
+    fn end_request(&self) {
+        let idle = self.with_phase(|phase| match *phase {
+            Phase::Busy(requests) if requests > 1 => {
+                *phase = Phase::Busy(requests - 1);
+                false
+            }
+            _ => {
+                *phase = Phase::Idle(Instant::now());
+                true
+            }
+        });
+        if idle {
+            self.changed.notify_one();
+        }
+    }
+
+    fn deadline(&self, options: &ListenerOptions) -> Option<Instant> {
+        self.with_phase(|phase| match *phase {
+            Phase::Head(since) => Some(since + options.header_read_timeout),
+            Phase::Idle(since) => Some(since + options.idle_timeout),
+            Phase::Busy(_) => None,
+        })
+    }
+
+    /// The phase whose timeout has passed, if one has.
+    fn expired(&self, options: &ListenerOptions) -> Option<&'static str> {
+        let now = Instant::now();
+        self.with_phase(|phase| match *phase {
+            Phase::Head(since) if now >= since + options.header_read_timeout => Some("header"),
+            Phase::Idle(since) if now >= since + options.idle_timeout => Some("idle"),
+            _ => None,
+        })
+    }
+}
+
+/// Keeps its connection busy while its request is in flight.
+struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.end_request();
+    }
+}
+
+/// The connection's socket, telling its [`Activity`] when bytes arrive.
+struct Watched {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.received();
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A response body that keeps its request's [`RequestGuard`] until hyper drops it.
+struct GuardedBody {
+    inner: Body,
+    _guard: RequestGuard,
+}
+
+impl GuardedBody {
+    /// `inner`, keeping `guard` (its connection busy) until the body is dropped.
+    fn new(inner: Body, guard: RequestGuard) -> Self {
+        Self {
+            inner,
+            _guard: guard,
+        }
+    }
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

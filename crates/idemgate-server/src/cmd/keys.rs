@@ -1,0 +1,194 @@
+//! `idemgate keys show|evict|principal`: an operator's look at one key, straight
+//! on the store (`--store`, the same URL syntax as the proxy's
+//! `--idempotency-store`), and the principal string a credential maps to.
+//!
+//! JSON goes to stdout ([`KeyView`], [`EvictionView`]), errors to stderr. Exit
+//! codes: 0 shown or evicted, 1 the store failed, 2 bad flags, 3 no record under
+//! the key, 4 eviction refused (a live `PROCESSING` record; `--force` overrides).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::http::HeaderName;
+use idemgate::deadline::WithDeadline;
+use idemgate::scope::Identity;
+use idemgate::{EvictMode, Eviction, Principal, Store, StoreError};
+
+use crate::cli::{KeyTarget, KeysArgs, KeysCommand, PrincipalArgs};
+use crate::config::{ConfigError, RedisSafety, StoreUrl};
+use crate::inspect::{EvictionView, KeyQuery, KeyView};
+use crate::principal::{PrincipalSpec, principal_of};
+use crate::store::{self, OpenError, Opening};
+
+/// Exit code: the store failed (unreachable, misconfigured, corrupt record).
+pub const EXIT_STORE_FAILED: u8 = 1;
+/// Exit code: bad flags.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: no live record under the key.
+pub const EXIT_ABSENT: u8 = 3;
+/// Exit code: eviction refused, a request may still hold the key.
+pub const EXIT_REFUSED: u8 = 4;
+
+/// Which principal the flags name.
+fn principal_spec(whose: &PrincipalArgs) -> Result<PrincipalSpec, KeysError> {
+    if let Some(principal) = &whose.principal {
+        return Ok(PrincipalSpec::Raw(principal.clone()));
+    }
+    if let Some(value) = &whose.authorization {
+        let secret = whose.secret.read()?;
+        if secret.is_empty() {
+            return Err(KeysError::Usage(
+                "--authorization",
+                "needs the proxy's principal secret: set IDEMGATE_PRINCIPAL_SECRET or --principal-secret-file PATH".to_owned(),
+            ));
+        }
+        return Ok(PrincipalSpec::Authorization {
+            value: value.clone(),
+            secret,
+        });
+    }
+    if let Some(token) = &whose.bearer {
+        return Ok(PrincipalSpec::Bearer(token.clone()));
+    }
+    let header = whose.principal_header.as_deref().unwrap_or_default();
+    let invalid = |reason: &str| KeysError::Usage("--principal-header", reason.to_owned());
+    let (name, value) = header
+        .split_once(':')
+        .ok_or_else(|| invalid("expected `NAME: VALUE`"))?;
+    let name =
+        HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| invalid("not a header name"))?;
+    Ok(PrincipalSpec::Header(name, value.trim().to_owned()))
+}
+
+/// The principal the flags name, made by the layer's own code.
+fn principal(whose: &PrincipalArgs) -> Result<Principal, KeysError> {
+    principal_of(&principal_spec(whose)?)
+        .map_err(|error| KeysError::Usage("principal", error.to_string()))
+}
+
+/// The identity the flags name.
+fn identity(target: &KeyTarget) -> Result<Identity, KeysError> {
+    KeyQuery {
+        principal: principal(&target.whose)?,
+        method: target.method.clone(),
+        path: target.path.clone(),
+        key: target.key.clone(),
+    }
+    .identity()
+    .map_err(|error| KeysError::Usage("--method/--path/--key", error.to_string()))
+}
+
+fn store_timeout(target: &KeyTarget) -> Result<Duration, KeysError> {
+    if target.store_timeout_ms == 0 {
+        return Err(KeysError::Usage(
+            "--store-timeout-ms",
+            "must be at least 1".to_owned(),
+        ));
+    }
+    Ok(Duration::from_millis(target.store_timeout_ms))
+}
+
+/// Why the store could not be opened or did not answer.
+#[derive(Debug, thiserror::Error)]
+enum KeysError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("invalid {0}: {1}")]
+    Usage(&'static str, String),
+    #[error("cannot open the store: {0}")]
+    Open(#[from] OpenError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+/// Runs `idemgate keys …` and returns the process's exit code.
+pub async fn main(args: KeysArgs) -> ExitCode {
+    match execute(args).await {
+        Ok(code) => ExitCode::from(code),
+        Err(error) => {
+            let code = match &error {
+                KeysError::Config(_) | KeysError::Usage(..) => EXIT_USAGE,
+                KeysError::Open(_) | KeysError::Store(_) => EXIT_STORE_FAILED,
+            };
+            let cause = match &error {
+                KeysError::Store(store) => std::error::Error::source(store)
+                    .map(|cause| format!(": {cause}"))
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            eprintln!("idemgate keys: {error}{cause}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
+    let (target, action) = match args.command {
+        KeysCommand::Show { target, body } => (target, Action::Show { body }),
+        KeysCommand::Evict { target, force } => (target, Action::Evict { force }),
+        KeysCommand::Principal { whose } => {
+            let principal = principal(&whose)?;
+            print_json(&serde_json::json!({ "principal": principal.as_str() }));
+            return Ok(0);
+        }
+    };
+    let identity = identity(&target)?;
+    let timeout = store_timeout(&target)?;
+    let store = WithDeadline::new(open(&target.store, timeout).await?, timeout);
+    match action {
+        Action::Show { body } => match store.get(identity.digest()).await? {
+            Some(snapshot) => {
+                print_json(&KeyView::of(&identity, &snapshot, body));
+                Ok(0)
+            }
+            None => {
+                eprintln!(
+                    "idemgate keys: no live record under this key (never used, expired or evicted)"
+                );
+                Ok(EXIT_ABSENT)
+            }
+        },
+        Action::Evict { force } => {
+            let mode = if force {
+                EvictMode::Force
+            } else {
+                EvictMode::UnlessRunning
+            };
+            let eviction = store.evict(identity.digest(), mode).await?;
+            print_json(&EvictionView::of(&identity, eviction));
+            Ok(match eviction {
+                Eviction::Evicted { .. } => 0,
+                Eviction::Absent => EXIT_ABSENT,
+                Eviction::RefusedLiveLease { .. } => EXIT_REFUSED,
+            })
+        }
+    }
+}
+
+enum Action {
+    Show { body: bool },
+    Evict { force: bool },
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    match serde_json::to_string_pretty(value) {
+        Ok(json) => println!("{json}"),
+        Err(error) => eprintln!("idemgate keys: cannot render JSON: {error}"),
+    }
+}
+
+/// The store at `url`, as it is: no migration (a store that was never set up
+/// answers `Misconfigured`) and no purge task; a SQLite file must exist.
+async fn open(url: &str, timeout: Duration) -> Result<std::sync::Arc<dyn Store>, KeysError> {
+    let url = url
+        .parse::<StoreUrl>()
+        .map_err(|reason| KeysError::Usage("--store", reason))?;
+    if url == StoreUrl::Memory {
+        return Err(KeysError::Usage(
+            "--store",
+            "`memory` records live inside the serving process; use its admin API (GET/DELETE /v1/keys)".to_owned(),
+        ));
+    }
+    let opened = store::open(&url, Opening::Inspect, timeout, RedisSafety::default()).await?;
+    Ok(opened.store)
+}

@@ -1,0 +1,93 @@
+//! The orders service of the design articles, as a real service: `POST
+//! /api/v1/orders` charges a payment gateway and stores an order exactly once per
+//! `Idempotency-Key`, whatever the network, the client or the process does. By
+//! default everything lives in one SQLite file, and each order commits in the same
+//! transaction as its idempotency record.
+//!
+//! - [`api`]: the routes' handlers;
+//! - [`auth`]: bearer authentication, outside the idempotency layer;
+//! - [`db`]: the orders database (the only database this tree opens);
+//! - [`order`]: what a client may order, checked before anything is charged;
+//! - [`payment`]: the payment gateway client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::middleware;
+use axum::routing::get;
+use idemgate::{DetachedTasks, IdempotencyLayer};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+pub mod api;
+pub mod auth;
+pub mod db;
+pub mod order;
+pub mod payment;
+
+use db::OrdersDb;
+use payment::PaymentGateway;
+
+/// How the orders handler writes its order.
+#[derive(Clone, Debug)]
+pub enum OrderWrites {
+    /// In the idempotency layer's transaction (SQLite): the order and the
+    /// `COMPLETED` record commit together.
+    SqliteTransaction(idemgate_sqlite::SqliteStore),
+    /// The same on PostgreSQL.
+    PostgresTransaction(idemgate_postgres::PostgresStore),
+    /// Straight to the orders database, keyed by operation id (the idempotency
+    /// records live elsewhere: memory or Redis).
+    Direct,
+}
+
+/// What handlers share.
+#[derive(Clone, Debug)]
+pub struct OrdersState {
+    /// Orders storage.
+    pub orders: OrdersDb,
+    /// How orders are written.
+    pub writes: OrderWrites,
+    /// The payment gateway.
+    pub gateway: PaymentGateway,
+    /// Renders `/metrics`; `None` when no recorder is installed.
+    pub metrics: Option<PrometheusHandle>,
+    /// The idempotency layer's detached handlers (for the in-flight gauges).
+    pub tasks: DetachedTasks,
+    /// The `Retry-After` of a 503 for an order that could not be stored: the one
+    /// the idempotency layer sends for its store (`with_unavailable_retry_after`).
+    pub unavailable_retry_after: Duration,
+}
+
+/// The whole service: `/api/v1/orders` behind bearer authentication and the
+/// idempotency layer, plus `/healthz` and `/metrics`.
+pub fn router(state: OrdersState, idempotency: IdempotencyLayer) -> Router {
+    routes(state, Some(idempotency))
+}
+
+/// The same routes and handlers with no idempotency layer: the `bare` baseline
+/// `idemgate-bench` measures the layer against (the hidden `--no-idempotency`).
+/// Handlers then get no operation and no transaction slot, so orders are written
+/// directly. Never for production: a retried POST charges and stores twice.
+pub fn router_without_idempotency(state: OrdersState) -> Router {
+    routes(state, None)
+}
+
+fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
+    let mut api = Router::new()
+        .route(
+            "/api/v1/orders",
+            get(api::list_orders).post(api::create_order),
+        )
+        .route("/api/v1/orders/{id}", get(api::get_order));
+    if let Some(idempotency) = idempotency {
+        // Route layers: only matched routes reach them, so 404/405 are not stored.
+        api = api.route_layer(idempotency);
+    }
+    let api = api.route_layer(middleware::from_fn(auth::authenticate));
+    Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/metrics", get(api::render_metrics))
+        .merge(api)
+        .with_state(Arc::new(state))
+}
