@@ -79,6 +79,7 @@ fn routes(state: AppState, idempotency: Option<IdempotencyLayer>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(render_metrics))
+        .merge(crate::demo::routes())
         .merge(api)
         .with_state(Arc::new(state))
 }

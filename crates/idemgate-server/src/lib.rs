@@ -17,6 +17,7 @@ pub struct ReadmeDoctests;
 
 pub mod admin;
 pub mod cli;
+pub mod demo;
 pub mod gateway;
 pub mod http;
 pub mod keys;
