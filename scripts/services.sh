@@ -4,7 +4,9 @@
 # down; on a bare Debian machine (as root) installs them first (`nginx`, for the proxy
 # benchmark, is only installed). Also installs the `prometheus` and `promtool`
 # binaries the monitoring test runs itself (it starts its own Prometheus on a free
-# port). Fails loudly when it cannot: a test suite that
+# port), and what the JavaScript and Python client suites need (`clients`: Node.js
+# with npm, Python 3 with venv, Debian's `chromium` and `chromium-driver` for the
+# checkout page's browser test). Fails loudly when it cannot: a test suite that
 # silently skips its backends proves nothing.
 set -euo pipefail
 
@@ -15,8 +17,8 @@ apt_install() {
   [ "$(id -u)" = 0 ] || die "$* missing and not root: install it (apt-get install $*)"
   command -v apt-get >/dev/null || die "$* missing and no apt-get to install it with"
   log "installing $* from Debian's packages"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; } \
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@" >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "$@" >/dev/null; } \
     || die "could not install $*"
 }
 
@@ -84,11 +86,34 @@ ensure_nginx() {
   log "nginx available: $("$(command -v nginx || echo /usr/sbin/nginx)" -v 2>&1)"
 }
 
+# The client suites (`clients/js`, `clients/python`): Node.js >= 18 with npm, Python
+# >= 3.9 with its venv module, and Debian's Chromium and its WebDriver, which the
+# checkout page's browser test drives headless. Never a browser download of an npm
+# or PyPI package's own: the page is tested in the distribution's Chromium.
+ensure_clients() {
+  command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+    || apt_install chromium chromium-driver
+  command -v chromium >/dev/null || die "the chromium package installed no chromium binary"
+  command -v chromedriver >/dev/null || die "the chromium-driver package installed no chromedriver binary"
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    apt_install nodejs npm
+  fi
+  node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' \
+    || die "Node.js $(node --version) is too old for clients/js: it needs >= 18 (the platform fetch)"
+  if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    apt_install python3 python3-venv
+  fi
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' \
+    || die "Python $(python3 --version) is too old for clients/python: it needs >= 3.9"
+  log "clients: $(chromium --version 2>/dev/null | head -n 1), $(chromedriver --version | awk '{print $1, $2}'), node $(node --version), npm $(npm --version), $(python3 --version)"
+}
+
 case "${1:-all}" in
   postgres) ensure_postgres ;;
   redis) ensure_redis ;;
   prometheus) ensure_prometheus ;;
   nginx) ensure_nginx ;;
-  all) ensure_postgres; ensure_redis; ensure_prometheus ;;
-  *) die "usage: $0 [postgres|redis|prometheus|nginx|all]" ;;
+  clients) ensure_clients ;;
+  all) ensure_postgres; ensure_redis; ensure_prometheus; ensure_clients ;;
+  *) die "usage: $0 [postgres|redis|prometheus|nginx|clients|all]" ;;
 esac

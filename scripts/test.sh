@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: starts what the tests need, then runs every test of the workspace.
+# The test command: starts what the tests need, then runs every test of the workspace,
+# then the JavaScript and Python client suites against the binaries the cargo tests
+# built (scripts/clients.sh).
 #   scripts/test.sh            # all tests
-#   scripts/test.sh -p idemgate # only these crates; extra arguments go to `cargo test`
+#   scripts/test.sh -p idemgate # only these crates (no client suites); extra arguments go to `cargo test`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +23,10 @@ for arg in "$@"; do
 done
 cargo test "${scope[@]}" --all-targets "$@"
 cargo test "${scope[@]}" --doc "$@"
+
+# The client packages, against the binaries the cargo tests just built (the
+# server's integration tests build target/debug/idemgate, idemgate-testkit's
+# target/debug/idemgate-relay), so CI needs no release build.
+if [ "${#scope[@]}" -gt 0 ]; then
+    IDEMGATE_BIN="$PWD/target/debug/idemgate" scripts/clients.sh
+fi

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | command line | [`cli`] | every clap type; the checks of the argument groups the subcommands share |
 //! | subcommands | [`cmd::serve`], [`cmd::proxy`], [`cmd::keys`] | each one's checked settings and its run |
-//! | the demo | [`orders`] | the orders service: API, authentication, database, payment gateway client |
+//! | the demo | [`orders`], [`demo`] | the orders service: API, authentication, database, payment gateway client; the checkout page that drives it from a browser |
 //! | services | [`process`], [`store`], [`idempotency`], [`admin`], [`inspect`], [`principal`], [`monitoring`], [`telemetry`], [`database`] | process lifecycle, the one store opener, the layer as configured, the admin API, key inspection, principal rules, metrics, logs and spans, SQL pools |
 //! | leaf | [`config`] | checked values everything shares; imports nothing of this crate |
 //!
@@ -28,6 +28,7 @@ pub mod cli;
 pub mod cmd;
 pub mod config;
 pub mod database;
+pub mod demo;
 pub mod idempotency;
 pub mod inspect;
 pub mod monitoring;

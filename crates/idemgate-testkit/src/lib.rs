@@ -1,5 +1,7 @@
 //! Test support for idemgate: the one store conformance suite, and the fault
-//! relay client tests put between a client and the real server ([`relay`]).
+//! relay client tests put between a client and the real server ([`relay`]; for
+//! the JavaScript and Python suites, the `idemgate-relay` binary of this crate is
+//! the same relay as a process, controlled over its standard input).
 //!
 //! A store proves itself with one line in its tests:
 //!

@@ -2,11 +2,20 @@
 //! server, it loses responses, delays them, resets connections, and counts what
 //! went through.
 //!
-//! It works on connections, not on HTTP: each accepted connection takes the next
-//! queued [`Fault`] (or none), and [`Relay::connections`] counts them. So that one
-//! connection is one attempt, give the client under test no connection reuse
-//! (`reqwest::ClientBuilder::pool_max_idle_per_host(0)`); a test that counts
-//! attempts then counts exactly.
+//! Faults are queued two ways:
+//!
+//! - per **connection** ([`Relay::inject`]): each accepted connection takes the next
+//!   queued [`Fault`] (or none). So that one connection is one attempt, give the
+//!   client under test no connection reuse
+//!   (`reqwest::ClientBuilder::pool_max_idle_per_host(0)`); [`Relay::connections`]
+//!   then counts attempts exactly.
+//! - per **request** ([`Relay::inject_request`]): the relay follows the HTTP/1.1
+//!   framing of what the client sends (request heads, `Content-Length` bodies), so
+//!   a fault can target the next request on whatever connection it comes, and
+//!   [`Relay::requests`] counts requests on reused connections too. That is what a
+//!   client with a connection pool (a browser, Node's `fetch`, `httpx`) needs. A
+//!   request whose body is chunked ends the tracking of its connection: its later
+//!   requests are neither counted nor faulted.
 //!
 //! ```ignore
 //! let relay = Relay::start(server_addr).await;
@@ -14,6 +23,9 @@
 //! // … drive the client at relay.url(…) …
 //! assert_eq!(relay.connections(), 2);
 //! ```
+//!
+//! The `idemgate-relay` binary of this crate is this relay for test suites in
+//! other languages, controlled over its standard input.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -25,7 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-/// What the relay does to one connection.
+/// What the relay does to one connection, or to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Forward both ways untouched.
@@ -34,18 +46,43 @@ pub enum Fault {
     /// server has run the request and answered), close the client's connection
     /// without passing on a byte of it. The seeds' lost response.
     LoseResponse,
-    /// Reset the client's connection (TCP RST) as soon as it is accepted; nothing
-    /// reaches the server.
+    /// Reset the client's connection (TCP RST): for a connection as soon as it is
+    /// accepted, for a request as soon as its head has arrived. Either way the
+    /// request does not reach the server whole, so it does not run.
     Reset,
     /// Forward the request; hold the answer this long before passing it on.
     DelayResponse(Duration),
 }
 
+/// A fault for the next request, of one method or of any.
+#[derive(Debug, Clone)]
+struct RequestFault {
+    fault: Fault,
+    method: Option<String>,
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     faults: Mutex<VecDeque<Fault>>,
+    request_faults: Mutex<VecDeque<RequestFault>>,
     connections: AtomicUsize,
     forwarded: AtomicUsize,
+    requests: AtomicUsize,
+    open: AtomicUsize,
+}
+
+impl Shared {
+    /// The first queued request fault this request matches, taken off the queue.
+    fn take_request_fault(&self, method: &str) -> Option<Fault> {
+        let mut queue = self.request_faults.lock().unwrap();
+        let index = queue.iter().position(|queued| {
+            queued
+                .method
+                .as_deref()
+                .is_none_or(|wanted| wanted.eq_ignore_ascii_case(method))
+        })?;
+        queue.remove(index).map(|queued| queued.fault)
+    }
 }
 
 /// A relay on a loopback port in front of `upstream`; it stops when dropped.
@@ -96,6 +133,20 @@ impl Relay {
             .extend(std::iter::repeat_n(fault, n));
     }
 
+    /// The next request without a fault queued before it gets `fault`, on any
+    /// connection, new or reused. With `method` (`"POST"`), only a request of that
+    /// method takes it: the requests of other methods pass it by.
+    pub fn inject_request(&self, fault: Fault, method: Option<&str>) {
+        self.shared
+            .request_faults
+            .lock()
+            .unwrap()
+            .push_back(RequestFault {
+                fault,
+                method: method.map(str::to_owned),
+            });
+    }
+
     /// Connections accepted so far (attempts, for a client without reuse).
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::SeqCst)
@@ -104,6 +155,17 @@ impl Relay {
     /// Connections whose request bytes reached the server.
     pub fn forwarded(&self) -> usize {
         self.shared.forwarded.load(Ordering::SeqCst)
+    }
+
+    /// Request heads received from clients so far, on new and reused connections:
+    /// the attempts of a client that pools its connections.
+    pub fn requests(&self) -> usize {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Client connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.open.load(Ordering::SeqCst)
     }
 }
 
@@ -116,56 +178,245 @@ impl Drop for Relay {
 async fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>) {
     while let Ok((client, _)) = listener.accept().await {
         shared.connections.fetch_add(1, Ordering::SeqCst);
+        shared.open.fetch_add(1, Ordering::SeqCst);
         let fault = shared
             .faults
             .lock()
             .unwrap()
             .pop_front()
             .unwrap_or(Fault::Pass);
-        tokio::spawn(relay(client, upstream, fault, Arc::clone(&shared)));
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            relay(client, upstream, fault, &shared).await;
+            shared.open.fetch_sub(1, Ordering::SeqCst);
+        });
     }
 }
 
-async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: Arc<Shared>) {
+/// Relays one connection. `fault` is the connection's; the requests on it may
+/// take request faults as their heads arrive. Both directions run in one loop, so
+/// a fault armed by a request head is in place before the server can answer it.
+async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &Shared) {
     if fault == Fault::Reset {
         let _ = client.set_zero_linger();
         return; // dropped with SO_LINGER 0: an RST
     }
-    let Ok(server) = TcpStream::connect(upstream).await else {
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
         return; // the server is gone: the client sees its connection close
     };
-    let (mut from_client, mut to_client) = client.into_split();
-    let (mut from_server, mut to_server) = server.into_split();
-    let upstream_copy = tokio::spawn(async move {
-        let mut buf = vec![0; 16 * 1024];
-        let mut counted = false;
-        while let Ok(n @ 1..) = from_client.read(&mut buf).await {
-            if to_server.write_all(&buf[..n]).await.is_err() {
-                break;
+    let mut client = client;
+    // What the next bytes of the server's answer meet.
+    let mut armed = (fault != Fault::Pass).then_some(fault);
+    let mut framing = Framing::default();
+    let mut forwarded = false;
+    let mut client_open = true;
+    let (mut from_client, mut from_server) = (vec![0; 16 * 1024], vec![0; 16 * 1024]);
+    loop {
+        tokio::select! {
+            read = client.read(&mut from_client), if client_open => {
+                let Ok(n @ 1..) = read else {
+                    // The client is done sending; the server may still answer.
+                    client_open = false;
+                    let _ = server.shutdown().await;
+                    continue;
+                };
+                for method in framing.feed(&from_client[..n]) {
+                    shared.requests.fetch_add(1, Ordering::SeqCst);
+                    match shared.take_request_fault(&method) {
+                        Some(Fault::Reset) => {
+                            let _ = client.set_zero_linger();
+                            return; // both dropped: an RST to the client, the server sees EOF
+                        }
+                        Some(Fault::Pass) | None => {}
+                        Some(other) => armed = Some(other),
+                    }
+                }
+                if server.write_all(&from_client[..n]).await.is_err() {
+                    return;
+                }
+                if !forwarded {
+                    forwarded = true;
+                    shared.forwarded.fetch_add(1, Ordering::SeqCst);
+                }
             }
-            if !counted {
-                counted = true;
-                shared.forwarded.fetch_add(1, Ordering::SeqCst);
+            read = server.read(&mut from_server) => {
+                let Ok(n @ 1..) = read else {
+                    return; // the server closed: so does the client's connection
+                };
+                match armed.take() {
+                    Some(Fault::LoseResponse) => return,
+                    Some(Fault::DelayResponse(delay)) => tokio::time::sleep(delay).await,
+                    Some(Fault::Pass | Fault::Reset) | None => {}
+                }
+                if client.write_all(&from_server[..n]).await.is_err() {
+                    return;
+                }
             }
-        }
-        let _ = to_server.shutdown().await;
-    });
-    let mut buf = vec![0; 16 * 1024];
-    let mut first = true;
-    while let Ok(n @ 1..) = from_server.read(&mut buf).await {
-        if first {
-            first = false;
-            match fault {
-                Fault::LoseResponse => break,
-                Fault::DelayResponse(delay) => tokio::time::sleep(delay).await,
-                Fault::Pass | Fault::Reset => {}
-            }
-        }
-        if to_client.write_all(&buf[..n]).await.is_err() {
-            break;
         }
     }
-    // Both directions end with the connection: the client's, then the server's.
-    upstream_copy.abort();
-    drop(to_client);
+}
+
+/// Follows the requests a client sends on one connection: where each head starts
+/// and ends, and how long its body is, so each new request is seen once.
+#[derive(Debug, Default)]
+enum Framing {
+    /// Between requests: the next byte starts a head.
+    #[default]
+    Idle,
+    /// Inside a head: the bytes so far.
+    Head(Vec<u8>),
+    /// Inside a body: this many bytes left.
+    Body(u64),
+    /// Lost track (a chunked body, a head that does not parse): nothing more is
+    /// counted on this connection.
+    Opaque,
+}
+
+/// Longer heads than this are not tracked (a client's heads are a few hundred bytes).
+const MAX_HEAD: usize = 64 * 1024;
+
+impl Framing {
+    /// Takes the next bytes from the client; returns the method of each request
+    /// whose head they complete.
+    fn feed(&mut self, mut bytes: &[u8]) -> Vec<String> {
+        let mut completed = Vec::new();
+        while !bytes.is_empty() {
+            match self {
+                Self::Opaque => break,
+                Self::Idle => *self = Self::Head(Vec::new()),
+                Self::Body(left) => {
+                    let take = (*left).min(bytes.len() as u64);
+                    bytes = &bytes[take as usize..];
+                    *left -= take;
+                    if *left == 0 {
+                        *self = Self::Idle;
+                    }
+                }
+                Self::Head(head) => {
+                    // The end of the head may straddle what came before.
+                    let seen = head.len();
+                    head.extend_from_slice(bytes);
+                    let Some(end) = find_head_end(head, seen.saturating_sub(3)) else {
+                        if head.len() > MAX_HEAD {
+                            *self = Self::Opaque;
+                        }
+                        break;
+                    };
+                    let used = end - seen;
+                    let parsed = parse_head(&head[..end]);
+                    bytes = &bytes[used..];
+                    *self = match parsed {
+                        Some((method, Some(0))) => {
+                            completed.push(method);
+                            Self::Idle
+                        }
+                        Some((method, Some(length))) => {
+                            completed.push(method);
+                            Self::Body(length)
+                        }
+                        Some((method, None)) => {
+                            completed.push(method);
+                            Self::Opaque
+                        }
+                        None => Self::Opaque,
+                    };
+                }
+            }
+        }
+        completed
+    }
+}
+
+/// The index just past the `\r\n\r\n` that ends a head, searching from `from`.
+fn find_head_end(head: &[u8], from: usize) -> Option<usize> {
+    head.get(from..)?
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .map(|at| from + at + 4)
+}
+
+/// A complete head's method and body length (`None`: chunked, not followed).
+fn parse_head(head: &[u8]) -> Option<(String, Option<u64>)> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    let httparse::Status::Complete(_) = request.parse(head).ok()? else {
+        return None;
+    };
+    let method = request.method?.to_owned();
+    let mut length = Some(0);
+    for header in request.headers.iter() {
+        if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            length = None;
+            break;
+        }
+        if header.name.eq_ignore_ascii_case("content-length") {
+            length = Some(
+                std::str::from_utf8(header.value)
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()?,
+            );
+        }
+    }
+    Some((method, length))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_sees_each_request_once_however_the_bytes_are_cut() {
+        let stream: &[u8] = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n\
+            POST /orders HTTP/1.1\r\nContent-Length: 12\r\n\r\n{\"amount\":1}\
+            PATCH /b HTTP/1.1\r\ncontent-length: 0\r\n\r\n";
+        for cut in 1..stream.len() {
+            let mut framing = Framing::default();
+            let mut methods = Vec::new();
+            for chunk in stream.chunks(cut) {
+                methods.extend(framing.feed(chunk));
+            }
+            assert_eq!(methods, ["GET", "POST", "PATCH"], "chunks of {cut}");
+            assert!(matches!(framing, Framing::Idle), "chunks of {cut}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_looks_like_a_head_is_a_body() {
+        let mut framing = Framing::default();
+        let body = b"GET /x HTTP/1.1\r\n\r\n";
+        let head = format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len());
+        assert_eq!(framing.feed(head.as_bytes()), ["POST"]);
+        assert!(framing.feed(body).is_empty());
+        assert_eq!(framing.feed(b"DELETE / HTTP/1.1\r\n\r\n"), ["DELETE"]);
+    }
+
+    #[test]
+    fn a_chunked_body_ends_the_tracking() {
+        let mut framing = Framing::default();
+        let head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        assert_eq!(framing.feed(head), ["POST"]);
+        assert!(framing.feed(b"GET / HTTP/1.1\r\n\r\n").is_empty());
+        assert!(matches!(framing, Framing::Opaque));
+    }
+
+    #[test]
+    fn request_faults_go_to_the_first_request_they_match() {
+        let shared = Shared::default();
+        shared.request_faults.lock().unwrap().extend([
+            RequestFault {
+                fault: Fault::LoseResponse,
+                method: Some("POST".to_owned()),
+            },
+            RequestFault {
+                fault: Fault::Reset,
+                method: None,
+            },
+        ]);
+        assert_eq!(shared.take_request_fault("GET"), Some(Fault::Reset));
+        assert_eq!(shared.take_request_fault("GET"), None);
+        assert_eq!(shared.take_request_fault("post"), Some(Fault::LoseResponse));
+        assert_eq!(shared.take_request_fault("POST"), None);
+    }
 }

@@ -88,6 +88,7 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
     Router::new()
         .route("/healthz", get(api::healthz))
         .route("/metrics", get(api::render_metrics))
+        .merge(crate::demo::routes())
         .merge(api)
         .with_state(Arc::new(state))
 }

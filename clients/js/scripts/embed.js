@@ -1,0 +1,19 @@
+// Copies the built package (dist/*.js) into the server's demo assets, where
+// `idemgate serve` embeds it for the checkout page (crates/idemgate-server/src/demo/).
+// Run with `npm run embed` after changing src/; test/embedded.test.ts fails while
+// the copy differs from a fresh build.
+
+import { copyFileSync, mkdirSync, readdirSync, rmSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const dist = resolve(here, "..", "dist");
+const embedded = resolve(here, "..", "..", "..", "crates", "idemgate-server", "src", "demo", "idemgate-client");
+
+mkdirSync(embedded, { recursive: true });
+for (const stale of readdirSync(embedded)) rmSync(join(embedded, stale));
+for (const file of readdirSync(dist).filter((name) => name.endsWith(".js")).sort()) {
+  copyFileSync(join(dist, file), join(embedded, file));
+  console.log(`embedded ${file}`);
+}

@@ -1,0 +1,124 @@
+// The checkout page of `idemgate serve` (GET /demo/checkout) in headless Chromium
+// — Debian's `chromium`, driven through its `chromedriver` over WebDriver — loaded
+// through the fault relay, which drops the answer to the first order POST: one
+// click makes one order and one charge, the page shows the lost attempt and then
+// the replay, and a second click on the same cart shows the same order. The
+// screenshot is saved under target/client-tests/ as the test's artifact.
+
+import assert from "node:assert/strict";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test, type TestContext } from "node:test";
+
+import { Builder, By, until, type WebDriver } from "selenium-webdriver";
+import chrome from "selenium-webdriver/chrome.js";
+
+import { MockGateway, REPO, Relay, Server } from "./support.js";
+
+const CHROMIUM = process.env["CHROMIUM_BIN"] ?? "/usr/bin/chromium";
+const CHROMEDRIVER = process.env["CHROMEDRIVER_BIN"] ?? "/usr/bin/chromedriver";
+
+async function browser(t: TestContext): Promise<WebDriver> {
+  for (const binary of [CHROMIUM, CHROMEDRIVER]) {
+    if (!existsSync(binary)) {
+      throw new Error(`${binary} is missing: scripts/services.sh clients installs Debian's chromium and chromium-driver`);
+    }
+  }
+  const profile = mkdtempSync(join(tmpdir(), "idemgate-chromium-"));
+  const options = new chrome.Options();
+  options.setChromeBinaryPath(CHROMIUM);
+  options.addArguments(
+      "--headless",
+      "--no-sandbox", // as root, in a container
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+      "--window-size=1000,1100",
+    `--user-data-dir=${profile}`,
+  );
+  const driver = await new Builder()
+    .forBrowser("chrome")
+    .setChromeOptions(options)
+    .setChromeService(new chrome.ServiceBuilder(CHROMEDRIVER))
+    .build();
+  t.after(async () => {
+    await driver.quit();
+    rmSync(profile, { recursive: true, force: true });
+  });
+  return driver;
+}
+
+/** The attempts table, row by row: [#, key digest, answer, replayed, then]. */
+async function attemptRows(driver: WebDriver): Promise<string[][]> {
+  return (await driver.executeScript(
+    "return [...document.querySelectorAll('#attempts tbody tr')].map(r => [...r.cells].map(c => c.textContent))",
+  )) as string[][];
+}
+
+async function until_<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 15_000): Promise<T> {
+  const started = Date.now();
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() - started > timeoutMs) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((done) => setTimeout(done, 50));
+  }
+}
+
+test("the checkout page: a lost answer is retried, one order, the replay shown", { timeout: 120_000 }, async (t) => {
+  const gateway = await MockGateway.start(t);
+  // A short idle timeout closes the page load's kept-alive connections, so the
+  // order goes out on a fresh one: Chromium itself silently resends a request
+  // whose reused connection dies, and the page should see this loss itself.
+  const server = await Server.start(t, { gateway, args: ["--idle-timeout-ms", "300"] });
+  const relay = await Relay.start(t, server.addr);
+  const driver = await browser(t);
+
+  await driver.get(relay.url("/demo/checkout"));
+  await driver.wait(until.elementLocated(By.css("body[data-ready='true']")), 15_000);
+  assert.equal(await driver.getTitle(), "idemgate checkout");
+  await until_("the page's connections to close", async () => ((await relay.stats()).open === 0 ? true : undefined));
+
+  await relay.faultRequests("lose-response", 1, "POST");
+  await driver.findElement(By.id("pay")).click();
+  const result = await driver.wait(until.elementLocated(By.css("#result[data-state='paid']")), 20_000);
+  const orderId = await result.getAttribute("data-order-id");
+  assert.equal(await result.getAttribute("data-replayed"), "true", await result.getText());
+
+  const rows = await attemptRows(driver);
+  assert.equal(rows.length, 2, JSON.stringify(rows));
+  assert.deepEqual([rows[0]![0], rows[1]![0]], ["1.1", "1.2"], "one click, two attempts");
+  assert.equal(rows[0]![2], "no answer", "the first attempt's answer was lost");
+  assert.match(rows[0]![4]!, /^retry in \d+ ms$/);
+  assert.equal(rows[1]![2], "201");
+  assert.equal(rows[1]![3], "yes", "the retry got the first attempt's outcome, replayed");
+  assert.match(rows[0]![1]!, /^sha256:[0-9a-f]{12}…$/);
+  assert.equal(rows[1]![1], rows[0]![1], "one key for both attempts");
+
+  const token = (await driver.executeScript("return sessionStorage.getItem('idemgate-demo-token')")) as string;
+  const orders = await server.orders(token);
+  assert.equal(orders.length, 1, JSON.stringify(orders));
+  assert.equal(String(orders[0]!["order_id"]), orderId);
+  assert.equal(gateway.calls.length, 1, "charged once");
+  await driver.wait(until.elementTextIs(driver.findElement(By.id("order-count")), "1"), 5_000);
+
+  // The user, unsure, clicks "Pay" again on the same cart: the same purchase.
+  await driver.findElement(By.id("pay")).click();
+  await until_("the second click's attempt", async () => ((await attemptRows(driver)).length === 3 ? true : undefined));
+  await driver.wait(until.elementLocated(By.css("#result[data-state='paid']")), 20_000);
+  const third = (await attemptRows(driver))[2]!;
+  assert.deepEqual(third.slice(0, 4), ["2.1", rows[0]![1], "201", "yes"], "the same key, replayed at once");
+  assert.equal(await driver.findElement(By.id("result")).getAttribute("data-order-id"), orderId, "the same order");
+  assert.equal((await server.orders(token)).length, 1);
+  assert.equal(gateway.calls.length, 1, "still charged once");
+
+  const artifacts = join(REPO, "target", "client-tests");
+  mkdirSync(artifacts, { recursive: true });
+  const screenshot = join(artifacts, "checkout.png");
+  writeFileSync(screenshot, await driver.takeScreenshot(), "base64");
+  console.log(`# screenshot: ${screenshot}`);
+});

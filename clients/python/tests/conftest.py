@@ -1,0 +1,242 @@
+"""The real things the suite drives: the ``idemgate`` binary (``serve``), the
+``idemgate-relay`` fault relay of idemgate-testkit between the client and the
+server, and a counting mock payment gateway (the one external party, so the one
+mock). Every process is the test's own, on a free loopback port, and is killed
+when the test ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+#: The order every test places unless it says otherwise.
+ORDER = {"items": [{"id": 42, "quantity": 1}], "currency": "RUB", "amount": 1500}
+
+
+def binary(name: str) -> str:
+    """A binary of the workspace: ``IDEMGATE_BIN`` for the server (the README's
+    test command sets it), ``IDEMGATE_RELAY_BIN`` or the relay beside
+    ``IDEMGATE_BIN`` for the relay; without them ``target/release/…``, built with
+    cargo when missing."""
+    server = os.environ.get("IDEMGATE_BIN")
+    if name == "idemgate":
+        chosen = server
+    else:
+        chosen = os.environ.get("IDEMGATE_RELAY_BIN") or (str(Path(server).parent / name) if server else None)
+    if chosen is None:
+        chosen = str(REPO / "target" / "release" / name)
+        if not Path(chosen).exists():
+            package = "idemgate-server" if name == "idemgate" else "idemgate-testkit"
+            print(f"{chosen} is missing: cargo build --release -p {package} --bin {name}")
+            subprocess.run(["cargo", "build", "--release", "-p", package, "--bin", name], cwd=REPO, check=True)
+    if not Path(chosen).exists():
+        raise RuntimeError(
+            f"{chosen} does not exist: set IDEMGATE_BIN (and IDEMGATE_RELAY_BIN) to built binaries, "
+            "or unset them to build target/release"
+        )
+    return chosen
+
+
+@dataclass
+class Charge:
+    key: Optional[str]
+    body: Any
+
+
+@dataclass
+class MockGateway:
+    """``POST /charges`` approves (deduplicated by its ``Idempotency-Key``, as a
+    real gateway does) after ``delay`` seconds, and counts every call."""
+
+    server: ThreadingHTTPServer
+    calls: list[Charge] = field(default_factory=list)
+    charges: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @property
+    def distinct_charges(self) -> int:
+        return len(self.charges)
+
+
+@pytest.fixture
+def gateway() -> Iterator[MockGateway]:
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+            key = self.headers.get("idempotency-key")
+            with lock:
+                mock.calls.append(Charge(key, body))
+                charge = mock.charges.setdefault(key or f"no-key-{uuid.uuid4()}", f"ch_{len(mock.charges) + 1}")
+            time.sleep(mock.delay)
+            answer = json.dumps({"id": charge, "status": "succeeded"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    mock = MockGateway(server)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield mock
+    server.shutdown()
+    server.server_close()
+
+
+class Server:
+    """A running ``idemgate serve`` on a fresh SQLite file."""
+
+    def __init__(self, gateway: MockGateway, args: list[str]) -> None:
+        self.dir = tempfile.TemporaryDirectory(prefix="idemgate-py-")
+        self.database = Path(self.dir.name) / "orders.db"
+        command = [
+            binary("idemgate"), "serve", "--listen", "127.0.0.1:0",
+            "--database", f"sqlite://{self.database}", "--wait-ms", "0",
+            "--gateway-url", gateway.url, *args,
+        ]  # fmt: skip
+        env = {"PATH": os.environ.get("PATH", ""), "RUST_LOG": "info", "NO_COLOR": "1"}
+        self.process = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self.addr = self._listening()
+
+    def _listening(self) -> str:
+        found: list[str] = []
+        ready = threading.Event()
+
+        def drain() -> None:
+            assert self.process.stderr is not None
+            for line in self.process.stderr:
+                if not found and "listening on http://" in line:
+                    found.append(line.split("listening on http://", 1)[1].split()[0])
+                    ready.set()
+                elif "ERROR" in line or "WARN" in line:
+                    print(f"[server] {line.rstrip()}")
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not ready.wait(30) or not found:
+            self.stop()
+            raise RuntimeError("idemgate serve did not start listening within 30 s")
+        return found[0]
+
+    def url(self, path: str) -> str:
+        return f"http://{self.addr}{path}"
+
+    def orders(self, token: str) -> list[dict[str, Any]]:
+        """The orders of ``token``, straight from the server (not through the relay)."""
+        response = httpx.get(self.url("/api/v1/orders"), headers={"authorization": f"Bearer {token}"})
+        assert response.status_code == 200, response.text
+        return response.json()["orders"]
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.dir.cleanup()
+
+
+class Relay:
+    """The ``idemgate-relay`` process in front of a server, driven over its
+    standard input (it exits when that closes)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.process = subprocess.Popen(
+            [binary("idemgate-relay"), upstream], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        first = json.loads(self._line())
+        self.addr: str = first["listening"]
+
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("idemgate-relay exited")
+        return line
+
+    def command(self, line: str) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        answer: dict[str, Any] = json.loads(self._line())
+        if "error" in answer:
+            raise RuntimeError(f"idemgate-relay refused {line!r}: {answer['error']}")
+        return answer
+
+    def fault_requests(self, fault: str, count: int = 1) -> None:
+        """The next ``count`` requests, on any connection, get ``fault``
+        (``lose-response``, ``reset``, ``delay MS``)."""
+        for _ in range(count):
+            self.command(f"request {fault}")
+
+    def stats(self) -> dict[str, int]:
+        return self.command("stats")
+
+    def url(self, path: str) -> str:
+        return f"http://{self.addr}{path}"
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@dataclass
+class Setup:
+    gateway: MockGateway
+    server: Server
+    relay: Relay
+    token: str = field(default_factory=lambda: f"token-{uuid.uuid4()}")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
+
+    def orders(self) -> list[dict[str, Any]]:
+        return self.server.orders(self.token)
+
+
+@pytest.fixture
+def make_setup(gateway: MockGateway) -> Iterator[Any]:
+    """``make_setup(*serve_flags)``: the gateway, the server, a relay in front."""
+    started: list[tuple[Server, Relay]] = []
+
+    def make(*args: str) -> Setup:
+        server = Server(gateway, list(args))
+        relay = Relay(server.addr)
+        started.append((server, relay))
+        return Setup(gateway, server, relay)
+
+    yield make
+    for server, relay in started:
+        relay.stop()
+        server.stop()

@@ -1,0 +1,151 @@
+/**
+ * Typed outcomes: what went wrong, and whether the operation may have run.
+ *
+ * @module
+ */
+/** Where idemgate's problem types live; every idemgate `type` URI starts with it. */
+export const PROBLEM_BASE = "https://idemgate.dev/problems/";
+/** Whether `problem` is idemgate's problem with this slug (`key-reused`, …): the type URI decides, never the wording. */
+export function isIdemgateProblem(problem, slug) {
+    return problem.type === PROBLEM_BASE + slug;
+}
+/** Reads the problem from an answer's parts. */
+export function readProblem(status, statusText, headers, body) {
+    const contentType = headers.get("content-type") ?? "";
+    let parsed;
+    if (contentType.startsWith("application/problem+json")) {
+        try {
+            const value = JSON.parse(new TextDecoder().decode(body));
+            if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+                parsed = value;
+            }
+        }
+        catch {
+            // Not JSON after all: read as about:blank below.
+        }
+    }
+    const text = (value) => (typeof value === "string" ? value : undefined);
+    return {
+        type: text(parsed?.["type"]) ?? "about:blank",
+        title: text(parsed?.["title"]) ?? (statusText || undefined),
+        status,
+        detail: text(parsed?.["detail"]),
+        body: parsed,
+    };
+}
+/**
+ * Why an operation did not end in a `2xx`/`3xx` {@link Reply}.
+ *
+ * Each says, through {@link IdemgateError.mayHaveRun}, whether the operation may
+ * have taken effect on the server — the question an application must answer before
+ * telling its user "not paid". When it is `true`, resume the same
+ * {@link Operation} later to learn the outcome, never a new one.
+ */
+export class IdemgateError extends Error {
+    /** Whether the operation may have taken effect on the server. */
+    mayHaveRun;
+    /** Attempts sent (0 when refused before the first). */
+    attempts;
+    constructor(message, mayHaveRun, attempts, options) {
+        super(message, options);
+        this.mayHaveRun = mayHaveRun;
+        this.attempts = attempts;
+    }
+}
+/**
+ * `422` `key-reused`: the key was used before for a *different* request (another
+ * body, path or method). This request did not run, and is never retried. A bug in
+ * the caller, usually: one key per action, and the action's body fixed once made.
+ */
+export class KeyReusedError extends IdemgateError {
+    name = "KeyReusedError";
+    /** The server's answer. */
+    problem;
+    /** @internal */
+    constructor(problem, attempts) {
+        super(`the Idempotency-Key was already used for a different request: ${describe(problem)}`, false, attempts);
+        this.problem = problem;
+    }
+}
+/**
+ * `409` `in-progress` after the retries ran out (or the deadline left no time to
+ * wait): the first attempt is still running on the server. It may well succeed;
+ * ask again later with the same {@link Operation} to get its outcome.
+ */
+export class InProgressError extends IdemgateError {
+    name = "InProgressError";
+    /** The server's last `Retry-After`, in milliseconds (as `setTimeout` takes it). */
+    retryAfter;
+    /** The server's answer. */
+    problem;
+    /** @internal */
+    constructor(problem, retryAfter, attempts) {
+        super(`the operation is still running on the server: ${describe(problem)}`, true, attempts);
+        this.problem = problem;
+        this.retryAfter = retryAfter;
+    }
+}
+/**
+ * Any other `4xx`/`5xx` that is the outcome: a refused request, a replayed
+ * failure, or a `5xx` the retries did not get past.
+ */
+export class RejectedError extends IdemgateError {
+    name = "RejectedError";
+    /** The server's answer: `type`, `title`, `status`, `detail`. */
+    problem;
+    /** It was a replay (`Idempotent-Replayed: true`): the stored outcome of this operation. */
+    replayed;
+    /** @internal */
+    constructor(problem, replayed, mayHaveRun, attempts) {
+        super(`the server answered ${describe(problem)}`, mayHaveRun, attempts);
+        this.problem = problem;
+        this.replayed = replayed;
+    }
+    /** The answer's HTTP status. */
+    get status() {
+        return this.problem.status;
+    }
+}
+/**
+ * No answer: every attempt failed in transport (refused, reset, cut off, timed
+ * out), or the deadline cut the last. `cause` is the last attempt's failure.
+ */
+export class TransportError extends IdemgateError {
+    name = "TransportError";
+    /** @internal */
+    constructor(cause, mayHaveRun, attempts) {
+        super("no answer from the server", mayHaveRun, attempts, { cause });
+    }
+}
+/**
+ * The request body is a stream (or a `FormData`, whose multipart boundary is new
+ * on every send), which cannot be sent again byte for byte. Nothing was sent.
+ * Buffer it: a string, bytes, a `Blob`, or `json`.
+ */
+export class BodyNotReplayableError extends IdemgateError {
+    name = "BodyNotReplayableError";
+    /** @internal */
+    constructor() {
+        super("the request body is a stream or FormData and cannot be replayed byte for byte on a retry; nothing was sent: buffer the body", false, 0);
+    }
+}
+/**
+ * The caller's `AbortSignal` fired. Named `AbortError`, like the platform's, so
+ * code that ignores aborts keeps doing so; `cause` is the signal's reason, and
+ * {@link IdemgateError.mayHaveRun} says whether an attempt was under way or sent.
+ */
+export class AbortedError extends IdemgateError {
+    name = "AbortError";
+    /** @internal */
+    constructor(reason, mayHaveRun, attempts) {
+        super("the operation was aborted", mayHaveRun, attempts, { cause: reason });
+    }
+}
+function describe(problem) {
+    let text = `${problem.status} ${problem.type}`;
+    if (problem.title !== undefined)
+        text += ` (${problem.title})`;
+    if (problem.detail !== undefined)
+        text += `: ${problem.detail}`;
+    return text;
+}
