@@ -102,3 +102,28 @@ async fn a_trickle_is_cut_by_the_total_deadline() {
     assert!(retry.replayed());
     assert_eq!(proxy.upstream.count(), 1);
 }
+
+#[tokio::test]
+async fn a_stall_past_the_stored_response_limit_cuts_the_stream_and_stays_not_retained() {
+    // Past the limit the layer has sent the head and streams the rest: the
+    // client's body ends short, and the record says "not retained".
+    let extra = r#"
+[[route]]
+method = "POST"
+path = "/stall"
+max_stored_response = 5
+upstream_idle_timeout_ms = 300
+"#;
+    let proxy = proxy(UpstreamKind::Strict, |c| c.with_routes(routes(extra))).await;
+    let key = key();
+    let first = proxy.send(&post("/stall", Some(&key))).await;
+    assert_eq!(first.status, 200);
+    assert!(!first.complete, "cut off mid-body");
+    cut(&proxy, 1).await;
+    let retry = proxy.send(&post("/stall", Some(&key))).await;
+    assert_eq!(retry.status, 200);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("idempotency-response").as_deref(), Some("not-retained"));
+    assert!(retry.body.is_empty());
+    assert_eq!(proxy.upstream.count(), 1, "never run again");
+}
