@@ -2,10 +2,14 @@
 //! forwarding service, so any HTTP API behind it gets the Idempotency-Key
 //! protocol (`docs/PROTOCOL.md`) without a change to its code.
 //!
-//! There is one protocol implementation, the layer's: this crate only forwards
-//! ([`Forward`]) — URI rewritten onto the upstream, hop-by-hop headers dropped both
-//! ways, `X-Forwarded-*` appended, the derived key in place of the client's — and
-//! answers upstream failures so the layer settles them right (see
+//! There is one protocol implementation, the layer's: this crate brings each
+//! request to one reading before the layer sees it (the canonical path of
+//! `idemgate::path`, one method, no underscored look-alikes of our headers, no
+//! body on a safe method — the ambiguous rest refused with `400`), forwards it
+//! ([`Forward`]) — that canonical path under the upstream's base, hop-by-hop
+//! headers dropped both ways, only WebSocket upgrades tunnelled, `X-Forwarded-*`
+//! appended, the derived key in place of the client's, the response body bounded
+//! in time — and answers upstream failures so the layer settles them right (see
 //! `docs/proxy.md`). Per-route policies ([`Routes`]) are the same layer
 //! configured once per route, all sharing one store and one detached-task
 //! tracker.

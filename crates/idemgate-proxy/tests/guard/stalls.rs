@@ -123,7 +123,10 @@ upstream_idle_timeout_ms = 300
     let retry = proxy.send(&post("/stall", Some(&key))).await;
     assert_eq!(retry.status, 200);
     assert!(retry.replayed());
-    assert_eq!(retry.header("idempotency-response").as_deref(), Some("not-retained"));
+    assert_eq!(
+        retry.header("idempotency-response").as_deref(),
+        Some("not-retained")
+    );
     assert!(retry.body.is_empty());
     assert_eq!(proxy.upstream.count(), 1, "never run again");
 }
