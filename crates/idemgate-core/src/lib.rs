@@ -1,7 +1,8 @@
 //! The idempotency-key protocol, without HTTP plumbing.
 //!
 //! This crate holds what every idemgate surface shares: parsing the
-//! `Idempotency-Key` header ([`key`]), scoping keys by principal, method and path
+//! `Idempotency-Key` header ([`key`]), the canonical spelling of a path ([`path`]),
+//! scoping keys by principal, method and path
 //! ([`scope`]), fingerprinting requests ([`fingerprint`]), the record
 //! ([`record`]), the pure decision over an existing record ([`decide()`]), the
 //! [`Store`] trait every backend implements, [`MemoryStore`], and
@@ -41,6 +42,7 @@ pub mod decide;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
+pub mod path;
 pub mod record;
 pub mod scope;
 pub mod signals;

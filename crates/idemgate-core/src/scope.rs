@@ -111,58 +111,10 @@ impl Identity {
     }
 }
 
-/// Normalizes a request path so that one resource has one spelling (PROTOCOL §3):
-/// percent-escapes of unreserved characters are decoded (`%7E` → `~`), the hex digits
-/// of other escapes are upper-cased (`%2f` → `%2F`), and a trailing slash is dropped
-/// (`/orders/` → `/orders`). Nothing else changes: over-normalizing would merge
-/// distinct resources.
-///
-/// ```
-/// use idemgate_core::scope::normalize_path;
-/// assert_eq!(normalize_path("/api/%7Eorders/"), "/api/~orders");
-/// assert_eq!(normalize_path("/a%2fb"), "/a%2Fb");
-/// ```
-pub fn normalize_path(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = String::with_capacity(path.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let byte = bytes[i];
-        if byte == b'%'
-            && let (Some(hi), Some(lo)) = (
-                bytes.get(i + 1).and_then(|b| hex_value(*b)),
-                bytes.get(i + 2).and_then(|b| hex_value(*b)),
-            )
-        {
-            let decoded = hi << 4 | lo;
-            if decoded.is_ascii_alphanumeric() || b"-._~".contains(&decoded) {
-                out.push(char::from(decoded));
-            } else {
-                out.push('%');
-                out.push(char::from(bytes[i + 1].to_ascii_uppercase()));
-                out.push(char::from(bytes[i + 2].to_ascii_uppercase()));
-            }
-            i += 3;
-            continue;
-        }
-        // The path is a &str, so pushing byte by byte would split UTF-8 sequences;
-        // copy the whole character instead.
-        let ch_len = path[i..].chars().next().map_or(1, char::len_utf8);
-        out.push_str(&path[i..i + ch_len]);
-        i += ch_len;
-    }
-    while out.len() > 1 && out.ends_with('/') {
-        out.pop();
-    }
-    if out.is_empty() {
-        out.push('/');
-    }
-    out
-}
-
-fn hex_value(byte: u8) -> Option<u8> {
-    char::from(byte).to_digit(16).map(|d| d as u8)
-}
+/// The path a scope names (PROTOCOL §3): the request path in its canonical
+/// spelling, refusing nothing. Defined with the rest of path canonicalization, in
+/// [`crate::path`]; re-exported here, where scopes are built.
+pub use crate::path::normalize_path;
 
 #[cfg(test)]
 mod tests {
@@ -202,18 +154,5 @@ mod tests {
             identity("ab", "POST", "/c", "k").digest(),
             identity("a", "POST", "b/c", "k").digest()
         );
-    }
-
-    #[test]
-    fn normalizes_paths() {
-        assert_eq!(normalize_path("/orders"), "/orders");
-        assert_eq!(normalize_path("/orders/"), "/orders");
-        assert_eq!(normalize_path("/orders//"), "/orders");
-        assert_eq!(normalize_path("/"), "/");
-        assert_eq!(normalize_path(""), "/");
-        assert_eq!(normalize_path("/%6Frders"), "/orders");
-        assert_eq!(normalize_path("/a%2fb%20c"), "/a%2Fb%20c");
-        assert_eq!(normalize_path("/bad%zz%4"), "/bad%zz%4");
-        assert_eq!(normalize_path("/заказы/"), "/заказы");
     }
 }

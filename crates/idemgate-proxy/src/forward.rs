@@ -6,21 +6,26 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
-use http::header::{CONNECTION, HOST, UPGRADE};
+use base64::Engine as _;
+use http::header::{CONNECTION, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use idemgate::{Finality, OperationContext};
+use sha1::{Digest, Sha1};
+use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::body::{ClientBody, UpstreamBody};
 use crate::headers::{IDEMPOTENCY_KEY, add_forwarded, remove_hop_by_hop};
 use crate::problem;
 use crate::routes::{DEFAULT_REJECTIONS, ForwardKey};
@@ -59,6 +64,10 @@ pub struct Forward {
     proto: &'static str,
     key: ForwardKey,
     rejections: Arc<[StatusCode]>,
+    /// The longest pause between response body frames (and before the first).
+    idle: Duration,
+    /// The whole response, from sending, head to last byte; `None`: unbounded.
+    deadline: Option<Duration>,
 }
 
 /// The `Host` header the upstream receives.
@@ -95,10 +104,17 @@ impl Forward {
             proto: "http",
             key: ForwardKey::Derived,
             rejections: Arc::from(DEFAULT_REJECTIONS),
+            idle: timeout,
+            deadline: None,
         }
     }
 
     /// Which `Host` the upstream receives (default: the client's).
+    ///
+    /// ```
+    /// # let forward = idemgate_proxy::Forward::new("http://127.0.0.1:3000".parse().unwrap(), std::time::Duration::from_secs(30));
+    /// let forward = forward.with_host_header(idemgate_proxy::HostHeader::Upstream);
+    /// ```
     pub fn with_host_header(mut self, host: HostHeader) -> Self {
         self.host = host;
         self
@@ -106,13 +122,40 @@ impl Forward {
 
     /// Whether clients speak HTTPS to this proxy (it terminates TLS), for
     /// `X-Forwarded-Proto`.
+    ///
+    /// ```
+    /// # let forward = idemgate_proxy::Forward::new("http://127.0.0.1:3000".parse().unwrap(), std::time::Duration::from_secs(30));
+    /// let forward = forward.with_https_clients(true);
+    /// ```
     pub fn with_https_clients(mut self, https: bool) -> Self {
         self.proto = if https { "https" } else { "http" };
         self
     }
 
+    /// Bounds on the upstream's response body: at most `idle` without a byte
+    /// (default: the head timeout of [`Forward::new`]) and, when set, the whole
+    /// response within `deadline` of sending. Past either, the response fails
+    /// with `504 upstream-timeout` and the upstream connection is closed (see
+    /// `docs/proxy.md` for what the client has received by then).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # let forward = idemgate_proxy::Forward::new("http://127.0.0.1:3000".parse().unwrap(), Duration::from_secs(30));
+    /// let forward = forward.with_body_timeouts(Duration::from_secs(5), Some(Duration::from_secs(60)));
+    /// ```
+    pub fn with_body_timeouts(mut self, idle: Duration, deadline: Option<Duration>) -> Self {
+        self.idle = idle;
+        self.deadline = deadline;
+        self
+    }
+
     /// This forwarder (sharing its connection pool) with a route's key mode and
     /// rejection statuses.
+    ///
+    /// ```
+    /// # let forward = idemgate_proxy::Forward::new("http://127.0.0.1:3000".parse().unwrap(), std::time::Duration::from_secs(30));
+    /// let forward = forward.with_route_policy(idemgate_proxy::ForwardKey::None, &idemgate_proxy::DEFAULT_REJECTIONS);
+    /// ```
     pub fn with_route_policy(&self, key: ForwardKey, rejections: &[StatusCode]) -> Self {
         Self {
             key,
@@ -122,35 +165,30 @@ impl Forward {
     }
 
     async fn forward(self, mut request: Request<Body>) -> Response<Body> {
-        // Taken before the headers are cleaned: an upgrade is the one hop-by-hop
-        // exchange a proxy carries on, by tunnelling both connections.
-        let upgrade = requested_upgrade(&request).map(|protocol| Upgrade {
-            protocol,
-            client: hyper::upgrade::on(&mut request),
-        });
+        // Taken before the headers are cleaned: a WebSocket upgrade is the one
+        // hop-by-hop exchange a proxy carries on, by tunnelling both connections.
+        // A covered request never upgrades (PITFALLS 29).
+        let covered = request.extensions().get::<OperationContext>().is_some();
+        let upgrade = WebSocketUpgrade::requested(&mut request, covered);
         let mut request = self.upstream_request(request);
         if let Some(upgrade) = &upgrade {
             upgrade.mark(request.headers_mut());
         }
-        let sent = tokio::time::timeout(self.timeout, self.client.request(request)).await;
+        let client_failed = Arc::new(AtomicBool::new(false));
+        let request =
+            request.map(|body| Body::new(ClientBody::new(body, Arc::clone(&client_failed))));
+        let deadline = self
+            .deadline
+            .map(|length| (length, Instant::now() + length));
+        let head_wait = self.deadline.map_or(self.timeout, |d| d.min(self.timeout));
+        let sent = tokio::time::timeout(head_wait, self.client.request(request)).await;
         match sent {
-            Ok(Ok(mut response)) => {
-                let switched = match upgrade {
-                    Some(upgrade) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                        let protocol = response.headers().get(UPGRADE).cloned();
-                        upgrade.tunnel(hyper::upgrade::on(&mut response));
-                        protocol
-                    }
-                    _ => None,
-                };
+            Ok(Ok(response)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                self.switched(upgrade, response)
+            }
+            Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 remove_hop_by_hop(&mut parts.headers);
-                if let Some(protocol) = switched {
-                    parts
-                        .headers
-                        .insert(CONNECTION, HeaderValue::from_static("upgrade"));
-                    parts.headers.insert(UPGRADE, protocol);
-                }
                 if self.rejections.contains(&parts.status) {
                     // Inert on requests the layer does not cover.
                     parts.extensions.insert(Finality::Rejected);
@@ -159,6 +197,7 @@ impl Forward {
                 // answered in HTTP/1.1 (or HTTP/2, which ignores this field), not
                 // downgraded to an HTTP/1.0 upstream's version and its closes.
                 parts.version = Version::HTTP_11;
+                let body = UpstreamBody::new(body, self.idle, deadline);
                 Response::from_parts(parts, Body::new(body))
             }
             Ok(Err(error)) if error.is_connect() => {
@@ -169,15 +208,57 @@ impl Forward {
                 )
                     .into_response()
             }
+            Ok(Err(error)) if client_failed.load(Ordering::SeqCst) => {
+                // The client's body broke (bad chunked framing, an upload cut
+                // off): the client's fault, whatever it did to the exchange.
+                tracing::debug!(error = ?error, "the client's request body failed while it was forwarded");
+                problem::client_body_failed().into_response()
+            }
             Ok(Err(error)) => {
                 tracing::warn!(upstream = self.upstream.authority(), error = ?error, "upstream exchange failed after the request was sent");
                 problem::upstream_failed(self.upstream.authority()).into_response()
             }
             Err(_elapsed) => {
-                tracing::warn!(upstream = self.upstream.authority(), timeout = ?self.timeout, "upstream did not answer in time");
-                problem::upstream_timeout(self.timeout).into_response()
+                tracing::warn!(upstream = self.upstream.authority(), timeout = ?head_wait, "upstream did not answer in time");
+                problem::upstream_timeout(head_wait).into_response()
             }
         }
+    }
+
+    /// The upstream answered `101`: tunnelled when it accepts the WebSocket the
+    /// client asked for, else a `502` (a protocol switch nobody asked for, or a
+    /// handshake that is not this one's) and the upstream connection dropped.
+    fn switched(
+        &self,
+        upgrade: Option<WebSocketUpgrade>,
+        mut response: Response<hyper::body::Incoming>,
+    ) -> Response<Body> {
+        let refused = |why: &str| {
+            tracing::warn!(
+                upstream = self.upstream.authority(),
+                why,
+                "refused the upstream's 101"
+            );
+            problem::upstream_bad_upgrade(self.upstream.authority(), why).into_response()
+        };
+        let Some(upgrade) = upgrade else {
+            return refused("the request asked for no WebSocket");
+        };
+        if let Err(why) = upgrade.accepted_by(response.headers()) {
+            return refused(why);
+        }
+        let upstream = hyper::upgrade::on(&mut response);
+        upgrade.tunnel(upstream);
+        let (mut parts, _) = response.into_parts();
+        remove_hop_by_hop(&mut parts.headers);
+        parts
+            .headers
+            .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        parts
+            .headers
+            .insert(UPGRADE, HeaderValue::from_static("websocket"));
+        parts.version = Version::HTTP_11;
+        Response::from_parts(parts, Body::empty())
     }
 
     /// The request as the upstream receives it.
@@ -226,33 +307,65 @@ impl Forward {
     }
 }
 
-/// An HTTP/1.1 client's request to switch protocols (WebSocket, say), and its
-/// side of the connection once switched.
-struct Upgrade {
-    protocol: HeaderValue,
+/// The GUID RFC 6455 §1.3 appends to the key before hashing.
+const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// An HTTP/1.1 `GET` asking to become a WebSocket (RFC 6455 §4.1), and the
+/// client's side of the connection once switched. No other upgrade is carried:
+/// `h2c` (deprecated by RFC 9113 §3.1) and any other protocol lose their
+/// `Upgrade` header with the hop-by-hop ones and go on as plain HTTP/1.1
+/// requests, as a server that does not switch answers them.
+struct WebSocketUpgrade {
+    key: HeaderValue,
     client: OnUpgrade,
 }
 
-/// The protocol of `Upgrade` when `Connection` lists `upgrade` on an HTTP/1.1
-/// request (HTTP/2 has no such upgrade).
-fn requested_upgrade(request: &Request<Body>) -> Option<HeaderValue> {
-    let asks = request.version() == Version::HTTP_11
-        && request
-            .headers()
+impl WebSocketUpgrade {
+    /// The upgrade `request` asks for, if it is one this proxy tunnels.
+    fn requested(request: &mut Request<Body>, covered: bool) -> Option<Self> {
+        let headers = request.headers();
+        let connection_upgrade = headers
             .get_all(CONNECTION)
             .iter()
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(','))
             .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    asks.then(|| request.headers().get(UPGRADE).cloned())
-        .flatten()
-}
+        let websocket = single(headers, &UPGRADE)
+            .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"websocket"));
+        let key = single(headers, &SEC_WEBSOCKET_KEY)?.clone();
+        let asks = !covered
+            && request.version() == Version::HTTP_11
+            && request.method() == http::Method::GET
+            && connection_upgrade
+            && websocket;
+        asks.then(|| Self {
+            key,
+            client: hyper::upgrade::on(request),
+        })
+    }
 
-impl Upgrade {
     /// Puts the upgrade back on the cleaned upstream request.
     fn mark(&self, headers: &mut http::HeaderMap) {
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(UPGRADE, self.protocol.clone());
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    }
+
+    /// Whether a `101`'s headers accept this handshake: `Upgrade: websocket`
+    /// and the `Sec-WebSocket-Accept` of our key (RFC 6455 §4.2.2).
+    fn accepted_by(&self, headers: &http::HeaderMap) -> Result<(), &'static str> {
+        if !single(headers, &UPGRADE)
+            .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"websocket"))
+        {
+            return Err("its Upgrade is not websocket");
+        }
+        let mut hash = Sha1::new();
+        hash.update(self.key.as_bytes());
+        hash.update(WEBSOCKET_GUID.as_bytes());
+        let expected = base64::engine::general_purpose::STANDARD.encode(hash.finalize());
+        match single(headers, &SEC_WEBSOCKET_ACCEPT) {
+            Some(accept) if accept.as_bytes() == expected.as_bytes() => Ok(()),
+            _ => Err("its Sec-WebSocket-Accept does not answer the key"),
+        }
     }
 
     /// Once both sides have switched, copies bytes both ways until either closes.
@@ -270,6 +383,15 @@ impl Upgrade {
                 tracing::debug!(error = ?error, "an upgraded connection ended with an error");
             }
         });
+    }
+}
+
+/// The value of a header sent exactly once.
+fn single<'a>(headers: &'a http::HeaderMap, name: &http::HeaderName) -> Option<&'a HeaderValue> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => Some(value),
+        _ => None,
     }
 }
 

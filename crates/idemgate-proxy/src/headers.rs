@@ -18,16 +18,20 @@ pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-ho
 
 /// The hop-by-hop headers every message loses at a proxy, besides those its
 /// `Connection` header lists and every `Proxy-*` header.
-const HOP_BY_HOP: [HeaderName; 5] = [
+const HOP_BY_HOP: [HeaderName; 6] = [
     CONNECTION,
     HeaderName::from_static("keep-alive"),
     TE,
     TRAILER,
     TRANSFER_ENCODING,
+    // The h2c upgrade's settings (RFC 9113 §3.2.1, hop-by-hop by definition):
+    // an upgrade this proxy never carries.
+    HeaderName::from_static("http2-settings"),
 ];
 
 /// Removes the hop-by-hop headers: `Connection` and every header it names,
-/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade` and `Proxy-*`
+/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
+/// `HTTP2-Settings` and `Proxy-*`
 /// (RFC 9110 §7.6.1). They describe one connection, not the message; forwarding
 /// them would let a client steer the proxy's connection to the upstream.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
@@ -109,6 +113,7 @@ mod tests {
             ("trailer", "x-checksum"),
             ("transfer-encoding", "chunked"),
             ("upgrade", "websocket"),
+            ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
             ("proxy-authorization", "Basic x"),
             ("proxy-connection", "keep-alive"),
             ("x-secret", "1"),

@@ -230,17 +230,7 @@ impl PrincipalExtractor for JwtPrincipal {
                 &self.validation(algorithm),
             ) {
                 Ok(data) => {
-                    let subject = match data.claims.get(&self.claim) {
-                        Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
-                        Some(serde_json::Value::Number(n)) => n.to_string(),
-                        _ => {
-                            return Err(PrincipalError::Refused(format!(
-                                "the token has no {:?} claim to scope keys by",
-                                self.claim
-                            )));
-                        }
-                    };
-                    return Ok(Principal::new(format!("jwt:{}:{subject}", self.claim)));
+                    return principal_of_claim(&self.claim, data.claims.get(&self.claim));
                 }
                 Err(error) => last_error = Some(error),
             }
@@ -262,6 +252,32 @@ impl PrincipalExtractor for JwtPrincipal {
             _ => "the token is invalid",
         };
         Err(PrincipalError::Refused(why.to_owned()))
+    }
+}
+
+/// The principal a claim's value names, exactly: a string as it is
+/// (`jwt:<claim>:<value>`), an integer under a prefix of its own
+/// (`jwt-number:<claim>:<digits>`), so the string `"42"` and the number `42` are
+/// two principals. A fraction or an exponent is refused: serde_json reads it as
+/// an `f64`, which rounds (`1e400`, `0.1000000000000000055`), so two different
+/// claims could become one principal.
+fn principal_of_claim(
+    claim: &str,
+    value: Option<&serde_json::Value>,
+) -> Result<Principal, PrincipalError> {
+    match value {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => {
+            Ok(Principal::new(format!("jwt:{claim}:{s}")))
+        }
+        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => {
+            Ok(Principal::new(format!("jwt-number:{claim}:{n}")))
+        }
+        Some(serde_json::Value::Number(_)) => Err(PrincipalError::Refused(format!(
+            "the token's {claim:?} claim is a number that is not an integer; it cannot name a principal exactly"
+        ))),
+        _ => Err(PrincipalError::Refused(format!(
+            "the token has no {claim:?} claim to scope keys by"
+        ))),
     }
 }
 
@@ -331,6 +347,32 @@ mod tests {
         ));
         let none = http::Request::builder().body(()).unwrap().into_parts().0;
         assert_eq!(principal.extract(&none), Err(PrincipalError::Missing));
+    }
+
+    #[test]
+    fn claims_name_principals_exactly() {
+        let now = get_current_timestamp();
+        let principal = JwtPrincipal::hs256(b"secret", "sub");
+        let of = |sub: serde_json::Value| {
+            principal.extract(&parts(&token(
+                b"secret",
+                json!({"sub": sub, "exp": now + 600}),
+            )))
+        };
+        let string = of(json!("42")).unwrap();
+        let number = of(json!(42)).unwrap();
+        assert_eq!(string, Principal::new("jwt:sub:42"));
+        assert_ne!(
+            string, number,
+            "the string \"42\" and the number 42 are two principals"
+        );
+        assert_eq!(of(json!(42)).unwrap(), number);
+        assert_ne!(of(json!(-42)).unwrap(), number);
+        for inexact in [json!(1.5), json!(1e300)] {
+            assert!(matches!(of(inexact), Err(PrincipalError::Refused(_))));
+        }
+        assert!(matches!(of(json!("")), Err(PrincipalError::Refused(_))));
+        assert!(matches!(of(json!(["a"])), Err(PrincipalError::Refused(_))));
     }
 
     #[test]

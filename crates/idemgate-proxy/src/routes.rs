@@ -30,8 +30,11 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idemgate::fingerprint::{BodySelection, JsonPointer};
+use idemgate::path::PathFold;
 use idemgate::scope::normalize_path;
 use idemgate::{IdempotencyLayer, ServerErrorPolicy};
+
+use crate::guard::{MethodOverride, SafeMethodBodies};
 use serde::Deserialize;
 
 /// The upstream statuses that mean "refused before anything happened" unless a
@@ -93,6 +96,13 @@ pub(crate) struct RoutePolicy {
     fingerprint: Option<BodySelection>,
     pub(crate) rejections: Option<Vec<StatusCode>>,
     forward_key: Option<ForwardKey>,
+    /// `None`: the proxy-wide setting.
+    pub(crate) case_insensitive: Option<bool>,
+    pub(crate) format_suffix: bool,
+    pub(crate) method_override: Option<MethodOverride>,
+    pub(crate) safe_method_body: Option<SafeMethodBodies>,
+    pub(crate) upstream_idle_timeout: Option<Duration>,
+    pub(crate) upstream_response_timeout: Option<Duration>,
 }
 
 /// Why the policy file was refused. Both name the file; a bad file also names the
@@ -195,7 +205,8 @@ impl Routes {
 
 impl Route {
     /// Whether this route decides for a request of `method` to the normalized
-    /// path `path`.
+    /// path `path`, no fold applied (the dispatcher matches folded patterns).
+    #[cfg(test)]
     pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
         self.method == method && self.pattern.matches(path)
     }
@@ -213,15 +224,32 @@ impl RoutePolicy {
         }
     }
 
+    /// The spellings this route takes as one path: ASCII case as set (else as
+    /// `case_insensitive`, the proxy-wide setting), and its format suffix.
+    pub(crate) fn fold(&self, case_insensitive: bool) -> PathFold {
+        PathFold::NONE
+            .with_case_insensitive(self.case_insensitive.unwrap_or(case_insensitive))
+            .with_format_suffix(self.format_suffix)
+    }
+
     /// The layer for this route: `base` (the defaults, sharing its store and its
     /// detached-task tracker) with this route's settings, covering `method` only
-    /// — or nothing, so every request passes through, when disabled.
-    pub(crate) fn layer(&self, method: &Method, base: &IdempotencyLayer) -> IdempotencyLayer {
-        let mut layer = base.clone().with_methods(if self.enabled {
-            vec![method.clone()]
-        } else {
-            Vec::new()
-        });
+    /// — or nothing, so every request passes through, when disabled — and
+    /// scoping by the path folded by `fold`.
+    pub(crate) fn layer(
+        &self,
+        method: &Method,
+        base: &IdempotencyLayer,
+        fold: PathFold,
+    ) -> IdempotencyLayer {
+        let mut layer = base
+            .clone()
+            .with_methods(if self.enabled {
+                vec![method.clone()]
+            } else {
+                Vec::new()
+            })
+            .with_path_fold(fold);
         if let Some(require) = self.require_key {
             layer = layer.with_require_key(require);
         }
@@ -305,8 +333,17 @@ impl FromStr for RoutePattern {
             Some(fixed) => (fixed, true),
             None => (text, false),
         };
-        let fixed = normalize_path(if fixed.is_empty() { "/" } else { fixed });
-        let segments = split(&fixed)
+        // Split first, then bring each literal to canonical spelling (PROTOCOL §3),
+        // so `{name}` is read before its braces would be escaped.
+        let body = fixed.strip_prefix('/').unwrap_or(fixed);
+        let body = body.strip_suffix('/').unwrap_or(body);
+        let raw_segments: Vec<&str> = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect()
+        };
+        let segments = raw_segments
+            .into_iter()
             .map(|segment| {
                 match segment
                     .strip_prefix('{')
@@ -321,7 +358,17 @@ impl FromStr for RoutePattern {
                     _ if segment.contains(['{', '}', '*']) => Err(format!(
                         "{text:?}: a segment is a literal, {{name}}, or a final /* (got {segment:?})"
                     )),
-                    _ => Ok(Segment::Literal(segment.to_owned())),
+                    _ => {
+                        let canonical = normalize_path(&format!("/{segment}"));
+                        match canonical.strip_prefix('/') {
+                            Some(literal) if !literal.is_empty() && !literal.contains('/') => {
+                                Ok(Segment::Literal(literal.to_owned()))
+                            }
+                            _ => Err(format!(
+                                "{text:?}: a segment may not be empty, '.' or '..' (got {segment:?})"
+                            )),
+                        }
+                    }
                 }
             })
             .collect::<Result<_, _>>()?;
@@ -342,6 +389,35 @@ fn split(path: &str) -> impl Iterator<Item = &str> {
 }
 
 impl RoutePattern {
+    /// This pattern as it matches paths folded by `fold`: its literals folded
+    /// the same way (a format suffix only off a final literal).
+    pub(crate) fn folded(&self, fold: PathFold) -> Self {
+        let case_only = PathFold::NONE.with_case_insensitive(fold.is_case_insensitive());
+        let last = self.segments.len().saturating_sub(1);
+        let segments = self
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(at, segment)| match segment {
+                Segment::Param => Segment::Param,
+                Segment::Literal(literal) => {
+                    let rule = if at == last && !self.prefix {
+                        fold
+                    } else {
+                        case_only
+                    };
+                    let folded = rule.apply(&format!("/{literal}")).into_owned();
+                    Segment::Literal(folded[1..].to_owned())
+                }
+            })
+            .collect();
+        Self {
+            text: self.text.clone(),
+            segments,
+            prefix: self.prefix,
+        }
+    }
+
     /// Whether the normalized path `path` matches.
     pub fn matches(&self, path: &str) -> bool {
         let mut segments = split(path);
@@ -391,6 +467,13 @@ struct RouteEntry {
     rejections: Option<Vec<Rejection>>,
     fingerprint: Option<FingerprintSetting>,
     forward_key: Option<ForwardKey>,
+    case_insensitive: Option<bool>,
+    #[serde(default)]
+    format_suffix: bool,
+    method_override: Option<MethodOverride>,
+    safe_method_body: Option<SafeMethodBodies>,
+    upstream_idle_timeout_ms: Option<NonZeroU64>,
+    upstream_response_timeout_ms: Option<NonZeroU64>,
 }
 
 fn yes() -> bool {
@@ -428,6 +511,16 @@ impl RouteEntry {
                     .rejections
                     .map(|statuses| statuses.into_iter().map(|s| s.0).collect()),
                 forward_key: self.forward_key,
+                case_insensitive: self.case_insensitive,
+                format_suffix: self.format_suffix,
+                method_override: self.method_override,
+                safe_method_body: self.safe_method_body,
+                upstream_idle_timeout: self
+                    .upstream_idle_timeout_ms
+                    .map(|ms| Duration::from_millis(ms.get())),
+                upstream_response_timeout: self
+                    .upstream_response_timeout_ms
+                    .map(|ms| Duration::from_millis(ms.get())),
             },
         }
     }
@@ -541,9 +634,44 @@ mod tests {
         assert!(!p("/hooks/*").matches("/hookshot"));
         assert!(p("/*").matches("/anything/at/all"));
         assert!(p("/%7Eme/").matches("/~me"), "patterns are normalized too");
-        for bad in ["orders", "/a*", "/a/*/b", "/{}", "/{a-b}", "/x{id}"] {
+        assert!(
+            p("/{id}/{x}").matches("/7/8"),
+            "braces are read before escaping"
+        );
+        assert!(p("/a:b@c").matches("/a:b@c"));
+        for bad in [
+            "orders", "/a*", "/a/*/b", "/{}", "/{a-b}", "/x{id}", "/a//b", "/a/./b", "/a/../b",
+        ] {
             assert!(bad.parse::<RoutePattern>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn folded_patterns_meet_the_spellings_a_lenient_router_takes_as_theirs() {
+        let fold = PathFold::NONE
+            .with_case_insensitive(true)
+            .with_format_suffix(true);
+        let matches = |pattern: &str, fold: PathFold, path: &str| {
+            let pattern: RoutePattern = pattern.parse().unwrap();
+            pattern.folded(fold).matches(&fold.apply(path))
+        };
+        assert!(matches(
+            "/Payments/{id}/capture",
+            fold,
+            "/payments/P1/CAPTURE.json"
+        ));
+        assert!(matches("/payments", fold, "/PAYMENTS.xml"));
+        assert!(
+            matches("/v1.0", fold, "/v1.json"),
+            "a final literal loses its suffix too"
+        );
+        assert!(matches("/hooks/*", fold, "/Hooks/a/b.json"));
+        assert!(!matches("/payments", fold, "/payment"));
+        let case = PathFold::NONE.with_case_insensitive(true);
+        assert!(!matches("/payments", case, "/payments.json"));
+        assert!(!matches("/payments", PathFold::NONE, "/Payments"));
+        let pattern: RoutePattern = "/Orders/{id}".parse().unwrap();
+        assert!(pattern.folded(PathFold::NONE).matches("/Orders/AB"));
     }
 
     #[test]
@@ -564,6 +692,12 @@ mod tests {
             rejections = [400, 409]
             fingerprint = { only = ["/amount", "/currency"] }
             forward_key = "original"
+            case_insensitive = true
+            format_suffix = true
+            method_override = "honour"
+            safe_method_body = "forward"
+            upstream_idle_timeout_ms = 1500
+            upstream_response_timeout_ms = 60000
 
             [[route]]
             method = "POST"
@@ -595,6 +729,28 @@ mod tests {
             ]))
         );
         assert_eq!(policy.forward_key(), ForwardKey::Original);
+        assert_eq!(policy.case_insensitive, Some(true));
+        assert!(policy.format_suffix);
+        assert_eq!(policy.method_override, Some(MethodOverride::Honour));
+        assert_eq!(policy.safe_method_body, Some(SafeMethodBodies::Forward));
+        assert_eq!(
+            policy.upstream_idle_timeout,
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            policy.upstream_response_timeout,
+            Some(Duration::from_secs(60))
+        );
+        let hooks = &routes.routes[1].policy;
+        assert_eq!(
+            (
+                hooks.case_insensitive,
+                hooks.format_suffix,
+                hooks.method_override
+            ),
+            (None, false, None),
+            "unset keys inherit"
+        );
         assert!(!routes.routes[1].policy.enabled);
         assert_eq!(
             routes.routes[1].policy.forward_key(),
@@ -651,6 +807,26 @@ mod tests {
                 "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nrequire_keys = true\n",
                 "routes.toml:4:",
                 "require_keys",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nmethod_override = \"yes\"\n",
+                "routes.toml:4:",
+                "honour",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nsafe_method_body = \"keep\"\n",
+                "routes.toml:4:",
+                "forward",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nupstream_idle_timeout_ms = 0\n",
+                "routes.toml:4:",
+                "nonzero",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nformat_suffix = \"json\"\n",
+                "routes.toml:4:",
+                "bool",
             ),
             ("[[route]]\nmethod = \"POST\"\n", "routes.toml:1:", "path"),
             ("[[route]\n", "routes.toml:1:", ""),

@@ -17,6 +17,12 @@
 //! [`cache::eviction_elsewhere_is_seen_within_max_age`] that an eviction on one
 //! instance reaches another's cache in bounded time.
 //!
+//! Behind the proxy, feature `upstreams` gives three upstreams of a test's own
+//! ([`upstreams`]: a strict one, a lenient one that routes the way popular
+//! frameworks do, a naive keep-alive one that ignores bodies on `GET`), each
+//! recording every request it parsed as it read it, and a client that writes
+//! exactly the bytes a test gives it ([`raw_client`]).
+//!
 //! The SQL stores also share their transactional mode (`idemgate_sqlx::Tx`), and
 //! prove it with the `transactional` suite (feature `transactional`): one
 //! `TransactionalHarness` describing their test database, then
@@ -27,6 +33,10 @@
 
 pub mod cache;
 pub mod conformance;
+#[cfg(feature = "upstreams")]
+mod http1;
+#[cfg(feature = "upstreams")]
+pub mod raw_client;
 pub mod relay;
 #[cfg(feature = "transactional")]
 pub mod setup;
@@ -34,6 +44,8 @@ pub mod setup;
 pub mod strategies;
 #[cfg(feature = "transactional")]
 pub mod transactional;
+#[cfg(feature = "upstreams")]
+pub mod upstreams;
 
 /// Instantiates every test of [`conformance`] for one store, as `#[tokio::test]`s on a
 /// multi-threaded runtime. `$factory` is an async fn returning `Arc<dyn Store>`;

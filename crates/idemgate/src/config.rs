@@ -11,6 +11,7 @@ use http::{HeaderName, Method};
 
 use idemgate_core::deadline::WithDeadline;
 use idemgate_core::fingerprint::BodySelection;
+use idemgate_core::path::PathFold;
 
 use crate::finality::ServerErrorPolicy;
 use crate::principal::PrincipalExtractor;
@@ -45,6 +46,9 @@ pub(crate) struct Config {
     pub(crate) server_error_policy: ServerErrorPolicy,
     pub(crate) principal: Arc<dyn PrincipalExtractor>,
     pub(crate) path_source: PathSource,
+    /// Spellings of the request path that share one scope (case, a format
+    /// suffix); the fingerprint keeps the path unfolded.
+    pub(crate) path_fold: PathFold,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) fingerprint_body: BodySelection,
     pub(crate) replay_set_cookie: bool,

@@ -120,14 +120,25 @@ impl Execution {
             collect(response, limit).await
         };
         let handled = match AssertUnwindSafe(handled).catch_unwind().await {
-            Ok(Ok(handled)) => Some(handled),
+            Ok(Ok(handled)) if handled.parts.status.is_informational() => {
+                // A 1xx is no final answer: a stored `101` would replay a
+                // protocol switch with no connection behind it, and a covered
+                // request is never tunnelled past the layer (PITFALLS 29).
+                tracing::error!(status = %handled.parts.status, "the handler answered a covered request with an informational status; answered and settled as a failure");
+                Err(ProblemDetails::handler_failed())
+            }
+            Ok(Ok(handled)) => Ok(handled),
             Ok(Err(error)) => {
                 tracing::error!(%error, "handler failed");
-                None
+                // A body that broke off with a known cause (an upstream that
+                // stalled, say) is answered with it rather than a bare 500.
+                Err(ProblemDetails::in_chain(error.as_ref())
+                    .cloned()
+                    .unwrap_or_else(ProblemDetails::handler_failed))
             }
             Err(_) => {
                 tracing::error!("handler panicked");
-                None
+                Err(ProblemDetails::handler_failed())
             }
         };
         let response = self.record_result(handled, slot.take()).await;
@@ -179,30 +190,23 @@ impl Execution {
 
     /// Decides by PROTOCOL §8 what becomes of the record after the handler's
     /// answer (or failure), writes it, and returns what the client gets.
-    async fn record_result(&self, handled: Option<Handled>, slot: SlotContents) -> Response<Body> {
+    async fn record_result(
+        &self,
+        handled: Result<Handled, ProblemDetails>,
+        slot: SlotContents,
+    ) -> Response<Body> {
         let (transaction, kept_transaction) = match slot {
             SlotContents::Unused => (None, false),
             SlotContents::Returned(transaction) => (Some(transaction), false),
             SlotContents::StillLent => (None, true),
         };
-        let Some(handled) = handled else {
-            // A panic or an error: 500, settled like an unmarked 5xx.
-            let rolled_back = transaction.is_some() || kept_transaction;
-            let settlement = settlement_for(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                None,
-                self.config.server_error_policy,
-                rolled_back,
-            );
-            let (response, body) = ProblemDetails::handler_failed().render();
-            return self
-                .write_settlement(
-                    settlement,
-                    transaction,
-                    response,
-                    StoredBody::Retained(body),
-                )
-                .await;
+        let handled = match handled {
+            Ok(handled) => handled,
+            Err(problem) => {
+                return self
+                    .record_failure(problem, transaction, kept_transaction)
+                    .await;
+            }
         };
         if kept_transaction {
             // Its writes roll back when it is finally dropped: the operation did not
@@ -236,6 +240,30 @@ impl Execution {
         };
         self.write_settlement(settlement, transaction, response, stored_body)
             .await
+    }
+
+    /// A handler that failed (a panic, an error, a body that broke off, a 1xx):
+    /// `problem` answered and settled like an unmarked answer of its status
+    /// (a 5xx by the server-error policy, released when the handler's
+    /// transaction rolled its effects back).
+    async fn record_failure(
+        &self,
+        problem: ProblemDetails,
+        transaction: Option<Box<dyn PendingTransaction>>,
+        kept_transaction: bool,
+    ) -> Response<Body> {
+        let rolled_back = transaction.is_some() || kept_transaction;
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let settlement = settlement_for(status, None, self.config.server_error_policy, rolled_back);
+        let (response, body) = problem.render();
+        self.write_settlement(
+            settlement,
+            transaction,
+            response,
+            StoredBody::Retained(body),
+        )
+        .await
     }
 
     /// Writes the settlement and returns what the client gets: normally `response`

@@ -10,6 +10,7 @@ use idemgate_core::Store;
 use idemgate_core::deadline::{DEFAULT_STORE_TIMEOUT, WithDeadline};
 use idemgate_core::fingerprint::BodySelection;
 use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
+use idemgate_core::path::PathFold;
 
 use crate::config::{Config, PathSource, WaitMode};
 use crate::finality::ServerErrorPolicy;
@@ -77,6 +78,7 @@ impl IdempotencyLayer {
                 server_error_policy: ServerErrorPolicy::Store,
                 principal: Arc::new(DefaultPrincipal::new()),
                 path_source: PathSource::Request,
+                path_fold: PathFold::NONE,
                 fingerprint_headers: Vec::new(),
                 fingerprint_body: BodySelection::Whole,
                 replay_set_cookie: false,
@@ -223,6 +225,21 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_path_source(self, source: PathSource) -> Self {
         self.with(|c| c.path_source = source)
+    }
+
+    /// Let spellings of a path that your router takes as one route share one scope:
+    /// ASCII case, a format suffix (see [`PathFold`]). A key sent to `/Orders`
+    /// then names the same operation as on `/orders`; the fingerprint still sees
+    /// the path as sent, so the second spelling is a `422`, never a second run.
+    /// Only with [`PathSource::Request`] (a route template is one spelling).
+    ///
+    /// ```
+    /// use idemgate::path::PathFold;
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_path_fold(PathFold::NONE.with_case_insensitive(true));
+    /// ```
+    pub fn with_path_fold(self, fold: PathFold) -> Self {
+        self.with(|c| c.path_fold = fold)
     }
 
     /// Request headers that join the fingerprint (a tenant header, say), so the

@@ -23,7 +23,7 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    cache, deadline, decide, fingerprint, key, memory, record, scope, signals, store, time,
+    cache, deadline, decide, fingerprint, key, memory, path, record, scope, signals, store, time,
     transaction,
 };
 

@@ -271,6 +271,34 @@ impl ProblemDetails {
     }
 }
 
+/// A problem is also an error, so a response body can fail with one: a body that
+/// breaks off with a `ProblemDetails` in its error's chain (a proxied upstream that
+/// stalled mid-body, say) is answered with that problem, and settled by its
+/// status, instead of the generic `500 handler-failed` — when the client has
+/// received nothing yet (the layer is still buffering the response for the record).
+///
+/// ```
+/// use axum::http::StatusCode;
+/// let stalled = idemgate::ProblemDetails::new(StatusCode::GATEWAY_TIMEOUT, "upstream-timeout", "Upstream timeout", "stalled");
+/// let error: idemgate::BoxError = Box::new(stalled);
+/// assert_eq!(error.to_string(), "stalled");
+/// ```
+impl std::fmt::Display for ProblemDetails {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for ProblemDetails {}
+
+impl ProblemDetails {
+    /// The first `ProblemDetails` in `error`'s chain of sources, if any.
+    pub(crate) fn in_chain<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
+        std::iter::successors(Some(error), |error| error.source())
+            .find_map(|error| error.downcast_ref::<Self>())
+    }
+}
+
 /// The response: status, `Content-Type: application/problem+json`, the JSON body
 /// and `Retry-After` when set.
 impl IntoResponse for ProblemDetails {

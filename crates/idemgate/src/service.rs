@@ -225,7 +225,7 @@ async fn keyed(
     let scope = Scope {
         principal,
         method: parts.method.as_str().to_owned(),
-        path: scope_path.unwrap_or(path),
+        path: scope_path.unwrap_or_else(|| config.path_fold.apply(&path).into_owned()),
     };
     let claim = ClaimRequest {
         identity: Identity::new(scope, key),

@@ -291,6 +291,56 @@ async fn the_scope_is_the_full_path_even_under_a_nested_router() {
 }
 
 #[tokio::test]
+async fn spellings_of_one_path_share_one_scope() {
+    let (app, gateway) = memory_app();
+    let key = new_key();
+    let first = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
+    for spelling in [
+        "/orders/",
+        "//orders",
+        "/./orders",
+        "/x/../orders",
+        "/%6Frders",
+    ] {
+        let again = send(&app, post_json(spelling, Some("a"), Some(&key), ORDER)).await;
+        assert!(again.replayed(), "{spelling}: {:?}", again.status);
+        assert_eq!(again.body, first.body, "{spelling}");
+    }
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn a_path_fold_shares_the_scope_and_keeps_the_fingerprint_path() {
+    use idemgate::path::PathFold;
+    let gateway = Arc::new(Gateway::default());
+    let fold = PathFold::NONE
+        .with_case_insensitive(true)
+        .with_format_suffix(true);
+    let app = app_with(
+        IdempotencyLayer::new(MemoryStore::new()).with_path_fold(fold),
+        &gateway,
+    );
+    let key = new_key();
+    let first = send(&app, post_json("/payments", Some("a"), Some(&key), ORDER)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    for spelling in ["/Payments", "/payments.json", "/PAYMENTS.xml"] {
+        let other = send(&app, post_json(spelling, Some("a"), Some(&key), ORDER)).await;
+        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{spelling}");
+    }
+    let same = send(&app, post_json("/payments", Some("a"), Some(&key), ORDER)).await;
+    assert!(same.replayed());
+    assert_eq!(gateway.charges(), 1, "one scope: never a second run");
+
+    // Without the fold each spelling is an operation of its own.
+    let (app, gateway) = memory_app();
+    for spelling in ["/payments", "/Payments", "/payments.json"] {
+        let answer = send(&app, post_json(spelling, Some("a"), Some(&key), ORDER)).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{spelling}");
+    }
+    assert_eq!(gateway.charges(), 3);
+}
+
+#[tokio::test]
 async fn route_templates_can_name_the_scope() {
     let gateway = Arc::new(Gateway::default());
     let layer =
@@ -628,6 +678,50 @@ async fn a_panic_answers_500_and_is_stored_as_failed() {
     );
     let (_, second) = twice(&release, "/panic").await;
     assert_eq!(second.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!second.replayed());
+    assert_eq!(gateway.charges(), 2);
+}
+
+#[tokio::test]
+async fn a_101_is_never_stored_or_passed_on_for_a_covered_request() {
+    let (app, gateway) = memory_app();
+    let (first, second) = twice(&app, "/switch").await;
+    assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        first.problem_type(),
+        "https://idemgate.dev/problems/handler-failed"
+    );
+    assert!(!first.headers.contains_key("upgrade"));
+    assert!(second.replayed(), "settled like a 5xx: FAILED by default");
+    assert_eq!(second.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(second.body, first.body, "the replay is the 500, not a 101");
+    assert_eq!(gateway.charges(), 1);
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_off_with_a_problem_is_answered_with_it() {
+    let (app, gateway) = memory_app();
+    let (first, second) = twice(&app, "/broken-body/10").await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        first.problem_type(),
+        "https://idemgate.dev/problems/upstream-timeout"
+    );
+    assert!(
+        second.replayed(),
+        "a 504 is settled by the server-error policy"
+    );
+    assert_eq!(second.body, first.body);
+    assert_eq!(gateway.charges(), 1);
+
+    let gateway = Arc::new(Gateway::default());
+    let release = app_with(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_server_error_policy(ServerErrorPolicy::Release),
+        &gateway,
+    );
+    let (first, second) = twice(&release, "/broken-body/10").await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
     assert!(!second.replayed());
     assert_eq!(gateway.charges(), 2);
 }

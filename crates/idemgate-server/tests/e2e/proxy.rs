@@ -600,10 +600,22 @@ async fn upgrading_upstream() -> (SocketAddr, Arc<std::sync::Mutex<String>>) {
                 let Some(head) = read_head(&mut stream).await else {
                     return;
                 };
-                *head_seen.lock().unwrap() = String::from_utf8_lossy(&head).to_lowercase();
+                let text = String::from_utf8_lossy(&head);
+                *head_seen.lock().unwrap() = text.to_lowercase();
+                let key = text
+                    .lines()
+                    .find_map(|line| {
+                        let (name, value) = line.split_once(':')?;
+                        name.eq_ignore_ascii_case("sec-websocket-key")
+                            .then(|| value.trim().to_owned())
+                    })
+                    .unwrap_or_default();
+                let switched = format!(
+                    "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-accept: {}\r\n\r\n",
+                    idemgate_testkit::upstreams::websocket_accept(key.as_bytes())
+                );
                 let mut buffer = [0_u8; 4096];
-                let switched = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: shout\r\n\r\n";
-                if stream.write_all(switched).await.is_err() {
+                if stream.write_all(switched.as_bytes()).await.is_err() {
                     return;
                 }
                 while let Ok(n) = stream.read(&mut buffer).await {
@@ -623,7 +635,7 @@ async fn upgrading_upstream() -> (SocketAddr, Arc<std::sync::Mutex<String>>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxy_tunnels_an_upgraded_connection_both_ways() {
+async fn proxy_tunnels_a_websocket_upgrade_both_ways() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (upstream, seen) = upgrading_upstream().await;
     let proxy = Proxy::start(ProxyOptions::new(format!("http://{upstream}"))).await;
@@ -634,7 +646,7 @@ async fn proxy_tunnels_an_upgraded_connection_both_ways() {
         .to_owned();
     let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     stream
-        .write_all(b"GET /chat HTTP/1.1\r\nhost: example.test\r\nconnection: Upgrade\r\nupgrade: shout\r\n\r\n")
+        .write_all(b"GET /chat HTTP/1.1\r\nhost: example.test\r\nconnection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
         .await
         .unwrap();
     let head = read_head(&mut stream)
@@ -642,9 +654,16 @@ async fn proxy_tunnels_an_upgraded_connection_both_ways() {
         .expect("the proxy answered the upgrade before closing");
     let head = String::from_utf8_lossy(&head).to_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert!(head.contains("upgrade: shout"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
     let upstream_head = seen.lock().unwrap().clone();
-    assert!(upstream_head.contains("upgrade: shout"), "{upstream_head}");
+    assert!(
+        upstream_head.contains("upgrade: websocket"),
+        "{upstream_head}"
+    );
     assert!(
         upstream_head.contains("connection: upgrade"),
         "{upstream_head}"

@@ -57,8 +57,17 @@ async fn kill_9_mid_batch_loses_no_acknowledged_claim_sqlite() {
         let clients: Vec<_> = (0..CLIENTS)
             .map(|_| tokio::spawn(post_until_dead(server.url(""), Arc::clone(&sent))))
             .collect();
-        // Let the load build up, then kill at a random moment of it.
-        tokio::time::sleep(rng.millis(150, 700)).await;
+        // Let the load build up (a loaded machine may take a while to answer the
+        // first requests), then kill at a random moment of it.
+        let built_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        while sent.lock().expect("no client panicked").created.len() < 8 {
+            assert!(
+                tokio::time::Instant::now() < built_up,
+                "the server answered fewer than 8 orders in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(rng.millis(50, 500)).await;
         server.kill9().await;
         for client in clients {
             client.await.expect("client task");

@@ -48,6 +48,9 @@ pub fn app(layer: IdempotencyLayer, gateway: Arc<Gateway>) -> Router {
         .route("/mark/{mark}/{code}", post(answer_with_mark))
         .route("/panic", post(panic_after_charge))
         .route("/big/{bytes}", post(big_response))
+        .route("/switch", post(switch_protocols))
+        .route("/broken-body/{bytes}", post(body_breaks_off))
+        .route("/{*rest}", post(create_order))
         .route("/transactional/{code}", post(transactional))
         .route_layer(layer)
         .layer(middleware::from_fn(authenticate))
@@ -138,6 +141,42 @@ async fn big_response(State(gateway): State<Arc<Gateway>>, Path(bytes): Path<usi
     charge(&gateway).await;
     let body: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
     (StatusCode::OK, body).into_response()
+}
+
+/// Charges, then answers `101 Switching Protocols` (as an upstream that upgrades
+/// whatever asks): a response that must never be stored.
+async fn switch_protocols(State(gateway): State<Arc<Gateway>>) -> Response {
+    charge(&gateway).await;
+    (
+        StatusCode::SWITCHING_PROTOCOLS,
+        [
+            (header::UPGRADE, "websocket"),
+            (header::CONNECTION, "upgrade"),
+        ],
+    )
+        .into_response()
+}
+
+/// Charges, then answers 200 whose body sends `bytes` bytes and breaks off with
+/// a 504 problem, as the proxy's upstream body does when the upstream stalls.
+async fn body_breaks_off(
+    State(gateway): State<Arc<Gateway>>,
+    Path(bytes): Path<usize>,
+) -> Response {
+    charge(&gateway).await;
+    let stalled = idemgate::ProblemDetails::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "upstream-timeout",
+        "Upstream timeout",
+        "the upstream stopped sending",
+    );
+    let frames: Vec<Result<Bytes, idemgate::BoxError>> =
+        vec![Ok(Bytes::from(vec![b'x'; bytes])), Err(Box::new(stalled))];
+    (
+        StatusCode::OK,
+        Body::from_stream(futures_util::stream::iter(frames)),
+    )
+        .into_response()
 }
 
 /// A handler using a fake transactional store: the transaction's "commit" runs the
