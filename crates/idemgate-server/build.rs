@@ -23,7 +23,8 @@ const SHORT: usize = 12;
 
 fn main() {
     println!("cargo::rerun-if-env-changed=IDEMGATE_BUILD_COMMIT");
-    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let manifest_dir =
+        PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let commit = from_env()
         .or_else(|| from_vcs_info(&manifest_dir))
         .or_else(|| from_git(&manifest_dir))

@@ -135,8 +135,8 @@ async fn postgres(records: usize) -> Result<(), Error> {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
     )))
-        .execute(&admin)
-        .await?;
+    .execute(&admin)
+    .await?;
     result
 }
 
