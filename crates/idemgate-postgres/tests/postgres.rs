@@ -15,7 +15,7 @@ use idemgate_core::record::OperationId;
 use idemgate_core::transaction::TransactionSlot;
 use idemgate_core::{Claim, ClaimRequest, FencedWrite, Lease, LeaseOrigin, Store, StoreError};
 use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx};
-use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
+use idemgate_testkit::fixtures::{acquire, awkward_response, completion, fresh_request};
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};

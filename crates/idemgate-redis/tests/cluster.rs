@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use idemgate_core::{Claim, Store};
 use idemgate_redis::{EvictionPolicy, Persistence, PersistenceCheck, RedisStore, RedisStoreError};
-use idemgate_testkit::conformance::fresh_request;
+use idemgate_testkit::fixtures::fresh_request;
 
 async fn cluster_store() -> RedisStore {
     let urls = support::cluster_urls();

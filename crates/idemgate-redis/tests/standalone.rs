@@ -11,7 +11,7 @@ use bytes::Bytes;
 use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
 use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Store, StoreError};
 use idemgate_redis::{EvictionPolicy, RedisStore, RedisStoreError};
-use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use idemgate_testkit::fixtures::{awkward_response, fresh_request};
 use redis::AsyncCommands;
 
 async fn redis_store() -> RedisStore {

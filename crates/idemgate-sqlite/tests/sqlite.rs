@@ -18,7 +18,7 @@ use idemgate_core::{
     Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
 };
 use idemgate_sqlite::{Error, PurgeTask, SqliteStore, Tx};
-use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
+use idemgate_testkit::fixtures::{acquire, awkward_response, completion, fresh_request};
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Connection, SqlitePool};
@@ -615,7 +615,7 @@ async fn a_failing_write_does_not_fail_its_batch() {
     let requests: Vec<_> = (0..N)
         .map(|i| {
             if i % 8 == 3 {
-                idemgate_testkit::conformance::request_for(
+                idemgate_testkit::fixtures::request_for(
                     "alice",
                     "POST",
                     "/orders",

@@ -17,7 +17,7 @@ use idemgate_core::cache::{ReplayCache, ReplayCacheConfig};
 use idemgate_core::record::RecordStatus;
 use idemgate_core::{Claim, EvictMode, Eviction, FencedWrite, Store};
 
-use crate::conformance::{acquire, awkward_response, completion, fresh_request};
+use crate::fixtures::{acquire, awkward_response, completion, fresh_request};
 
 /// `store` behind a replay cache with the default bounds.
 pub fn cached(store: Arc<dyn Store>) -> Arc<dyn Store> {

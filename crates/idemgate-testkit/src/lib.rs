@@ -25,6 +25,7 @@
 
 pub mod cache;
 pub mod conformance;
+pub mod fixtures;
 pub mod relay;
 #[cfg(feature = "transactional")]
 pub mod setup;

@@ -20,7 +20,7 @@ use idemgate_core::scope::Principal;
 use idemgate_core::{Claim, FencedWrite, Store, StoreError};
 use tower::ServiceExt;
 
-use crate::conformance::{acquire, awkward_response, completion, fresh_request};
+use crate::fixtures::{acquire, awkward_response, completion, fresh_request};
 
 /// The problem `type` of a misconfigured store (`docs/problems.md`).
 pub const STORE_MISCONFIGURED: &str = "https://idemgate.dev/problems/store-misconfigured";

@@ -28,7 +28,7 @@ use idemgate_sqlx::{PROBLEM_NOT_BEHIND_LAYER, PurgeTask, SqlStore, Tx};
 use tokio::sync::Barrier;
 use tower::ServiceExt;
 
-use crate::conformance::{DAY, acquire, awkward_response, completion, fresh_request};
+use crate::fixtures::{DAY, acquire, awkward_response, claim_with_ttl, completion, fresh_request};
 
 /// One store's test database, as the transactional suite needs it.
 ///
@@ -592,14 +592,6 @@ pub async fn a_second_transaction_in_one_request_is_refused<H: TransactionalHarn
 }
 
 // --- purge ----------------------------------------------------------------------------
-
-async fn claim_with_ttl<S: SqlStore>(store: &S, ttl: Duration) {
-    let request = ClaimRequest {
-        ttl,
-        ..fresh_request()
-    };
-    acquire(store, &request).await;
-}
 
 /// `purge_expired` deletes the expired records, in batches, and nothing else.
 pub async fn purge_deletes_only_expired_records_in_batches<H: TransactionalHarness>(

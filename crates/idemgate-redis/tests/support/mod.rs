@@ -180,7 +180,7 @@ pub async fn two_clients_race(a: &idemgate_redis::RedisStore, b: &idemgate_redis
     use std::sync::Arc;
 
     const RACERS: usize = 64;
-    let request = Arc::new(idemgate_testkit::conformance::fresh_request());
+    let request = Arc::new(idemgate_testkit::fixtures::fresh_request());
     let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
     let tasks: Vec<_> = (0..RACERS)
         .map(|i| {
@@ -220,7 +220,7 @@ pub async fn other_instance_wakes_waiter(
 ) {
     use idemgate_core::{Claim, Completion, FencedWrite, FinalStatus, Store};
 
-    let request = idemgate_testkit::conformance::fresh_request();
+    let request = idemgate_testkit::fixtures::fresh_request();
     let Claim::Acquired(lease) = a.try_claim(&request).await.expect("claim") else {
         panic!("fresh identity not acquired");
     };
@@ -238,7 +238,7 @@ pub async fn other_instance_wakes_waiter(
     tokio::time::sleep(Duration::from_millis(200)).await;
     let completion = Completion {
         status: FinalStatus::Completed,
-        response: idemgate_testkit::conformance::awkward_response(),
+        response: idemgate_testkit::fixtures::awkward_response(),
         ttl: Duration::from_secs(60),
     };
     assert_eq!(
@@ -269,7 +269,7 @@ pub async fn announcements_only_when_waited(
 
     let completion = Completion {
         status: FinalStatus::Completed,
-        response: idemgate_testkit::conformance::awkward_response(),
+        response: idemgate_testkit::fixtures::awkward_response(),
         ttl: Duration::from_secs(60),
     };
     let acquire = |request| async move {
@@ -290,7 +290,7 @@ pub async fn announcements_only_when_waited(
     let mut messages = pubsub.into_on_message();
 
     // Nobody waits: completed, not announced.
-    let unwaited = idemgate_testkit::conformance::fresh_request();
+    let unwaited = idemgate_testkit::fixtures::fresh_request();
     let lease = acquire(unwaited.clone()).await;
     assert_eq!(
         a.complete(&lease, &completion).await.expect("complete"),
@@ -298,7 +298,7 @@ pub async fn announcements_only_when_waited(
     );
 
     // A waiter on the other instance: announced, and the waiter wakes.
-    let waited = idemgate_testkit::conformance::fresh_request();
+    let waited = idemgate_testkit::fixtures::fresh_request();
     let lease = acquire(waited.clone()).await;
     let digest = *waited.identity.digest();
     let waiter = {
@@ -346,7 +346,7 @@ pub async fn announcements_only_when_waited(
     );
 
     // Ended before the wait began: no announcement to hear, the mark says so.
-    let ended = idemgate_testkit::conformance::fresh_request();
+    let ended = idemgate_testkit::fixtures::fresh_request();
     let lease = acquire(ended.clone()).await;
     assert_eq!(
         a.complete(&lease, &completion).await.expect("complete"),
