@@ -306,7 +306,7 @@ async fn prefixes_separate_stores_and_braces_are_refused() {
 
 #[tokio::test]
 async fn unreachable_servers_fail_the_constructor_quickly() {
-    let port = support::free_port();
+    let port = idemgate_testkit::free_port();
     let start = std::time::Instant::now();
     let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}"))
         .await

@@ -26,6 +26,9 @@
 pub mod cache;
 pub mod conformance;
 pub mod fixtures;
+#[cfg(feature = "http")]
+pub mod http;
+pub mod net;
 pub mod relay;
 #[cfg(feature = "transactional")]
 pub mod setup;
@@ -33,6 +36,10 @@ pub mod setup;
 pub mod strategies;
 #[cfg(feature = "transactional")]
 pub mod transactional;
+
+#[cfg(feature = "http")]
+pub use self::http::Answer;
+pub use net::free_port;
 
 /// Instantiates every test of [`conformance`] for one store, as `#[tokio::test]`s on a
 /// multi-threaded runtime. `$factory` is an async fn returning `Arc<dyn Store>`;

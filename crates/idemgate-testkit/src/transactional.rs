@@ -29,6 +29,7 @@ use tokio::sync::Barrier;
 use tower::ServiceExt;
 
 use crate::fixtures::{DAY, acquire, awkward_response, claim_with_ttl, completion, fresh_request};
+use crate::http::{Answer, PROBLEM_JSON};
 
 /// One store's test database, as the transactional suite needs it.
 ///
@@ -498,21 +499,16 @@ fn order_route<H: TransactionalHarness>(harness: &Arc<H>) -> Router<H::Store> {
     Router::new().route("/orders", post(handler))
 }
 
-async fn post_orders(app: Router) -> axum::response::Response {
-    app.oneshot(
-        Request::post("/orders")
-            .body(Body::empty())
-            .expect("request"),
-    )
-    .await
-    .expect("infallible")
-}
-
-async fn body_text(response: axum::response::Response) -> String {
-    let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024)
+async fn post_orders(app: Router) -> Answer {
+    let response = app
+        .oneshot(
+            Request::post("/orders")
+                .body(Body::empty())
+                .expect("request"),
+        )
         .await
-        .expect("body");
-    String::from_utf8(bytes.to_vec()).expect("utf-8")
+        .expect("infallible");
+    Answer::read(response).await
 }
 
 /// The extractor lends the slot's transaction; nothing commits before the layer does.
@@ -524,8 +520,8 @@ pub async fn extractor_lends_the_slot_transaction<H: TransactionalHarness>(harne
         .layer(Extension(slot.clone()))
         .layer(Extension(operation_id))
         .with_state(store.clone());
-    let response = post_orders(app).await;
-    assert_eq!(response.status(), StatusCode::OK);
+    let answer = post_orders(app).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     let pending = returned(&slot);
     assert_eq!(
         harness.orders_for(&store, operation_id).await,
@@ -545,13 +541,10 @@ pub async fn extractor_without_the_layer_answers_a_problem<H: TransactionalHarne
     let app = order_route(&harness)
         .layer(Extension(OperationId::random()))
         .with_state(store);
-    let response = post_orders(app).await;
-    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        response.headers()[http::header::CONTENT_TYPE],
-        "application/problem+json"
-    );
-    let body = body_text(response).await;
+    let answer = post_orders(app).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(answer.content_type(), Some(PROBLEM_JSON), "{answer:?}");
+    let body = answer.text();
     assert!(
         body.contains("route is not behind IdempotencyLayer"),
         "{body}"
@@ -575,16 +568,12 @@ pub async fn a_second_transaction_in_one_request_is_refused<H: TransactionalHarn
         .route("/orders", post(greedy::<H::Store>))
         .layer(Extension(slot.clone()))
         .with_state(store);
-    let response = post_orders(app).await;
-    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        response.headers()[http::header::CONTENT_TYPE],
-        "application/problem+json"
-    );
+    let answer = post_orders(app).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(answer.content_type(), Some(PROBLEM_JSON), "{answer:?}");
     assert!(
-        body_text(response)
-            .await
-            .contains("already took its transaction")
+        answer.text().contains("already took its transaction"),
+        "{answer:?}"
     );
     // The first transaction went back to the slot when the handler's arguments dropped.
     assert!(matches!(slot.take(), SlotContents::Returned(_)));

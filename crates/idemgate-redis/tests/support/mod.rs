@@ -3,7 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,12 +32,6 @@ pub fn cluster_urls() -> Vec<String> {
     urls
 }
 
-/// A loopback port nobody listens on right now.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
-}
-
 /// A `redis-server` child process; `Drop` kills it (SIGKILL) by PID and removes its
 /// directory.
 pub struct RedisServer {
@@ -60,7 +54,7 @@ impl RedisServer {
         std::fs::create_dir_all(&dir).expect("create the server's directory");
         let mut server = Self {
             child: None,
-            port: free_port(),
+            port: idemgate_testkit::free_port(),
             dir,
             args: args.iter().map(|s| (*s).to_owned()).collect(),
         };
