@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::{Claim, MemoryStore, Store, StoreError};
-use idemgate_testkit::conformance::fresh_request;
+use idemgate_testkit::fixtures::fresh_request;
 
 async fn store() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new())

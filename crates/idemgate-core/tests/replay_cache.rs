@@ -16,7 +16,7 @@ use idemgate_core::{
     Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, FinalStatus,
     Lease, MemoryStore, Snapshot, Store, StoreError, decide,
 };
-use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
+use idemgate_testkit::fixtures::{acquire, awkward_response, completion, fresh_request};
 
 async fn cached_store() -> Arc<dyn Store> {
     idemgate_testkit::cache::cached(Arc::new(MemoryStore::new()))

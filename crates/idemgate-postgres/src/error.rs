@@ -1,14 +1,19 @@
 //! The crate's own errors, and how `sqlx` errors become [`StoreError`]s.
 
 use idemgate_core::StoreError;
-use idemgate_sqlx::ErrorClass;
-
-use crate::PostgresStore;
+use idemgate_sqlx::{ErrorClass, ErrorCodes};
 
 /// What can go wrong outside the [`idemgate_core::Store`] methods: opening the
 /// database, migrating, and starting the purge task (store methods answer
 /// [`StoreError`]). The same type for both SQL stores.
 pub use idemgate_sqlx::SetupError as Error;
+
+/// How PostgreSQL's errors are classified: by SQLSTATE ([`classify_sqlstate`]).
+/// The store's [`idemgate_sqlx::SqlStore::ERRORS`].
+pub(crate) const SQLSTATES: ErrorCodes = ErrorCodes {
+    backend: "PostgreSQL",
+    classify_code: classify_sqlstate,
+};
 
 /// Classifies a SQLSTATE: the ones that mean "try again later" are transient, a
 /// missing table or schema and a refused permission are misconfiguration, every
@@ -53,9 +58,9 @@ fn is_transient_sqlstate(code: &str) -> bool {
 }
 
 /// Turns a `sqlx` error into the store's error, keeping it as the source: by error
-/// variant and SQLSTATE ([`idemgate_sqlx::classify`]), never by message text.
+/// variant and SQLSTATE ([`ErrorCodes::store_error`]), never by message text.
 pub(crate) fn store_error(err: sqlx::Error) -> StoreError {
-    idemgate_sqlx::store_error::<PostgresStore>(err)
+    SQLSTATES.store_error(err)
 }
 
 /// A claim found the record changing under it on every bounded retry.
@@ -68,7 +73,7 @@ mod tests {
     use super::*;
 
     fn classify(err: &sqlx::Error) -> ErrorClass {
-        idemgate_sqlx::classify::<PostgresStore>(err)
+        SQLSTATES.classify(err)
     }
 
     #[test]

@@ -3,10 +3,10 @@
 use async_trait::async_trait;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
-use idemgate_sqlx::{ErrorClass, SqlStore};
+use idemgate_sqlx::{ErrorCodes, SqlStore};
 use sqlx::{PgConnection, PgPool, Postgres};
 
-use crate::error::classify_sqlstate;
+use crate::error::{SQLSTATES, store_error};
 use crate::store::PostgresStore;
 
 /// A business transaction that commits together with the idempotency record
@@ -54,17 +54,14 @@ impl SqlStore for PostgresStore {
     type Database = Postgres;
     type Transaction = sqlx::Transaction<'static, Postgres>;
 
-    const BACKEND: &'static str = "PostgreSQL";
+    const ERRORS: ErrorCodes = SQLSTATES;
 
     fn pool(&self) -> &PgPool {
         PostgresStore::pool(self)
     }
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        PostgresStore::pool(self)
-            .begin()
-            .await
-            .map_err(idemgate_sqlx::store_error::<Self>)
+        PostgresStore::pool(self).begin().await.map_err(store_error)
     }
 
     async fn complete_in(
@@ -78,9 +75,5 @@ impl SqlStore for PostgresStore {
 
     fn signals(&self) -> &ChangeSignals {
         PostgresStore::signals(self)
-    }
-
-    fn classify_code(code: &str) -> ErrorClass {
-        classify_sqlstate(code)
     }
 }

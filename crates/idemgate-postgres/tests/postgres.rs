@@ -1,27 +1,30 @@
-//! `PostgresStore` against a real PostgreSQL: the store conformance suite, the
-//! transactional suite (both from `idemgate-testkit`), and what is PostgreSQL's own:
-//! migrations, partitioned tables, SQLSTATE classification.
+//! `PostgresStore` against a real PostgreSQL: the store conformance suite (directly
+//! and behind the replay cache), the SQL stores' table suite and the transactional
+//! suite (all from `idemgate-testkit`, on a [`PgHarness`]), and what is PostgreSQL's
+//! own: read-only sessions, partitioned tables, SQLSTATE classification, schemas.
 //!
 //! The server is at `IDEMGATE_TEST_POSTGRES_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); the tests fail, loudly, when it is
 //! unreachable. They share one schema and use random identities; tests that count or
-//! delete rows, and every transactional test, get a schema of their own.
+//! delete rows, and every SQL-suite and transactional test, get a schema of their own.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use idemgate_core::record::OperationId;
-use idemgate_core::transaction::TransactionSlot;
-use idemgate_core::{Claim, ClaimRequest, FencedWrite, Lease, LeaseOrigin, Store, StoreError};
+use idemgate_core::scope::IdentityDigest;
+use idemgate_core::{Claim, FencedWrite, LeaseOrigin, Store, StoreError};
 use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx};
-use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
+use idemgate_testkit::fixtures::{
+    acquire, awkward_response, claim_with_ttl, completion, fresh_request,
+};
+use idemgate_testkit::sql_store::{SqlHarness, StoredIdentity};
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
 
 const SHARED_SCHEMA: &str = "idemgate_test";
-const DAY: Duration = Duration::from_secs(86_400);
 
 fn url() -> String {
     std::env::var("IDEMGATE_TEST_POSTGRES_URL")
@@ -58,19 +61,7 @@ mod conformance {
     idemgate_testkit::store_conformance!(super::conformance_store);
 }
 
-async fn cached_store() -> Arc<dyn Store> {
-    idemgate_testkit::cache::cached(conformance_store().await)
-}
-
-mod cached {
-    idemgate_testkit::store_conformance!(super::cached_store);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
-    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(conformance_store().await)
-        .await;
-}
+idemgate_testkit::cached_conformance!(conformance_store);
 
 /// A schema of its own, for tests that count or delete every row of a table.
 struct TempSchema {
@@ -111,41 +102,152 @@ impl TempSchema {
     }
 }
 
-// --- the transactional suite ----------------------------------------------------------
+// --- the SQL suites ------------------------------------------------------------------
 
-/// The transactional suite's database: a schema of its own per test, holding the
-/// records and an `orders` table (one order per operation id).
+/// The SQL suites' database: a schema of its own per test (created by the first
+/// `migrate()`), holding the records and an `orders` table (one order per
+/// operation id).
 struct PgHarness {
     schema: TempSchema,
 }
 
-async fn transactional_harness() -> PgHarness {
-    let schema = TempSchema::new().await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE SCHEMA \"{s}\"; \
-         CREATE TABLE \"{s}\".orders ( \
-             id BIGSERIAL PRIMARY KEY, \
-             operation_id UUID NOT NULL UNIQUE, \
-             amount BIGINT NOT NULL)",
-        s = schema.name
-    )))
-    .execute(&schema.pool)
-    .await
-    .expect("create orders");
-    PgHarness { schema }
+async fn harness() -> PgHarness {
+    PgHarness {
+        schema: TempSchema::new().await,
+    }
+}
+
+#[async_trait]
+impl SqlHarness for PgHarness {
+    type Store = PostgresStore;
+
+    async fn unmigrated(&self, max_connections: u32) -> PostgresStore {
+        PostgresStore::new(pool(max_connections).await).with_schema(self.schema.name.clone())
+    }
+
+    async fn store(&self, max_connections: u32) -> PostgresStore {
+        let store = self.unmigrated(max_connections).await;
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS \"{}\".orders ( \
+                 id BIGSERIAL PRIMARY KEY, \
+                 operation_id UUID NOT NULL UNIQUE, \
+                 amount BIGINT NOT NULL)",
+            self.schema.name
+        )))
+        .execute(store.pool())
+        .await
+        .expect("create orders");
+        store
+    }
+
+    fn unreachable(&self) -> PostgresStore {
+        let pool = PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(500))
+            .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+            .expect("lazy pool");
+        PostgresStore::new(pool)
+    }
+
+    async fn migrate(&self, store: &PostgresStore) -> Result<(), Error> {
+        store.migrate().await
+    }
+
+    fn with_table(&self, store: &PostgresStore, table: &str) -> PostgresStore {
+        store.clone().with_table(table)
+    }
+
+    async fn schema_version(&self, store: &PostgresStore, table: &str) -> Option<i64> {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM \"{}\".idemgate_schema_versions WHERE table_name = $1",
+            self.schema.name
+        )))
+        .bind(table)
+        .fetch_optional(store.pool())
+        .await
+        .expect("version row")
+    }
+
+    async fn set_schema_version(&self, store: &PostgresStore, table: &str, version: i64) {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE \"{}\".idemgate_schema_versions SET version = $2 WHERE table_name = $1",
+            self.schema.name
+        )))
+        .bind(table)
+        .bind(version)
+        .execute(store.pool())
+        .await
+        .expect("set the version");
+    }
+
+    async fn has_sqlx_migrations(&self, store: &PostgresStore) -> bool {
+        let table: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT to_regclass('\"{}\"._sqlx_migrations')::text",
+            self.schema.name
+        )))
+        .fetch_one(store.pool())
+        .await
+        .expect("regclass");
+        table.is_some()
+    }
+
+    async fn records(&self, store: &PostgresStore) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}",
+            store.table_name()
+        )))
+        .fetch_one(store.pool())
+        .await
+        .expect("count records")
+    }
+
+    async fn stored_identity(
+        &self,
+        store: &PostgresStore,
+        identity: &IdentityDigest,
+    ) -> StoredIdentity {
+        let (principal, method, path, key) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT principal, method, path, idempotency_key FROM {} WHERE identity = $1",
+            store.table_name()
+        )))
+        .bind(identity.as_bytes().as_slice())
+        .fetch_one(store.pool())
+        .await
+        .expect("row");
+        StoredIdentity {
+            principal,
+            method,
+            path,
+            key,
+        }
+    }
+
+    async fn corrupt_headers(&self, store: &PostgresStore, identity: &IdentityDigest) {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET response_headers = '\\x0005'::bytea WHERE identity = $1",
+            store.table_name()
+        )))
+        .bind(identity.as_bytes().as_slice())
+        .execute(store.pool())
+        .await
+        .expect("corrupt the headers");
+    }
+
+    async fn purge_expired(&self, store: &PostgresStore, batch: usize) -> Result<u64, StoreError> {
+        store.purge_expired(batch).await
+    }
+
+    fn spawn_purge(&self, store: &PostgresStore, every: Duration, batch: usize) -> PurgeTask {
+        store.spawn_purge(every, batch).expect("spawn")
+    }
+
+    async fn finish(&self) {
+        self.schema.drop_schema().await;
+    }
 }
 
 #[async_trait]
 impl TransactionalHarness for PgHarness {
-    type Store = PostgresStore;
-
-    async fn store(&self, max_connections: u32) -> PostgresStore {
-        let store =
-            PostgresStore::new(pool(max_connections).await).with_schema(self.schema.name.clone());
-        store.migrate().await.expect("migrate");
-        store
-    }
-
     async fn insert_order(
         &self,
         tx: &mut Tx,
@@ -175,37 +277,17 @@ impl TransactionalHarness for PgHarness {
     async fn orders(&self, _store: &PostgresStore) -> i64 {
         self.schema.count("orders").await
     }
+}
 
-    async fn records(&self, _store: &PostgresStore) -> i64 {
-        self.schema.count("idemgate_records").await
-    }
-
-    async fn purge_expired(&self, store: &PostgresStore, batch: usize) -> Result<u64, StoreError> {
-        store.purge_expired(batch).await
-    }
-
-    fn spawn_purge(&self, store: &PostgresStore, every: Duration, batch: usize) -> PurgeTask {
-        store.spawn_purge(every, batch).expect("spawn")
-    }
-
-    async fn finish(&self) {
-        self.schema.drop_schema().await;
-    }
+mod sql_store {
+    idemgate_testkit::sql_store_conformance!(super::harness);
 }
 
 mod transactional {
-    idemgate_testkit::transactional_conformance!(super::transactional_harness);
+    idemgate_testkit::transactional_conformance!(super::harness);
 }
 
 // --- purge ----------------------------------------------------------------------------
-
-async fn claim_with_ttl(store: &PostgresStore, ttl: Duration) {
-    let request = ClaimRequest {
-        ttl,
-        ..fresh_request()
-    };
-    acquire(store, &request).await;
-}
 
 #[test]
 fn spawning_a_purge_outside_a_runtime_is_an_error() {
@@ -228,39 +310,12 @@ fn spawning_a_purge_outside_a_runtime_is_an_error() {
 
 // --- migrations -----------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_migrations_and_version_tracking() {
+/// Once current, `migrate()` runs no DDL: it passes even in a read-only session
+/// (the rest of what migrations promise is in the SQL suite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_current_schema_migrates_in_a_read_only_session() {
     let schema = TempSchema::new().await;
-    let tasks: Vec<_> = (0..8)
-        .map(|_| {
-            let store = schema.store();
-            tokio::spawn(async move { store.migrate().await })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("task").expect("concurrent migrate");
-    }
-    let version: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT version FROM \"{}\".idemgate_schema_versions WHERE table_name = 'idemgate_records'",
-        schema.name
-    )))
-    .fetch_one(&schema.pool)
-    .await
-    .expect("version row");
-    assert_eq!(version, 1);
-    let sqlx_table: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT to_regclass('\"{}\"._sqlx_migrations')::text",
-        schema.name
-    )))
-    .fetch_one(&schema.pool)
-    .await
-    .expect("regclass");
-    assert_eq!(
-        sqlx_table, None,
-        "the store must not use sqlx's migration table"
-    );
-
-    // Once current, `migrate()` runs no DDL: it passes even in a read-only session.
+    schema.store().migrate().await.expect("migrate");
     let options: PgConnectOptions = url().parse().expect("url");
     let read_only = PgPoolOptions::new()
         .max_connections(1)
@@ -272,31 +327,6 @@ async fn concurrent_migrations_and_version_tracking() {
         .migrate()
         .await
         .expect("a current schema needs no DDL");
-
-    // A custom table keeps its own version row in the same schema.
-    let custom = schema.store().with_table("payments-keys");
-    custom.migrate().await.expect("migrate custom table");
-    claim_with_ttl(&custom, DAY).await;
-    assert_eq!(schema.count("payments-keys").await, 1);
-
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE \"{}\".idemgate_schema_versions SET version = 99 WHERE table_name = 'idemgate_records'",
-        schema.name
-    )))
-    .execute(&schema.pool)
-    .await
-    .expect("bump version");
-    let err = schema.store().migrate().await.expect_err("newer schema");
-    assert!(
-        matches!(
-            err,
-            Error::SchemaTooNew {
-                found: 99,
-                supported: 1
-            }
-        ),
-        "{err:?}"
-    );
     schema.drop_schema().await;
 }
 
@@ -362,50 +392,6 @@ async fn hash_partitioned_table_works() {
 
 // --- errors ---------------------------------------------------------------------------
 
-/// A pool pointing at a closed port: every method answers `Unavailable`, quickly.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_database_is_unavailable() {
-    let pool = PgPoolOptions::new()
-        .acquire_timeout(Duration::from_millis(500))
-        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
-        .expect("lazy pool");
-    let store = PostgresStore::new(pool);
-    let request = fresh_request();
-    let start = Instant::now();
-    let err = store.try_claim(&request).await.expect_err("unreachable");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    let err = store
-        .get(request.identity.digest())
-        .await
-        .expect_err("unreachable");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    let lease = Lease {
-        identity: *request.identity.digest(),
-        operation_id: OperationId::random(),
-        token: idemgate_core::record::FencingToken(1),
-        origin: LeaseOrigin::New,
-        locked_until: idemgate_core::time::Timestamp::now(),
-    };
-    let err = store
-        .complete(&lease, &completion(awkward_response()))
-        .await
-        .expect_err("unreachable");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    let err = store.purge_expired(10).await.expect_err("unreachable");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    let slot = TransactionSlot::new();
-    let err = Tx::begin(&store, &slot).await.expect_err("unreachable");
-    assert!(
-        matches!(err, idemgate_postgres::TxRejection::Unavailable(_)),
-        "{err:?}"
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        start.elapsed()
-    );
-}
-
 /// A statement that hits `statement_timeout` (SQLSTATE 57014) is `Unavailable`, with
 /// the database error kept as its source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,55 +432,6 @@ async fn statement_timeout_is_unavailable() {
         .map(|c| c.into_owned());
     assert_eq!(code.as_deref(), Some("57014"));
     blocker.rollback().await.expect("rollback");
-}
-
-/// A record that cannot be decoded is `Corrupt`, not a panic.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undecodable_record_is_corrupt() {
-    let store = shared_store(2).await;
-    let request = fresh_request();
-    let lease = acquire(&store, &request).await;
-    let write = store
-        .complete(&lease, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Applied);
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE \"{SHARED_SCHEMA}\".idemgate_records SET response_headers = '\\x0005'::bytea \
-         WHERE identity = $1"
-    )))
-    .bind(lease.identity.as_bytes().as_slice())
-    .execute(store.pool())
-    .await
-    .expect("corrupt the headers");
-    let err = store
-        .get(request.identity.digest())
-        .await
-        .expect_err("corrupt");
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
-    let err = store.try_claim(&request).await.expect_err("corrupt");
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
-}
-
-/// The record's readable parts are stored beside the digest.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readable_identity_parts_are_stored() {
-    let store = shared_store(2).await;
-    let request = fresh_request();
-    acquire(&store, &request).await;
-    let (principal, method, path, key): (String, String, String, String) =
-        sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT principal, method, path, idempotency_key \
-             FROM \"{SHARED_SCHEMA}\".idemgate_records WHERE identity = $1"
-        )))
-        .bind(request.identity.digest().as_bytes().as_slice())
-        .fetch_one(store.pool())
-        .await
-        .expect("row");
-    let scope = request.identity.scope();
-    assert_eq!(principal, scope.principal.as_str());
-    assert_eq!((method.as_str(), path.as_str()), ("POST", "/orders"));
-    assert_eq!(key, request.identity.key().as_str());
 }
 
 // --- a newcomer's setup -------------------------------------------------------------

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use idemgate_core::{Claim, Store};
 use idemgate_redis::{EvictionPolicy, Persistence, PersistenceCheck, RedisStore, RedisStoreError};
-use idemgate_testkit::conformance::fresh_request;
+use idemgate_testkit::fixtures::fresh_request;
 
 async fn cluster_store() -> RedisStore {
     let urls = support::cluster_urls();
@@ -25,19 +25,8 @@ async fn store() -> Arc<dyn Store> {
 
 idemgate_testkit::store_conformance!(store);
 
-async fn cached_store() -> Arc<dyn Store> {
-    idemgate_testkit::cache::cached(store().await)
-}
-
-/// The replay cache in front of the cluster: the same suite, unchanged.
-mod cached {
-    idemgate_testkit::store_conformance!(super::cached_store);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
-    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(store().await).await;
-}
+// The replay cache in front of the store: the same suite, unchanged.
+idemgate_testkit::cached_conformance!(store);
 
 #[tokio::test]
 async fn every_primary_is_checked_for_its_eviction_policy_and_persistence() {

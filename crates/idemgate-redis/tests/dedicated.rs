@@ -18,7 +18,7 @@ use idemgate_redis::{
     AppendFsync, EvictionCheck, EvictionPolicy, Persistence, PersistenceCheck, RedisStore,
     RedisStoreError,
 };
-use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use idemgate_testkit::fixtures::{awkward_response, fresh_request};
 use support::RedisServer;
 
 /// Collects what `tracing` logs while it is the thread's default subscriber.

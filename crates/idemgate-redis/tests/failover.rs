@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use idemgate_core::record::{OperationId, StoredResponse};
 use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Store};
 use idemgate_redis::RedisStore;
-use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use idemgate_testkit::fixtures::{awkward_response, fresh_request};
 
 /// The lease of every claim: short, so a record whose completion was lost is taken
 /// over quickly by the retries.

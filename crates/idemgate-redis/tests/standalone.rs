@@ -11,7 +11,7 @@ use bytes::Bytes;
 use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
 use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, FinalStatus, Store, StoreError};
 use idemgate_redis::{EvictionPolicy, RedisStore, RedisStoreError};
-use idemgate_testkit::conformance::{awkward_response, fresh_request};
+use idemgate_testkit::fixtures::{awkward_response, fresh_request};
 use redis::AsyncCommands;
 
 async fn redis_store() -> RedisStore {
@@ -30,18 +30,8 @@ async fn store() -> Arc<dyn Store> {
 
 idemgate_testkit::store_conformance!(store);
 
-async fn cached_store() -> Arc<dyn Store> {
-    idemgate_testkit::cache::cached(store().await)
-}
-
-mod cached {
-    idemgate_testkit::store_conformance!(super::cached_store);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
-    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(store().await).await;
-}
+// The replay cache in front of the store: the same suite, unchanged.
+idemgate_testkit::cached_conformance!(store);
 
 async fn admin() -> redis::aio::MultiplexedConnection {
     redis::Client::open(support::standalone_url())
@@ -306,7 +296,7 @@ async fn prefixes_separate_stores_and_braces_are_refused() {
 
 #[tokio::test]
 async fn unreachable_servers_fail_the_constructor_quickly() {
-    let port = support::free_port();
+    let port = idemgate_testkit::free_port();
     let start = std::time::Instant::now();
     let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}"))
         .await

@@ -1,9 +1,9 @@
-//! The crate's own errors, and how `sqlx` errors become [`StoreError`]s.
+//! The crate's own errors, and how `sqlx` errors become [`StoreError`]s: by `sqlx`
+//! error variant and SQLite result code ([`RESULT_CODES`]). Every other module
+//! classifies through here; this one imports nothing of the crate.
 
 use idemgate_core::StoreError;
-use idemgate_sqlx::ErrorClass;
-
-use crate::SqliteStore;
+use idemgate_sqlx::{ErrorClass, ErrorCodes};
 
 /// What can go wrong outside the [`idemgate_core::Store`] methods: opening the
 /// database, migrating, and starting the purge task (store methods answer
@@ -43,8 +43,15 @@ pub fn is_busy(error: &sqlx::Error) -> bool {
             .is_some_and(|code| code & 0xff == SQLITE_BUSY)
 }
 
+/// How SQLite's errors are classified: by extended result code
+/// ([`classify_result_code`]). The store's [`idemgate_sqlx::SqlStore::ERRORS`].
+pub(crate) const RESULT_CODES: ErrorCodes = ErrorCodes {
+    backend: "SQLite",
+    classify_code: classify_result_code,
+};
+
 /// Classifies SQLite's extended result code, as sqlx reports it (in decimal).
-pub(crate) fn classify_result_code(code: &str) -> ErrorClass {
+fn classify_result_code(code: &str) -> ErrorClass {
     code.parse::<i32>()
         .map_or(ErrorClass::Unexpected, classify_code)
 }
@@ -67,11 +74,16 @@ fn classify_code(code: i32) -> ErrorClass {
     }
 }
 
-/// Turns a `sqlx` error into the store's error, keeping it as the source: by error
-/// variant and SQLite result code ([`idemgate_sqlx::classify`]), never by message
-/// text.
+/// How `err` is treated: by `sqlx` error variant and SQLite result code
+/// ([`ErrorCodes::classify`]), never by message text.
+pub(crate) fn classify(err: &sqlx::Error) -> ErrorClass {
+    RESULT_CODES.classify(err)
+}
+
+/// Turns a `sqlx` error into the store's error, keeping it as the source, as
+/// [`classify`] says ([`ErrorCodes::store_error`]).
 pub(crate) fn store_error(err: sqlx::Error) -> StoreError {
-    idemgate_sqlx::store_error::<SqliteStore>(err)
+    RESULT_CODES.store_error(err)
 }
 
 /// A claim found no record to report although its insert conflicted.
@@ -82,10 +94,6 @@ pub(crate) struct ClaimContended;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn classify(err: &sqlx::Error) -> ErrorClass {
-        idemgate_sqlx::classify::<SqliteStore>(err)
-    }
 
     #[test]
     fn result_codes() {

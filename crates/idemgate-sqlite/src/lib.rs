@@ -203,5 +203,5 @@ pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
 pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore};
-pub use tx::{Tx, WriterTransaction};
-pub use writer::WriterStats;
+pub use tx::Tx;
+pub use writer::{WriterStats, WriterTransaction};

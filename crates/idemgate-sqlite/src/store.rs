@@ -17,8 +17,7 @@ use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
 
 use crate::error::{Error, store_error};
 use crate::sql::{self, Statements};
-use crate::tx::WriterTransaction;
-use crate::writer::{Op, Statement, Writer, WriterStats};
+use crate::writer::{Op, Statement, Writer, WriterStats, WriterTransaction};
 
 /// How long a connection waits for another's write lock before answering
 /// `SQLITE_BUSY` (→ [`StoreError::Unavailable`]).

@@ -1,18 +1,16 @@
-//! The transactional mode on SQLite: `Tx`, and what it needs from the store.
-
-use std::fmt;
-use std::ops::{Deref, DerefMut};
+//! The transactional mode on SQLite: `Tx`, and what it needs from the store (its
+//! [`SqlStore`] impl). The transaction a `Tx` holds is a turn of the writer
+//! ([`WriterTransaction`], with the writer's lending protocol in `writer.rs`).
 
 use async_trait::async_trait;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
-use idemgate_sqlx::{BusinessTransaction, ErrorClass, SqlStore};
+use idemgate_sqlx::{BusinessTransaction, ErrorCodes, SqlStore};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
-use tokio::sync::oneshot;
 
-use crate::error::classify_result_code;
+use crate::error::RESULT_CODES;
 use crate::store::SqliteStore;
-use crate::writer::WriterGone;
+use crate::writer::WriterTransaction;
 
 /// A business transaction that commits together with the idempotency record
 /// ([`idemgate_sqlx::Tx`] on a [`SqliteStore`]).
@@ -59,7 +57,7 @@ impl SqlStore for SqliteStore {
     type Database = Sqlite;
     type Transaction = WriterTransaction;
 
-    const BACKEND: &'static str = "SQLite";
+    const ERRORS: ErrorCodes = RESULT_CODES;
 
     fn pool(&self) -> &SqlitePool {
         SqliteStore::pool(self)
@@ -83,108 +81,17 @@ impl SqlStore for SqliteStore {
     fn signals(&self) -> &ChangeSignals {
         SqliteStore::signals(self)
     }
-
-    fn classify_code(code: &str) -> ErrorClass {
-        classify_result_code(code)
-    }
 }
 
-/// The transaction a SQLite [`Tx`] holds ([`SqlStore::Transaction`]): the store's
-/// writer connection, lent for one turn inside the writer's current batch.
-///
-/// It dereferences to the [`SqliteConnection`]; the handler's statements run in a
-/// savepoint of the batch's transaction. Committing it releases the savepoint into
-/// the batch and waits for the batch's one `COMMIT`; rolling it back (or dropping
-/// it) rolls back to the savepoint. Either way the connection goes back to the
-/// writer, which goes on with the batch. Never run `COMMIT`, `ROLLBACK` or
-/// `RELEASE` on it yourself: that fails the whole batch.
-pub struct WriterTransaction {
-    /// `Some` until it goes back to the writer.
-    connection: Option<SqliteConnection>,
-    back: Option<oneshot::Sender<Returned>>,
-    /// The batch's commit, for a turn whose writes were kept.
-    committed: oneshot::Receiver<Result<(), StoreError>>,
-}
-
-/// A lent connection on its way back to the writer.
-pub(crate) struct Returned {
-    pub(crate) connection: SqliteConnection,
-    /// Keep the turn's writes (release its savepoint) or roll them back.
-    pub(crate) keep: bool,
-}
-
-impl WriterTransaction {
-    pub(crate) fn new(
-        connection: SqliteConnection,
-        back: oneshot::Sender<Returned>,
-        committed: oneshot::Receiver<Result<(), StoreError>>,
-    ) -> Self {
-        Self {
-            connection: Some(connection),
-            back: Some(back),
-            committed,
-        }
-    }
-
-    /// Hands the connection back to the writer; `false` if the writer stopped
-    /// waiting for it (the connection then closes, rolling everything back).
-    fn give_back(&mut self, keep: bool) -> bool {
-        match (self.connection.take(), self.back.take()) {
-            (Some(connection), Some(back)) => back.send(Returned { connection, keep }).is_ok(),
-            _ => false,
-        }
-    }
-}
-
-impl Deref for WriterTransaction {
-    type Target = SqliteConnection;
-
-    fn deref(&self) -> &SqliteConnection {
-        // Invariant: `connection` is `Some` until `commit`, `rollback` or `drop`,
-        // which consume the transaction.
-        self.connection
-            .as_ref()
-            .expect("WriterTransaction used after it was handed back")
-    }
-}
-
-impl DerefMut for WriterTransaction {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        self.connection
-            .as_mut()
-            .expect("WriterTransaction used after it was handed back")
-    }
-}
-
-impl Drop for WriterTransaction {
-    fn drop(&mut self) {
-        self.give_back(false);
-    }
-}
-
-impl fmt::Debug for WriterTransaction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriterTransaction")
-            .field("lent", &self.connection.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
+/// The layer finishes a SQLite [`Tx`] through the writer's lending protocol.
 #[async_trait]
 impl BusinessTransaction<SqliteStore> for WriterTransaction {
-    async fn commit(mut self) -> Result<(), StoreError> {
-        if !self.give_back(true) {
-            return Err(StoreError::unavailable(WriterGone));
-        }
-        (&mut self.committed)
-            .await
-            .map_err(|_| StoreError::unavailable(WriterGone))?
+    async fn commit(self) -> Result<(), StoreError> {
+        self.keep().await
     }
 
-    async fn rollback(mut self) -> Result<(), StoreError> {
-        // Rolled back to the savepoint by the writer; if the writer is gone, the
-        // connection closed and rolled back the batch with it.
-        self.give_back(false);
+    async fn rollback(self) -> Result<(), StoreError> {
+        self.discard();
         Ok(())
     }
 }

@@ -20,7 +20,19 @@
 //! skipped; one that waited in the queue longer than [`DEFAULT_BUSY_TIMEOUT`](crate::DEFAULT_BUSY_TIMEOUT) (a
 //! transactional turn may hold the writer that long, too) is answered
 //! `Unavailable` without running, as a busy database would.
+//!
+//! A transactional turn lends the connection out: the writer opens a savepoint,
+//! hands the connection to the handler's `Tx` inside a [`WriterTransaction`], and
+//! waits for it to come back, its writes kept ([`WriterTransaction::keep`], which
+//! then waits for the batch's commit) or rolled back to the savepoint
+//! ([`WriterTransaction::discard`], or a drop). That lending protocol lives here,
+//! with the connection it lends; `tx.rs` only plugs it into the shared `Tx`.
+//!
+//! Errors are classified through the crate's error module (`crate::error`): the
+//! writer never names the store.
 
+use std::fmt;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -33,10 +45,8 @@ use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::{ClaimContended, store_error};
+use crate::error::{ClaimContended, classify, store_error};
 use crate::sql::{BEGIN_IMMEDIATE, Statements};
-use crate::store::SqliteStore;
-use crate::tx::{Returned, WriterTransaction};
 
 /// At most this many writes share one transaction, so a batch's answers do not
 /// wait behind an endless stream of later writes.
@@ -140,7 +150,108 @@ pub(crate) struct Writer {
 /// The writer's task stopped before it answered.
 #[derive(Debug, thiserror::Error)]
 #[error("the SQLite store's writer stopped before answering")]
-pub(crate) struct WriterGone;
+struct WriterGone;
+
+/// The transaction a SQLite [`Tx`](crate::Tx) holds
+/// ([`SqlStore::Transaction`](idemgate_sqlx::SqlStore::Transaction)): the store's
+/// writer connection, lent for one turn inside the writer's current batch.
+///
+/// It dereferences to the [`SqliteConnection`]; the handler's statements run in a
+/// savepoint of the batch's transaction. Committing it releases the savepoint into
+/// the batch and waits for the batch's one `COMMIT`; rolling it back (or dropping
+/// it) rolls back to the savepoint. Either way the connection goes back to the
+/// writer, which goes on with the batch. Never run `COMMIT`, `ROLLBACK` or
+/// `RELEASE` on it yourself: that fails the whole batch.
+pub struct WriterTransaction {
+    /// `Some` until it goes back to the writer.
+    connection: Option<SqliteConnection>,
+    back: Option<oneshot::Sender<Returned>>,
+    /// The batch's commit, for a turn whose writes were kept.
+    committed: oneshot::Receiver<Result<(), StoreError>>,
+}
+
+/// A lent connection on its way back to the writer.
+struct Returned {
+    connection: SqliteConnection,
+    /// Keep the turn's writes (release its savepoint) or roll them back.
+    keep: bool,
+}
+
+impl WriterTransaction {
+    fn new(
+        connection: SqliteConnection,
+        back: oneshot::Sender<Returned>,
+        committed: oneshot::Receiver<Result<(), StoreError>>,
+    ) -> Self {
+        Self {
+            connection: Some(connection),
+            back: Some(back),
+            committed,
+        }
+    }
+
+    /// Hands the connection back with the turn's writes kept (its savepoint
+    /// released into the batch), and waits for the batch's `COMMIT`: `Ok` only
+    /// once they are durable.
+    pub(crate) async fn keep(mut self) -> Result<(), StoreError> {
+        if !self.give_back(true) {
+            return Err(StoreError::unavailable(WriterGone));
+        }
+        (&mut self.committed)
+            .await
+            .map_err(|_| StoreError::unavailable(WriterGone))?
+    }
+
+    /// Hands the connection back with the turn's writes rolled back to its
+    /// savepoint. If the writer is gone, the connection closed and rolled back the
+    /// batch with it: nothing to wait for either way.
+    pub(crate) fn discard(mut self) {
+        self.give_back(false);
+    }
+
+    /// Hands the connection back to the writer; `false` if the writer stopped
+    /// waiting for it (the connection then closes, rolling everything back).
+    fn give_back(&mut self, keep: bool) -> bool {
+        match (self.connection.take(), self.back.take()) {
+            (Some(connection), Some(back)) => back.send(Returned { connection, keep }).is_ok(),
+            _ => false,
+        }
+    }
+}
+
+impl Deref for WriterTransaction {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        // Invariant: `connection` is `Some` until `commit`, `rollback` or `drop`,
+        // which consume the transaction.
+        self.connection
+            .as_ref()
+            .expect("WriterTransaction used after it was handed back")
+    }
+}
+
+impl DerefMut for WriterTransaction {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        self.connection
+            .as_mut()
+            .expect("WriterTransaction used after it was handed back")
+    }
+}
+
+impl Drop for WriterTransaction {
+    fn drop(&mut self) {
+        self.give_back(false);
+    }
+}
+
+impl fmt::Debug for WriterTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriterTransaction")
+            .field("lent", &self.connection.is_some())
+            .finish_non_exhaustive()
+    }
+}
 
 /// A write waited in the queue longer than the writer's patience.
 #[derive(Debug, thiserror::Error)]
@@ -259,7 +370,7 @@ impl From<sqlx::Error> for StepError {
         // "Response To Errors Within A Transaction"), so no later statement may
         // count on it. Anything else (a missing table, a constraint) ends the
         // statement alone.
-        match idemgate_sqlx::classify::<SqliteStore>(&err) {
+        match classify(&err) {
             ErrorClass::Transient | ErrorClass::Corrupt => Self::Batch(err),
             ErrorClass::Misconfigured | ErrorClass::Unexpected => Self::Own(store_error(err)),
         }

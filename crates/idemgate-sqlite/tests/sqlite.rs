@@ -1,7 +1,8 @@
-//! `SqliteStore` on real files: the store conformance suite, the transactional suite
-//! (both from `idemgate-testkit`; durability across reopening the file among them),
-//! and what is SQLite's own: the file's settings, migrations, `SQLITE_BUSY` and
-//! result-code classification, SQLite's clock.
+//! `SqliteStore` on real files: the store conformance suite (directly and behind the
+//! replay cache), the SQL stores' table suite and the transactional suite (all from
+//! `idemgate-testkit`, on a [`SqliteHarness`]; durability across reopening the file
+//! among them), and what is SQLite's own: the file's settings, `SQLITE_BUSY` and
+//! result-code classification, SQLite's clock, group commit.
 //!
 //! Every test gets a database file of its own in the temp directory, removed when
 //! the test's `TempDb` (or transactional harness) is dropped.
@@ -18,12 +19,11 @@ use idemgate_core::{
     Claim, ClaimRequest, Completion, FencedWrite, Lease, Snapshot, Store, StoreError,
 };
 use idemgate_sqlite::{Error, PurgeTask, SqliteStore, Tx};
-use idemgate_testkit::conformance::{acquire, awkward_response, completion, fresh_request};
+use idemgate_testkit::fixtures::{acquire, awkward_response, completion, fresh_request};
+use idemgate_testkit::sql_store::{SqlHarness, StoredIdentity};
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::sqlite::SqlitePoolOptions;
-use sqlx::{Connection, SqlitePool};
-
-const DAY: Duration = Duration::from_secs(86_400);
+use sqlx::{AssertSqlSafe, Connection, SqlitePool};
 
 /// A database file that is removed (with its WAL and shared-memory files) on drop.
 struct TempDb {
@@ -123,19 +123,7 @@ mod conformance {
     idemgate_testkit::store_conformance!(super::conformance_store);
 }
 
-async fn cached_store() -> Arc<dyn Store> {
-    idemgate_testkit::cache::cached(conformance_store().await)
-}
-
-mod cached {
-    idemgate_testkit::store_conformance!(super::cached_store);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
-    idemgate_testkit::cache::eviction_elsewhere_is_seen_within_max_age(conformance_store().await)
-        .await;
-}
+idemgate_testkit::cached_conformance!(conformance_store);
 
 // --- the file -------------------------------------------------------------------------
 
@@ -176,21 +164,30 @@ async fn opening_an_impossible_path_is_an_error() {
     assert!(matches!(err, Error::Connect(_)), "{err:?}");
 }
 
-// --- the transactional suite ----------------------------------------------------------
+// --- the SQL suites ------------------------------------------------------------------
 
-/// The transactional suite's database: a file of its own per test, holding the
-/// records and an `orders` table (one order per operation id).
+/// The SQL suites' database: a file of its own per test, holding the records and
+/// an `orders` table (one order per operation id).
 struct SqliteHarness {
     db: TempDb,
 }
 
-async fn transactional_harness() -> SqliteHarness {
+async fn harness() -> SqliteHarness {
     SqliteHarness { db: TempDb::new() }
 }
 
+/// `name` as an SQL identifier.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 #[async_trait]
-impl TransactionalHarness for SqliteHarness {
+impl SqlHarness for SqliteHarness {
     type Store = SqliteStore;
+
+    async fn unmigrated(&self, max_connections: u32) -> SqliteStore {
+        SqliteStore::new(self.db.pool(max_connections).await)
+    }
 
     async fn store(&self, max_connections: u32) -> SqliteStore {
         self.db.store(max_connections).await
@@ -203,6 +200,104 @@ impl TransactionalHarness for SqliteHarness {
         store
     }
 
+    fn unreachable(&self) -> SqliteStore {
+        let pool = SqlitePoolOptions::new()
+            .acquire_timeout(Duration::from_millis(500))
+            .connect_lazy_with(
+                SqliteStore::connect_options(Path::new("/nonexistent-idemgate-dir/x.db"))
+                    .create_if_missing(false),
+            );
+        SqliteStore::new(pool)
+    }
+
+    async fn migrate(&self, store: &SqliteStore) -> Result<(), Error> {
+        store.migrate().await
+    }
+
+    fn with_table(&self, store: &SqliteStore, table: &str) -> SqliteStore {
+        store.clone().with_table(table)
+    }
+
+    async fn schema_version(&self, store: &SqliteStore, table: &str) -> Option<i64> {
+        sqlx::query_scalar("SELECT version FROM idemgate_schema_versions WHERE table_name = ?1")
+            .bind(table.to_owned())
+            .fetch_optional(store.pool())
+            .await
+            .expect("version row")
+    }
+
+    async fn set_schema_version(&self, store: &SqliteStore, table: &str, version: i64) {
+        sqlx::query("UPDATE idemgate_schema_versions SET version = ?2 WHERE table_name = ?1")
+            .bind(table.to_owned())
+            .bind(version)
+            .execute(store.pool())
+            .await
+            .expect("set the version");
+    }
+
+    async fn has_sqlx_migrations(&self, store: &SqliteStore) -> bool {
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_schema WHERE name = '_sqlx_migrations'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("schema");
+        tables > 0
+    }
+
+    async fn records(&self, store: &SqliteStore) -> i64 {
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}",
+            quoted(store.table_name())
+        )))
+        .fetch_one(store.pool())
+        .await
+        .expect("count records")
+    }
+
+    async fn stored_identity(
+        &self,
+        store: &SqliteStore,
+        identity: &IdentityDigest,
+    ) -> StoredIdentity {
+        let (principal, method, path, key) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT principal, method, path, idempotency_key FROM {} WHERE identity = ?1",
+            quoted(store.table_name())
+        )))
+        .bind(identity.as_bytes().to_vec())
+        .fetch_one(store.pool())
+        .await
+        .expect("row");
+        StoredIdentity {
+            principal,
+            method,
+            path,
+            key,
+        }
+    }
+
+    async fn corrupt_headers(&self, store: &SqliteStore, identity: &IdentityDigest) {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET response_headers = x'0005' WHERE identity = ?1",
+            quoted(store.table_name())
+        )))
+        .bind(identity.as_bytes().to_vec())
+        .execute(store.pool())
+        .await
+        .expect("corrupt the headers");
+    }
+
+    async fn purge_expired(&self, store: &SqliteStore, batch: usize) -> Result<u64, StoreError> {
+        store.purge_expired(batch).await
+    }
+
+    fn spawn_purge(&self, store: &SqliteStore, every: Duration, batch: usize) -> PurgeTask {
+        store.spawn_purge(every, batch).expect("spawn")
+    }
+}
+
+#[async_trait]
+impl TransactionalHarness for SqliteHarness {
     async fn insert_order(
         &self,
         tx: &mut Tx,
@@ -229,96 +324,14 @@ impl TransactionalHarness for SqliteHarness {
             .await
             .expect("count orders")
     }
+}
 
-    async fn records(&self, store: &SqliteStore) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM idemgate_records")
-            .fetch_one(store.pool())
-            .await
-            .expect("count records")
-    }
-
-    async fn purge_expired(&self, store: &SqliteStore, batch: usize) -> Result<u64, StoreError> {
-        store.purge_expired(batch).await
-    }
-
-    fn spawn_purge(&self, store: &SqliteStore, every: Duration, batch: usize) -> PurgeTask {
-        store.spawn_purge(every, batch).expect("spawn")
-    }
+mod sql_store {
+    idemgate_testkit::sql_store_conformance!(super::harness);
 }
 
 mod transactional {
-    idemgate_testkit::transactional_conformance!(super::transactional_harness);
-}
-
-// --- purge ----------------------------------------------------------------------------
-
-async fn claim_with_ttl(store: &SqliteStore, ttl: Duration) {
-    let request = ClaimRequest {
-        ttl,
-        ..fresh_request()
-    };
-    acquire(store, &request).await;
-}
-
-// --- migrations -----------------------------------------------------------------------
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_migrations_and_version_tracking() {
-    let db = TempDb::new();
-    let pools = [db.pool(4).await, db.pool(4).await];
-    let tasks: Vec<_> = (0..8)
-        .map(|i| {
-            let store = SqliteStore::new(pools[i % 2].clone());
-            tokio::spawn(async move { store.migrate().await })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("task").expect("concurrent migrate");
-    }
-    let store = SqliteStore::new(pools[0].clone());
-    let version: i64 = sqlx::query_scalar(
-        "SELECT version FROM idemgate_schema_versions WHERE table_name = 'idemgate_records'",
-    )
-    .fetch_one(store.pool())
-    .await
-    .expect("version row");
-    assert_eq!(version, 1);
-    let sqlx_tables: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM sqlite_schema WHERE name = '_sqlx_migrations'")
-            .fetch_one(store.pool())
-            .await
-            .expect("schema");
-    assert_eq!(
-        sqlx_tables, 0,
-        "the store must not use sqlx's migration table"
-    );
-
-    let custom = SqliteStore::new(pools[0].clone()).with_table("payments keys");
-    custom.migrate().await.expect("migrate custom table");
-    claim_with_ttl(&custom, DAY).await;
-    let custom_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM \"payments keys\"")
-        .fetch_one(store.pool())
-        .await
-        .expect("count");
-    assert_eq!(custom_rows, 1);
-
-    sqlx::query(
-        "UPDATE idemgate_schema_versions SET version = 99 WHERE table_name = 'idemgate_records'",
-    )
-    .execute(store.pool())
-    .await
-    .expect("bump version");
-    let err = store.migrate().await.expect_err("newer schema");
-    assert!(
-        matches!(
-            err,
-            Error::SchemaTooNew {
-                found: 99,
-                supported: 1
-            }
-        ),
-        "{err:?}"
-    );
+    idemgate_testkit::transactional_conformance!(super::harness);
 }
 
 // --- errors ---------------------------------------------------------------------------
@@ -378,84 +391,14 @@ async fn busy_database_is_unavailable() {
     drop(store);
 }
 
-/// A file that cannot be opened, and a closed pool: `Unavailable`, quickly.
+/// A record's clock is SQLite's, within a second of this process's (its readable
+/// parts are checked in the SQL suite).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_database_is_unavailable() {
-    let pool = SqlitePoolOptions::new()
-        .acquire_timeout(Duration::from_millis(500))
-        .connect_lazy_with(
-            SqliteStore::connect_options(Path::new("/nonexistent-idemgate-dir/x.db"))
-                .create_if_missing(false),
-        );
-    let store = SqliteStore::new(pool);
-    let request = fresh_request();
-    let start = Instant::now();
-    let err = store.try_claim(&request).await.expect_err("unreachable");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    let err = store
-        .get(request.identity.digest())
-        .await
-        .expect_err("unreachable");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    let err = store.purge_expired(10).await.expect_err("unreachable");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        start.elapsed()
-    );
-
-    let db = TempDb::new();
-    let store = db.store(2).await;
-    store.pool().close().await;
-    let err = store.try_claim(&request).await.expect_err("closed");
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
-}
-
-/// A record that cannot be decoded is `Corrupt`, not a panic.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undecodable_record_is_corrupt() {
-    let db = TempDb::new();
-    let store = db.store(2).await;
-    let request = fresh_request();
-    let lease = acquire(&store, &request).await;
-    let write = store
-        .complete(&lease, &completion(awkward_response()))
-        .await
-        .expect("complete");
-    assert_eq!(write, FencedWrite::Applied);
-    sqlx::query("UPDATE idemgate_records SET response_headers = x'0005' WHERE identity = ?1")
-        .bind(lease.identity.as_bytes().to_vec())
-        .execute(store.pool())
-        .await
-        .expect("corrupt the headers");
-    let err = store
-        .get(request.identity.digest())
-        .await
-        .expect_err("corrupt");
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
-    let err = store.try_claim(&request).await.expect_err("corrupt");
-    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
-}
-
-/// The record's readable parts are stored beside the digest, and its clock is
-/// SQLite's, within a second of this process's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readable_parts_and_the_clock() {
+async fn the_records_clock_is_sqlites() {
     let db = TempDb::new();
     let store = db.store(2).await;
     let request = fresh_request();
     acquire(&store, &request).await;
-    let (principal, method, path, key): (String, String, String, String) = sqlx::query_as(
-        "SELECT principal, method, path, idempotency_key FROM idemgate_records WHERE identity = ?1",
-    )
-    .bind(request.identity.digest().as_bytes().to_vec())
-    .fetch_one(store.pool())
-    .await
-    .expect("row");
-    assert_eq!(principal, request.identity.scope().principal.as_str());
-    assert_eq!((method.as_str(), path.as_str()), ("POST", "/orders"));
-    assert_eq!(key, request.identity.key().as_str());
     let snapshot = store
         .get(request.identity.digest())
         .await
@@ -615,7 +558,7 @@ async fn a_failing_write_does_not_fail_its_batch() {
     let requests: Vec<_> = (0..N)
         .map(|i| {
             if i % 8 == 3 {
-                idemgate_testkit::conformance::request_for(
+                idemgate_testkit::fixtures::request_for(
                     "alice",
                     "POST",
                     "/orders",

@@ -37,11 +37,55 @@ pub struct Misconfiguration {
     pub cause: sqlx::Error,
 }
 
-/// Classifies `err` by its `sqlx` variant — transport and pool failures are
-/// transient, decoding failures corrupt — and a database error by its code, through
-/// [`SqlStore::classify_code`]. Never by message text.
+/// How one database's errors are read: its name, for messages, and how it
+/// classifies its error codes.
+///
+/// A store crate defines one, as a constant in its error module, and names it as
+/// its [`SqlStore::ERRORS`]: so every module of the store classifies errors
+/// through its error module, without naming the store type.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCodes {
+    /// The database's name for log messages and [`Misconfiguration`]
+    /// (`"PostgreSQL"`, `"SQLite"`).
+    pub backend: &'static str,
+    /// Classifies a database error by its code (a PostgreSQL SQLSTATE, SQLite's
+    /// extended result code in decimal).
+    pub classify_code: fn(&str) -> ErrorClass,
+}
+
+impl ErrorCodes {
+    /// Classifies `err` by its `sqlx` variant — transport and pool failures are
+    /// transient, decoding failures corrupt — and a database error by its code,
+    /// through [`ErrorCodes::classify_code`]. Never by message text.
+    pub fn classify(&self, err: &sqlx::Error) -> ErrorClass {
+        classify_by(err, self.classify_code)
+    }
+
+    /// Turns a `sqlx` error into the store's error, keeping it as the source; an
+    /// [`ErrorClass::Unexpected`] one is logged at `error` level.
+    pub fn store_error(&self, err: sqlx::Error) -> StoreError {
+        match self.classify(&err) {
+            ErrorClass::Transient => StoreError::unavailable(err),
+            ErrorClass::Corrupt => StoreError::corrupt(err),
+            ErrorClass::Misconfigured => StoreError::misconfigured(Misconfiguration {
+                backend: self.backend,
+                cause: err,
+            }),
+            ErrorClass::Unexpected => {
+                tracing::error!(
+                    error = %err,
+                    "unexpected {} error in the idempotency store",
+                    self.backend
+                );
+                StoreError::unavailable(err)
+            }
+        }
+    }
+}
+
+/// [`ErrorCodes::classify`] with the store's [`SqlStore::ERRORS`].
 pub fn classify<S: SqlStore>(err: &sqlx::Error) -> ErrorClass {
-    classify_by(err, S::classify_code)
+    S::ERRORS.classify(err)
 }
 
 fn classify_by(err: &sqlx::Error, by_code: impl FnOnce(&str) -> ErrorClass) -> ErrorClass {
@@ -67,25 +111,9 @@ fn classify_by(err: &sqlx::Error, by_code: impl FnOnce(&str) -> ErrorClass) -> E
     }
 }
 
-/// Turns a `sqlx` error into the store's error, keeping it as the source; an
-/// [`ErrorClass::Unexpected`] one is logged at `error` level.
+/// [`ErrorCodes::store_error`] with the store's [`SqlStore::ERRORS`].
 pub fn store_error<S: SqlStore>(err: sqlx::Error) -> StoreError {
-    match classify::<S>(&err) {
-        ErrorClass::Transient => StoreError::unavailable(err),
-        ErrorClass::Corrupt => StoreError::corrupt(err),
-        ErrorClass::Misconfigured => StoreError::misconfigured(Misconfiguration {
-            backend: S::BACKEND,
-            cause: err,
-        }),
-        ErrorClass::Unexpected => {
-            tracing::error!(
-                error = %err,
-                "unexpected {} error in the idempotency store",
-                S::BACKEND
-            );
-            StoreError::unavailable(err)
-        }
-    }
+    S::ERRORS.store_error(err)
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@
 //!   `idemgate_sqlite::Tx`), and applications use those names;
 //! - [`TxRejection`] and its `application/problem+json` answers ([`PROBLEM_NOT_BEHIND_LAYER`],
 //!   [`PROBLEM_ALREADY_LENT`], [`PROBLEM_UNAVAILABLE`]);
-//! - [`ErrorClass`], [`classify`] and [`store_error`]: how a `sqlx` error becomes a
-//!   [`StoreError`], by error variant and database code, never by message text (a
+//! - [`ErrorCodes`], [`ErrorClass`], [`classify`] and [`store_error`]: how a `sqlx`
+//!   error becomes a [`StoreError`], by error variant and database code, never by message text (a
 //!   missing table or a refused permission is [`StoreError::Misconfigured`], with a
 //!   [`Misconfiguration`] that names the fix);
 //! - [`PurgeTask`] and [`purge_in_batches`], the expiry purge both stores run;
@@ -28,8 +28,8 @@
 //!
 //! A store plugs in by implementing [`SqlStore`]: its `sqlx` database, how it begins
 //! a business transaction, its fenced completion inside one, its change signals and
-//! how it classifies its database's error codes. Everything dialect-specific (the
-//! schema, the claim, the clock) stays in the store's own crate.
+//! its [`ErrorCodes`] (how it classifies its database's error codes). Everything
+//! dialect-specific (the schema, the claim, the clock) stays in the store's own crate.
 
 mod error;
 mod problem;
@@ -46,7 +46,7 @@ use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, Store, StoreError};
 use sqlx::{Database, Pool, Transaction};
 
-pub use error::{ErrorClass, Misconfiguration, classify, store_error};
+pub use error::{ErrorClass, ErrorCodes, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
 pub use record::{
     CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_eviction, decode_lease,
@@ -85,8 +85,9 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
     type Transaction: BusinessTransaction<Self>
         + DerefMut<Target = <Self::Database as Database>::Connection>;
 
-    /// The database's name for log messages (`"PostgreSQL"`, `"SQLite"`).
-    const BACKEND: &'static str;
+    /// How the store's database errors are classified (its error module's
+    /// constant); see [`classify`].
+    const ERRORS: ErrorCodes;
 
     /// The pool the store uses.
     fn pool(&self) -> &Pool<Self::Database>;
@@ -107,10 +108,6 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
     /// The in-process change signals the store's waiters listen on; a transactional
     /// completion notifies them once it has committed.
     fn signals(&self) -> &ChangeSignals;
-
-    /// Classifies a database error by its code (a PostgreSQL SQLSTATE, SQLite's
-    /// extended result code in decimal); see [`classify`].
-    fn classify_code(code: &str) -> ErrorClass;
 }
 
 /// How the layer finishes a [`SqlStore::Transaction`]: commit it, or roll it back.

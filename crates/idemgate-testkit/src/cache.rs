@@ -1,13 +1,11 @@
 //! The replay cache over a real store: the conformance suite through it, and what
-//! two instances' caches over one store promise each other.
+//! two instances' caches over one store promise each other. A store's tests get
+//! both with one line ([`crate::cached_conformance!`]):
 //!
 //! ```ignore
-//! async fn cached_store() -> std::sync::Arc<dyn idemgate_core::Store> {
-//!     idemgate_testkit::cache::cached(store().await)
-//! }
-//! mod cached {
-//!     idemgate_testkit::store_conformance!(super::cached_store);
-//! }
+//! async fn store() -> std::sync::Arc<dyn idemgate_core::Store> { /* … */ }
+//! idemgate_testkit::store_conformance!(store);
+//! idemgate_testkit::cached_conformance!(store);
 //! ```
 
 use std::sync::Arc;
@@ -17,7 +15,34 @@ use idemgate_core::cache::{ReplayCache, ReplayCacheConfig};
 use idemgate_core::record::RecordStatus;
 use idemgate_core::{Claim, EvictMode, Eviction, FencedWrite, Store};
 
-use crate::conformance::{acquire, awkward_response, completion, fresh_request};
+use crate::fixtures::{acquire, awkward_response, completion, fresh_request};
+
+/// Instantiates, in a module `cached`, the whole conformance suite for one store
+/// behind the replay cache ([`cached`](crate::cache::cached)), and
+/// [`eviction_elsewhere_is_seen_within_max_age`](crate::cache::eviction_elsewhere_is_seen_within_max_age)
+/// for it. `$factory` names an async fn of the calling module returning
+/// `Arc<dyn Store>`; it is called once per test.
+///
+/// The calling crate needs `tokio` (with `macros` and `rt-multi-thread`) among its
+/// dev-dependencies.
+#[macro_export]
+macro_rules! cached_conformance {
+    ($factory:ident) => {
+        mod cached {
+            async fn cached_store() -> ::std::sync::Arc<dyn $crate::__private::Store> {
+                $crate::cache::cached(super::$factory().await)
+            }
+
+            $crate::store_conformance!(cached_store);
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_eviction_reaches_another_instances_cache_within_its_max_age() {
+                $crate::cache::eviction_elsewhere_is_seen_within_max_age(super::$factory().await)
+                    .await;
+            }
+        }
+    };
+}
 
 /// `store` behind a replay cache with the default bounds.
 pub fn cached(store: Arc<dyn Store>) -> Arc<dyn Store> {

@@ -1,112 +1,30 @@
 //! The store conformance suite: what every [`Store`] must do, as plain async
 //! functions. [`crate::store_conformance!`] instantiates all of them for one store.
 //!
-//! Each test makes fresh random identities, so the suite can share one database with
-//! other tests and run in parallel. Timing-based tests use leases and TTLs of a few
+//! Each test makes fresh random identities ([`crate::fixtures`]), so the suite can
+//! share one database with other tests and run in parallel. Timing-based tests use leases and TTLs of a few
 //! hundred milliseconds and wait well past them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, StatusCode};
+use http::StatusCode;
 use idemgate_core::fingerprint::Fingerprint;
-use idemgate_core::key::IdempotencyKey;
 use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
 use idemgate_core::scope::IdentityDigest;
-use idemgate_core::scope::{Identity, Principal, Scope};
 use idemgate_core::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, FinalStatus, Lease,
     LeaseOrigin, Snapshot, Store,
 };
 use tokio::sync::Barrier;
 
+use crate::fixtures::{
+    DAY, LONG, acquire, awkward_response, completion, fresh_request, request_for,
+};
+
 /// How many tasks race for one identity.
 pub const RACERS: usize = 64;
-
-const LONG: Duration = Duration::from_secs(60);
-pub(crate) const DAY: Duration = Duration::from_secs(86_400);
-
-/// A claim request for a fresh, random identity.
-pub fn fresh_request() -> ClaimRequest {
-    request_for(
-        &uuid::Uuid::new_v4().to_string(),
-        "POST",
-        "/orders",
-        "key-1",
-        1,
-    )
-}
-
-/// A claim request built from its parts; `body` picks the fingerprint.
-pub fn request_for(principal: &str, method: &str, path: &str, key: &str, body: u8) -> ClaimRequest {
-    let scope = Scope {
-        principal: Principal::new(principal),
-        method: method.into(),
-        path: path.into(),
-    };
-    ClaimRequest {
-        identity: Identity::new(
-            scope,
-            IdempotencyKey::parse(key.as_bytes(), 255).expect("valid key"),
-        ),
-        fingerprint: Fingerprint::from_bytes([body; 32]),
-        lease: LONG,
-        ttl: DAY,
-    }
-}
-
-/// A response with repeated headers, a non-UTF-8 header value and every byte value in
-/// the body: what a store must give back exactly.
-pub fn awkward_response() -> StoredResponse {
-    StoredResponse {
-        status: StatusCode::CREATED,
-        headers: vec![
-            (
-                HeaderName::from_static("location"),
-                HeaderValue::from_static("/orders/7"),
-            ),
-            (
-                HeaderName::from_static("x-tag"),
-                HeaderValue::from_static("b"),
-            ),
-            (
-                HeaderName::from_static("content-type"),
-                HeaderValue::from_static("application/octet-stream"),
-            ),
-            (
-                HeaderName::from_static("x-tag"),
-                HeaderValue::from_static("a"),
-            ),
-            (
-                HeaderName::from_static("x-latin1"),
-                HeaderValue::from_bytes(b"caf\xe9").expect("obs-text"),
-            ),
-        ],
-        body: StoredBody::Retained(Bytes::from(
-            (0..=255u8).chain((0..=255u8).rev()).collect::<Vec<_>>(),
-        )),
-    }
-}
-
-/// A `Completed` completion of `response`, kept for a day.
-pub fn completion(response: StoredResponse) -> Completion {
-    Completion {
-        status: FinalStatus::Completed,
-        response,
-        ttl: DAY,
-    }
-}
-
-/// Claims `request`, which must be acquired (a fresh or claimable record).
-pub async fn acquire(store: &dyn Store, request: &ClaimRequest) -> Lease {
-    match store.try_claim(request).await.expect("claim") {
-        Claim::Acquired(lease) => lease,
-        Claim::Existing(snapshot) => {
-            panic!("expected to acquire, found {:?}", snapshot.record.status())
-        }
-    }
-}
 
 async fn existing(store: &dyn Store, request: &ClaimRequest) -> Snapshot {
     match store.try_claim(request).await.expect("claim") {

@@ -1,51 +1,83 @@
-//! Test support for idemgate: the one store conformance suite, and the fault
-//! relay client tests put between a client and the real server ([`relay`]; for
-//! the JavaScript and Python suites, the `idemgate-relay` binary of this crate is
-//! the same relay as a process, controlled over its standard input).
+//! Test support for idemgate: the one store conformance suite, the SQL stores'
+//! suites, the fixtures they are made of, and the helpers every crate's tests share.
 //!
-//! A store proves itself with one line in its tests:
+//! A store proves itself with two lines in its tests:
 //!
 //! ```ignore
 //! async fn store() -> std::sync::Arc<dyn idemgate_core::Store> {
 //!     std::sync::Arc::new(idemgate_core::MemoryStore::new())
 //! }
 //! idemgate_testkit::store_conformance!(store);
+//! idemgate_testkit::cached_conformance!(store);
 //! ```
 //!
-//! There is exactly one copy of the suite, so backends cannot drift apart. Each
-//! store also runs it behind the replay cache ([`cache::cached`]), and proves with
-//! [`cache::eviction_elsewhere_is_seen_within_max_age`] that an eviction on one
-//! instance reaches another's cache in bounded time.
+//! There is exactly one copy of each suite, so backends cannot drift apart. The
+//! second line runs the suite again behind the replay cache ([`cache`]), and proves
+//! that an eviction on one instance reaches another's cache in bounded time.
 //!
-//! Behind the proxy, feature `upstreams` gives three upstreams of a test's own
-//! ([`upstreams`]: a strict one, a lenient one that routes the way popular
-//! frameworks do, a naive keep-alive one that ignores bodies on `GET`), each
-//! recording every request it parsed as it read it, and a client that writes
-//! exactly the bytes a test gives it ([`raw_client`]).
-//!
-//! The SQL stores also share their transactional mode (`idemgate_sqlx::Tx`), and
-//! prove it with the `transactional` suite (feature `transactional`): one
-//! `TransactionalHarness` describing their test database, then
+//! The SQL stores describe their test database once, in a `SqlHarness` (feature
+//! `sql`; a `TransactionalHarness` on top of it with feature `transactional`), and
+//! prove what they do with their table and their transactional mode
+//! (`idemgate_sqlx::Tx`):
 //!
 //! ```ignore
+//! idemgate_testkit::sql_store_conformance!(harness);
 //! idemgate_testkit::transactional_conformance!(harness);
 //! ```
+//!
+//! # Modules
+//!
+//! - [`conformance`]: the store conformance suite; [`cache`]: the same behind the
+//!   replay cache; `sql_store` and `transactional`: the SQL stores' suites; `setup`:
+//!   a SQL store's first setup behind the layer (feature `transactional`).
+//! - [`fixtures`]: what the suites are made of and store tests borrow (fresh claim
+//!   requests, an awkward response, completions, claims that must be acquired).
+//! - `http` (feature `http`): `Answer`, a response read
+//!   whole, for every crate's HTTP tests; [`net`]: [`free_port`] for the servers a
+//!   test starts; [`relay`]: the fault relay client tests put between a client and
+//!   the real server (for the JavaScript and Python suites, the `idemgate-relay`
+//!   binary of this crate is the same relay as a process, controlled over its
+//!   standard input).
+//! - `upstreams` and `raw_client` (feature `upstreams`): three upstreams of a
+//!   test's own for the proxy's tests (strict; lenient, routing the way popular
+//!   frameworks do; naive keep-alive, ignoring bodies on `GET`), each recording
+//!   every request as it parsed it, and a client that writes exactly the bytes a
+//!   test gives it.
+//! - `strategies` (feature `strategies`): proptest strategies for records and stored
+//!   responses.
 
 pub mod cache;
 pub mod conformance;
+pub mod fixtures;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "upstreams")]
 mod http1;
+pub mod net;
 #[cfg(feature = "upstreams")]
 pub mod raw_client;
 pub mod relay;
 #[cfg(feature = "transactional")]
 pub mod setup;
+#[cfg(feature = "sql")]
+pub mod sql_store;
 #[cfg(feature = "strategies")]
 pub mod strategies;
 #[cfg(feature = "transactional")]
 pub mod transactional;
 #[cfg(feature = "upstreams")]
 pub mod upstreams;
+
+#[cfg(feature = "http")]
+pub use self::http::Answer;
+
+/// What the macros expand to refers to, so a calling crate needs no matching
+/// imports of its own. Not API.
+#[doc(hidden)]
+pub mod __private {
+    pub use idemgate_core::Store;
+}
+pub use net::free_port;
 
 /// Instantiates every test of [`conformance`] for one store, as `#[tokio::test]`s on a
 /// multi-threaded runtime. `$factory` is an async fn returning `Arc<dyn Store>`;

@@ -20,7 +20,8 @@ use idemgate_core::scope::Principal;
 use idemgate_core::{Claim, FencedWrite, Store, StoreError};
 use tower::ServiceExt;
 
-use crate::conformance::{acquire, awkward_response, completion, fresh_request};
+use crate::fixtures::{acquire, awkward_response, completion, fresh_request};
+use crate::http::{Answer, PROBLEM_JSON};
 
 /// The problem `type` of a misconfigured store (`docs/problems.md`).
 pub const STORE_MISCONFIGURED: &str = "https://idemgate.dev/problems/store-misconfigured";
@@ -39,17 +40,6 @@ pub fn counting_orders(executions: Arc<AtomicUsize>) -> Router {
     )
 }
 
-/// What [`post_order`] got back.
-#[derive(Debug)]
-pub struct Answer {
-    /// The status.
-    pub status: StatusCode,
-    /// The `Content-Type`, if any.
-    pub content_type: Option<String>,
-    /// The body.
-    pub body: String,
-}
-
 /// Sends `POST /orders` with `key` as its `Idempotency-Key`, as one authenticated
 /// user (the principal the layer scopes keys by).
 pub async fn post_order(app: &Router, key: &str) -> Answer {
@@ -61,21 +51,7 @@ pub async fn post_order(app: &Router, key: &str) -> Answer {
     request
         .extensions_mut()
         .insert(Principal::new("user:setup-test"));
-    let response = app.clone().oneshot(request).await.expect("infallible");
-    let status = response.status();
-    let content_type = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_owned);
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .expect("the body");
-    Answer {
-        status,
-        content_type,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    Answer::read(app.clone().oneshot(request).await.expect("infallible")).await
 }
 
 /// Asserts that `app` (over a store that was never migrated) answers a keyed
@@ -90,14 +66,13 @@ pub async fn assert_misconfigured(app: &Router, executions: &AtomicUsize, key: &
             "{attempt}: {answer:?}"
         );
         assert_eq!(
-            answer.content_type.as_deref(),
-            Some("application/problem+json"),
+            answer.content_type(),
+            Some(PROBLEM_JSON),
             "{attempt}: {answer:?}"
         );
-        assert!(
-            answer
-                .body
-                .contains(&format!("\"type\":\"{STORE_MISCONFIGURED}\"")),
+        assert_eq!(
+            answer.problem_type(),
+            STORE_MISCONFIGURED,
             "{attempt}: {answer:?}"
         );
     }
@@ -115,7 +90,7 @@ pub async fn assert_serves(app: &Router, executions: &AtomicUsize, key: &str) {
     assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
     let retry = post_order(app, key).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
-    assert_eq!(retry.body, "created");
+    assert_eq!(retry.text(), "created");
     assert_eq!(
         executions.load(Ordering::SeqCst),
         before + 1,

@@ -2,12 +2,12 @@
 //! async functions. [`crate::transactional_conformance!`] instantiates all of them
 //! for one store.
 //!
-//! A store's tests describe its database once, in a [`TransactionalHarness`]: how to
-//! open a store on a test database of its own (a schema, a file), how to write one
-//! business row (an "order", keyed by a `UNIQUE` operation id) through a [`Tx`], and
-//! how to count rows. Each scenario gets a fresh harness, so it can count every order
-//! and every record in its database, and ends by calling
-//! [`TransactionalHarness::finish`].
+//! A store's tests describe its database once, in a [`TransactionalHarness`]: the
+//! [`SqlHarness`] the other SQL suite uses too (how to open a store on a test
+//! database of its own: a schema, a file), plus how to write one business row (an
+//! "order", keyed by a `UNIQUE` operation id) through a [`Tx`] and how to count
+//! orders. Each scenario gets a fresh harness, so it can count every order and every
+//! record in its database, and ends by calling [`SqlHarness::finish`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,35 +21,21 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use idemgate_core::record::{OperationId, RecordStatus, StoredBody, StoredResponse};
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
-use idemgate_core::{
-    Claim, ClaimRequest, Decision, FencedWrite, LeaseOrigin, Store, StoreError, decide,
-};
-use idemgate_sqlx::{PROBLEM_NOT_BEHIND_LAYER, PurgeTask, SqlStore, Tx};
+use idemgate_core::{Claim, ClaimRequest, Decision, FencedWrite, LeaseOrigin, Store, decide};
+use idemgate_sqlx::{PROBLEM_NOT_BEHIND_LAYER, SqlStore, Tx};
 use tokio::sync::Barrier;
 use tower::ServiceExt;
 
-use crate::conformance::{DAY, acquire, awkward_response, completion, fresh_request};
+use crate::fixtures::{DAY, acquire, awkward_response, claim_with_ttl, completion, fresh_request};
+use crate::http::{Answer, PROBLEM_JSON};
+use crate::sql_store::SqlHarness;
 
-/// One store's test database, as the transactional suite needs it.
-///
-/// A harness is made fresh for every scenario and owns a database no other test
-/// uses (a PostgreSQL schema, an SQLite file), with an orders table beside the
-/// records: `operation_id` in a `UNIQUE` column, so one operation can write one order.
+/// One SQL store's test database with an orders table beside the records, as the
+/// transactional suite needs it: `operation_id` in a `UNIQUE` column, so one
+/// operation can write one order. [`SqlHarness::store`] gives a store with that
+/// table in place.
 #[async_trait]
-pub trait TransactionalHarness: Send + Sync + 'static {
-    /// The store under test.
-    type Store: SqlStore;
-
-    /// A store on a new pool of `max_connections` over this harness's database,
-    /// migrated, with the orders table in place. Two calls give two instances of a
-    /// service sharing one database.
-    async fn store(&self, max_connections: u32) -> Self::Store;
-
-    /// A store as a restarted instance opens it, once every earlier pool is closed.
-    async fn reopen(&self) -> Self::Store {
-        self.store(2).await
-    }
-
+pub trait TransactionalHarness: SqlHarness {
     /// Inserts one order for `operation_id` through `tx`; fails (without panicking)
     /// when that operation already has an order.
     async fn insert_order(
@@ -63,18 +49,6 @@ pub trait TransactionalHarness: Send + Sync + 'static {
 
     /// How many committed orders there are in this harness's database.
     async fn orders(&self, store: &Self::Store) -> i64;
-
-    /// How many idempotency records there are in the store's table, expired or not.
-    async fn records(&self, store: &Self::Store) -> i64;
-
-    /// The store's `purge_expired(batch)`.
-    async fn purge_expired(&self, store: &Self::Store, batch: usize) -> Result<u64, StoreError>;
-
-    /// The store's `spawn_purge(every, batch)`, on the current runtime.
-    fn spawn_purge(&self, store: &Self::Store, every: Duration, batch: usize) -> PurgeTask;
-
-    /// Removes this harness's database (what `Drop` cannot do asynchronously).
-    async fn finish(&self) {}
 }
 
 /// Instantiates every test of [`crate::transactional`] for one SQL store, as
@@ -498,21 +472,16 @@ fn order_route<H: TransactionalHarness>(harness: &Arc<H>) -> Router<H::Store> {
     Router::new().route("/orders", post(handler))
 }
 
-async fn post_orders(app: Router) -> axum::response::Response {
-    app.oneshot(
-        Request::post("/orders")
-            .body(Body::empty())
-            .expect("request"),
-    )
-    .await
-    .expect("infallible")
-}
-
-async fn body_text(response: axum::response::Response) -> String {
-    let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024)
+async fn post_orders(app: Router) -> Answer {
+    let response = app
+        .oneshot(
+            Request::post("/orders")
+                .body(Body::empty())
+                .expect("request"),
+        )
         .await
-        .expect("body");
-    String::from_utf8(bytes.to_vec()).expect("utf-8")
+        .expect("infallible");
+    Answer::read(response).await
 }
 
 /// The extractor lends the slot's transaction; nothing commits before the layer does.
@@ -524,8 +493,8 @@ pub async fn extractor_lends_the_slot_transaction<H: TransactionalHarness>(harne
         .layer(Extension(slot.clone()))
         .layer(Extension(operation_id))
         .with_state(store.clone());
-    let response = post_orders(app).await;
-    assert_eq!(response.status(), StatusCode::OK);
+    let answer = post_orders(app).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     let pending = returned(&slot);
     assert_eq!(
         harness.orders_for(&store, operation_id).await,
@@ -545,13 +514,10 @@ pub async fn extractor_without_the_layer_answers_a_problem<H: TransactionalHarne
     let app = order_route(&harness)
         .layer(Extension(OperationId::random()))
         .with_state(store);
-    let response = post_orders(app).await;
-    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        response.headers()[http::header::CONTENT_TYPE],
-        "application/problem+json"
-    );
-    let body = body_text(response).await;
+    let answer = post_orders(app).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(answer.content_type(), Some(PROBLEM_JSON), "{answer:?}");
+    let body = answer.text();
     assert!(
         body.contains("route is not behind IdempotencyLayer"),
         "{body}"
@@ -575,16 +541,12 @@ pub async fn a_second_transaction_in_one_request_is_refused<H: TransactionalHarn
         .route("/orders", post(greedy::<H::Store>))
         .layer(Extension(slot.clone()))
         .with_state(store);
-    let response = post_orders(app).await;
-    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        response.headers()[http::header::CONTENT_TYPE],
-        "application/problem+json"
-    );
+    let answer = post_orders(app).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(answer.content_type(), Some(PROBLEM_JSON), "{answer:?}");
     assert!(
-        body_text(response)
-            .await
-            .contains("already took its transaction")
+        answer.text().contains("already took its transaction"),
+        "{answer:?}"
     );
     // The first transaction went back to the slot when the handler's arguments dropped.
     assert!(matches!(slot.take(), SlotContents::Returned(_)));
@@ -592,14 +554,6 @@ pub async fn a_second_transaction_in_one_request_is_refused<H: TransactionalHarn
 }
 
 // --- purge ----------------------------------------------------------------------------
-
-async fn claim_with_ttl<S: SqlStore>(store: &S, ttl: Duration) {
-    let request = ClaimRequest {
-        ttl,
-        ..fresh_request()
-    };
-    acquire(store, &request).await;
-}
 
 /// `purge_expired` deletes the expired records, in batches, and nothing else.
 pub async fn purge_deletes_only_expired_records_in_batches<H: TransactionalHarness>(

@@ -3,7 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,12 +32,6 @@ pub fn cluster_urls() -> Vec<String> {
     urls
 }
 
-/// A loopback port nobody listens on right now.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
-}
-
 /// A `redis-server` child process; `Drop` kills it (SIGKILL) by PID and removes its
 /// directory.
 pub struct RedisServer {
@@ -60,7 +54,7 @@ impl RedisServer {
         std::fs::create_dir_all(&dir).expect("create the server's directory");
         let mut server = Self {
             child: None,
-            port: free_port(),
+            port: idemgate_testkit::free_port(),
             dir,
             args: args.iter().map(|s| (*s).to_owned()).collect(),
         };
@@ -180,7 +174,7 @@ pub async fn two_clients_race(a: &idemgate_redis::RedisStore, b: &idemgate_redis
     use std::sync::Arc;
 
     const RACERS: usize = 64;
-    let request = Arc::new(idemgate_testkit::conformance::fresh_request());
+    let request = Arc::new(idemgate_testkit::fixtures::fresh_request());
     let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
     let tasks: Vec<_> = (0..RACERS)
         .map(|i| {
@@ -220,7 +214,7 @@ pub async fn other_instance_wakes_waiter(
 ) {
     use idemgate_core::{Claim, Completion, FencedWrite, FinalStatus, Store};
 
-    let request = idemgate_testkit::conformance::fresh_request();
+    let request = idemgate_testkit::fixtures::fresh_request();
     let Claim::Acquired(lease) = a.try_claim(&request).await.expect("claim") else {
         panic!("fresh identity not acquired");
     };
@@ -238,7 +232,7 @@ pub async fn other_instance_wakes_waiter(
     tokio::time::sleep(Duration::from_millis(200)).await;
     let completion = Completion {
         status: FinalStatus::Completed,
-        response: idemgate_testkit::conformance::awkward_response(),
+        response: idemgate_testkit::fixtures::awkward_response(),
         ttl: Duration::from_secs(60),
     };
     assert_eq!(
@@ -269,7 +263,7 @@ pub async fn announcements_only_when_waited(
 
     let completion = Completion {
         status: FinalStatus::Completed,
-        response: idemgate_testkit::conformance::awkward_response(),
+        response: idemgate_testkit::fixtures::awkward_response(),
         ttl: Duration::from_secs(60),
     };
     let acquire = |request| async move {
@@ -290,7 +284,7 @@ pub async fn announcements_only_when_waited(
     let mut messages = pubsub.into_on_message();
 
     // Nobody waits: completed, not announced.
-    let unwaited = idemgate_testkit::conformance::fresh_request();
+    let unwaited = idemgate_testkit::fixtures::fresh_request();
     let lease = acquire(unwaited.clone()).await;
     assert_eq!(
         a.complete(&lease, &completion).await.expect("complete"),
@@ -298,7 +292,7 @@ pub async fn announcements_only_when_waited(
     );
 
     // A waiter on the other instance: announced, and the waiter wakes.
-    let waited = idemgate_testkit::conformance::fresh_request();
+    let waited = idemgate_testkit::fixtures::fresh_request();
     let lease = acquire(waited.clone()).await;
     let digest = *waited.identity.digest();
     let waiter = {
@@ -346,7 +340,7 @@ pub async fn announcements_only_when_waited(
     );
 
     // Ended before the wait began: no announcement to hear, the mark says so.
-    let ended = idemgate_testkit::conformance::fresh_request();
+    let ended = idemgate_testkit::fixtures::fresh_request();
     let lease = acquire(ended.clone()).await;
     assert_eq!(
         a.complete(&lease, &completion).await.expect("complete"),

@@ -18,8 +18,8 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::client::{Client, ORDER, new_key};
-use crate::support::net::free_port;
 use crate::support::server::{Options, Server, TempDir, send_signal, sqlite_url};
+use idemgate_testkit::free_port;
 
 /// The scrape and rule evaluation interval of the test Prometheus.
 const SCRAPE: Duration = Duration::from_secs(1);

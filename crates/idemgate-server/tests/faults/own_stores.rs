@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::support::net::free_port;
 use crate::support::server::{TempDir, send_signal};
 use crate::support::wait::wait_until;
+use idemgate_testkit::free_port;
 
 /// One child process and what it forks, killed when dropped.
 pub struct Tree {

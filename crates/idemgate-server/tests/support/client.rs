@@ -3,37 +3,11 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reqwest::header::HeaderMap;
 
 pub const ORDER: &str = r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#;
 
-/// A response, read whole.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: bytes::Bytes,
-}
-
-impl Answer {
-    pub fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
-    }
-
-    pub fn problem_type(&self) -> String {
-        assert_eq!(
-            self.headers["content-type"], "application/problem+json",
-            "{self:?}"
-        );
-        self.json()["type"].as_str().unwrap().to_owned()
-    }
-}
+/// A response, read whole: the workspace's one `Answer`.
+pub use idemgate_testkit::Answer;
 
 /// One client identity: a bearer token.
 #[derive(Clone)]

@@ -1,13 +1,4 @@
-//! Sockets: a free port, and reading a raw HTTP head.
-
-/// A port nothing listens on right now (bound and released at once, so another
-/// process could take it first; good enough for a child server started next).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+//! Sockets: reading a raw HTTP head (a free port is `idemgate_testkit::free_port`).
 
 /// Reads from `stream` until the end of an HTTP head (`\r\n\r\n`), returning what
 /// was read; `None` if the peer closed or failed first.

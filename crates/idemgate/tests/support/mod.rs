@@ -15,13 +15,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json};
-use http_body_util::BodyExt;
 use idemgate::scope::IdentityDigest;
 use idemgate::transaction::{PendingTransaction, TransactionSlot};
 use idemgate::{
     Claim, ClaimRequest, Completion, FencedWrite, Finality, IdempotencyLayer, Lease, MemoryStore,
     OperationContext, Principal, Snapshot, Store, StoreError,
 };
+pub use idemgate_testkit::Answer;
 use tower::ServiceExt;
 
 /// The mock payment gateway: counts charges, optionally slowly.
@@ -358,35 +358,6 @@ pub fn post_json(uri: &str, user: Option<&str>, key: Option<&str>, body: &str) -
     builder.body(Body::from(body.to_owned())).unwrap()
 }
 
-/// A response, read whole.
-#[derive(Debug)]
-pub struct Answer {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-}
-
-impl Answer {
-    pub fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
-    }
-
-    /// The RFC 9457 `type` of a problem answer.
-    pub fn problem_type(&self) -> String {
-        assert_eq!(
-            self.headers[header::CONTENT_TYPE],
-            "application/problem+json"
-        );
-        self.json()["type"].as_str().unwrap().to_owned()
-    }
-}
-
 /// Sends `request` from a task of its own (a client that may be cut off).
 pub fn send_in_background(app: &Router, request: Request) -> tokio::task::JoinHandle<Answer> {
     let app = app.clone();
@@ -431,15 +402,9 @@ pub async fn send_concurrently(app: &Router, n: usize, user: &str, key: &str) ->
     answers
 }
 
+/// Sends `request` to `app` and reads the answer whole.
 pub async fn send(app: &Router, request: Request) -> Answer {
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
+    Answer::read(app.clone().oneshot(request).await.unwrap()).await
 }
 
 pub fn new_key() -> String {
