@@ -165,6 +165,16 @@ pub struct ServeArgs {
     )]
     pub simulated_gateway_delay_ms: u64,
 
+    /// Refuse a POST or PATCH to the orders routes without an Idempotency-Key:
+    /// 400 problem+json `missing-key`, nothing charged or stored. Off by default
+    /// (a keyless request then runs every time it is sent).
+    #[arg(
+        long,
+        env = "IDEMGATE_REQUIRE_KEY",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub require_key: bool,
+
     /// Record timing: TTL, lease, wait mode, store timeout.
     #[command(flatten)]
     pub layer: LayerArgs,

@@ -15,6 +15,7 @@ mod e2e {
     mod proxy;
     mod proxy_policies;
     mod replay_cache;
+    mod require_key;
     mod strict_input;
 }
 
@@ -728,6 +729,8 @@ fn serve_help_names_every_flag_and_variable() {
         "IDEMGATE_MAX_CONNECTIONS",
         "--otlp",
         "IDEMGATE_OTLP",
+        "--require-key",
+        "IDEMGATE_REQUIRE_KEY",
     ] {
         assert!(
             help.contains(needle),
