@@ -169,6 +169,14 @@ async fn tampered_payload_is_422_and_charges_nothing_more() {
         tampered.problem_type(),
         "https://idemgate.dev/problems/key-reused"
     );
+    // The detail promises what the fingerprint covers, not method or path: those
+    // are the scope, so another method or path is a new operation.
+    let detail = tampered.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("on this endpoint") && detail.contains("body"),
+        "{detail}"
+    );
+    assert!(!detail.contains("method"), "{detail}");
     assert_eq!(client.orders(&server.url("")).await.len(), 1);
     assert_eq!(gateway.calls().len(), 1);
 }

@@ -185,13 +185,18 @@ impl ProblemDetails {
         )
     }
 
-    /// 422: the key was used before with a different request.
+    /// 422: the key was used before, in the same scope (principal, method, path
+    /// or route), with a request of another fingerprint. Another method or path
+    /// is another scope, so a new operation and never this problem; what the
+    /// fingerprint adds to the scope is the body, the query string, configured
+    /// headers and the path as sent (where a route template or a path fold
+    /// makes several spellings one scope) — the detail says just that.
     pub fn key_reused() -> Self {
         Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             KEY_REUSED,
             "Idempotency-Key reused with a different request",
-            "this Idempotency-Key was already used with a different request body, method, path or query; use a new key for a new request",
+            "this Idempotency-Key was already used on this endpoint with a different request (another body, query string, or a header or path spelling the fingerprint covers); use a new key for a new request",
         )
     }
 

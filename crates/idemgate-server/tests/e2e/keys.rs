@@ -435,6 +435,39 @@ async fn proxy_admin_key_api_and_cli_evict_an_authorization_scoped_key() {
     let view = shown.json();
     assert_eq!(view["status"], "COMPLETED");
 
+    // The README's `--bearer` finds nothing on a proxy's records, and says why.
+    let with_bearer = keys(&[
+        "show",
+        "--store",
+        &store,
+        "--bearer",
+        &client.token,
+        "--method",
+        "POST",
+        "--path",
+        "/v1/charges",
+        "--key",
+        &key,
+    ])
+    .await;
+    assert_eq!(with_bearer.code, 3, "{with_bearer:?}");
+    for needle in [
+        "looked up principal bearer:",
+        "--bearer",
+        "HMAC-SHA256 of the whole Authorization value",
+        "--authorization",
+        "IDEMGATE_PRINCIPAL_SECRET",
+    ] {
+        assert!(
+            with_bearer.stderr.contains(needle),
+            "the hint does not say {needle:?}: {with_bearer:?}"
+        );
+    }
+    assert!(
+        !with_bearer.stderr.contains(&client.token),
+        "never the raw credential: {with_bearer:?}"
+    );
+
     // The admin API names the same record by the principal the layer stored.
     let principal = keys_principal(&authorization).await;
     let query = format!(
