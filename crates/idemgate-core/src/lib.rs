@@ -39,6 +39,7 @@
 pub mod cache;
 pub mod deadline;
 pub mod decide;
+pub mod estimate;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;

@@ -337,6 +337,7 @@ pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
         .collect();
     let default_fold = PathFold::NONE.with_case_insensitive(config.case_insensitive);
     Router::new().fallback_service(Dispatch {
+        style: idempotency.problem_style().clone(),
         guard: Arc::new(guard::Guard {
             path_policy: config.path_policy,
             underscore_headers: config.underscore_headers,
@@ -375,6 +376,8 @@ struct DefaultRoute {
 /// of the first route that matches it, else to the defaults'.
 #[derive(Clone, Debug)]
 struct Dispatch {
+    /// The layer's problem style, for the refusals made before the layer.
+    style: idemgate::problem::ProblemStyle,
     guard: Arc<guard::Guard>,
     routes: Arc<Vec<DispatchRoute>>,
     default: DefaultRoute,
@@ -442,7 +445,9 @@ impl Service<Request<Body>> for Dispatch {
             Ok(service) => Box::pin(service.oneshot(request)),
             Err(problem) => {
                 tracing::debug!(problem = %problem.type_uri, "request refused before the layer");
-                Box::pin(std::future::ready(Ok(problem.into_response())))
+                Box::pin(std::future::ready(Ok(self
+                    .style
+                    .restyle(problem.into_response()))))
             }
         }
     }

@@ -31,6 +31,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use idemgate::fingerprint::{BodySelection, JsonPointer};
 use idemgate::path::PathFold;
+use idemgate::problem::ProblemShape;
 use idemgate::scope::normalize_path;
 use idemgate::{IdempotencyLayer, ServerErrorPolicy};
 
@@ -96,6 +97,8 @@ pub(crate) struct RoutePolicy {
     fingerprint: Option<BodySelection>,
     pub(crate) rejections: Option<Vec<StatusCode>>,
     forward_key: Option<ForwardKey>,
+    /// The route's problem body shape; `None`: the proxy-wide one.
+    problem_shape: Option<ProblemShape>,
     /// `None`: the proxy-wide setting.
     pub(crate) case_insensitive: Option<bool>,
     pub(crate) format_suffix: bool,
@@ -252,6 +255,9 @@ impl RoutePolicy {
             .with_path_fold(fold);
         if let Some(require) = self.require_key {
             layer = layer.with_require_key(require);
+        }
+        if let Some(shape) = self.problem_shape {
+            layer = layer.with_problem_shape(shape);
         }
         if let Some(ttl) = self.ttl {
             layer = layer.with_ttl(ttl);
@@ -467,6 +473,7 @@ struct RouteEntry {
     rejections: Option<Vec<Rejection>>,
     fingerprint: Option<FingerprintSetting>,
     forward_key: Option<ForwardKey>,
+    problem_shape: Option<ProblemShapeSetting>,
     case_insensitive: Option<bool>,
     #[serde(default)]
     format_suffix: bool,
@@ -511,6 +518,10 @@ impl RouteEntry {
                     .rejections
                     .map(|statuses| statuses.into_iter().map(|s| s.0).collect()),
                 forward_key: self.forward_key,
+                problem_shape: self.problem_shape.map(|shape| match shape {
+                    ProblemShapeSetting::Rfc9457 => ProblemShape::Rfc9457,
+                    ProblemShapeSetting::Stripe => ProblemShape::Stripe,
+                }),
                 case_insensitive: self.case_insensitive,
                 format_suffix: self.format_suffix,
                 method_override: self.method_override,
@@ -586,6 +597,14 @@ impl TryFrom<u16> for Rejection {
             )),
         }
     }
+}
+
+/// `problem_shape = "rfc9457" | "stripe"`.
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ProblemShapeSetting {
+    Rfc9457,
+    Stripe,
 }
 
 #[derive(Deserialize)]

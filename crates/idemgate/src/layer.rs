@@ -13,8 +13,10 @@ use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
 use idemgate_core::path::PathFold;
 
 use crate::config::{Config, PathSource, WaitMode};
+use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
+use crate::problem::{ProblemShape, ProblemStyle};
 use crate::service::Idempotency;
 use crate::tasks::{DetachedTasks, InFlightLimit};
 
@@ -85,7 +87,9 @@ impl IdempotencyLayer {
                 unavailable_retry_after: Duration::from_secs(1),
                 busy_retry_after: Duration::from_secs(1),
                 in_flight_limit: InFlightLimit::new(1024),
+                problem_style: ProblemStyle::default(),
                 tasks: DetachedTasks::new(),
+                durations: Arc::new(RouteDurations::default()),
             }),
         }
     }
@@ -321,8 +325,9 @@ impl IdempotencyLayer {
 
     /// The `Retry-After` sent when the layer is busy (default 1 s): the 503 for too
     /// many keyed requests in flight, and a 409 whose record does not say how long
-    /// its lease has left. A 409 for a running request otherwise says the seconds
-    /// left on that request's lease.
+    /// its lease has left. A 409 for a running request otherwise says the time the
+    /// route's recent executions suggest it has left, at most the seconds left on
+    /// its lease ([`crate::estimate::retry_after`]).
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -330,6 +335,49 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_busy_retry_after(self, after: Duration) -> Self {
         self.with(|c| c.busy_retry_after = after)
+    }
+
+    /// The base of every idemgate problem `type` URI (default
+    /// [`crate::problem::PROBLEM_BASE`], `/problems/`, which claims no domain),
+    /// so types point at the operator's own documentation of the slugs in
+    /// `docs/problems.md`. Applies to the layer's problems and to the
+    /// [`crate::ProblemDetails`] its handler answers, before they are stored.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_problem_type_base("https://docs.example.com/errors/");
+    /// ```
+    pub fn with_problem_type_base(self, base: impl Into<String>) -> Self {
+        let base = base.into();
+        self.with(|c| c.problem_style = c.problem_style.clone().with_base(base))
+    }
+
+    /// Send `Link: <type URI>; rel="describedby"` with every problem (off by
+    /// default), for clients that follow links to documentation.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_problem_link(true);
+    /// ```
+    pub fn with_problem_link(self, link: bool) -> Self {
+        self.with(|c| c.problem_style = c.problem_style.clone().with_link(link))
+    }
+
+    /// The problems' body shape: RFC 9457 (default) or Stripe's error object,
+    /// so Stripe-shaped SDKs raise their idempotency error; see [`ProblemShape`].
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_problem_shape(idemgate::problem::ProblemShape::Stripe);
+    /// ```
+    pub fn with_problem_shape(self, shape: ProblemShape) -> Self {
+        self.with(|c| c.problem_style = c.problem_style.clone().with_shape(shape))
+    }
+
+    /// How this layer sends problems, for problems answered outside it
+    /// ([`crate::problem::ProblemStyleLayer`]) to look the same.
+    pub fn problem_style(&self) -> &ProblemStyle {
+        &self.config.problem_style
     }
 
     /// The handle on detached handler tasks, for graceful shutdown and gauges. It

@@ -2,6 +2,7 @@
 
 mod config;
 pub mod context;
+mod durations;
 mod execution;
 pub mod finality;
 mod handler;
@@ -23,8 +24,8 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    cache, deadline, decide, fingerprint, key, memory, path, record, scope, signals, store, time,
-    transaction,
+    cache, deadline, decide, estimate, fingerprint, key, memory, path, record, scope, signals,
+    store, time, transaction,
 };
 
 pub use config::PathSource;

@@ -28,6 +28,7 @@ use idemgate_core::{
 };
 
 use crate::config::{Config, PathSource};
+use crate::durations::{in_progress_hint, route_key};
 use crate::execution::Execution;
 use crate::handler::{BoxFuture, Handler};
 use crate::principal::PrincipalError;
@@ -84,11 +85,13 @@ where
         // Erased once, here: the rest of the request path is not generic.
         let handler = Handler::new(inner);
         let config = Arc::clone(&self.config);
-        Box::pin(timed_request(handle(
-            config,
-            handler,
-            request.map(Body::new),
-        )))
+        Box::pin(async move {
+            let style = config.problem_style.clone();
+            let response = timed_request(handle(config, handler, request.map(Body::new))).await?;
+            // Every problem leaving the layer in its style: its own, and what
+            // passed through it.
+            Ok(style.restyle(response))
+        })
     }
 }
 
@@ -243,7 +246,8 @@ async fn keyed(
                 .record("operation_id", tracing::field::display(lease.operation_id));
             count_outcome(Outcome::Executed);
             let request = Request::from_parts(parts, Body::from(body));
-            Execution::new(config, lease, claimed_at)
+            let route = route_key(claim.identity.scope());
+            Execution::new(config, lease, claimed_at, route)
                 .spawn(handler, request, permit)
                 .await
         }
@@ -340,7 +344,12 @@ async fn answer_from_existing(
                 return Some(replay(stored));
             }
             Decision::Claimable => return None,
-            Decision::InProgress { retry_after } => retry_after,
+            Decision::InProgress { retry_after } => in_progress_hint(
+                config,
+                &route_key(request.identity.scope()),
+                &snapshot,
+                retry_after,
+            ),
         };
         let now = Instant::now();
         let (Some(wait), Some(until)) = (config.wait, wait_until.filter(|until| *until > now))

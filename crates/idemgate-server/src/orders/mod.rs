@@ -16,6 +16,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::middleware;
 use axum::routing::get;
+use idemgate::problem::ProblemStyleLayer;
 use idemgate::{DetachedTasks, IdempotencyLayer};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -74,6 +75,11 @@ pub fn router_without_idempotency(state: OrdersState) -> Router {
 }
 
 fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
+    // Problems answered outside the layer (authentication's 401) in its style.
+    let style = idempotency
+        .as_ref()
+        .map(|layer| layer.problem_style().clone())
+        .unwrap_or_default();
     let mut api = Router::new()
         .route(
             "/api/v1/orders",
@@ -90,5 +96,6 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
         .route("/metrics", get(api::render_metrics))
         .merge(crate::demo::routes())
         .merge(api)
+        .layer(ProblemStyleLayer::new(style))
         .with_state(Arc::new(state))
 }

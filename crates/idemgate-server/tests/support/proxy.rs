@@ -163,7 +163,7 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 29] = [
+const PROXY_VARIABLES: [&str; 32] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -193,6 +193,9 @@ const PROXY_VARIABLES: [&str; 29] = [
     "IDEMGATE_JWT_AUDIENCE",
     "IDEMGATE_TLS_CERT",
     "IDEMGATE_TLS_KEY",
+    "IDEMGATE_PROBLEM_TYPE_BASE",
+    "IDEMGATE_PROBLEM_LINK",
+    "IDEMGATE_PROBLEM_SHAPE",
 ];
 
 pub fn proxy_command(options: &ProxyOptions) -> Command {

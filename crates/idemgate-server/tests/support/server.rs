@@ -208,6 +208,9 @@ impl Server {
             "IDEMGATE_ADMIN_LISTEN",
             "IDEMGATE_ADMIN_TOKEN",
             "IDEMGATE_REQUIRE_KEY",
+            "IDEMGATE_PROBLEM_TYPE_BASE",
+            "IDEMGATE_PROBLEM_LINK",
+            "IDEMGATE_PROBLEM_SHAPE",
         ] {
             command.env_remove(variable);
         }
