@@ -39,6 +39,7 @@
 pub mod cache;
 pub mod deadline;
 pub mod decide;
+pub mod encoding;
 pub mod estimate;
 pub mod fingerprint;
 pub mod key;

@@ -40,8 +40,11 @@ pub(crate) struct Execution {
     /// until then.
     lease_deadline: Arc<Mutex<Instant>>,
     /// The route's key in the layer's recent durations
-    /// (`crate::service::route_key`): this run's duration joins them.
+    /// (`crate::durations::route_key`): this run's duration joins them.
     route: String,
+    /// The request's `Accept-Encoding`, for the winner's replay when our
+    /// completion is fenced off.
+    accept_encoding: Option<String>,
 }
 
 /// The handler's answer, its body read up to the stored-response limit.
@@ -74,6 +77,7 @@ impl Execution {
         lease: Lease,
         claimed_at: Instant,
         route: String,
+        accept_encoding: Option<String>,
     ) -> Self {
         let deadline = claimed_at + config.lease;
         Self {
@@ -81,6 +85,7 @@ impl Execution {
             lease,
             lease_deadline: Arc::new(Mutex::new(deadline)),
             route,
+            accept_encoding,
         }
     }
 
@@ -442,7 +447,7 @@ impl Execution {
             _ => return ProblemDetails::in_progress(self.config.busy_retry_after).into_response(),
         };
         match decide(&snapshot, &snapshot.record.fingerprint) {
-            Decision::Replay(stored) => replay(stored),
+            Decision::Replay(stored) => replay(stored, self.accept_encoding.as_deref()),
             Decision::InProgress { retry_after } => {
                 let hint = in_progress_hint(&self.config, &self.route, &snapshot, retry_after);
                 ProblemDetails::in_progress(hint).into_response()

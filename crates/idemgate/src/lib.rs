@@ -24,7 +24,7 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    cache, deadline, decide, estimate, fingerprint, key, memory, path, record, scope, signals,
+    cache, deadline, decide, encoding, estimate, fingerprint, key, memory, path, record, scope, signals,
     store, time, transaction,
 };
 
