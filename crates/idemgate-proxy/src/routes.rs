@@ -717,6 +717,7 @@ mod tests {
             safe_method_body = "forward"
             upstream_idle_timeout_ms = 1500
             upstream_response_timeout_ms = 60000
+            problem_shape = "stripe"
 
             [[route]]
             method = "POST"
@@ -752,6 +753,7 @@ mod tests {
         assert!(policy.format_suffix);
         assert_eq!(policy.method_override, Some(MethodOverride::Honour));
         assert_eq!(policy.safe_method_body, Some(SafeMethodBodies::Forward));
+        assert_eq!(policy.problem_shape, Some(ProblemShape::Stripe));
         assert_eq!(
             policy.upstream_idle_timeout,
             Some(Duration::from_millis(1500))

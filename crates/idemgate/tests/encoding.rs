@@ -19,7 +19,8 @@ use axum::routing::post;
 use idemgate::{IdempotencyLayer, MemoryStore, Principal};
 use support::{new_key, post_json, send};
 
-const JSON: &str = r#"{"order":1,"items":[{"id":42,"quantity":1}],"note":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}"#;
+const JSON: &str =
+    r#"{"order":1,"items":[{"id":42,"quantity":1}],"note":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}"#;
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -29,7 +30,10 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 /// Answers `JSON` in the coding the path names, whatever the request accepts
 /// (as a careless upstream might), with a strong ETag; counts its runs.
-async fn encoded(State(runs): State<Arc<AtomicUsize>>, request: axum::extract::Request) -> Response {
+async fn encoded(
+    State(runs): State<Arc<AtomicUsize>>,
+    request: axum::extract::Request,
+) -> Response {
     runs.fetch_add(1, Ordering::SeqCst);
     let (body, coding) = if request.uri().path() == "/zstd" {
         (zstd::encode_all(JSON.as_bytes(), 3).unwrap(), "zstd")
@@ -38,7 +42,10 @@ async fn encoded(State(runs): State<Arc<AtomicUsize>>, request: axum::extract::R
     };
     let mut response = (StatusCode::CREATED, Body::from(body)).into_response();
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static(coding));
     headers.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
     response
@@ -51,18 +58,26 @@ fn app(runs: Arc<AtomicUsize>) -> Router {
         .route_layer(IdempotencyLayer::new(MemoryStore::new()))
         .layer(axum::middleware::from_fn(
             |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
-                request.extensions_mut().insert(Principal::new("user:alice"));
+                request
+                    .extensions_mut()
+                    .insert(Principal::new("user:alice"));
                 next.run(request).await
             },
         ))
         .with_state(runs)
 }
 
-async fn send_accepting(app: &Router, path: &str, key: &str, accept: &str) -> idemgate_testkit::Answer {
+async fn send_accepting(
+    app: &Router,
+    path: &str,
+    key: &str,
+    accept: &str,
+) -> idemgate_testkit::Answer {
     let mut request = post_json(path, None, Some(key), "{}");
-    request
-        .headers_mut()
-        .insert(header::ACCEPT_ENCODING, HeaderValue::from_str(accept).unwrap());
+    request.headers_mut().insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_str(accept).unwrap(),
+    );
     send(app, request).await
 }
 
@@ -83,15 +98,26 @@ async fn a_retry_that_refuses_the_stored_coding_gets_it_decoded() {
             "a coding the retry refused: {narrower:?}"
         );
         assert_eq!(narrower.body, JSON.as_bytes(), "the decoded representation");
-        assert_eq!(narrower.headers[header::ETAG], "W/\"v1\"", "other bytes: a weak tag");
+        assert_eq!(
+            narrower.headers[header::ETAG],
+            "W/\"v1\"",
+            "other bytes: a weak tag"
+        );
         assert_eq!(narrower.headers[header::CONTENT_TYPE], "application/json");
 
         let same = send_accepting(&app, path, &key, coding).await;
         assert!(same.replayed());
         assert_eq!(same.headers[header::CONTENT_ENCODING], coding);
-        assert_eq!(same.body, first.body, "an accepted coding replays the stored bytes");
+        assert_eq!(
+            same.body, first.body,
+            "an accepted coding replays the stored bytes"
+        );
         assert_eq!(same.headers[header::ETAG], "\"v1\"");
 
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "{path}: the handler ran once");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{path}: the handler ran once"
+        );
     }
 }

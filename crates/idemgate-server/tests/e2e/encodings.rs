@@ -136,7 +136,11 @@ async fn a_narrower_retry_reads_the_proxys_replay_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_narrower_retry_reads_the_proxys_replay_sqlite() {
     let dir = TempDir::new("idemgate-encodings");
-    through_the_proxy(&format!("sqlite://{}", dir.path().join("proxy.db").display())).await;
+    through_the_proxy(&format!(
+        "sqlite://{}",
+        dir.path().join("proxy.db").display()
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
