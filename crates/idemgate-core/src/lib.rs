@@ -37,6 +37,7 @@
 //! ```
 
 pub mod cache;
+pub mod compression;
 pub mod deadline;
 pub mod decide;
 pub mod encoding;

@@ -54,6 +54,9 @@ pub(crate) struct Config {
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) fingerprint_body: BodySelection,
     pub(crate) replay_set_cookie: bool,
+    /// Stored bodies larger than this are kept zstd-compressed
+    /// (`idemgate_core::compression`); `usize::MAX`: never.
+    pub(crate) compression_threshold: usize,
     /// `Retry-After` of the 503s for store trouble (unavailable, full, a
     /// transaction that did not commit).
     pub(crate) unavailable_retry_after: Duration,

@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, BodyStream, StreamBody};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
+use idemgate_core::compression::compress;
 use idemgate_core::deadline::DeadlineExceeded;
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
@@ -322,11 +323,16 @@ impl Execution {
         };
         let completion = Completion {
             status,
-            response: StoredResponse {
-                status: response.status(),
-                headers: storable_headers(response.headers(), self.config.replay_set_cookie),
-                body: stored_body,
-            },
+            // Stored small: a body over the threshold is kept compressed, by
+            // the one codec every store shares.
+            response: compress(
+                StoredResponse {
+                    status: response.status(),
+                    headers: storable_headers(response.headers(), self.config.replay_set_cookie),
+                    body: stored_body,
+                },
+                self.config.compression_threshold,
+            ),
             ttl: self.config.ttl,
         };
         let written = match transaction {

@@ -84,6 +84,7 @@ impl IdempotencyLayer {
                 fingerprint_headers: Vec::new(),
                 fingerprint_body: BodySelection::Whole,
                 replay_set_cookie: false,
+                compression_threshold: idemgate_core::compression::DEFAULT_THRESHOLD,
                 unavailable_retry_after: Duration::from_secs(1),
                 busy_retry_after: Duration::from_secs(1),
                 in_flight_limit: InFlightLimit::new(1024),
@@ -281,6 +282,18 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_replayed_set_cookie(self, replay: bool) -> Self {
         self.with(|c| c.replay_set_cookie = replay)
+    }
+
+    /// Stored response bodies larger than `bytes` (default 1 KiB) are kept
+    /// zstd-compressed on whatever store, and decompressed for their replays;
+    /// `usize::MAX` stores every body as it is. Records stored either way replay.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_compression_threshold(4096);
+    /// ```
+    pub fn with_compression_threshold(self, bytes: usize) -> Self {
+        self.with(|c| c.compression_threshold = bytes)
     }
 
     /// The most keyed requests running at once (default 1024); beyond it, 503

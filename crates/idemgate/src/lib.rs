@@ -24,8 +24,8 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    cache, deadline, decide, encoding, estimate, fingerprint, key, memory, path, record, scope,
-    signals, store, time, transaction,
+    cache, compression, deadline, decide, encoding, estimate, fingerprint, key, memory, path,
+    record, scope, signals, store, time, transaction,
 };
 
 pub use config::PathSource;

@@ -3,10 +3,12 @@
 use std::io::Read;
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::Response;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use idemgate_core::compression::{STORED_CODING, decompress};
 use idemgate_core::encoding::acceptable;
 use idemgate_core::record::{StoredBody, StoredResponse};
 
@@ -31,6 +33,7 @@ fn is_never_stored(name: &HeaderName) -> bool {
         &header::CONTENT_LENGTH,
         &IDEMPOTENT_REPLAYED,
         &IDEMPOTENCY_RESPONSE,
+        &STORED_CODING,
     ]
     .contains(&name)
         || name.as_str() == "keep-alive"
@@ -94,6 +97,16 @@ fn decode(coding: &str, body: &Bytes) -> Option<Bytes> {
 /// the representation does not). A coding that cannot be decoded here is
 /// replayed as stored, with a warning.
 pub(crate) fn replay(stored: &StoredResponse, accept_encoding: Option<&str>) -> Response<Body> {
+    // The body as the handler answered it, whatever the store keeps
+    // (`idemgate_core::compression`).
+    let stored = match decompress(stored) {
+        Ok(stored) => stored,
+        Err(error) => {
+            tracing::error!(%error, "a stored body cannot be decompressed");
+            return crate::ProblemDetails::store_corrupt().into_response();
+        }
+    };
+    let stored = &stored;
     let coding = stored
         .headers
         .iter()

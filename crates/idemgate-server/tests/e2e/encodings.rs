@@ -14,8 +14,9 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::e2e::keys::{ADMIN_TOKEN, admin_call, keys_query};
 use crate::support::client::{Answer, ORDER, new_key};
-use crate::support::proxy::{Proxy, ProxyOptions};
+use crate::support::proxy::{Proxy, ProxyOptions, SECRET};
 use crate::support::server::{Options, Server, TempDir, postgres_url, redis_url, sqlite_url};
 
 /// What the gzipping upstream saw: each request's `Accept-Encoding`.
@@ -60,7 +61,7 @@ async fn gzipping_upstream() -> (SocketAddr, Seen) {
 
 /// About 100 KiB of JSON, unique to its run.
 fn big_json(run: usize) -> String {
-    let items: Vec<_> = (0..1500)
+    let items: Vec<_> = (0..2650)
         .map(|i| serde_json::json!({"id": i, "sku": format!("SKU-{i:06}"), "qty": i % 7}))
         .collect();
     serde_json::json!({"run": run, "items": items}).to_string()
@@ -101,7 +102,12 @@ fn readable(answer: &Answer) -> Vec<u8> {
 
 async fn through_the_proxy(store: &str) {
     let (upstream, seen) = gzipping_upstream().await;
-    let proxy = Proxy::start(ProxyOptions::new(format!("http://{upstream}")).store(store)).await;
+    let proxy = Proxy::start(
+        ProxyOptions::new(format!("http://{upstream}"))
+            .store(store)
+            .env("IDEMGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+    )
+    .await;
     let url = proxy.url("/v1/orders");
     let token = format!("token-{}", new_key());
     let key = new_key();
@@ -126,6 +132,30 @@ async fn through_the_proxy(store: &str) {
         [Some("identity".to_owned())],
         "{store}: one execution, asked for identity"
     );
+    // Stored small: the store keeps the body compressed (the one codec of
+    // idemgate_core::compression), and the replay above was the whole JSON.
+    let principal = idemgate_server::principal::principal_of(
+        &idemgate_server::principal::PrincipalSpec::Authorization {
+            value: format!("Bearer {token}"),
+            secret: SECRET.as_bytes().to_vec(),
+        },
+    )
+    .unwrap();
+    let query = format!(
+        "http://{}{}",
+        proxy.admin,
+        keys_query(principal.as_str(), &key, "/v1/orders")
+    );
+    let (status, _, view) = admin_call(reqwest::Method::GET, &query, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let body_bytes = view["response"]["body_bytes"].as_u64().unwrap();
+    let stored = view["response"]["stored_body_bytes"].as_u64().unwrap();
+    assert_eq!(body_bytes, retry.body.len() as u64, "{store}: {view}");
+    assert!(
+        stored * 5 < body_bytes,
+        "{store}: a {body_bytes}-byte JSON kept in {stored} bytes"
+    );
+    println!("{store}: a {body_bytes}-byte JSON body stored in {stored} bytes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
