@@ -15,6 +15,12 @@ use sha2::{Digest, Sha256};
 /// The reload counter, labelled `result="ok"` or `result="error"`.
 pub const RELOADS_METRIC: &str = "idemgate_config_reloads_total";
 
+/// 1 while the routes served are the file's last good version and no later
+/// reload was refused, 0 after a refused one (until a good reload): what the
+/// `IdemgateConfigReloadFailed` alert watches, as Prometheus's own
+/// `prometheus_config_last_reload_successful`.
+pub const LAST_RELOAD_METRIC: &str = "idemgate_config_last_reload_successful";
+
 /// One route file as it was loaded: which file, which bytes, when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RouteFileInfo {
@@ -117,9 +123,14 @@ impl RouteFile {
             RELOADS_METRIC,
             "Route file reloads (SIGHUP), by result: ok (the new routes serve) or error (refused, the old routes kept)."
         );
+        metrics::describe_gauge!(
+            LAST_RELOAD_METRIC,
+            "1 unless the last route file reload was refused (then 0 until a good one): the proxy serves routes that are not the file on disk."
+        );
         for result in ["ok", "error"] {
             metrics::counter!(RELOADS_METRIC, "result" => result).increment(0);
         }
+        metrics::gauge!(LAST_RELOAD_METRIC).set(1.0);
         Self {
             table,
             ttl,
@@ -158,6 +169,7 @@ impl RouteFile {
             Ok((routes, info)) => {
                 self.table.replace(&routes);
                 metrics::counter!(RELOADS_METRIC, "result" => "ok").increment(1);
+                metrics::gauge!(LAST_RELOAD_METRIC).set(1.0);
                 tracing::info!(
                     path = %path.display(),
                     sha256 = %info.sha256,
@@ -170,6 +182,7 @@ impl RouteFile {
             }
             Err(error) => {
                 metrics::counter!(RELOADS_METRIC, "result" => "error").increment(1);
+                metrics::gauge!(LAST_RELOAD_METRIC).set(0.0);
                 tracing::error!(%error, "route file reload refused; the previous routes keep serving");
                 view.last_error = Some(RefusedReload {
                     at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),

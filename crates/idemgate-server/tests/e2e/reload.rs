@@ -147,13 +147,25 @@ async fn config(proxy: &Proxy) -> serde_json::Value {
 }
 
 async fn reloads(proxy: &Proxy, result: &str) -> u64 {
+    metric(
+        proxy,
+        &format!("idemgate_config_reloads_total{{result=\"{result}\"}}"),
+    )
+    .await
+}
+
+async fn last_reload_successful(proxy: &Proxy) -> u64 {
+    metric(proxy, "idemgate_config_last_reload_successful").await
+}
+
+async fn metric(proxy: &Proxy, series: &str) -> u64 {
     let metrics = reqwest::get(proxy.admin_url("/metrics"))
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
-    let prefix = format!("idemgate_config_reloads_total{{result=\"{result}\"}} ");
+    let prefix = format!("{series} ");
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(prefix.as_str()))
@@ -211,6 +223,7 @@ async fn sighup_reloads_the_route_file_under_load_and_refuses_a_bad_one() {
         (0, 0),
         "exported at zero from the start"
     );
+    assert_eq!(last_reload_successful(&proxy).await, 1);
     assert!(!pay_requires_a_key(&client, &proxy).await);
 
     // The load: clients sending continuously, keyed and keyless, to paths every
@@ -273,6 +286,7 @@ async fn sighup_reloads_the_route_file_under_load_and_refuses_a_bad_one() {
     assert!(pay_requires_a_key(&client, &proxy).await, "B still serves");
     assert_eq!(reloads(&proxy, "error").await, 1);
     assert_eq!(reloads(&proxy, "ok").await, 1);
+    assert_eq!(last_reload_successful(&proxy).await, 0, "the alert's input");
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     // Good again: back to A.
@@ -284,6 +298,7 @@ async fn sighup_reloads_the_route_file_under_load_and_refuses_a_bad_one() {
     assert!(!pay_requires_a_key(&client, &proxy).await);
     assert_eq!(reloads(&proxy, "ok").await, 2);
     assert_eq!(reloads(&proxy, "error").await, 1);
+    assert_eq!(last_reload_successful(&proxy).await, 1);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     stop.store(true, Ordering::SeqCst);
