@@ -256,29 +256,45 @@ fn check_config(args: &ProxyArgs, path: &Path) -> ExitCode {
     }
 }
 
-/// Reloads `file` on every SIGHUP until the process ends. Listening starts
-/// before the listeners bind, so a SIGHUP never kills a starting proxy (the
-/// default action) once it could serve.
-#[cfg(unix)]
-fn reload_on_hangup(file: RouteFile) -> Result<(), StartupError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = signal(SignalKind::hangup()).map_err(StartupError::Serve)?;
-    tokio::spawn(async move {
-        while hangups.recv().await.is_some() {
-            // Logged and counted inside; the old routes stay on an error.
-            let _ = file.reload();
-        }
-    });
-    Ok(())
-}
+/// SIGHUP, listened for from the first moment of [`run`]: from then on a SIGHUP
+/// no longer has its default action (ending the process), even while the store
+/// is still being opened; one that arrives before the routes serve waits in the
+/// stream and reloads them as soon as they do.
+struct Hangups(#[cfg(unix)] tokio::signal::unix::Signal);
 
-#[cfg(not(unix))]
-fn reload_on_hangup(_file: RouteFile) -> Result<(), StartupError> {
-    Ok(())
+impl Hangups {
+    fn listen() -> Result<Self, StartupError> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            signal(SignalKind::hangup())
+                .map(Self)
+                .map_err(StartupError::Serve)
+        }
+        #[cfg(not(unix))]
+        Ok(Self())
+    }
+
+    /// Reloads `file` on every SIGHUP until the process ends.
+    fn reload(self, file: RouteFile) {
+        #[cfg(unix)]
+        {
+            let mut hangups = self.0;
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    // Logged and counted inside; the old routes stay on an error.
+                    let _ = file.reload();
+                }
+            });
+        }
+        #[cfg(not(unix))]
+        let _ = (self, file);
+    }
 }
 
 /// Runs the proxy until SIGINT or SIGTERM, then drains like `serve`.
 pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
+    let hangups = Hangups::listen()?;
     let metrics = install_metrics();
     let opened = store::open(
         &settings.store,
@@ -306,7 +322,7 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         settings.layer.ttl,
         settings.layer.lease,
     );
-    reload_on_hangup(route_file.clone())?;
+    hangups.reload(route_file.clone());
     let admin = admin::router(
         AdminState::new(
             store,
