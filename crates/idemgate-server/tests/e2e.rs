@@ -10,10 +10,12 @@ mod support;
 mod e2e {
     mod connections;
     mod keys;
+    mod manual;
     mod monitoring;
     mod otlp;
     mod proxy;
     mod proxy_policies;
+    mod reload;
     mod replay_cache;
     mod strict_input;
 }
