@@ -52,6 +52,11 @@ pub enum Fault {
     Reset,
     /// Forward the request; hold the answer this long before passing it on.
     DelayResponse(Duration),
+    /// Forward the request; pass the answer on one byte per interval, each byte
+    /// well inside any read timeout: the server that trickles its answer, which
+    /// only a deadline over the whole attempt (head and body) cuts short. It lasts
+    /// until the next request on the connection.
+    Trickle(Duration),
 }
 
 /// A fault for the next request, of one method or of any.
@@ -207,6 +212,8 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
     let mut client = client;
     // What the next bytes of the server's answer meet.
     let mut armed = (fault != Fault::Pass).then_some(fault);
+    // The interval of a trickling answer, while one trickles.
+    let mut trickle = None;
     let mut framing = Framing::default();
     let mut forwarded = false;
     let mut client_open = true;
@@ -222,6 +229,7 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
                 };
                 for method in framing.feed(&from_client[..n]) {
                     shared.requests.fetch_add(1, Ordering::SeqCst);
+                    trickle = None; // a trickled answer ends with its request
                     match shared.take_request_fault(&method) {
                         Some(Fault::Reset) => {
                             let _ = client.set_zero_linger();
@@ -246,9 +254,17 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
                 match armed.take() {
                     Some(Fault::LoseResponse) => return,
                     Some(Fault::DelayResponse(delay)) => tokio::time::sleep(delay).await,
+                    Some(Fault::Trickle(interval)) => trickle = Some(interval),
                     Some(Fault::Pass | Fault::Reset) | None => {}
                 }
-                if client.write_all(&from_server[..n]).await.is_err() {
+                if let Some(interval) = trickle {
+                    for byte in from_server[..n].chunks(1) {
+                        tokio::time::sleep(interval).await;
+                        if client.write_all(byte).await.is_err() || client.flush().await.is_err() {
+                            return; // the client gave up on the answer
+                        }
+                    }
+                } else if client.write_all(&from_server[..n]).await.is_err() {
                     return;
                 }
             }
