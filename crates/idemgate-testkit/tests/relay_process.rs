@@ -199,6 +199,24 @@ async fn a_trickled_answer_comes_whole_one_byte_per_interval_and_only_for_its_re
     assert_eq!(answered.load(Ordering::SeqCst), 2);
 }
 
+#[tokio::test]
+async fn a_cut_body_passes_the_head_and_one_byte_then_closes() {
+    let (upstream, answered) = upstream().await;
+    let mut relay = RelayProcess::start(upstream).await;
+    assert_eq!(relay.command("request cut-body").await, "{\"ok\":true}");
+    let mut stream = TcpStream::connect(&relay.addr).await.unwrap();
+    let head = "GET / HTTP/1.1\r\nhost: relay\r\ncontent-length: 0\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut received = Vec::new();
+    let _ = stream.read_to_end(&mut received).await; // the end: a close (or a reset)
+    assert_eq!(
+        received,
+        &ANSWER[..ANSWER.len() - 1],
+        "the head and the first byte of `ok`"
+    );
+    assert_eq!(answered.load(Ordering::SeqCst), 1, "the server answered it");
+}
+
 /// What the upstream answers to every request.
 const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 

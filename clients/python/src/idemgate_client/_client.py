@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import anyio
 import httpx
 
+from ._deadline import Watchdog
 from ._errors import (
     BodyNotReplayableError,
     IdemgateError,
@@ -175,6 +176,25 @@ def _with_timeout(request: httpx.Request, seconds: float) -> None:
     request.extensions["timeout"] = httpx.Timeout(seconds).as_dict()
 
 
+def _watch_stream(watchdog: Watchdog, stream: Any) -> None:
+    """Tells ``watchdog`` the socket under an httpcore network stream, if any."""
+    get = getattr(stream, "get_extra_info", None)
+    if get is not None:
+        watchdog.watch(get("socket"))
+
+
+def _tracer(watchdog: Watchdog) -> Callable[[str, Any], None]:
+    """httpcore's ``trace`` extension, telling ``watchdog`` the socket of each new
+    connection as soon as it is made: the attempt is bounded while it waits for
+    the head, not only for the body."""
+
+    def trace(event: str, info: Any) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            _watch_stream(watchdog, info.get("return_value"))
+
+    return trace
+
+
 class Client:
     """Sends requests with ``httpx.Client``, retrying the ones it safely can (see
     :class:`RetryPolicy`).
@@ -219,18 +239,45 @@ class Client:
             headers=headers, params=params, policy=policy or self.policy,
         )
         while True:
-            _with_timeout(request, attempts.next())
-            outcome: httpx.Response | Exception
-            try:
-                outcome = self.http.send(request)
-            except httpx.UnsupportedProtocol:
-                raise  # a bad URL: nothing was sent
-            except httpx.TransportError as error:
-                outcome = error
+            outcome = self._attempt(request, attempts.next())
             wait = _judge(attempts, outcome, on_attempt)
             if wait is None:
                 return _finish(attempts, outcome)
             time.sleep(wait)
+
+    def _attempt(self, request: httpx.Request, timeout: float) -> httpx.Response | Exception:
+        """One attempt, bounded as a whole by ``timeout``: connect, head and body.
+
+        httpx's timeouts are per operation (a read timeout restarts with every
+        byte), so a server that trickles its answer would hold the attempt as long
+        as it trickles. The answer is streamed and read here under a
+        :class:`Watchdog`, which shuts the attempt's socket down at its deadline;
+        the attempt then fails as a read timeout (it was sent: it may have run).
+        Its socket is known from the connection's creation (the ``trace``
+        extension) or, on a reused connection, from the head's arrival on; a
+        shut-down socket left in the pool reads as closed, and the pool drops it.
+        """
+        _with_timeout(request, timeout)
+        watchdog = Watchdog(timeout)
+        request.extensions["trace"] = _tracer(watchdog)
+        response: httpx.Response | None = None
+        try:
+            response = self.http.send(request, stream=True)
+            _watch_stream(watchdog, response.extensions.get("network_stream"))
+            response.read()
+            return response
+        except httpx.UnsupportedProtocol:
+            raise  # a bad URL: nothing was sent
+        except httpx.TransportError as error:
+            if not watchdog.expired:
+                return error
+            timed_out = httpx.ReadTimeout(f"the attempt outlived its {timeout:.3g} s deadline", request=request)
+            timed_out.__cause__ = error
+            return timed_out
+        finally:
+            watchdog.finish()
+            if response is not None and not response.is_closed:
+                response.close()  # a discarded answer gives its connection back
 
     def post(self, url: httpx.URL | str, *, operation: Operation | None = None, **options: Any) -> Response:
         """``send(operation, "POST", url, ...)``."""

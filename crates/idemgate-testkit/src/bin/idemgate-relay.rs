@@ -12,8 +12,10 @@
 //! | `request FAULT [METHOD]` | `{"ok":true}`: the next request (of `METHOD`, if given), on any connection, gets `FAULT` |
 //! | `stats` | `{"connections":N,"forwarded":N,"requests":N,"open":N}` |
 //!
-//! `FAULT` is `pass`, `lose-response`, `reset`, `delay MILLISECONDS` or
-//! `trickle MILLISECONDS` (the answer one byte per interval; see [`Fault`]). A line it cannot read is answered `{"error":"…"}`. It exits when its
+//! `FAULT` is `pass`, `lose-response`, `reset`, `delay MILLISECONDS`,
+//! `trickle MILLISECONDS` (the answer one byte per interval) or `cut-body` (the
+//! answer's head and one byte of its body, then the connection closes); see
+//! [`Fault`]. A line it cannot read is answered `{"error":"…"}`. It exits when its
 //! standard input closes, so it never outlives the test that started it.
 
 use std::net::SocketAddr;
@@ -101,6 +103,7 @@ fn parse_fault<'a>(words: &mut impl Iterator<Item = &'a str>) -> Result<Fault, &
         Some("pass") => Ok(Fault::Pass),
         Some("lose-response") => Ok(Fault::LoseResponse),
         Some("reset") => Ok(Fault::Reset),
+        Some("cut-body") => Ok(Fault::CutBody),
         Some("delay") => {
             let millis = words
                 .next()
@@ -117,7 +120,7 @@ fn parse_fault<'a>(words: &mut impl Iterator<Item = &'a str>) -> Result<Fault, &
             Ok(Fault::Trickle(Duration::from_millis(millis)))
         }
         _ => Err(
-            "FAULT is one of: pass, lose-response, reset, delay MILLISECONDS, trickle MILLISECONDS",
+            "FAULT is one of: pass, lose-response, reset, delay MILLISECONDS, trickle MILLISECONDS, cut-body",
         ),
     }
 }
@@ -152,6 +155,10 @@ mod tests {
             Ok(Command::Connection(Fault::Trickle(Duration::from_millis(
                 100
             ))))
+        );
+        assert_eq!(
+            Command::parse("request cut-body POST"),
+            Ok(Command::Request(Fault::CutBody, Some("POST".to_owned())))
         );
         for junk in [
             "request trickle",
