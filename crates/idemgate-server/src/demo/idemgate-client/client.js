@@ -1,3 +1,7 @@
+// GENERATED FILE: do not edit. The browser build of clients/js/src/client.ts
+// (tsc, clients/js/tsconfig.json), copied here by `npm run embed` in clients/js;
+// `idemgate serve` embeds it for the checkout page. clients/js's `npm test`
+// (test/embedded.test.ts) fails while it differs from a fresh build.
 /**
  * The client: operations over the platform `fetch`, retried by the
  * {@link RetryPolicy}, ending in a {@link Reply} or an {@link IdemgateError}.
