@@ -27,28 +27,42 @@ REPO = Path(__file__).resolve().parents[3]
 ORDER = {"items": [{"id": 42, "quantity": 1}], "currency": "RUB", "amount": 1500}
 
 
+def _target_dir() -> Path:
+    configured = os.environ.get("CARGO_TARGET_DIR")
+    return Path(configured).resolve() if configured else REPO / "target"
+
+
 def binary(name: str) -> str:
     """A binary of the workspace: ``IDEMGATE_BIN`` for the server (the README's
     test command sets it), ``IDEMGATE_RELAY_BIN`` or the relay beside
-    ``IDEMGATE_BIN`` for the relay; without them ``target/release/…``, built with
-    cargo when missing."""
+    ``IDEMGATE_BIN`` for the relay; without them
+    ``${CARGO_TARGET_DIR:-target}/release/…``, which :func:`pytest_sessionstart`
+    builds before any test runs (a test never runs cargo)."""
     server = os.environ.get("IDEMGATE_BIN")
     if name == "idemgate":
         chosen = server
     else:
         chosen = os.environ.get("IDEMGATE_RELAY_BIN") or (str(Path(server).parent / name) if server else None)
     if chosen is None:
-        chosen = str(REPO / "target" / "release" / name)
-        if not Path(chosen).exists():
-            package = "idemgate-server" if name == "idemgate" else "idemgate-testkit"
-            print(f"{chosen} is missing: cargo build --release -p {package} --bin {name}")
-            subprocess.run(["cargo", "build", "--release", "-p", package, "--bin", name], cwd=REPO, check=True)
+        chosen = str(_target_dir() / "release" / name)
     if not Path(chosen).exists():
         raise RuntimeError(
             f"{chosen} does not exist: set IDEMGATE_BIN (and IDEMGATE_RELAY_BIN) to built binaries, "
-            "or unset them to build target/release"
+            "or unset them to have the session build target/release"
         )
     return chosen
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Without ``IDEMGATE_BIN``, builds the missing release binaries once, before
+    the first test; with it, checks that both binaries exist."""
+    if os.environ.get("IDEMGATE_BIN") is None:
+        for package, name in (("idemgate-server", "idemgate"), ("idemgate-testkit", "idemgate-relay")):
+            if not (_target_dir() / "release" / name).exists():
+                print(f"{_target_dir() / 'release' / name} is missing: cargo build --release -p {package} --bin {name}")
+                subprocess.run(["cargo", "build", "--release", "-p", package, "--bin", name], cwd=REPO, check=True)
+    binary("idemgate")
+    binary("idemgate-relay")
 
 
 @dataclass
