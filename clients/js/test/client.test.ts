@@ -336,3 +336,31 @@ test("an abort mid-attempt ends it at once, saying it may have run, and the oper
   assert.equal((await s.server.orders(s.token)).length, 1);
   assert.equal(s.gateway.distinctCharges, 1);
 });
+
+test("a trickled answer is cut at the attempt timeout and retried", TIMEOUT, async (t) => {
+  // One byte per 100 ms: the whole answer would take half a minute; only a bound
+  // on the whole attempt (head and body) cuts it.
+  const s = await setup(t);
+  await s.relay.faultRequests({ trickleMs: 100 }, 30);
+  const policy = quick({ attemptTimeoutMs: 500, deadlineMs: 2_000, maxRetries: 100 });
+  const error = await client(s, policy)
+    .send(operation(), { url: "/api/v1/orders", json: ORDER })
+    .then(() => assert.fail("every answer trickles"), (e: unknown) => e);
+  assert.ok(error instanceof TransportError && error.mayHaveRun, String(error));
+  const { requests } = await s.relay.stats();
+  assert.ok(requests >= 2 && requests <= 8, `each attempt cut at 500 ms, retried within the 2 s deadline: ${requests}`);
+  assert.equal((await s.server.orders(s.token)).length, 1, "every attempt reached the server, which ran one");
+  assert.equal(s.gateway.distinctCharges, 1);
+});
+
+test("a body cut off halfway is a lost answer, retried to the replay", TIMEOUT, async (t) => {
+  const s = await setup(t);
+  await s.relay.faultRequests("cut-body");
+  const reply = await client(s).send(operation(), { url: "/api/v1/orders", json: ORDER });
+  assert.equal(reply.status, 201);
+  assert.equal(reply.replayed, true, "the cut-off answer's order ran; the retry got its replay");
+  assert.equal(reply.attempts, 2);
+  assert.equal((await s.relay.stats()).requests, 2);
+  assert.equal((await s.server.orders(s.token)).length, 1);
+  assert.equal(s.gateway.distinctCharges, 1);
+});

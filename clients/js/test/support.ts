@@ -237,7 +237,7 @@ export interface RelayStats {
 }
 
 /** A fault the relay applies: see `idemgate_testkit::relay::Fault`. */
-export type Fault = "pass" | "lose-response" | "reset" | { delayMs: number };
+export type Fault = "pass" | "lose-response" | "reset" | "cut-body" | { delayMs: number } | { trickleMs: number };
 
 /** The `idemgate-relay` process in front of a server, driven over its standard input. */
 export class Relay {
@@ -296,7 +296,8 @@ export class Relay {
 }
 
 function faultWords(fault: Fault): string {
-  return typeof fault === "string" ? fault : `delay ${fault.delayMs}`;
+  if (typeof fault === "string") return fault;
+  return "delayMs" in fault ? `delay ${fault.delayMs}` : `trickle ${fault.trickleMs}`;
 }
 
 /** A fresh bearer token: a principal of its own, so tests share nothing. */
