@@ -364,3 +364,17 @@ test("a body cut off halfway is a lost answer, retried to the replay", TIMEOUT, 
   assert.equal((await s.server.orders(s.token)).length, 1);
   assert.equal(s.gateway.distinctCharges, 1);
 });
+
+test("a GET with a body is refused before anything is sent", TIMEOUT, async (t) => {
+  const s = await setup(t);
+  for (const request of [
+    { method: "GET", url: "/api/v1/orders", json: ORDER },
+    { method: "head", url: "/api/v1/orders", body: "{}" },
+  ]) {
+    const error = await client(s)
+      .send(operation(), request)
+      .then(() => assert.fail(`${request.method} with a body`), (e: unknown) => e);
+    assert.ok(error instanceof TypeError, String(error));
+  }
+  assert.equal((await s.relay.stats()).connections, 0, "refused before the first attempt");
+});

@@ -315,3 +315,12 @@ def test_cancelling_the_async_task_mid_attempt_ends_the_operation_and_it_resumes
     assert resumed.replayed, "resumed under its key: the first outcome"
     assert len(setup.orders()) == 1
     assert setup.gateway.distinct_charges == 1
+
+
+def test_a_get_with_a_body_is_refused_before_anything_is_sent(make_setup, send: Send) -> None:
+    setup = make_setup()
+    with pytest.raises(TypeError, match="GET request has no body"):
+        send(setup, Operation(), method="GET", json=ORDER)
+    with pytest.raises(TypeError, match="HEAD request has no body"):
+        send(setup, None, method="head", content=b"{}")
+    assert setup.relay.stats()["connections"] == 0, "refused before the first attempt"

@@ -102,6 +102,11 @@ def _prepare(
     policy: RetryPolicy,
 ) -> tuple[httpx.Request, Attempts]:
     """The request every attempt sends (its body fixed once), and its attempts."""
+    if method.upper() in ("GET", "HEAD") and (content is not None or json is not None):
+        # Servers and proxies ignore or refuse such a body, and the key's
+        # fingerprint would cover bytes the server never reads: the caller's
+        # mistake, said before any attempt.
+        raise TypeError(f"a {method.upper()} request has no body: send it as POST, or put it in the URL")
     merged = httpx.Headers(headers)
     if operation is not None:
         merged["idempotency-key"] = operation.key
