@@ -259,8 +259,11 @@ class Client:
         :class:`Watchdog`, which shuts the attempt's socket down at its deadline;
         the attempt then fails as a read timeout (it was sent: it may have run).
         Its socket is known from the connection's creation (the ``trace``
-        extension) or, on a reused connection, from the head's arrival on; a
-        shut-down socket left in the pool reads as closed, and the pool drops it.
+        extension) or, on a reused connection, from the head's arrival on: httpx
+        exposes no pooled connection's socket before that, so a head trickled on
+        a *reused* connection is bounded per read only (a new connection — every
+        retry after a timeout — is bounded whole). A shut-down socket left in the
+        pool reads as closed, and the pool drops it.
         """
         _with_timeout(request, timeout)
         watchdog = Watchdog(timeout)
