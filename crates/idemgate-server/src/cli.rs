@@ -876,6 +876,11 @@ pub struct GuardArgs {
     #[arg(
         long,
         env = "IDEMGATE_CASE_INSENSITIVE_PATHS",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value = "false",
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub case_insensitive_paths: bool,
@@ -886,6 +891,11 @@ pub struct GuardArgs {
     #[arg(
         long,
         env = "IDEMGATE_REQUIRE_KEY",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value = "false",
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub require_key: bool,

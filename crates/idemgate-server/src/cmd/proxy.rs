@@ -619,6 +619,7 @@ mod tests {
             "clamp",
             "--case-insensitive-paths",
             "--require-key",
+            "true",
             "--underscore-headers",
             "reject",
             "--method-override",
