@@ -756,7 +756,9 @@ pub struct ListenerArgs {
     )]
     pub idle_timeout_ms: u64,
 
-    /// Most connections open at once; beyond it a new connection gets an immediate
+    /// Most connections open at once. A new connection at the bound closes the one
+    /// that has waited longest for a request head (else the longest idle one);
+    /// only when every connection is busy with a request does it get an immediate
     /// 503 (problem+json `connection-limit`, `Retry-After: 1`) and is closed.
     /// Capped at the file-descriptor limit minus a reserve of 128 (logged when it
     /// applies).

@@ -9,6 +9,7 @@ mod support;
 /// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
 mod e2e {
     mod connections;
+    mod eviction;
     mod keys;
     mod monitoring;
     mod otlp;
