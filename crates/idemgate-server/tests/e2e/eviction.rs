@@ -39,9 +39,10 @@ async fn closed(held: &mut [TcpStream]) -> usize {
     let mut count = 0;
     let mut buf = [0_u8; 1024];
     for stream in held {
-        match tokio::time::timeout(Duration::from_millis(20), stream.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => count += 1,
-            Ok(Ok(_)) | Err(_) => {}
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(20), stream.read(&mut buf)).await
+        {
+            count += 1;
         }
     }
     count
