@@ -86,6 +86,9 @@ async fn under_nofile_1024_half_sent_heads_never_keep_a_normal_post_out() {
     assert_eq!(client.orders(&server.url("")).await.len(), 5);
     // The bound (1024 minus the reserve) was reached: attackers were evicted.
     let evicted = closed(&attackers).await;
+    eprintln!(
+        "nofile 1024: 5 POSTs served on their first attempt; {evicted} of 1100 half-sent heads evicted"
+    );
     assert!(
         evicted >= 100,
         "only {evicted} of 1100 half-sent heads closed"
