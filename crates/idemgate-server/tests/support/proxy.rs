@@ -163,7 +163,7 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 29] = [
+const PROXY_VARIABLES: [&str; 41] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_LISTEN",
     "PORT",
@@ -193,6 +193,18 @@ const PROXY_VARIABLES: [&str; 29] = [
     "IDEMGATE_JWT_AUDIENCE",
     "IDEMGATE_TLS_CERT",
     "IDEMGATE_TLS_KEY",
+    "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
+    "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
+    "IDEMGATE_PATH_ENCODED_SLASH",
+    "IDEMGATE_PATH_ENCODED_DOT_SEGMENT",
+    "IDEMGATE_PATH_PARAMETERS",
+    "IDEMGATE_PATH_CONTROL_OR_NON_ASCII",
+    "IDEMGATE_PATH_ABOVE_ROOT",
+    "IDEMGATE_CASE_INSENSITIVE_PATHS",
+    "IDEMGATE_REQUIRE_KEY",
+    "IDEMGATE_UNDERSCORE_HEADERS",
+    "IDEMGATE_METHOD_OVERRIDE",
+    "IDEMGATE_SAFE_METHOD_BODY",
 ];
 
 pub fn proxy_command(options: &ProxyOptions) -> Command {
