@@ -40,6 +40,30 @@ pub enum Command {
     Proxy(ProxyArgs),
     /// Inspect or evict one key's record, straight on the store.
     Keys(KeysArgs),
+    /// Print a shell completion script to stdout (e.g. `idemgate completions
+    /// bash > /etc/bash_completion.d/idemgate`).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) to stdout (e.g. `idemgate man > idemgate.1`).
+    Man,
+}
+
+/// `idemgate completions SHELL`.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: CompletionShell,
+}
+
+/// The shells `idemgate completions` writes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    /// Bash (bash-completion).
+    Bash,
+    /// Zsh (a `#compdef` file for `$fpath`).
+    Zsh,
+    /// Fish (for `~/.config/fish/completions/`).
+    Fish,
 }
 
 /// The safety flags of a redis:// idempotency store, flattened into every
@@ -397,9 +421,23 @@ impl ListenAddressArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
     /// The API to put the protocol in front of: http://host:port[/base]. Request
-    /// paths go under the base.
-    #[arg(long, env = "IDEMGATE_UPSTREAM", value_name = "URL")]
-    pub upstream: String,
+    /// paths go under the base. Required, except with --check-config.
+    #[arg(
+        long,
+        env = "IDEMGATE_UPSTREAM",
+        value_name = "URL",
+        required_unless_present = "check_config"
+    )]
+    pub upstream: Option<String>,
+
+    /// Check the route file FILE as the proxy would load it (TOML, every key,
+    /// each route's TTL against the --ttl/--lease it inherits), then exit: 0 and
+    /// a one-line summary on stdout, or `FILE:LINE:COL: problem` on stderr and
+    /// exit 2. Starts nothing: no listener, no store connection, no upstream
+    /// needed. The variable exists for symmetry; never set it on a proxy meant
+    /// to serve.
+    #[arg(long, env = "IDEMGATE_CHECK_CONFIG", value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
 
     /// The public listen address; every path on it belongs to the upstream.
     #[command(flatten)]
@@ -487,7 +525,8 @@ pub struct ProxyArgs {
 
     /// Per-route policies (TOML; see docs/proxy.md): which routes are covered and
     /// how. Without it every POST and PATCH is covered with the defaults above. A
-    /// bad file stops the start, naming its line.
+    /// bad file stops the start, naming its line. SIGHUP reloads it: a bad new
+    /// file is refused and the old routes keep serving.
     #[arg(long, env = "IDEMGATE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 

@@ -11,11 +11,13 @@ mod e2e {
     mod connections;
     mod eviction;
     mod keys;
+    mod manual;
     mod monitoring;
     mod otlp;
     mod proxy;
     mod proxy_guard;
     mod proxy_policies;
+    mod reload;
     mod replay_cache;
     mod strict_input;
 }

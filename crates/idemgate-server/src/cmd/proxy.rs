@@ -1,5 +1,7 @@
 //! `idemgate proxy`: the `idemgate-proxy` router in front of `--upstream` on the
-//! public listener, health, metrics and the key API on a separate admin listener.
+//! public listener, health, metrics and the key API on a separate admin listener;
+//! `SIGHUP` reloads the route file. `--check-config FILE` only checks a route
+//! file, through the same loader ([`route_file::load`]), and starts nothing.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -16,6 +18,7 @@ use idemgate_proxy::{
     HostHeader, JwtPrincipal, MethodOverride, PrincipalSource, ProxyConfig, Routes,
     SafeMethodBodies, UnderscoreHeaders, Upstream,
 };
+use std::path::Path;
 use tokio_rustls::rustls::ServerConfig;
 
 use crate::admin::{self, AdminState};
@@ -29,7 +32,8 @@ use crate::config::{
 };
 use crate::idempotency::{self, with_replay_cache};
 use crate::monitoring::install_metrics;
-use crate::process::{self, StartupError, bind, serve_until_signal};
+use crate::process::{self, EXIT_CONFIG, StartupError, bind, serve_until_signal};
+use crate::route_file::{self, RouteFile, RouteFileInfo};
 use crate::store::{self, Opening};
 
 /// `proxy`'s settings, checked.
@@ -53,6 +57,8 @@ pub struct ProxySettings {
     pub host_header: HostHeader,
     /// Per-route policies (empty without --config).
     pub routes: Routes,
+    /// The --config file they came from (`None` without one), reloaded on SIGHUP.
+    pub route_file: Option<RouteFileInfo>,
     /// The public listener's TLS, when it terminates TLS itself.
     pub tls: Option<Arc<ServerConfig>>,
     /// The idempotency layer: record timing and the replay cache.
@@ -155,11 +161,19 @@ impl GuardSettings {
 impl ProxySettings {
     /// Checks the flags, reads the secret and key files, resolves the defaults.
     pub fn from_args(args: &ProxyArgs) -> Result<Self, ConfigError> {
-        let upstream = args.upstream.parse::<Upstream>().map_err(|error| {
+        // clap requires it unless --check-config, which never gets here.
+        let Some(upstream) = &args.upstream else {
+            return Err(ConfigError::new(
+                "--upstream",
+                "IDEMGATE_UPSTREAM",
+                "is required to serve",
+            ));
+        };
+        let upstream = upstream.parse::<Upstream>().map_err(|error| {
             ConfigError::new(
                 "--upstream",
                 "IDEMGATE_UPSTREAM",
-                format!("{error}: {:?}", args.upstream),
+                format!("{error}: {upstream:?}"),
             )
         })?;
         if args.upstream_timeout_ms == 0 {
@@ -176,19 +190,15 @@ impl ProxySettings {
                 ConfigError::new("--idempotency-store", "IDEMGATE_IDEMPOTENCY_STORE", reason)
             })?;
         let layer = args.layer.settings()?;
-        let routes = match &args.config {
+        let (routes, route_file) = match &args.config {
             Some(path) => {
-                let routes = Routes::load(path).map_err(|error| {
-                    ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
-                })?;
-                routes
-                    .check_timing(layer.ttl, layer.lease)
-                    .map_err(|error| {
+                let (routes, info) =
+                    route_file::load(path, layer.ttl, layer.lease).map_err(|error| {
                         ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
                     })?;
-                routes
+                (routes, Some(info))
             }
-            None => Routes::default(),
+            None => (Routes::default(), None),
         };
         Ok(Self {
             listen: args.address.address(),
@@ -203,6 +213,7 @@ impl ProxySettings {
                 HostHeaderArg::Upstream => HostHeader::Upstream,
             },
             routes,
+            route_file,
             tls: tls(args)?,
             layer,
             shutdown_timeout: args.process.shutdown_timeout(),
@@ -333,16 +344,83 @@ fn secret(args: &ProxyArgs) -> Result<Arc<[u8]>, ConfigError> {
 }
 
 /// `idemgate proxy`: checks the flags (exit 2 when they cannot work), then serves
-/// until SIGINT or SIGTERM.
+/// until SIGINT or SIGTERM. With `--check-config FILE`, only checks that file.
 pub async fn main(args: &ProxyArgs) -> ExitCode {
+    if let Some(path) = &args.check_config {
+        return check_config(args, path);
+    }
     match ProxySettings::from_args(args) {
         Ok(settings) => process::run_service(settings.telemetry, run(settings)).await,
         Err(error) => process::config_error(&error),
     }
 }
 
+/// `--check-config FILE`: the route file through the loader startup and reload
+/// use, checked against the record timing flags it inherits. Exit 0 with a
+/// summary on stdout, or the problem on stderr (`FILE:LINE:COL: problem`) and
+/// exit 2. Needs neither --upstream nor a store: it opens nothing.
+fn check_config(args: &ProxyArgs, path: &Path) -> ExitCode {
+    let layer = match args.layer.settings() {
+        Ok(layer) => layer,
+        Err(error) => return process::config_error(&error),
+    };
+    match route_file::load(path, layer.ttl, layer.lease) {
+        Ok((_, info)) => {
+            println!(
+                "{}: OK: {} route{}, sha256 {}",
+                path.display(),
+                info.routes,
+                if info.routes == 1 { "" } else { "s" },
+                info.sha256
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+/// SIGHUP, listened for from the first moment of [`run`]: from then on a SIGHUP
+/// no longer has its default action (ending the process), even while the store
+/// is still being opened; one that arrives before the routes serve waits in the
+/// stream and reloads them as soon as they do.
+struct Hangups(#[cfg(unix)] tokio::signal::unix::Signal);
+
+impl Hangups {
+    fn listen() -> Result<Self, StartupError> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            signal(SignalKind::hangup())
+                .map(Self)
+                .map_err(StartupError::Serve)
+        }
+        #[cfg(not(unix))]
+        Ok(Self())
+    }
+
+    /// Reloads `file` on every SIGHUP until the process ends.
+    fn reload(self, file: RouteFile) {
+        #[cfg(unix)]
+        {
+            let mut hangups = self.0;
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    // Logged and counted inside; the old routes stay on an error.
+                    let _ = file.reload();
+                }
+            });
+        }
+        #[cfg(not(unix))]
+        let _ = (self, file);
+    }
+}
+
 /// Runs the proxy until SIGINT or SIGTERM, then drains like `serve`.
 pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
+    let hangups = Hangups::listen()?;
     let metrics = install_metrics();
     let opened = store::open(
         &settings.store,
@@ -356,14 +434,24 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         .principal
         .apply_to(idempotency::layer(Arc::clone(&store), &settings.layer));
     let tasks = layer.detached_tasks();
-    let public = idemgate_proxy::app(settings.proxy_config(), layer);
-    let admin = admin::router(AdminState::new(
-        store,
-        settings.layer.store_timeout,
-        metrics,
-        tasks.clone(),
-        settings.admin_token.clone(),
-    ));
+    let (public, table) = idemgate_proxy::reloadable_app(settings.proxy_config(), layer);
+    let route_file = RouteFile::new(
+        table,
+        settings.route_file.clone(),
+        settings.layer.ttl,
+        settings.layer.lease,
+    );
+    hangups.reload(route_file.clone());
+    let admin = admin::router(
+        AdminState::new(
+            store,
+            settings.layer.store_timeout,
+            metrics,
+            tasks.clone(),
+            settings.admin_token.clone(),
+        )
+        .with_route_file(route_file),
+    );
 
     let open_files = raise_fd_limit();
     let mut public_listener = bind(settings.listen, settings.connections).await?;

@@ -163,8 +163,9 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 41] = [
+const PROXY_VARIABLES: [&str; 42] = [
     "IDEMGATE_UPSTREAM",
+    "IDEMGATE_CHECK_CONFIG",
     "IDEMGATE_LISTEN",
     "PORT",
     "IDEMGATE_ADMIN_LISTEN",
@@ -262,6 +263,14 @@ impl Proxy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
     }
 
     /// `kill -9`: no shutdown, the record stays PROCESSING.
