@@ -9,11 +9,13 @@ mod support;
 /// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
 mod e2e {
     mod connections;
+    mod eviction;
     mod keys;
     mod manual;
     mod monitoring;
     mod otlp;
     mod proxy;
+    mod proxy_guard;
     mod proxy_policies;
     mod reload;
     mod replay_cache;

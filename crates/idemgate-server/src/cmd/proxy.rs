@@ -9,14 +9,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderName;
+use idemgate::path::{
+    AboveRoot, ControlOrNonAscii, EncodedDotSegment, EncodedSlash, PathParameters, PathPolicy,
+};
 use idemgate_listener::tls::{self, TlsFile};
 use idemgate_listener::{ListenerOptions, raise_fd_limit};
-use idemgate_proxy::{HostHeader, JwtPrincipal, PrincipalSource, ProxyConfig, Routes, Upstream};
+use idemgate_proxy::{
+    HostHeader, JwtPrincipal, MethodOverride, PrincipalSource, ProxyConfig, Routes,
+    SafeMethodBodies, UnderscoreHeaders, Upstream,
+};
 use std::path::Path;
 use tokio_rustls::rustls::ServerConfig;
 
 use crate::admin::{self, AdminState};
-use crate::cli::{HostHeaderArg, ProxyArgs, read_file};
+use crate::cli::{
+    AboveRootArg, ControlOrNonAsciiArg, EncodedDotSegmentArg, EncodedSlashArg, GuardArgs,
+    HostHeaderArg, MethodOverrideArg, PathParametersArg, ProxyArgs, SafeMethodBodyArg,
+    UnderscoreHeadersArg, read_file,
+};
 use crate::config::{
     AdminToken, ConfigError, LayerSettings, RedisSafety, StoreUrl, TelemetrySettings,
 };
@@ -61,6 +71,91 @@ pub struct ProxySettings {
     pub connections: ListenerOptions,
     /// Redis safety checks: persistence policy, replicas to wait for.
     pub redis: RedisSafety,
+    /// How a request is brought to one reading, and how long an upstream
+    /// response body may take.
+    pub guard: GuardSettings,
+}
+
+/// The guard's flags, checked: what `ProxyConfig`'s builders get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardSettings {
+    /// Which path spellings are refused and how the others are read.
+    pub path_policy: PathPolicy,
+    /// Routes matched and keys scoped with ASCII case folded.
+    pub case_insensitive_paths: bool,
+    /// A key required on every covered request unless a route says otherwise.
+    pub require_key: bool,
+    /// Request headers whose names hold `_`.
+    pub underscore_headers: UnderscoreHeaders,
+    /// Method-override headers where no route says.
+    pub method_override: MethodOverride,
+    /// Content on GET/HEAD/OPTIONS where no route says.
+    pub safe_method_bodies: SafeMethodBodies,
+    /// The longest pause in an upstream response body; `None`: the upstream timeout.
+    pub upstream_idle_timeout: Option<Duration>,
+    /// The longest a whole upstream response may take; `None`: unbounded.
+    pub upstream_response_timeout: Option<Duration>,
+}
+
+impl GuardSettings {
+    /// Checks the flags: a timeout given must be at least 1 ms.
+    fn from_args(args: &GuardArgs) -> Result<Self, ConfigError> {
+        let millis = |value: Option<u64>, flag, env| match value {
+            Some(0) => Err(ConfigError::new(flag, env, "must be at least 1")),
+            other => Ok(other.map(Duration::from_millis)),
+        };
+        Ok(Self {
+            path_policy: PathPolicy {
+                encoded_slash: match args.path_encoded_slash {
+                    EncodedSlashArg::Refuse => EncodedSlash::Refuse,
+                    EncodedSlashArg::Keep => EncodedSlash::Keep,
+                    EncodedSlashArg::Decode => EncodedSlash::Decode,
+                },
+                encoded_dot_segment: match args.path_encoded_dot_segment {
+                    EncodedDotSegmentArg::Refuse => EncodedDotSegment::Refuse,
+                    EncodedDotSegmentArg::Resolve => EncodedDotSegment::Resolve,
+                },
+                path_parameters: match args.path_parameters {
+                    PathParametersArg::Refuse => PathParameters::Refuse,
+                    PathParametersArg::Keep => PathParameters::Keep,
+                    PathParametersArg::Strip => PathParameters::Strip,
+                },
+                control_or_non_ascii: match args.path_control_or_non_ascii {
+                    ControlOrNonAsciiArg::Refuse => ControlOrNonAscii::Refuse,
+                    ControlOrNonAsciiArg::Encode => ControlOrNonAscii::Encode,
+                },
+                above_root: match args.path_above_root {
+                    AboveRootArg::Refuse => AboveRoot::Refuse,
+                    AboveRootArg::Clamp => AboveRoot::Clamp,
+                },
+            },
+            case_insensitive_paths: args.case_insensitive_paths,
+            require_key: args.require_key,
+            underscore_headers: match args.underscore_headers {
+                UnderscoreHeadersArg::Drop => UnderscoreHeaders::Drop,
+                UnderscoreHeadersArg::Reject => UnderscoreHeaders::Reject,
+                UnderscoreHeadersArg::Forward => UnderscoreHeaders::Forward,
+            },
+            method_override: match args.method_override {
+                MethodOverrideArg::Refuse => MethodOverride::Refuse,
+                MethodOverrideArg::Honour => MethodOverride::Honour,
+            },
+            safe_method_bodies: match args.safe_method_body {
+                SafeMethodBodyArg::Refuse => SafeMethodBodies::Refuse,
+                SafeMethodBodyArg::Forward => SafeMethodBodies::Forward,
+            },
+            upstream_idle_timeout: millis(
+                args.upstream_idle_timeout_ms,
+                "--upstream-idle-timeout-ms",
+                "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
+            )?,
+            upstream_response_timeout: millis(
+                args.upstream_response_timeout_ms,
+                "--upstream-response-timeout-ms",
+                "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
+            )?,
+        })
+    }
 }
 
 impl ProxySettings {
@@ -125,7 +220,38 @@ impl ProxySettings {
             telemetry: args.process.telemetry(),
             connections: args.connections.options()?,
             redis: args.redis.safety(),
+            guard: GuardSettings::from_args(&args.guard)?,
         })
+    }
+
+    /// The forwarding service's configuration: every flag of the guard applied,
+    /// and the principal header (with `--principal header:NAME`) named, so no
+    /// underscored look-alike of it reaches the upstream.
+    pub fn proxy_config(&self) -> ProxyConfig {
+        let guard = &self.guard;
+        let mut config = ProxyConfig::new(self.upstream.clone())
+            .with_upstream_timeout(self.upstream_timeout)
+            .with_host_header(self.host_header)
+            .with_https_clients(self.tls.is_some())
+            .with_routes(self.routes.clone())
+            .with_path_policy(guard.path_policy)
+            .with_case_insensitive_paths(guard.case_insensitive_paths)
+            .with_underscore_headers(guard.underscore_headers)
+            .with_method_override(guard.method_override)
+            .with_safe_method_bodies(guard.safe_method_bodies);
+        if guard.require_key {
+            config = config.with_require_key(true);
+        }
+        if let Some(idle) = guard.upstream_idle_timeout {
+            config = config.with_upstream_idle_timeout(idle);
+        }
+        if let Some(total) = guard.upstream_response_timeout {
+            config = config.with_upstream_response_timeout(total);
+        }
+        if let PrincipalSource::Header(name) = &self.principal {
+            config = config.with_principal_header(name.clone());
+        }
+        config
     }
 }
 
@@ -308,14 +434,7 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         .principal
         .apply_to(idempotency::layer(Arc::clone(&store), &settings.layer));
     let tasks = layer.detached_tasks();
-    let (public, table) = idemgate_proxy::reloadable_app(
-        ProxyConfig::new(settings.upstream.clone())
-            .with_upstream_timeout(settings.upstream_timeout)
-            .with_host_header(settings.host_header)
-            .with_https_clients(settings.tls.is_some())
-            .with_routes(settings.routes.clone()),
-        layer,
-    );
+    let (public, table) = idemgate_proxy::reloadable_app(settings.proxy_config(), layer);
     let route_file = RouteFile::new(
         table,
         settings.route_file.clone(),
@@ -560,6 +679,82 @@ mod tests {
             Cli::try_parse_from(argv).is_err(),
             "a certificate needs its key"
         );
+    }
+
+    #[test]
+    fn guard_flags_default_to_the_safe_choices_and_each_parses() {
+        let p = ["--principal", "header:x-user"];
+        let s = settings(&p).unwrap();
+        assert_eq!(s.guard.path_policy, PathPolicy::STRICT);
+        assert!(!s.guard.case_insensitive_paths && !s.guard.require_key);
+        assert_eq!(s.guard.underscore_headers, UnderscoreHeaders::Drop);
+        assert_eq!(s.guard.method_override, MethodOverride::Refuse);
+        assert_eq!(s.guard.safe_method_bodies, SafeMethodBodies::Refuse);
+        assert_eq!(s.guard.upstream_idle_timeout, None);
+        assert_eq!(s.guard.upstream_response_timeout, None);
+        let s = settings(&[
+            p[0],
+            p[1],
+            "--path-encoded-slash",
+            "decode",
+            "--path-encoded-dot-segment",
+            "resolve",
+            "--path-parameters",
+            "strip",
+            "--path-control-or-non-ascii",
+            "encode",
+            "--path-above-root",
+            "clamp",
+            "--case-insensitive-paths",
+            "--require-key",
+            "true",
+            "--underscore-headers",
+            "reject",
+            "--method-override",
+            "honour",
+            "--safe-method-body",
+            "forward",
+            "--upstream-idle-timeout-ms",
+            "250",
+            "--upstream-response-timeout-ms",
+            "900",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.guard.path_policy,
+            PathPolicy {
+                encoded_slash: EncodedSlash::Decode,
+                encoded_dot_segment: EncodedDotSegment::Resolve,
+                path_parameters: PathParameters::Strip,
+                control_or_non_ascii: ControlOrNonAscii::Encode,
+                above_root: AboveRoot::Clamp,
+            }
+        );
+        assert!(s.guard.case_insensitive_paths && s.guard.require_key);
+        assert_eq!(s.guard.underscore_headers, UnderscoreHeaders::Reject);
+        assert_eq!(s.guard.method_override, MethodOverride::Honour);
+        assert_eq!(s.guard.safe_method_bodies, SafeMethodBodies::Forward);
+        assert_eq!(
+            s.guard.upstream_idle_timeout,
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            s.guard.upstream_response_timeout,
+            Some(Duration::from_millis(900))
+        );
+        for (flag, env) in [
+            (
+                "--upstream-idle-timeout-ms",
+                "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
+            ),
+            (
+                "--upstream-response-timeout-ms",
+                "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
+            ),
+        ] {
+            let err = settings(&[p[0], p[1], flag, "0"]).unwrap_err().to_string();
+            assert!(err.contains(env), "{err}");
+        }
     }
 
     #[test]
