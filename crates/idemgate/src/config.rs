@@ -11,6 +11,7 @@ use http::{HeaderName, Method};
 
 use idemgate_core::deadline::WithDeadline;
 use idemgate_core::fingerprint::BodySelection;
+use idemgate_core::key::KeySource;
 use idemgate_core::path::PathFold;
 
 use crate::finality::ServerErrorPolicy;
@@ -38,6 +39,12 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) max_key_length: usize,
+    /// Where the key is read (PROTOCOL §15); the standard header counts on
+    /// every route.
+    pub(crate) key_source: KeySource,
+    /// The route template the layer serves, when the caller knows it better than
+    /// axum's `MatchedPath` (the proxy, which matches routes itself).
+    pub(crate) route_template: Option<String>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) lease: Duration,

@@ -20,7 +20,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use idemgate_core::fingerprint::{Fingerprint, FingerprintInput};
-use idemgate_core::key::IdempotencyKey;
+use idemgate_core::key::{IdempotencyKey, KeyInput, KeySource};
 use idemgate_core::scope::{Identity, Scope, normalize_path};
 use idemgate_core::transaction::{SlotContents, TransactionSlot};
 use idemgate_core::{
@@ -104,11 +104,43 @@ where
         count_outcome(Outcome::PassedThrough);
         return handler.call(request).await;
     }
-    let key = match IdempotencyKey::from_headers(request.headers(), config.max_key_length) {
+    let (parts, body) = request.into_parts();
+    // A key in the body: the body is read (within the limit) before the key.
+    let (body, buffered) = if config.key_source.reads_body() {
+        match read_body(&parts, body, config.body_limit).await {
+            Ok(bytes) => (Body::from(bytes.clone()), Some(bytes)),
+            Err(problem) => return Ok(problem.into_response()),
+        }
+    } else {
+        (body, None)
+    };
+    let found = {
+        let (path, query) = request_path(&parts);
+        let template = route_template(&config, &parts);
+        let input = KeyInput {
+            headers: &parts.headers,
+            path: &path,
+            template: template.as_deref(),
+            query: &query,
+            content_type: parts
+                .headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            body: buffered.as_deref().unwrap_or_default(),
+        };
+        config.key_source.key(&input, config.max_key_length)
+    };
+    let request = Request::from_parts(parts, body);
+    let key = match found {
         Ok(Some(key)) => key,
         Ok(None) if config.require_key => {
             count_outcome(Outcome::MissingKey);
-            return Ok(ProblemDetails::missing_key().into_response());
+            let problem = if config.key_source == KeySource::default() {
+                ProblemDetails::missing_key()
+            } else {
+                ProblemDetails::missing_key_at(&config.key_source)
+            };
+            return Ok(problem.into_response());
         }
         Ok(None) => {
             count_outcome(Outcome::PassedThrough);
@@ -215,13 +247,13 @@ async fn keyed(
         },
         &config.fingerprint_body,
     );
-    let scope_path = match config.path_source {
-        PathSource::RouteTemplate => parts
-            .extensions
-            .get::<MatchedPath>()
-            .map(|m| m.as_str().to_owned()),
-        PathSource::Request => None,
-    };
+    // A key from the path names the operation within the route, not within one
+    // concrete path: the template is the scope's path (PROTOCOL §15).
+    let by_template = config.path_source == PathSource::RouteTemplate
+        || config.key_source.path_parameter().is_some();
+    let scope_path = by_template
+        .then(|| route_template(&config, &parts))
+        .flatten();
     let scope = Scope {
         principal,
         method: parts.method.as_str().to_owned(),
@@ -286,6 +318,16 @@ fn request_path(parts: &Parts) -> (String, String) {
         .map_or(&parts.uri, |original| &original.0);
     let query = uri.query().unwrap_or_default().to_owned();
     (normalize_path(uri.path()), query)
+}
+
+/// The route template the request matched: the layer's own, else axum's.
+fn route_template(config: &Config, parts: &Parts) -> Option<String> {
+    config.route_template.clone().or_else(|| {
+        parts
+            .extensions
+            .get::<MatchedPath>()
+            .map(|m| m.as_str().to_owned())
+    })
 }
 
 /// What a claim came to.
