@@ -330,7 +330,7 @@ pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
                 method_override: policy.method_override.unwrap_or(config.method_override),
                 safe_method_bodies: policy.safe_method_body.unwrap_or(config.safe_method_bodies),
                 service: policy
-                    .layer(&route.method, &idempotency, fold)
+                    .layer(&route.method, &route.pattern, &idempotency, fold)
                     .layer(forward),
             }
         })

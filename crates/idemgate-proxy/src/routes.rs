@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idemgate::fingerprint::{BodySelection, JsonPointer};
+use idemgate::key::KeySource;
 use idemgate::path::PathFold;
 use idemgate::scope::normalize_path;
 use idemgate::{IdempotencyLayer, ServerErrorPolicy};
@@ -96,6 +97,9 @@ pub(crate) struct RoutePolicy {
     fingerprint: Option<BodySelection>,
     pub(crate) rejections: Option<Vec<StatusCode>>,
     forward_key: Option<ForwardKey>,
+    /// Where the route's key is read (`key = "json:/reference_id"`); `None`: the
+    /// `Idempotency-Key` header.
+    key: Option<KeySource>,
     /// `None`: the proxy-wide setting.
     pub(crate) case_insensitive: Option<bool>,
     pub(crate) format_suffix: bool,
@@ -154,9 +158,12 @@ impl Routes {
             .into_iter()
             .map(|entry| {
                 let line = line_and_column(text, entry.span().start).0;
-                entry.into_inner().into_route(line)
+                entry
+                    .into_inner()
+                    .into_route(line)
+                    .map_err(|(at, message)| invalid(path, text, at, message))
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             path: path.to_owned(),
             routes,
@@ -235,10 +242,12 @@ impl RoutePolicy {
     /// The layer for this route: `base` (the defaults, sharing its store and its
     /// detached-task tracker) with this route's settings, covering `method` only
     /// — or nothing, so every request passes through, when disabled — and
-    /// scoping by the path folded by `fold`.
+    /// scoping by the path folded by `fold` (by `pattern`, the route's template,
+    /// when the key is one of its parameters).
     pub(crate) fn layer(
         &self,
         method: &Method,
+        pattern: &RoutePattern,
         base: &IdempotencyLayer,
         fold: PathFold,
     ) -> IdempotencyLayer {
@@ -274,6 +283,11 @@ impl RoutePolicy {
         }
         if let Some(selection) = &self.fingerprint {
             layer = layer.with_fingerprint_body(selection.clone());
+        }
+        if let Some(source) = &self.key {
+            layer = layer
+                .with_key_source(source.clone())
+                .with_route_template(pattern.to_string());
         }
         layer
     }
@@ -319,7 +333,8 @@ pub struct RoutePattern {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
-    Param,
+    /// `{name}`.
+    Param(String),
 }
 
 impl FromStr for RoutePattern {
@@ -353,7 +368,7 @@ impl FromStr for RoutePattern {
                         if !name.is_empty()
                             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
                     {
-                        Ok(Segment::Param)
+                        Ok(Segment::Param(name.to_owned()))
                     }
                     _ if segment.contains(['{', '}', '*']) => Err(format!(
                         "{text:?}: a segment is a literal, {{name}}, or a final /* (got {segment:?})"
@@ -399,7 +414,7 @@ impl RoutePattern {
             .iter()
             .enumerate()
             .map(|(at, segment)| match segment {
-                Segment::Param => Segment::Param,
+                Segment::Param(name) => Segment::Param(name.clone()),
                 Segment::Literal(literal) => {
                     let rule = if at == last && !self.prefix {
                         fold
@@ -424,11 +439,20 @@ impl RoutePattern {
         for expected in &self.segments {
             match (expected, segments.next()) {
                 (Segment::Literal(literal), Some(segment)) if literal == segment => {}
-                (Segment::Param, Some(segment)) if !segment.is_empty() => {}
+                (Segment::Param(_), Some(segment)) if !segment.is_empty() => {}
                 _ => return false,
             }
         }
         self.prefix || segments.next().is_none()
+    }
+}
+
+impl RoutePattern {
+    /// Whether `{name}` is one of the pattern's segments.
+    fn has_parameter(&self, name: &str) -> bool {
+        self.segments
+            .iter()
+            .any(|segment| matches!(segment, Segment::Param(param) if param == name))
     }
 }
 
@@ -467,6 +491,7 @@ struct RouteEntry {
     rejections: Option<Vec<Rejection>>,
     fingerprint: Option<FingerprintSetting>,
     forward_key: Option<ForwardKey>,
+    key: Option<toml::Spanned<KeySourceText>>,
     case_insensitive: Option<bool>,
     #[serde(default)]
     format_suffix: bool,
@@ -481,8 +506,34 @@ fn yes() -> bool {
 }
 
 impl RouteEntry {
-    fn into_route(self, line: usize) -> Route {
-        Route {
+    /// The route, or where (a byte offset) and why its keys do not go together.
+    fn into_route(self, line: usize) -> Result<Route, (usize, String)> {
+        let key = match self.key {
+            Some(spanned) => {
+                let at = spanned.span().start;
+                let source = spanned.into_inner().0;
+                if let Some(param) = source.path_parameter()
+                    && !self.path.0.has_parameter(param)
+                {
+                    return Err((
+                        at,
+                        format!(
+                            "key = \"{source}\": the route's path {} has no {{{param}}} segment",
+                            self.path.0
+                        ),
+                    ));
+                }
+                if !self.enabled {
+                    return Err((
+                        at,
+                        format!("key = \"{source}\" on a disabled route: nothing would read it"),
+                    ));
+                }
+                Some(source)
+            }
+            None => None,
+        };
+        Ok(Route {
             method: self.method.0,
             pattern: self.path.0,
             line,
@@ -511,6 +562,7 @@ impl RouteEntry {
                     .rejections
                     .map(|statuses| statuses.into_iter().map(|s| s.0).collect()),
                 forward_key: self.forward_key,
+                key,
                 case_insensitive: self.case_insensitive,
                 format_suffix: self.format_suffix,
                 method_override: self.method_override,
@@ -522,7 +574,7 @@ impl RouteEntry {
                     .upstream_response_timeout_ms
                     .map(|ms| Duration::from_millis(ms.get())),
             },
-        }
+        })
     }
 }
 
@@ -554,6 +606,18 @@ impl TryFrom<String> for PatternText {
 
     fn try_from(text: String) -> Result<Self, String> {
         text.parse().map(Self)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+struct KeySourceText(KeySource);
+
+impl TryFrom<String> for KeySourceText {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse().map(Self).map_err(|error| error.to_string())
     }
 }
 
@@ -857,6 +921,55 @@ mod tests {
         routes
             .check_timing(Duration::from_secs(86_400), Duration::from_secs(30))
             .unwrap();
+    }
+
+    #[test]
+    fn a_key_source_is_read_and_checked_against_the_route() {
+        let routes = parse(
+            "[[route]]\nmethod = \"PUT\"\npath = \"/orders/{order_id}\"\nkey = \"path:order_id\"\n\n\
+             [[route]]\nmethod = \"POST\"\npath = \"/transfers\"\nkey = \"json:/reference_id\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            routes.routes[0].policy.key,
+            Some(KeySource::Path("order_id".into()))
+        );
+        assert_eq!(
+            routes.routes[1]
+                .policy
+                .key
+                .as_ref()
+                .map(ToString::to_string),
+            Some("json:/reference_id".into())
+        );
+        assert_eq!(routes.routes[1].line, 6);
+        let cases = [
+            (
+                "[[route]]\nmethod = \"PUT\"\npath = \"/orders/{id}\"\nkey = \"path:order_id\"\n",
+                "routes.toml:4:7:",
+                "no {order_id} segment",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nkey = \"body:/id\"\n",
+                "routes.toml:4:7:",
+                "header:NAME",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nkey = \"json:id\"\n",
+                "routes.toml:4:7:",
+                "starts with '/'",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\nkey = \"query:id\"\n",
+                "routes.toml:5:7:",
+                "disabled route",
+            ),
+        ];
+        for (text, place, problem) in cases {
+            let message = error(text);
+            assert!(message.starts_with(place), "{text:?}: {message}");
+            assert!(message.contains(problem), "{text:?}: {message}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod e2e {
     mod monitoring;
     mod otlp;
     mod proxy;
+    mod proxy_key_sources;
     mod proxy_policies;
     mod replay_cache;
     mod strict_input;
