@@ -11,6 +11,7 @@ mod e2e {
     mod connections;
     mod keys;
     mod monitoring;
+    mod natural_keys;
     mod otlp;
     mod proxy;
     mod proxy_key_sources;
