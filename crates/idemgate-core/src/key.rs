@@ -3,7 +3,7 @@
 
 mod source;
 
-pub use source::{KeyInput, KeySource, KeySourceError};
+pub use source::{ContentDedup, KeyInput, KeySource, KeySourceError};
 
 use std::fmt;
 

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idemgate::fingerprint::{BodySelection, JsonPointer};
-use idemgate::key::KeySource;
+use idemgate::key::{ContentDedup, KeySource};
 use idemgate::path::PathFold;
 use idemgate::scope::normalize_path;
 use idemgate::{IdempotencyLayer, ServerErrorPolicy};
@@ -100,6 +100,8 @@ pub(crate) struct RoutePolicy {
     /// Where the route's key is read (`key = "json:/reference_id"`); `None`: the
     /// `Idempotency-Key` header.
     key: Option<KeySource>,
+    /// Content-based deduplication of keyless requests (`dedup = { window, fields }`).
+    dedup: Option<ContentDedup>,
     /// `None`: the proxy-wide setting.
     pub(crate) case_insensitive: Option<bool>,
     pub(crate) format_suffix: bool,
@@ -186,6 +188,22 @@ impl Routes {
         for route in &self.routes {
             let route_ttl = route.policy.ttl.unwrap_or(ttl);
             let route_lease = route.policy.lease.unwrap_or(lease);
+            if let Some(window) = route.policy.dedup.as_ref().map(ContentDedup::window)
+                && window <= route_lease
+            {
+                return Err(RoutesError::Invalid {
+                    path: self.path.clone(),
+                    line: route.line,
+                    column: 1,
+                    message: format!(
+                        "route {} {}: the dedup window ({} s) must be longer than lease ({} s)",
+                        route.method,
+                        route.pattern,
+                        window.as_secs(),
+                        route_lease.as_secs()
+                    ),
+                });
+            }
             if route_ttl <= route_lease {
                 return Err(RoutesError::Invalid {
                     path: self.path.clone(),
@@ -285,9 +303,14 @@ impl RoutePolicy {
             layer = layer.with_fingerprint_body(selection.clone());
         }
         if let Some(source) = &self.key {
-            layer = layer
-                .with_key_source(source.clone())
-                .with_route_template(pattern.to_string());
+            layer = layer.with_key_source(source.clone());
+        }
+        if let Some(dedup) = &self.dedup {
+            layer = layer.with_content_dedup(dedup.clone());
+        }
+        if self.key.is_some() || self.dedup.is_some() {
+            // A path key and content dedup scope by the route, not the path.
+            layer = layer.with_route_template(pattern.to_string());
         }
         layer
     }
@@ -492,6 +515,7 @@ struct RouteEntry {
     fingerprint: Option<FingerprintSetting>,
     forward_key: Option<ForwardKey>,
     key: Option<toml::Spanned<KeySourceText>>,
+    dedup: Option<toml::Spanned<DedupSetting>>,
     case_insensitive: Option<bool>,
     #[serde(default)]
     format_suffix: bool,
@@ -533,6 +557,22 @@ impl RouteEntry {
             }
             None => None,
         };
+        let dedup = match self.dedup {
+            Some(spanned) if !self.enabled => {
+                return Err((
+                    spanned.span().start,
+                    "dedup on a disabled route: nothing would deduplicate".to_owned(),
+                ));
+            }
+            Some(spanned) => {
+                let setting = spanned.into_inner();
+                Some(
+                    ContentDedup::new(setting.window.0)
+                        .with_fields(setting.fields.into_iter().map(|p| p.0).collect()),
+                )
+            }
+            None => None,
+        };
         Ok(Route {
             method: self.method.0,
             pattern: self.path.0,
@@ -563,6 +603,7 @@ impl RouteEntry {
                     .map(|statuses| statuses.into_iter().map(|s| s.0).collect()),
                 forward_key: self.forward_key,
                 key,
+                dedup,
                 case_insensitive: self.case_insensitive,
                 format_suffix: self.format_suffix,
                 method_override: self.method_override,
@@ -606,6 +647,44 @@ impl TryFrom<String> for PatternText {
 
     fn try_from(text: String) -> Result<Self, String> {
         text.parse().map(Self)
+    }
+}
+
+/// `dedup = { window = "5m", fields = ["/to", "/amount"] }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DedupSetting {
+    window: WindowText,
+    #[serde(default)]
+    fields: Vec<PointerText>,
+}
+
+/// A window: a positive whole number of seconds, minutes or hours (`"300s"`,
+/// `"5m"`, `"1h"`).
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+struct WindowText(Duration);
+
+impl TryFrom<String> for WindowText {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "a window is a positive number of seconds, minutes or hours: \"300s\", \"5m\", \"1h\" (got {text:?})"
+            )
+        };
+        let unit = match text.chars().last() {
+            Some('s') => 1,
+            Some('m') => 60,
+            Some('h') => 3600,
+            _ => return Err(bad()),
+        };
+        let number: u64 = text[..text.len() - 1].parse().map_err(|_| bad())?;
+        match number.checked_mul(unit) {
+            Some(seconds) if seconds > 0 => Ok(Self(Duration::from_secs(seconds))),
+            _ => Err(bad()),
+        }
     }
 }
 
@@ -943,6 +1022,27 @@ mod tests {
             Some("json:/reference_id".into())
         );
         assert_eq!(routes.routes[1].line, 6);
+        let dedup = parse(
+            "[[route]]\nmethod = \"POST\"\npath = \"/t\"\ndedup = { window = \"5m\", fields = [\"/to\"] }\n\n\
+             [[route]]\nmethod = \"POST\"\npath = \"/u\"\ndedup = { window = \"1h\" }\n\n\
+             [[route]]\nmethod = \"POST\"\npath = \"/v\"\ndedup = { window = \"300s\" }\n",
+        )
+        .unwrap();
+        let windows: Vec<_> = dedup
+            .routes
+            .iter()
+            .map(|route| route.policy.dedup.as_ref().unwrap().window().as_secs())
+            .collect();
+        assert_eq!(windows, [300, 3600, 300]);
+        assert_eq!(
+            dedup.routes[0].policy.dedup.as_ref().unwrap().selection(),
+            BodySelection::Only(vec!["/to".parse().unwrap()])
+        );
+        let short = dedup
+            .check_timing(Duration::from_secs(86_400), Duration::from_secs(400))
+            .unwrap_err()
+            .to_string();
+        assert!(short.contains("dedup window"), "{short}");
         let cases = [
             (
                 "[[route]]\nmethod = \"PUT\"\npath = \"/orders/{id}\"\nkey = \"path:order_id\"\n",
@@ -962,6 +1062,31 @@ mod tests {
             (
                 "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\nkey = \"query:id\"\n",
                 "routes.toml:5:7:",
+                "disabled route",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { window = \"5 minutes\" }\n",
+                "routes.toml:4:",
+                "\"300s\"",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { window = \"0s\" }\n",
+                "routes.toml:4:",
+                "positive",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { window = \"5m\", fields = [\"to\"] }\n",
+                "routes.toml:4:",
+                "starts with '/'",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { windows = \"5m\" }\n",
+                "routes.toml:4:",
+                "windows",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\ndedup = { window = \"5m\" }\n",
+                "routes.toml:5:9:",
                 "disabled route",
             ),
         ];

@@ -11,7 +11,7 @@ use http::{HeaderName, Method};
 
 use idemgate_core::deadline::WithDeadline;
 use idemgate_core::fingerprint::BodySelection;
-use idemgate_core::key::KeySource;
+use idemgate_core::key::{ContentDedup, KeySource};
 use idemgate_core::path::PathFold;
 
 use crate::finality::ServerErrorPolicy;
@@ -45,6 +45,8 @@ pub(crate) struct Config {
     /// The route template the layer serves, when the caller knows it better than
     /// axum's `MatchedPath` (the proxy, which matches routes itself).
     pub(crate) route_template: Option<String>,
+    /// Content-based deduplication of keyless requests (PROTOCOL §16).
+    pub(crate) dedup: Option<ContentDedup>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) lease: Duration,

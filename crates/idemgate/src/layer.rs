@@ -9,7 +9,7 @@ use tower_layer::Layer;
 use idemgate_core::Store;
 use idemgate_core::deadline::{DEFAULT_STORE_TIMEOUT, WithDeadline};
 use idemgate_core::fingerprint::BodySelection;
-use idemgate_core::key::{DEFAULT_MAX_KEY_LENGTH, KeySource};
+use idemgate_core::key::{ContentDedup, DEFAULT_MAX_KEY_LENGTH, KeySource};
 use idemgate_core::path::PathFold;
 
 use crate::config::{Config, PathSource, WaitMode};
@@ -72,6 +72,7 @@ impl IdempotencyLayer {
                 max_key_length: DEFAULT_MAX_KEY_LENGTH,
                 key_source: KeySource::default(),
                 route_template: None,
+                dedup: None,
                 body_limit: 1024 * 1024,
                 response_limit: 1024 * 1024,
                 lease: Duration::from_secs(30),
@@ -145,6 +146,22 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_key_source(self, source: KeySource) -> Self {
         self.with(|c| c.key_source = source)
+    }
+
+    /// Content-based deduplication (PROTOCOL §16): a covered request without a
+    /// key is keyed by the SHA-256 of its canonical content (see
+    /// [`ContentDedup`]), scoped by principal, method and route (the template
+    /// when known), its record kept for the window instead of the TTL. A
+    /// duplicate inside the window is replayed with `Idempotent-Replayed: true`
+    /// and `Idempotency-Dedup: content`. An explicit key always wins.
+    ///
+    /// ```
+    /// use idemgate::key::ContentDedup;
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_content_dedup(ContentDedup::new(std::time::Duration::from_secs(300)));
+    /// ```
+    pub fn with_content_dedup(self, dedup: ContentDedup) -> Self {
+        self.with(|c| c.dedup = Some(dedup))
     }
 
     /// The route template this layer serves (`/orders/{order_id}`), for a path

@@ -33,6 +33,6 @@ pub use finality::{Finality, ServerErrorPolicy};
 pub use layer::IdempotencyLayer;
 pub use principal::{DefaultPrincipal, Principal, PrincipalError, PrincipalExtractor};
 pub use problem::ProblemDetails;
-pub use response::{IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED};
+pub use response::{IDEMPOTENCY_DEDUP, IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED};
 pub use service::Idempotency;
 pub use tasks::DetachedTasks;

@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 use tracing::Instrument;
@@ -32,7 +32,7 @@ use crate::execution::Execution;
 use crate::handler::{BoxFuture, Handler};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
-use crate::response::replay;
+use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, replay};
 use crate::telemetry::{Outcome, count, count_outcome, timed, timed_request};
 
 /// How many times a claim is retried when the record it found became claimable
@@ -106,7 +106,7 @@ where
     }
     let (parts, body) = request.into_parts();
     // A key in the body: the body is read (within the limit) before the key.
-    let (body, buffered) = if config.key_source.reads_body() {
+    let (body, buffered) = if config.key_source.reads_body() || config.dedup.is_some() {
         match read_body(&parts, body, config.body_limit).await {
             Ok(bytes) => (Body::from(bytes.clone()), Some(bytes)),
             Err(problem) => return Ok(problem.into_response()),
@@ -130,7 +130,48 @@ where
         };
         config.key_source.key(&input, config.max_key_length)
     };
+    // No key, and the route deduplicates by content: the content is the key
+    // (PROTOCOL §16), under the window's own settings.
+    let content_key = match (&found, &config.dedup) {
+        (Ok(None), Some(dedup)) => Some(
+            dedup.key(
+                parts
+                    .headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+                buffered.as_deref().unwrap_or_default(),
+            ),
+        ),
+        _ => None,
+    };
     let request = Request::from_parts(parts, body);
+    if let (Some(key), Some(dedup)) = (content_key, &config.dedup) {
+        let mut content = (*config).clone();
+        content.ttl = dedup.window();
+        content.fingerprint_body = dedup.selection();
+        let span = tracing::info_span!(
+            "idempotency",
+            key = %key.digest_prefix(),
+            dedup = "content",
+            operation_id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let mut response = keyed(
+            Arc::new(content),
+            handler.boxing_errors(),
+            request,
+            key,
+            true,
+        )
+        .instrument(span)
+        .await;
+        if response.headers().contains_key(&IDEMPOTENT_REPLAYED) {
+            response
+                .headers_mut()
+                .insert(&IDEMPOTENCY_DEDUP, HeaderValue::from_static("content"));
+        }
+        return Ok(response);
+    }
     let key = match found {
         Ok(Some(key)) => key,
         Ok(None) if config.require_key => {
@@ -157,7 +198,7 @@ where
         operation_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    Ok(keyed(config, handler.boxing_errors(), request, key)
+    Ok(keyed(config, handler.boxing_errors(), request, key, false)
         .instrument(span)
         .await)
 }
@@ -199,6 +240,7 @@ async fn keyed(
     handler: Handler,
     request: Request<Body>,
     key: IdempotencyKey,
+    by_content: bool,
 ) -> Response<Body> {
     let (parts, body) = request.into_parts();
     // The fingerprint reads `Content-Type` to decide whether the body is JSON.
@@ -249,8 +291,10 @@ async fn keyed(
     );
     // A key from the path names the operation within the route, not within one
     // concrete path: the template is the scope's path (PROTOCOL §15).
+    // Content dedup scopes by route too (PROTOCOL §16).
     let by_template = config.path_source == PathSource::RouteTemplate
-        || config.key_source.path_parameter().is_some();
+        || config.key_source.path_parameter().is_some()
+        || by_content;
     let scope_path = by_template
         .then(|| route_template(&config, &parts))
         .flatten();

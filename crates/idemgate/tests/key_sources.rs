@@ -299,3 +299,100 @@ async fn a_required_key_names_its_source_when_missing() {
     );
     assert_eq!(charges.count(), 0);
 }
+
+// --- Content-based deduplication (PROTOCOL §16) ---------------------------------
+
+fn dedup_app(dedup: idemgate::key::ContentDedup) -> (Router, Arc<Charges>) {
+    let charges = Arc::new(Charges::default());
+    let router = Router::new()
+        .route("/transfers", post(charge))
+        .route_layer(
+            IdempotencyLayer::new(MemoryStore::new())
+                .with_lease(std::time::Duration::from_millis(200))
+                .with_content_dedup(dedup),
+        )
+        .layer(middleware::from_fn(
+            |mut request: axum::extract::Request, next: middleware::Next| async move {
+                let user = request
+                    .headers()
+                    .get("x-user")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("alice")
+                    .to_owned();
+                request
+                    .extensions_mut()
+                    .insert(Principal::new(format!("user:{user}")));
+                next.run(request).await
+            },
+        ))
+        .with_state(Arc::clone(&charges));
+    (router, charges)
+}
+
+#[tokio::test]
+async fn content_dedup_folds_a_keyless_duplicate_inside_the_window_only() {
+    use idemgate::key::ContentDedup;
+    let window = std::time::Duration::from_millis(600);
+    let (app, charges) = dedup_app(ContentDedup::new(window));
+    let body = r#"{"to":"bob","amount":5}"#;
+    let first = send(&app, transfer(body)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    assert!(!first.headers.contains_key("idempotency-dedup"));
+    let duplicate = send(&app, transfer(r#"{ "amount": 5, "to": "bob" }"#)).await;
+    assert_eq!(duplicate.status, StatusCode::CREATED);
+    assert!(duplicate.replayed());
+    assert_eq!(duplicate.headers["idempotency-dedup"], "content");
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(charges.count(), 1, "the duplicate ran");
+    // Other content, or another principal, is another operation.
+    send(&app, transfer(r#"{"to":"bob","amount":6}"#)).await;
+    let other_user = send(
+        &app,
+        request("POST", "/transfers", &[("x-user", "carol")], body),
+    )
+    .await;
+    assert!(!other_user.replayed());
+    assert_eq!(charges.count(), 3);
+    // After the window the same content runs again.
+    tokio::time::sleep(window + std::time::Duration::from_millis(400)).await;
+    let later = send(&app, transfer(body)).await;
+    assert!(!later.replayed(), "{later:?}");
+    assert_eq!(charges.count(), 4);
+}
+
+#[tokio::test]
+async fn an_explicit_key_beats_content_and_fields_choose_what_counts() {
+    use idemgate::key::ContentDedup;
+    let dedup = ContentDedup::new(std::time::Duration::from_secs(300))
+        .with_fields(vec!["/to".parse().unwrap(), "/amount".parse().unwrap()]);
+    let (app, charges) = dedup_app(dedup);
+    let body = r#"{"to":"bob","amount":5,"sent_at":"12:00:01"}"#;
+    send(&app, transfer(body)).await;
+    let keyed = send(
+        &app,
+        request("POST", "/transfers", &[("idempotency-key", "k-1")], body),
+    )
+    .await;
+    assert!(!keyed.replayed(), "an explicit key is its own operation");
+    let keyed_again = send(
+        &app,
+        request("POST", "/transfers", &[("idempotency-key", "k-1")], body),
+    )
+    .await;
+    assert!(keyed_again.replayed());
+    assert!(
+        !keyed_again.headers.contains_key("idempotency-dedup"),
+        "a key's replay"
+    );
+    assert_eq!(charges.count(), 2);
+    // Only `to` and `amount` count: another `sent_at` is the same content.
+    let later = send(
+        &app,
+        transfer(r#"{"sent_at":"12:00:09","amount":5,"to":"bob"}"#),
+    )
+    .await;
+    assert!(later.replayed());
+    assert_eq!(later.headers["idempotency-dedup"], "content");
+    assert_eq!(charges.count(), 2);
+}

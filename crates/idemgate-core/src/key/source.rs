@@ -9,12 +9,16 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use http::HeaderMap;
 use http::header::HeaderName;
 
 use super::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
-use crate::fingerprint::{JsonMember, JsonPointer, PointerError, is_json, json_member};
+use crate::fingerprint::{
+    BodySelection, Fingerprint, FingerprintInput, JsonMember, JsonPointer, PointerError, is_json,
+    json_member,
+};
 
 /// Where a route reads its idempotency key. Written `header:NAME`, `path:PARAM`,
 /// `json:/POINTER` or `query:NAME` (the proxy's `key = "…"`); the default is
@@ -250,6 +254,85 @@ impl KeySource {
                 }
             }
         }
+    }
+}
+
+/// Content-based deduplication (PROTOCOL §16), opt-in per route: a covered
+/// request that carries no key gets one from its content — the SHA-256 of its
+/// canonical body (§4), or of the values at `fields` — scoped by principal,
+/// method and route, kept for `window` (SQS FIFO's `ContentBasedDeduplication`:
+/// five minutes). An explicit key always wins.
+///
+/// Two honest requests with the same content inside the window are folded into
+/// one: opt in only where that is what a duplicate means.
+///
+/// ```
+/// use std::time::Duration;
+/// use idemgate_core::key::ContentDedup;
+///
+/// let dedup = ContentDedup::new(Duration::from_secs(300))
+///     .with_fields(vec!["/to".parse().unwrap(), "/amount".parse().unwrap()]);
+/// let json = Some("application/json");
+/// assert_eq!(
+///     dedup.key(json, br#"{"to":"bob","amount":5,"note":"a"}"#),
+///     dedup.key(json, br#"{ "note": "b", "amount": 5, "to": "bob" }"#),
+/// );
+/// assert_ne!(dedup.key(json, br#"{"to":"bob","amount":6}"#), dedup.key(json, br#"{"to":"bob","amount":5}"#));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContentDedup {
+    window: Duration,
+    fields: Vec<JsonPointer>,
+}
+
+impl ContentDedup {
+    /// Deduplication over the whole canonical body, for `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            fields: Vec::new(),
+        }
+    }
+
+    /// Only the values at `fields` count (a JSON body; any other body counts
+    /// whole). Empty: the whole body.
+    #[must_use]
+    pub fn with_fields(mut self, fields: Vec<JsonPointer>) -> Self {
+        self.fields = fields;
+        self
+    }
+
+    /// How long a request's content is remembered: the record's TTL.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// What counts, as a fingerprint selection: a request whose counted content
+    /// is the same is a duplicate (replayed), never a 422.
+    pub fn selection(&self) -> BodySelection {
+        if self.fields.is_empty() {
+            BodySelection::Whole
+        } else {
+            BodySelection::Only(self.fields.clone())
+        }
+    }
+
+    /// The key of a keyless request: 64 hex digits of the SHA-256 of its
+    /// canonical selected content.
+    pub fn key(&self, content_type: Option<&str>, body: &[u8]) -> IdempotencyKey {
+        let digest = Fingerprint::of_selected(
+            FingerprintInput {
+                method: "",
+                path: "",
+                query: "",
+                content_type,
+                headers: &[],
+                body,
+            },
+            &self.selection(),
+        );
+        // Hex digits: always a valid key, whatever the configured maximum length.
+        IdempotencyKey(hex::encode(digest.as_bytes()))
     }
 }
 

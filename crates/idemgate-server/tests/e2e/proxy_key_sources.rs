@@ -31,6 +31,12 @@ wait_ms = 10000
 method = "POST"
 path = "/v1/transfers"
 key = "header:PayPal-Request-Id"
+
+[[route]]
+method = "POST"
+path = "/v1/messages/{queue}"
+dedup = { window = "2s", fields = ["/to", "/text"] }
+lease = 1
 "#;
 
 async fn proxy() -> (Upstream, Proxy, TempDir) {
@@ -198,4 +204,39 @@ async fn another_header_is_the_key_of_its_route() {
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
     assert_eq!(upstream.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_dedup_folds_keyless_duplicates_inside_the_window_and_a_key_wins() {
+    let (upstream, proxy, _dir) = proxy().await;
+    let client = Client::new();
+    let url = proxy.url("/v1/messages/q1");
+    let body = r#"{"to":"bob","text":"hi","sent_at":1}"#;
+    let first = client.send("POST", &url, &[], body).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert!(!first.replayed());
+    let duplicate = client
+        .send(
+            "POST",
+            &url,
+            &[],
+            r#"{"sent_at":2, "text":"hi", "to":"bob"}"#,
+        )
+        .await;
+    assert_eq!(duplicate.status, StatusCode::CREATED);
+    assert!(duplicate.replayed(), "{duplicate:?}");
+    assert_eq!(duplicate.headers["idempotency-dedup"], "content");
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(upstream.executions(), 1);
+    // An explicit key is its own operation, never a content duplicate.
+    let keyed = client
+        .send("POST", &url, &[("idempotency-key", "m-1")], body)
+        .await;
+    assert!(!keyed.replayed());
+    assert_eq!(upstream.executions(), 2);
+    // After the window the same content is forwarded again.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let later = client.send("POST", &url, &[], body).await;
+    assert!(!later.replayed(), "{later:?}");
+    assert_eq!(upstream.executions(), 3);
 }
