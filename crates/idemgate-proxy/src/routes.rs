@@ -33,7 +33,7 @@ use idemgate::fingerprint::{BodySelection, JsonPointer};
 use idemgate::key::{ContentDedup, KeySource};
 use idemgate::path::PathFold;
 use idemgate::scope::normalize_path;
-use idemgate::{IdempotencyLayer, ServerErrorPolicy};
+use idemgate::{IdempotencyLayer, ServerErrorPolicy, StrategyMode};
 
 use crate::guard::{MethodOverride, SafeMethodBodies};
 use serde::Deserialize;
@@ -102,6 +102,8 @@ pub(crate) struct RoutePolicy {
     key: Option<KeySource>,
     /// Content-based deduplication of keyless requests (`dedup = { window, fields }`).
     dedup: Option<ContentDedup>,
+    /// `mode = "observe"`: measure the route's key strategy without enforcing it.
+    mode: Option<StrategyMode>,
     /// `None`: the proxy-wide setting.
     pub(crate) case_insensitive: Option<bool>,
     pub(crate) format_suffix: bool,
@@ -307,6 +309,9 @@ impl RoutePolicy {
         }
         if let Some(dedup) = &self.dedup {
             layer = layer.with_content_dedup(dedup.clone());
+        }
+        if let Some(mode) = self.mode {
+            layer = layer.with_mode(mode);
         }
         if self.key.is_some() || self.dedup.is_some() {
             // A path key and content dedup scope by the route, not the path.
@@ -516,6 +521,7 @@ struct RouteEntry {
     forward_key: Option<ForwardKey>,
     key: Option<toml::Spanned<KeySourceText>>,
     dedup: Option<toml::Spanned<DedupSetting>>,
+    mode: Option<toml::Spanned<ModeSetting>>,
     case_insensitive: Option<bool>,
     #[serde(default)]
     format_suffix: bool,
@@ -573,6 +579,19 @@ impl RouteEntry {
             }
             None => None,
         };
+        let mode = match self.mode {
+            Some(spanned) if !self.enabled => {
+                return Err((
+                    spanned.span().start,
+                    "mode on a disabled route: there is no strategy to observe".to_owned(),
+                ));
+            }
+            Some(spanned) => Some(match spanned.into_inner() {
+                ModeSetting::Enforce => StrategyMode::Enforce,
+                ModeSetting::Observe => StrategyMode::Observe,
+            }),
+            None => None,
+        };
         Ok(Route {
             method: self.method.0,
             pattern: self.path.0,
@@ -604,6 +623,7 @@ impl RouteEntry {
                 forward_key: self.forward_key,
                 key,
                 dedup,
+                mode,
                 case_insensitive: self.case_insensitive,
                 format_suffix: self.format_suffix,
                 method_override: self.method_override,
@@ -729,6 +749,13 @@ impl TryFrom<u16> for Rejection {
             )),
         }
     }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ModeSetting {
+    Enforce,
+    Observe,
 }
 
 #[derive(Deserialize)]
@@ -1043,6 +1070,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(short.contains("dedup window"), "{short}");
+        let observe =
+            parse("[[route]]\nmethod = \"POST\"\npath = \"/t\"\nmode = \"observe\"\n").unwrap();
+        assert_eq!(observe.routes[0].policy.mode, Some(StrategyMode::Observe));
         let cases = [
             (
                 "[[route]]\nmethod = \"PUT\"\npath = \"/orders/{id}\"\nkey = \"path:order_id\"\n",
@@ -1087,6 +1117,16 @@ mod tests {
             (
                 "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\ndedup = { window = \"5m\" }\n",
                 "routes.toml:5:9:",
+                "disabled route",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nmode = \"dry-run\"\n",
+                "routes.toml:4:",
+                "observe",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\nmode = \"observe\"\n",
+                "routes.toml:5:8:",
                 "disabled route",
             ),
         ];

@@ -12,7 +12,7 @@ use idemgate_core::fingerprint::BodySelection;
 use idemgate_core::key::{ContentDedup, DEFAULT_MAX_KEY_LENGTH, KeySource};
 use idemgate_core::path::PathFold;
 
-use crate::config::{Config, PathSource, WaitMode};
+use crate::config::{Config, PathSource, StrategyMode, WaitMode};
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
 use crate::service::Idempotency;
@@ -73,6 +73,8 @@ impl IdempotencyLayer {
                 key_source: KeySource::default(),
                 route_template: None,
                 dedup: None,
+                mode: StrategyMode::Enforce,
+                strategy: "header",
                 body_limit: 1024 * 1024,
                 response_limit: 1024 * 1024,
                 lease: Duration::from_secs(30),
@@ -145,7 +147,26 @@ impl IdempotencyLayer {
     /// let layer = layer.with_key_source("json:/reference_id".parse().unwrap());
     /// ```
     pub fn with_key_source(self, source: KeySource) -> Self {
-        self.with(|c| c.key_source = source)
+        self.with(|c| {
+            c.strategy = source.strategy();
+            c.key_source = source;
+        })
+    }
+
+    /// Enforce the key strategy (the default), or only observe it: in
+    /// [`StrategyMode::Observe`] every request runs and is answered as if the
+    /// layer were off, while what the strategy would have done — a replay, a
+    /// 409, a 422, or a new operation — is recorded in the store and counted in
+    /// `idemgate_duplicates_total{strategy, action}` (`action` = `replayed`,
+    /// `conflict`, `mismatch`, `observed`). Turn content dedup on in observe mode,
+    /// read the counters, then enforce.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_mode(idemgate::StrategyMode::Observe);
+    /// ```
+    pub fn with_mode(self, mode: StrategyMode) -> Self {
+        self.with(|c| c.mode = mode)
     }
 
     /// Content-based deduplication (PROTOCOL §16): a covered request without a

@@ -27,7 +27,7 @@ pub use idemgate_core::{
     transaction,
 };
 
-pub use config::PathSource;
+pub use config::{PathSource, StrategyMode};
 pub use context::OperationContext;
 pub use finality::{Finality, ServerErrorPolicy};
 pub use layer::IdempotencyLayer;

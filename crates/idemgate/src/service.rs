@@ -21,19 +21,22 @@ use tracing::Instrument;
 
 use idemgate_core::fingerprint::{Fingerprint, FingerprintInput};
 use idemgate_core::key::{IdempotencyKey, KeyInput, KeySource};
+use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::scope::{Identity, Scope, normalize_path};
 use idemgate_core::transaction::{SlotContents, TransactionSlot};
 use idemgate_core::{
-    BoxError, Claim, ClaimRequest, Decision, LeaseOrigin, Snapshot, Store, StoreError, decide,
+    BoxError, Claim, ClaimRequest, Completion, Decision, LeaseOrigin, Snapshot, Store, StoreError,
+    decide,
 };
 
-use crate::config::{Config, PathSource};
+use crate::config::{Config, PathSource, StrategyMode};
 use crate::execution::Execution;
+use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::{BoxFuture, Handler};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
 use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, replay};
-use crate::telemetry::{Outcome, count, count_outcome, timed, timed_request};
+use crate::telemetry::{Outcome, count, count_duplicate, count_outcome, timed, timed_request};
 
 /// How many times a claim is retried when the record it found became claimable
 /// (released, or its lease lapsed) before it could be taken.
@@ -149,6 +152,10 @@ where
         let mut content = (*config).clone();
         content.ttl = dedup.window();
         content.fingerprint_body = dedup.selection();
+        content.strategy = "content";
+        if config.mode == StrategyMode::Observe {
+            return observe(Arc::new(content), handler, request, key, true).await;
+        }
         let span = tracing::info_span!(
             "idempotency",
             key = %key.digest_prefix(),
@@ -192,6 +199,9 @@ where
             return Ok(ProblemDetails::invalid_key(&error).into_response());
         }
     };
+    if config.mode == StrategyMode::Observe {
+        return observe(config, handler, request, key, false).await;
+    }
     let span = tracing::info_span!(
         "idempotency",
         key = %key.digest_prefix(),
@@ -243,27 +253,58 @@ async fn keyed(
     by_content: bool,
 ) -> Response<Body> {
     let (parts, body) = request.into_parts();
+    let (claim, body) = match prepare(&config, &parts, body, key, by_content).await {
+        Ok(prepared) => prepared,
+        Err(response) => return response,
+    };
+    let Some(permit) = config.in_flight_limit.try_permit() else {
+        count_outcome(Outcome::Overloaded);
+        return ProblemDetails::overloaded(config.busy_retry_after).into_response();
+    };
+    match claim_or_answer(&config, &claim).await {
+        Claimed::Lease(lease, claimed_at) => {
+            tracing::Span::current()
+                .record("operation_id", tracing::field::display(lease.operation_id));
+            count_outcome(Outcome::Executed);
+            let request = Request::from_parts(parts, Body::from(body));
+            Execution::new(config, lease, claimed_at)
+                .spawn(handler, request, permit)
+                .await
+        }
+        Claimed::Answer(response) => response,
+    }
+}
+
+/// What a keyed request is claimed as: its identity and fingerprint, with the
+/// body buffered; or the answer that refuses it before any claim.
+async fn prepare(
+    config: &Config,
+    parts: &Parts,
+    body: Body,
+    key: IdempotencyKey,
+    by_content: bool,
+) -> Result<(ClaimRequest, Bytes), Response<Body>> {
     // The fingerprint reads `Content-Type` to decide whether the body is JSON.
     if parts.headers.get_all(CONTENT_TYPE).iter().nth(1).is_some() {
         count_outcome(Outcome::Rejected);
-        return ProblemDetails::ambiguous_header(&CONTENT_TYPE).into_response();
+        return Err(ProblemDetails::ambiguous_header(&CONTENT_TYPE).into_response());
     }
-    let principal = match config.principal.extract(&parts) {
+    let principal = match config.principal.extract(parts) {
         Ok(principal) => principal,
         Err(PrincipalError::Ambiguous(name)) => {
             count_outcome(Outcome::Rejected);
-            return ProblemDetails::ambiguous_header(&name).into_response();
+            return Err(ProblemDetails::ambiguous_header(&name).into_response());
         }
         Err(error) => {
             count_outcome(Outcome::Unauthenticated);
-            return ProblemDetails::unauthenticated(error.to_string()).into_response();
+            return Err(ProblemDetails::unauthenticated(error.to_string()).into_response());
         }
     };
-    let body = match read_body(&parts, body, config.body_limit).await {
+    let body = match read_body(parts, body, config.body_limit).await {
         Ok(body) => body,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => return Err(problem.into_response()),
     };
-    let (path, query) = request_path(&parts);
+    let (path, query) = request_path(parts);
     let header_values: Vec<(&str, &[u8])> = config
         .fingerprint_headers
         .iter()
@@ -296,7 +337,7 @@ async fn keyed(
         || config.key_source.path_parameter().is_some()
         || by_content;
     let scope_path = by_template
-        .then(|| route_template(&config, &parts))
+        .then(|| route_template(config, parts))
         .flatten();
     let scope = Scope {
         principal,
@@ -309,21 +350,88 @@ async fn keyed(
         lease: config.lease,
         ttl: config.ttl,
     };
-    let Some(permit) = config.in_flight_limit.try_permit() else {
-        count_outcome(Outcome::Overloaded);
-        return ProblemDetails::overloaded(config.busy_retry_after).into_response();
+    Ok((claim, body))
+}
+
+/// Observe mode (PROTOCOL §16): the request runs and is answered as if the
+/// strategy were off; the claim is still made, so what the strategy would have
+/// done is counted, and a first run's record is settled by the usual rules
+/// (without its body: nothing is ever replayed from it).
+async fn observe<E: Send + 'static>(
+    config: Arc<Config>,
+    handler: Handler<E>,
+    request: Request<Body>,
+    key: IdempotencyKey,
+    by_content: bool,
+) -> Result<Response<Body>, E> {
+    let (parts, body) = request.into_parts();
+    // What would refuse the request before a claim (no principal, two
+    // `Content-Type` lines) refuses nothing here: it runs unobserved.
+    let single_content_type = parts.headers.get_all(CONTENT_TYPE).iter().nth(1).is_none();
+    if !single_content_type || config.principal.extract(&parts).is_err() {
+        return keyless(&config, handler, Request::from_parts(parts, body)).await;
+    }
+    let body = match read_body(&parts, body, config.body_limit).await {
+        Ok(body) => body,
+        Err(problem) => return Ok(problem.into_response()),
     };
-    match claim_or_answer(&config, &claim).await {
-        Claimed::Lease(lease, claimed_at) => {
-            tracing::Span::current()
-                .record("operation_id", tracing::field::display(lease.operation_id));
-            count_outcome(Outcome::Executed);
-            let request = Request::from_parts(parts, Body::from(body));
-            Execution::new(config, lease, claimed_at)
-                .spawn(handler, request, permit)
-                .await
+    let prepared = prepare(&config, &parts, Body::from(body.clone()), key, by_content).await;
+    let request = Request::from_parts(parts, Body::from(body));
+    let Ok((claim, _)) = prepared else {
+        return keyless(&config, handler, request).await;
+    };
+    match timed("claim", config.store.try_claim(&claim)).await {
+        Ok(Claim::Acquired(lease)) => {
+            count_duplicate(config.strategy, "observed");
+            let response = keyless(&config, handler, request).await?;
+            let mark = response.extensions().get::<Finality>().copied();
+            settle_observed(&config, &lease, response.status(), mark).await;
+            Ok(response)
         }
-        Claimed::Answer(response) => response,
+        Ok(Claim::Existing(snapshot)) => {
+            let action = match decide(&snapshot, &claim.fingerprint) {
+                Decision::Mismatch => "mismatch",
+                Decision::Replay(_) => "replayed",
+                Decision::InProgress { .. } => "conflict",
+                Decision::Claimable => "observed",
+            };
+            count_duplicate(config.strategy, action);
+            keyless(&config, handler, request).await
+        }
+        Err(error) => {
+            tracing::warn!(%error, "observe mode: the store failed; the request runs unobserved");
+            keyless(&config, handler, request).await
+        }
+    }
+}
+
+/// Settles an observed first run as enforcement would have (PROTOCOL §8), with
+/// no body kept: later duplicates count as replays, 409s or 422s.
+async fn settle_observed(
+    config: &Config,
+    lease: &idemgate_core::Lease,
+    status: http::StatusCode,
+    mark: Option<Finality>,
+) {
+    let settlement = settlement_for(status, mark, config.server_error_policy, false);
+    let written = match settlement {
+        Settlement::Complete(final_status) => {
+            let completion = Completion {
+                status: final_status,
+                response: StoredResponse {
+                    status,
+                    headers: Vec::new(),
+                    body: StoredBody::NotRetained,
+                },
+                ttl: config.ttl,
+            };
+            timed("complete", config.store.complete(lease, &completion)).await
+        }
+        Settlement::Release => timed("release", config.store.release(lease)).await,
+        Settlement::Delete => timed("delete", config.store.delete(lease)).await,
+    };
+    if let Err(error) = written {
+        tracing::warn!(%error, "observe mode: settling the observed record failed");
     }
 }
 
@@ -403,6 +511,7 @@ async fn claim_or_answer(config: &Config, request: &ClaimRequest) -> Claimed {
         }
     }
     count_outcome(Outcome::Conflict);
+    count_duplicate(config.strategy, "conflict");
     Claimed::Answer(ProblemDetails::in_progress(config.busy_retry_after).into_response())
 }
 
@@ -419,10 +528,12 @@ async fn answer_from_existing(
         let retry_after = match decide(&snapshot, &request.fingerprint) {
             Decision::Mismatch => {
                 count_outcome(Outcome::Mismatch);
+                count_duplicate(config.strategy, "mismatch");
                 return Some(ProblemDetails::key_reused().into_response());
             }
             Decision::Replay(stored) => {
                 count_outcome(Outcome::Replayed);
+                count_duplicate(config.strategy, "replayed");
                 return Some(replay(stored));
             }
             Decision::Claimable => return None,
@@ -432,6 +543,7 @@ async fn answer_from_existing(
         let (Some(wait), Some(until)) = (config.wait, wait_until.filter(|until| *until > now))
         else {
             count_outcome(Outcome::Conflict);
+            count_duplicate(config.strategy, "conflict");
             return Some(ProblemDetails::in_progress(retry_after).into_response());
         };
         config

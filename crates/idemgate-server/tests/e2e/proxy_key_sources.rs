@@ -34,6 +34,18 @@ key = "header:PayPal-Request-Id"
 
 [[route]]
 method = "POST"
+path = "/v3/payments"
+key = "json:/reference_id"
+mode = "observe"
+
+[[route]]
+method = "POST"
+path = "/v3/messages"
+dedup = { window = "5m" }
+mode = "observe"
+
+[[route]]
+method = "POST"
 path = "/v1/messages/{queue}"
 dedup = { window = "2s", fields = ["/to", "/text"] }
 lease = 1
@@ -239,4 +251,100 @@ async fn content_dedup_folds_keyless_duplicates_inside_the_window_and_a_key_wins
     let later = client.send("POST", &url, &[], body).await;
     assert!(!later.replayed(), "{later:?}");
     assert_eq!(upstream.executions(), 3);
+}
+
+/// `idemgate_duplicates_total{strategy, action}` from the proxy's `/metrics`.
+async fn duplicates(proxy: &Proxy, strategy: &str, action: &str) -> u64 {
+    let text = reqwest::get(format!("http://{}/metrics", proxy.admin))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .unwrap();
+    let wanted = [
+        format!("strategy=\"{strategy}\""),
+        format!("action=\"{action}\""),
+    ];
+    let line = text
+        .lines()
+        .find(|line| {
+            line.starts_with("idemgate_duplicates_total{")
+                && wanted.iter().all(|label| line.contains(label.as_str()))
+        })
+        .unwrap_or_else(|| panic!("no duplicates series {strategy}/{action}:\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_mode_changes_no_answer_and_counts_what_it_would_have_done() {
+    let (upstream, proxy, _dir) = proxy().await;
+    for strategy in ["header", "path", "json", "query", "content"] {
+        for action in ["replayed", "conflict", "mismatch", "observed"] {
+            assert_eq!(
+                duplicates(&proxy, strategy, action).await,
+                0,
+                "exported at 0"
+            );
+        }
+    }
+    let client = Client::new();
+    let url = proxy.url("/v3/payments");
+    let body = r#"{"reference_id":"r-1","amount":5}"#;
+    let answers = [
+        client.send("POST", &url, &[], body).await,
+        client
+            .send(
+                "POST",
+                &url,
+                &[],
+                r#"{ "amount": 5, "reference_id": "r-1" }"#,
+            )
+            .await,
+        client
+            .send("POST", &url, &[], r#"{"reference_id":"r-1","amount":6}"#)
+            .await,
+    ];
+    // A duplicate of a request still running.
+    upstream.set_delay(Duration::from_millis(1500));
+    let running = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            client
+                .send("POST", &url, &[], r#"{"reference_id":"r-2","amount":5}"#)
+                .await
+        })
+    };
+    wait_until("the upstream runs r-2", Duration::from_secs(10), || {
+        upstream.started() == 4
+    })
+    .await;
+    let during = client
+        .send("POST", &url, &[], r#"{"reference_id":"r-2","amount":5}"#)
+        .await;
+    let first_of_r2 = running.await.unwrap();
+    upstream.set_delay(Duration::ZERO);
+    for answer in answers.iter().chain([&during, &first_of_r2]) {
+        assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+        assert!(!answer.replayed(), "observe mode replayed: {answer:?}");
+    }
+    assert_eq!(upstream.executions(), 5, "every request ran");
+    assert_eq!(duplicates(&proxy, "json", "observed").await, 2);
+    assert_eq!(duplicates(&proxy, "json", "replayed").await, 1);
+    assert_eq!(duplicates(&proxy, "json", "mismatch").await, 1);
+    assert_eq!(duplicates(&proxy, "json", "conflict").await, 1);
+    // Content dedup, observed.
+    let messages = proxy.url("/v3/messages");
+    let one = client
+        .send("POST", &messages, &[], r#"{"text":"hi"}"#)
+        .await;
+    let two = client
+        .send("POST", &messages, &[], r#"{"text":"hi"}"#)
+        .await;
+    assert!(!one.replayed() && !two.replayed());
+    assert_ne!(one.body, two.body, "both ran");
+    assert_eq!(upstream.executions(), 7);
+    assert_eq!(duplicates(&proxy, "content", "observed").await, 1);
+    assert_eq!(duplicates(&proxy, "content", "replayed").await, 1);
+    assert_eq!(duplicates(&proxy, "content", "mismatch").await, 0);
+    assert_eq!(duplicates(&proxy, "header", "replayed").await, 0);
 }
