@@ -336,9 +336,7 @@ async fn prepare(
     let by_template = config.path_source == PathSource::RouteTemplate
         || config.key_source.path_parameter().is_some()
         || by_content;
-    let scope_path = by_template
-        .then(|| route_template(config, parts))
-        .flatten();
+    let scope_path = by_template.then(|| route_template(config, parts)).flatten();
     let scope = Scope {
         principal,
         method: parts.method.as_str().to_owned(),
