@@ -118,8 +118,18 @@ where
         (body, None)
     };
     let found = {
-        let (path, query) = request_path(&parts);
-        let template = route_template(&config, &parts);
+        // Only a path or query key reads the URI: the usual header key costs no
+        // path normalization here.
+        let reads_uri = matches!(config.key_source, KeySource::Path(_) | KeySource::Query(_));
+        let (path, query) = if reads_uri {
+            request_path(&parts)
+        } else {
+            (String::new(), String::new())
+        };
+        let template = config
+            .key_source
+            .path_parameter()
+            .and_then(|_| route_template(&config, &parts));
         let input = KeyInput {
             headers: &parts.headers,
             path: &path,
