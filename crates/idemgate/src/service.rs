@@ -377,12 +377,15 @@ async fn observe<E: Send + 'static>(
     // `Content-Type` lines) refuses nothing here: it runs unobserved.
     let single_content_type = parts.headers.get_all(CONTENT_TYPE).iter().nth(1).is_none();
     if !single_content_type || config.principal.extract(&parts).is_err() {
+        count_outcome(Outcome::PassedThrough);
         return keyless(&config, handler, Request::from_parts(parts, body)).await;
     }
     let body = match read_body(&parts, body, config.body_limit).await {
         Ok(body) => body,
         Err(problem) => return Ok(problem.into_response()),
     };
+    // Answered as if the layer were off.
+    count_outcome(Outcome::PassedThrough);
     let prepared = prepare(&config, &parts, Body::from(body.clone()), key, by_content).await;
     let request = Request::from_parts(parts, Body::from(body));
     let Ok((claim, _)) = prepared else {
