@@ -11,7 +11,7 @@ use tokio::sync::Barrier;
 
 use crate::support::client::{Answer, Client};
 use crate::support::proxy::{Proxy, ProxyOptions, Upstream};
-use crate::support::server::TempDir;
+use crate::support::server::{TempDir, postgres_url, redis_url};
 use crate::support::wait::wait_until;
 
 const ROUTES: &str = r#"
@@ -52,13 +52,20 @@ lease = 1
 "#;
 
 async fn proxy() -> (Upstream, Proxy, TempDir) {
+    proxy_on(None).await
+}
+
+/// The proxy with `ROUTES`, on `store` (else the default SQLite file).
+async fn proxy_on(store: Option<&str>) -> (Upstream, Proxy, TempDir) {
     let upstream = Upstream::start().await;
     let dir = TempDir::new("idemgate-proxy-key-sources");
     let path = dir.path().join("routes.toml");
     std::fs::write(&path, ROUTES).unwrap();
-    let proxy =
-        Proxy::start(ProxyOptions::new(upstream.url()).arg("--config", path.display().to_string()))
-            .await;
+    let mut options = ProxyOptions::new(upstream.url()).arg("--config", path.display().to_string());
+    if let Some(store) = store {
+        options = options.store(store);
+    }
+    let proxy = Proxy::start(options).await;
     (upstream, proxy, dir)
 }
 
@@ -91,7 +98,21 @@ async fn lose_then_retry(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_field_key_makes_a_lost_payment_one_upstream_execution() {
-    let (upstream, proxy, _dir) = proxy().await;
+    lost_payment(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_field_key_makes_a_lost_payment_one_upstream_execution_on_postgres() {
+    lost_payment(Some(&postgres_url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_field_key_makes_a_lost_payment_one_upstream_execution_on_redis() {
+    lost_payment(Some(&redis_url())).await;
+}
+
+async fn lost_payment(store: Option<&str>) {
+    let (upstream, proxy, _dir) = proxy_on(store).await;
     let client = Client::new();
     let url = proxy.url("/v2/payments");
     let reference = uuid::Uuid::new_v4().to_string();
