@@ -9,13 +9,17 @@ mod support;
 /// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
 mod e2e {
     mod connections;
+    mod eviction;
     mod keys;
+    mod manual;
     mod monitoring;
     mod natural_keys;
     mod otlp;
     mod proxy;
+    mod proxy_guard;
     mod proxy_key_sources;
     mod proxy_policies;
+    mod reload;
     mod replay_cache;
     mod strict_input;
 }
