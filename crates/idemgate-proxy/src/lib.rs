@@ -437,7 +437,7 @@ impl RouteBuilder {
                     method_override: policy.method_override.unwrap_or(self.method_override),
                     safe_method_bodies: policy.safe_method_body.unwrap_or(self.safe_method_bodies),
                     service: policy
-                        .layer(&route.method, &self.idempotency, fold)
+                        .layer(&route.method, &route.pattern, &self.idempotency, fold)
                         .layer(forward),
                 }
             })

@@ -13,9 +13,11 @@ mod e2e {
     mod keys;
     mod manual;
     mod monitoring;
+    mod natural_keys;
     mod otlp;
     mod proxy;
     mod proxy_guard;
+    mod proxy_key_sources;
     mod proxy_policies;
     mod reload;
     mod replay_cache;

@@ -133,8 +133,35 @@ impl ProblemDetails {
         )
     }
 
-    /// 400: a malformed key.
+    /// 400 `missing-key` on a route that reads its key from `source` (a path or
+    /// query parameter, a body field, another header): the detail says where.
+    pub fn missing_key_at(source: &idemgate_core::key::KeySource) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "missing-key",
+            "Idempotency-Key required",
+            format!(
+                "this endpoint requires an idempotency key, read from {source} (or the Idempotency-Key header); generate one once per user action and reuse it on every retry"
+            ),
+        )
+    }
+
+    /// 400 `ambiguous-key`: the standard header and the route's key source carry
+    /// different keys (PROTOCOL §15); nothing was claimed.
+    pub fn ambiguous_key() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "ambiguous-key",
+            "Ambiguous idempotency key",
+            "the Idempotency-Key header and the route's own key carry different keys; send one key, or the same key in both places",
+        )
+    }
+
+    /// 400: a malformed key; `ambiguous-key` when two places disagree.
     pub fn invalid_key(error: &KeyError) -> Self {
+        if *error == KeyError::Ambiguous {
+            return Self::ambiguous_key();
+        }
         Self::new(
             StatusCode::BAD_REQUEST,
             "invalid-key",

@@ -116,6 +116,30 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// What a JSON body holds at one pointer, for a key read from the body
+/// (PROTOCOL §15): read from the canonical form, so any spelling of the same
+/// document gives the same value.
+pub(crate) enum JsonMember {
+    /// The body has no canonical form: not JSON, or a member named twice (which
+    /// would make "the" value at the pointer a guess).
+    NotJson,
+    /// The pointer names nothing.
+    Absent,
+    /// The canonical text of the value there.
+    Value(Vec<u8>),
+}
+
+/// The value at `pointer` in the JSON `body`.
+pub(crate) fn json_member(body: &[u8], pointer: &JsonPointer) -> JsonMember {
+    match canonical::canonicalize(body) {
+        Err(_) => JsonMember::NotJson,
+        Ok(json) => match select::value_at(&json, pointer) {
+            Some(value) => JsonMember::Value(value.to_vec()),
+            None => JsonMember::Absent,
+        },
+    }
+}
+
 /// `application/json` or any `*/*+json`, parameters ignored, case-insensitive.
 pub fn is_json(content_type: &str) -> bool {
     let essence = content_type

@@ -12,7 +12,7 @@ use idemgate::{Finality, OperationContext, Principal, ProblemDetails};
 use uuid::Uuid;
 
 use crate::orders::db::{Placement, insert_postgres, insert_sqlite};
-use crate::orders::order::{InvalidOrder, NewOrder, Order};
+use crate::orders::order::{InvalidOrder, NewOrder, Order, check_client_order_id};
 use crate::orders::payment::{ChargeOutcome, ChargeRequest};
 use crate::orders::{OrderWrites, OrdersState};
 
@@ -30,6 +30,70 @@ pub(crate) async fn create_order(
         // Nothing happened yet: free the key so the client can fix the body.
         Err(error) => return (Finality::Rejected, invalid_order(&error)).into_response(),
     };
+    place_order(&app, &principal, operation, slot, &order, None).await
+}
+
+/// `PUT /api/v1/orders/{order_id}`: the same order as `POST`, under an id the
+/// client chose (a natural key, PROTOCOL §15). The idempotency layer keys this
+/// route by the id, so a retry within the record's TTL is replayed (201, no
+/// second charge). Past the TTL the orders table still knows the id (unique per
+/// principal): the same order answers 200 with the order as it is now, another
+/// one 409 naming the fields that differ — neither charges. Another principal's
+/// order of that id is never found, so never revealed.
+pub(crate) async fn put_order(
+    State(app): State<Arc<OrdersState>>,
+    Extension(principal): Extension<Principal>,
+    Path(order_id): Path<String>,
+    operation: Option<Extension<OperationContext>>,
+    slot: Option<Extension<TransactionSlot>>,
+    body: Bytes,
+) -> Response {
+    if let Err(error) = check_client_order_id(&order_id) {
+        return (Finality::Rejected, invalid_order(&error)).into_response();
+    }
+    let order = match NewOrder::parse(&body) {
+        Ok(order) => order,
+        Err(error) => return (Finality::Rejected, invalid_order(&error)).into_response(),
+    };
+    match app
+        .orders
+        .get_by_client_id(principal.as_str(), &order_id)
+        .await
+    {
+        Ok(Some(existing)) => {
+            let differing = existing.differing_fields(&order);
+            if differing.is_empty() {
+                return (StatusCode::OK, Json(existing)).into_response();
+            }
+            // Nothing happened: the claim is undone, so the original body can
+            // still be retried under this id.
+            let answer = ProblemDetails::new(
+                StatusCode::CONFLICT,
+                "order-exists",
+                "Order exists with other content",
+                format!(
+                    "order {order_id} already exists with another {}; use a new order id for a new order",
+                    differing.join(", ")
+                ),
+            );
+            return (Finality::Rejected, answer).into_response();
+        }
+        Ok(None) => {}
+        Err(error) => return (Finality::Retryable, database_failure(error)).into_response(),
+    }
+    place_order(&app, &principal, operation, slot, &order, Some(&order_id)).await
+}
+
+/// Charges once and stores the order (in the layer's transaction when the
+/// records share its database), answering 201.
+async fn place_order(
+    app: &OrdersState,
+    principal: &Principal,
+    operation: Option<Extension<OperationContext>>,
+    slot: Option<Extension<TransactionSlot>>,
+    order: &NewOrder,
+    client_order_id: Option<&str>,
+) -> Response {
     let operation = operation.map(|Extension(op)| op);
     let operation_id = operation
         .as_ref()
@@ -78,6 +142,7 @@ pub(crate) async fn create_order(
         principal: principal.as_str(),
         operation_id,
         charge_id: charge_id.as_deref(),
+        client_order_id,
     };
     // Without a key there is no record to commit with the order, so it is written
     // directly, as in the memory and Redis modes: a transaction would only add a
@@ -86,7 +151,7 @@ pub(crate) async fn create_order(
     let slot = slot
         .map(|Extension(slot)| slot)
         .filter(|_| operation.is_some());
-    match store_order(&app, slot.as_ref(), placement, &order).await {
+    match store_order(app, slot.as_ref(), placement, order).await {
         Ok(order) => created(order),
         Err(error) => {
             tracing::error!(error = %error, cause = ?std::error::Error::source(&error), "storing the order failed");
@@ -135,14 +200,21 @@ enum StoreOrderError {
 }
 
 fn created(order: Order) -> Response {
-    let location = HeaderValue::from_str(&format!("/api/v1/orders/{}", order.order_id))
+    let location = match &order.client_order_id {
+        Some(id) => format!("/api/v1/orders/{id}"),
+        None => format!("/api/v1/orders/{}", order.order_id),
+    };
+    let location = HeaderValue::from_str(&location)
         .unwrap_or_else(|_| HeaderValue::from_static("/api/v1/orders"));
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "order_id": order.order_id,
         "amount": order.amount,
         "currency": order.currency,
         "status": order.status,
     });
+    if let Some(id) = &order.client_order_id {
+        body["client_order_id"] = serde_json::Value::from(id.as_str());
+    }
     (
         StatusCode::CREATED,
         [(header::LOCATION, location)],
@@ -173,13 +245,27 @@ pub(crate) async fn list_orders(
     Ok(Json(serde_json::json!({ "orders": orders })))
 }
 
-/// `GET /api/v1/orders/{id}`: one of the principal's orders, else 404.
+/// `GET /api/v1/orders/{order_id}`: one of the principal's orders, by the id the
+/// client chose for it (`PUT`) or the one the server gave it (`POST`), else 404.
 pub(crate) async fn get_order(
     State(app): State<Arc<OrdersState>>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    Path(id): Path<String>,
 ) -> Result<Json<Order>, ProblemDetails> {
-    match app.orders.get(principal.as_str(), id).await {
+    let by_client_id = match check_client_order_id(&id) {
+        Ok(()) => app
+            .orders
+            .get_by_client_id(principal.as_str(), &id)
+            .await
+            .map_err(database_failure)?,
+        Err(_) => None,
+    };
+    let found = match (by_client_id, id.parse::<i64>()) {
+        (Some(order), _) => Ok(Some(order)),
+        (None, Ok(number)) => app.orders.get(principal.as_str(), number).await,
+        (None, Err(_)) => Ok(None),
+    };
+    match found {
         Ok(Some(order)) => Ok(Json(order)),
         Ok(None) => Err(ProblemDetails::new(
             StatusCode::NOT_FOUND,

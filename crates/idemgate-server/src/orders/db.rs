@@ -31,6 +31,20 @@ pub struct Placement<'a> {
     pub operation_id: Uuid,
     /// The gateway's charge id.
     pub charge_id: Option<&'a str>,
+    /// The client-chosen id of `PUT /api/v1/orders/{order_id}`: unique per
+    /// principal, the order's durable natural key (PROTOCOL §15).
+    pub client_order_id: Option<&'a str>,
+}
+
+/// A read of orders: the columns every read selects, then `$tail` (a literal,
+/// so the statement stays static SQL).
+macro_rules! select_orders {
+    ($tail:literal) => {
+        concat!(
+            "SELECT id, amount, currency, status, items, client_order_id FROM orders ",
+            $tail
+        )
+    };
 }
 
 impl OrdersDb {
@@ -88,13 +102,41 @@ impl OrdersDb {
                         items TEXT NOT NULL,
                         charge_id TEXT,
                         status TEXT NOT NULL,
+                        client_order_id TEXT,
                         created_at INTEGER NOT NULL DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))
                     )",
                 )
                 .execute(pool)
                 .await?;
+                // A table made before natural keys: add the column (once; a
+                // concurrent starter that added it first is not an error).
+                let has_column = |pool: &SqlitePool| {
+                    let pool = pool.clone();
+                    async move {
+                        sqlx::query_scalar::<_, i64>(
+                            "SELECT COUNT(*) FROM pragma_table_info('orders') WHERE name = 'client_order_id'",
+                        )
+                        .fetch_one(&pool)
+                        .await
+                    }
+                };
+                if has_column(pool).await? == 0 {
+                    let added = sqlx::query("ALTER TABLE orders ADD COLUMN client_order_id TEXT")
+                        .execute(pool)
+                        .await;
+                    if let Err(error) = added
+                        && has_column(pool).await? == 0
+                    {
+                        return Err(error);
+                    }
+                }
                 sqlx::query(
                     "CREATE INDEX IF NOT EXISTS orders_by_principal ON orders (principal, id)",
+                )
+                .execute(pool)
+                .await?;
+                sqlx::query(
+                    "CREATE UNIQUE INDEX IF NOT EXISTS orders_by_client_id ON orders (principal, client_order_id)",
                 )
                 .execute(pool)
                 .await?;
@@ -116,8 +158,17 @@ impl OrdersDb {
                         items TEXT NOT NULL,
                         charge_id TEXT,
                         status TEXT NOT NULL,
+                        client_order_id TEXT,
                         created_at TIMESTAMPTZ NOT NULL DEFAULT now()
                     )",
+                )
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("ALTER TABLE orders ADD COLUMN IF NOT EXISTS client_order_id TEXT")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "CREATE UNIQUE INDEX IF NOT EXISTS orders_by_client_id ON orders (principal, client_order_id)",
                 )
                 .execute(&mut *tx)
                 .await?;
@@ -152,24 +203,20 @@ impl OrdersDb {
     /// The principal's orders, oldest first.
     pub async fn list(&self, principal: &str) -> Result<Vec<Order>, sqlx::Error> {
         match self {
-            Self::Sqlite(pool) => sqlx::query(
-                "SELECT id, amount, currency, status, items FROM orders WHERE principal = ? ORDER BY id",
-            )
-            .bind(principal)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(order_from_sqlite)
-            .collect(),
-            Self::Postgres(pool) => sqlx::query(
-                "SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 ORDER BY id",
-            )
-            .bind(principal)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(order_from_postgres)
-            .collect(),
+            Self::Sqlite(pool) => sqlx::query(select_orders!("WHERE principal = ? ORDER BY id"))
+                .bind(principal)
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(order_from_sqlite)
+                .collect(),
+            Self::Postgres(pool) => sqlx::query(select_orders!("WHERE principal = $1 ORDER BY id"))
+                .bind(principal)
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(order_from_postgres)
+                .collect(),
         }
     }
 
@@ -178,21 +225,48 @@ impl OrdersDb {
     pub async fn get(&self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
         match self {
             Self::Sqlite(pool) => {
-                let row = sqlx::query(
-                    "SELECT id, amount, currency, status, items FROM orders WHERE principal = ? AND id = ?",
-                )
+                let row = sqlx::query(select_orders!("WHERE principal = ? AND id = ?"))
+                    .bind(principal)
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+                row.as_ref().map(order_from_sqlite).transpose()
+            }
+            Self::Postgres(pool) => {
+                let row = sqlx::query(select_orders!("WHERE principal = $1 AND id = $2"))
+                    .bind(principal)
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+                row.as_ref().map(order_from_postgres).transpose()
+            }
+        }
+    }
+
+    /// The principal's order under its client-chosen id; `None` if there is none
+    /// (another principal's order of that id is never found).
+    pub async fn get_by_client_id(
+        &self,
+        principal: &str,
+        client_order_id: &str,
+    ) -> Result<Option<Order>, sqlx::Error> {
+        match self {
+            Self::Sqlite(pool) => {
+                let row = sqlx::query(select_orders!(
+                    "WHERE principal = ? AND client_order_id = ?"
+                ))
                 .bind(principal)
-                .bind(id)
+                .bind(client_order_id)
                 .fetch_optional(pool)
                 .await?;
                 row.as_ref().map(order_from_sqlite).transpose()
             }
             Self::Postgres(pool) => {
-                let row = sqlx::query(
-                    "SELECT id, amount, currency, status, items FROM orders WHERE principal = $1 AND id = $2",
-                )
+                let row = sqlx::query(select_orders!(
+                    "WHERE principal = $1 AND client_order_id = $2"
+                ))
                 .bind(principal)
-                .bind(id)
+                .bind(client_order_id)
                 .fetch_optional(pool)
                 .await?;
                 row.as_ref().map(order_from_postgres).transpose()
@@ -237,8 +311,8 @@ pub async fn insert_sqlite(
 ) -> Result<Order, sqlx::Error> {
     let operation_id = placement.operation_id.to_string();
     sqlx::query(
-        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status)
-         VALUES (?, ?, ?, ?, ?, ?, 'paid') ON CONFLICT (operation_id) DO NOTHING",
+        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status, client_order_id)
+         VALUES (?, ?, ?, ?, ?, ?, 'paid', ?) ON CONFLICT (operation_id) DO NOTHING",
     )
     .bind(&operation_id)
     .bind(placement.principal)
@@ -246,14 +320,13 @@ pub async fn insert_sqlite(
     .bind(&order.currency)
     .bind(items_json(order))
     .bind(placement.charge_id)
+    .bind(placement.client_order_id)
     .execute(&mut *conn)
     .await?;
-    let row = sqlx::query(
-        "SELECT id, amount, currency, status, items FROM orders WHERE operation_id = ?",
-    )
-    .bind(&operation_id)
-    .fetch_one(&mut *conn)
-    .await?;
+    let row = sqlx::query(select_orders!("WHERE operation_id = ?"))
+        .bind(&operation_id)
+        .fetch_one(&mut *conn)
+        .await?;
     order_from_sqlite(&row)
 }
 
@@ -268,9 +341,9 @@ pub async fn insert_postgres(
     // Not on SQLite: there an INSERT … RETURNING read with fetch_optional keeps its
     // statement, and so the write lock, open longer, which measured slower.
     let inserted = sqlx::query(
-        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status)
-         VALUES ($1, $2, $3, $4, $5, $6, 'paid') ON CONFLICT (operation_id) DO NOTHING
-         RETURNING id, amount, currency, status, items",
+        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status, client_order_id)
+         VALUES ($1, $2, $3, $4, $5, $6, 'paid', $7) ON CONFLICT (operation_id) DO NOTHING
+         RETURNING id, amount, currency, status, items, client_order_id",
     )
     .bind(placement.operation_id)
     .bind(placement.principal)
@@ -278,18 +351,18 @@ pub async fn insert_postgres(
     .bind(&order.currency)
     .bind(items_json(order))
     .bind(placement.charge_id)
+    .bind(placement.client_order_id)
     .fetch_optional(&mut *conn)
     .await?;
-    let row =
-        match inserted {
-            Some(row) => row,
-            None => sqlx::query(
-                "SELECT id, amount, currency, status, items FROM orders WHERE operation_id = $1",
-            )
-            .bind(placement.operation_id)
-            .fetch_one(&mut *conn)
-            .await?,
-        };
+    let row = match inserted {
+        Some(row) => row,
+        None => {
+            sqlx::query(select_orders!("WHERE operation_id = $1"))
+                .bind(placement.operation_id)
+                .fetch_one(&mut *conn)
+                .await?
+        }
+    };
     order_from_postgres(&row)
 }
 
@@ -304,6 +377,7 @@ fn order_from_sqlite(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error
         currency: row.try_get("currency")?,
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
+        client_order_id: row.try_get("client_order_id")?,
     })
 }
 
@@ -314,5 +388,6 @@ fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error
         currency: row.try_get("currency")?,
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
+        client_order_id: row.try_get("client_order_id")?,
     })
 }

@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::Method;
 use axum::middleware;
 use axum::routing::get;
+use idemgate::key::KeySource;
 use idemgate::{DetachedTasks, IdempotencyLayer};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -74,17 +76,29 @@ pub fn router_without_idempotency(state: OrdersState) -> Router {
 }
 
 fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
-    let mut api = Router::new()
-        .route(
-            "/api/v1/orders",
-            get(api::list_orders).post(api::create_order),
-        )
-        .route("/api/v1/orders/{id}", get(api::get_order));
+    let mut orders = Router::new().route(
+        "/api/v1/orders",
+        get(api::list_orders).post(api::create_order),
+    );
+    let mut natural = Router::new().route(
+        "/api/v1/orders/{order_id}",
+        get(api::get_order).put(api::put_order),
+    );
     if let Some(idempotency) = idempotency {
         // Route layers: only matched routes reach them, so 404/405 are not stored.
-        api = api.route_layer(idempotency);
+        // `PUT /api/v1/orders/{order_id}` is keyed by its id (PROTOCOL §15): the
+        // same layer, store and detached tasks, another key source.
+        natural = natural.route_layer(
+            idempotency
+                .clone()
+                .with_methods([Method::PUT])
+                .with_key_source(KeySource::Path("order_id".to_owned())),
+        );
+        orders = orders.route_layer(idempotency);
     }
-    let api = api.route_layer(middleware::from_fn(auth::authenticate));
+    let api = orders
+        .merge(natural)
+        .route_layer(middleware::from_fn(auth::authenticate));
     Router::new()
         .route("/healthz", get(api::healthz))
         .route("/metrics", get(api::render_metrics))

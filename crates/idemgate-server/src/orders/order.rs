@@ -44,6 +44,9 @@ pub struct Order {
     pub status: String,
     /// The lines.
     pub items: Vec<Item>,
+    /// The client-chosen id, for an order made by `PUT /api/v1/orders/{order_id}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_order_id: Option<String>,
 }
 
 /// Why an order request was refused (400, before any charge).
@@ -73,6 +76,42 @@ pub enum InvalidOrder {
     /// `currency` is not three letters.
     #[error("currency must be a three-letter ISO 4217 code, got {0:?}")]
     Currency(String),
+    /// A client-chosen order id that is not 1–64 letters, digits, `-` or `_`.
+    #[error("an order id is 1 to 64 letters, digits, '-' or '_'")]
+    OrderId,
+}
+
+/// Checks a client-chosen order id (`PUT /api/v1/orders/{order_id}`): 1–64 ASCII
+/// letters, digits, `-` or `_`, so it is a valid idempotency key and a clean URL
+/// segment.
+pub fn check_client_order_id(id: &str) -> Result<(), InvalidOrder> {
+    let valid = (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidOrder::OrderId)
+    }
+}
+
+impl Order {
+    /// The fields where `request` asks for something else than this order
+    /// holds, by their names in the request body.
+    pub fn differing_fields(&self, request: &NewOrder) -> Vec<&'static str> {
+        let mut fields = Vec::new();
+        if self.items != request.items {
+            fields.push("items");
+        }
+        if self.currency != request.currency {
+            fields.push("currency");
+        }
+        if self.amount != request.amount {
+            fields.push("amount");
+        }
+        fields
+    }
 }
 
 impl NewOrder {
@@ -109,6 +148,20 @@ impl NewOrder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_order_ids_are_short_plain_tokens() {
+        for id in ["a", "ORD-2026_001", &"x".repeat(64)] {
+            assert_eq!(check_client_order_id(id), Ok(()), "{id}");
+        }
+        for id in ["", " a", "a b", "a/b", "ä", "a.b", &"x".repeat(65)] {
+            assert_eq!(
+                check_client_order_id(id),
+                Err(InvalidOrder::OrderId),
+                "{id}"
+            );
+        }
+    }
 
     #[test]
     fn accepts_the_seed_order() {

@@ -61,6 +61,48 @@ impl Client {
         })
     }
 
+    /// Any method, JSON body, extra headers (a key elsewhere than
+    /// `Idempotency-Key`, say).
+    pub async fn try_send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> reqwest::Result<Answer> {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut request = self
+            .http
+            .request(method, url)
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        self.try_send(method, url, headers, body)
+            .await
+            .expect(method)
+    }
+
     pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Answer {
         self.try_post(url, key, body).await.expect("POST")
     }
