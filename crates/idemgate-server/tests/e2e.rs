@@ -8,6 +8,7 @@ mod support;
 
 /// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
 mod e2e {
+    mod conditional;
     mod connections;
     mod keys;
     mod monitoring;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::Method;
 use axum::middleware;
 use axum::routing::get;
 use idemgate::{DetachedTasks, IdempotencyLayer};
@@ -79,8 +80,16 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
             "/api/v1/orders",
             get(api::list_orders).post(api::create_order),
         )
-        .route("/api/v1/orders/{id}", get(api::get_order));
+        .route(
+            "/api/v1/orders/{id}",
+            get(api::get_order)
+                .patch(api::patch_order)
+                .delete(api::cancel_order),
+        );
     if let Some(idempotency) = idempotency {
+        // PATCH and DELETE are conditional writes: with a key, the journal comes
+        // first, so a retry of one that succeeded replays it (PROTOCOL §17).
+        let idempotency = idempotency.with_methods([Method::POST, Method::PATCH, Method::DELETE]);
         // Route layers: only matched routes reach them, so 404/405 are not stored.
         api = api.route_layer(idempotency);
     }

@@ -83,6 +83,51 @@ impl Client {
         }
     }
 
+    /// Any request: `method` to `url` with an optional key, extra headers and a
+    /// JSON (or other, per the headers) body.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Answer {
+        self.try_send(method, url, key, headers, body)
+            .await
+            .expect("request")
+    }
+
+    /// [`Client::send`], with the transport's error (a lost response) returned.
+    pub async fn try_send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> reqwest::Result<Answer> {
+        let mut request = self.http.request(method, url).bearer_auth(&self.token);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.body(body.to_owned());
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
     /// This client's orders, through the API.
     pub async fn orders(&self, base: &str) -> Vec<serde_json::Value> {
         let answer = self.get(&format!("{base}/api/v1/orders")).await;
