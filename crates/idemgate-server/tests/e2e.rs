@@ -17,6 +17,7 @@ mod e2e {
     mod proxy_policies;
     mod replay_cache;
     mod strict_input;
+    mod transfers;
 }
 
 use std::sync::Arc;

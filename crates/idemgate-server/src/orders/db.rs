@@ -161,7 +161,7 @@ impl OrdersDb {
                 tx.commit().await?;
             }
         }
-        Ok(())
+        crate::orders::ledger::migrate(self).await
     }
 
     /// Inserts an order outside any idempotency transaction. A second insert for the

@@ -5,6 +5,8 @@
 //! transaction as its idempotency record.
 //!
 //! - [`api`]: the routes' handlers;
+//! - [`accounts`]: accounts and compare-and-set transfers (PROTOCOL §18), with
+//!   their SQL in [`ledger`];
 //! - [`auth`]: bearer authentication, outside the idempotency layer;
 //! - [`db`]: the orders database (the only database this tree opens);
 //! - [`order`]: what a client may order, checked before anything is charged;
@@ -16,13 +18,15 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::Method;
 use axum::middleware;
-use axum::routing::get;
+use axum::routing::{get, post};
 use idemgate::{DetachedTasks, IdempotencyLayer};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+pub mod accounts;
 pub mod api;
 pub mod auth;
 pub mod db;
+pub mod ledger;
 pub mod order;
 pub mod payment;
 
@@ -85,6 +89,12 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
             get(api::get_order)
                 .patch(api::patch_order)
                 .delete(api::cancel_order),
+        )
+        .route("/api/v1/accounts", post(accounts::open_account))
+        .route("/api/v1/accounts/{id}", get(accounts::get_account))
+        .route(
+            "/api/v1/accounts/{id}/transfers",
+            post(accounts::create_transfer),
         );
     if let Some(idempotency) = idempotency {
         // PATCH and DELETE are conditional writes: with a key, the journal comes
