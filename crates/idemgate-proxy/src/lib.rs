@@ -43,6 +43,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 mod body;
+mod conditional;
 mod forward;
 mod guard;
 pub mod headers;
@@ -82,6 +83,7 @@ pub struct ProxyConfig {
     underscore_headers: UnderscoreHeaders,
     method_override: MethodOverride,
     safe_method_bodies: SafeMethodBodies,
+    lock_store: Option<conditional::LockStore>,
 }
 
 impl ProxyConfig {
@@ -103,7 +105,23 @@ impl ProxyConfig {
             underscore_headers: UnderscoreHeaders::Drop,
             method_override: MethodOverride::Refuse,
             safe_method_bodies: SafeMethodBodies::Refuse,
+            lock_store: None,
         }
+    }
+
+    /// The store that holds the resource leases of routes with `conditional =
+    /// "enforce"` (PROTOCOL §17): the one every proxy instance in front of the
+    /// upstream shares (PostgreSQL or Redis for several instances), usually the
+    /// idempotency store itself. Without it such a route answers 500
+    /// `store-misconfigured` instead of writing unserialised.
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let config = config.with_lock_store(std::sync::Arc::new(idemgate::MemoryStore::new()));
+    /// ```
+    pub fn with_lock_store(mut self, store: Arc<dyn idemgate::Store>) -> Self {
+        self.lock_store = Some(conditional::LockStore(store));
+        self
     }
 
     /// How long to wait for the upstream's response head (connecting included);
@@ -322,7 +340,11 @@ pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
                     policy
                         .upstream_response_timeout
                         .or(config.upstream_response_timeout),
-                );
+                )
+                .with_conditional(policy.conditional.then(|| conditional::Enforce {
+                    store: config.lock_store.as_ref().map(|store| Arc::clone(&store.0)),
+                    require_if_match: policy.require_if_match,
+                }));
             DispatchRoute {
                 method: route.method.clone(),
                 pattern: route.pattern.folded(fold),

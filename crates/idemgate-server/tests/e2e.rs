@@ -14,6 +14,7 @@ mod e2e {
     mod monitoring;
     mod otlp;
     mod proxy;
+    mod proxy_conditional;
     mod proxy_policies;
     mod replay_cache;
     mod strict_input;

@@ -225,6 +225,9 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         settings.redis,
     )
     .await?;
+    // The resource leases of `conditional = "enforce"` routes go to the store
+    // itself, past the replay cache: every instance must see every lease.
+    let lock_store = Arc::clone(&opened.store);
     let store = with_replay_cache(opened.store, settings.layer.replay_cache);
     let layer = settings
         .principal
@@ -235,7 +238,8 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
             .with_upstream_timeout(settings.upstream_timeout)
             .with_host_header(settings.host_header)
             .with_https_clients(settings.tls.is_some())
-            .with_routes(settings.routes.clone()),
+            .with_routes(settings.routes.clone())
+            .with_lock_store(lock_store),
         layer,
     );
     let admin = admin::router(AdminState::new(
