@@ -214,28 +214,14 @@ impl OrdersDb {
     pub async fn get(&self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
         match self {
             Self::Sqlite(pool) => {
-                let row = sqlx::query(concat!(
-                    "SELECT ",
-                    columns!(),
-                    " FROM orders WHERE principal = ? AND id = ?"
-                ))
-                .bind(principal)
-                .bind(id)
-                .fetch_optional(pool)
-                .await?;
-                row.as_ref().map(order_from_sqlite).transpose()
+                OrdersConn::Sqlite(&mut *pool.acquire().await?)
+                    .get(principal, id)
+                    .await
             }
             Self::Postgres(pool) => {
-                let row = sqlx::query(concat!(
-                    "SELECT ",
-                    columns!(),
-                    " FROM orders WHERE principal = $1 AND id = $2"
-                ))
-                .bind(principal)
-                .bind(id)
-                .fetch_optional(pool)
-                .await?;
-                row.as_ref().map(order_from_postgres).transpose()
+                OrdersConn::Postgres(&mut *pool.acquire().await?)
+                    .get(principal, id)
+                    .await
             }
         }
     }
