@@ -292,6 +292,7 @@ pub(crate) async fn transfer(
         }
         Some(_) => {}
     }
+    lock_in_order(conn, from, request.to).await?;
     let Some(balance) = debit(conn, from, request).await? else {
         // Nothing was debited: say why, with the account as it is now.
         let current = get(conn, Some(principal), from).await?.unwrap_or(source);
@@ -365,6 +366,21 @@ async fn existing(
         })
         .transpose()?,
     })
+}
+
+/// On PostgreSQL, locks both accounts' rows in id order before the debit, so
+/// two opposite transfers (A→B and B→A) wait for each other instead of
+/// deadlocking between the debit's and the credit's row locks. SQLite needs
+/// nothing: its transaction holds the one write lock from the start.
+async fn lock_in_order(conn: &mut OrdersConn<'_>, a: i64, b: i64) -> Result<(), sqlx::Error> {
+    if let OrdersConn::Postgres(conn) = conn {
+        sqlx::query("SELECT id FROM accounts WHERE id IN ($1, $2) ORDER BY id FOR UPDATE")
+            .bind(a)
+            .bind(b)
+            .fetch_all(&mut **conn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// The compare-and-set debit: the new balance, or `None` when the
