@@ -325,6 +325,55 @@ mod tests {
         assert_eq!(scalar.apply(&order()), Err(InvalidPatch::Address));
     }
 
+    fn json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            (0_i64..5).prop_map(serde_json::Value::from),
+            "[ab]{0,2}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("[abc]", inner, 0..3)
+                    .prop_map(|members| serde_json::Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A patch with no nulls inside, as RFC 7396 §2 leaves it in the target.
+    fn without_nulls(value: &serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::Null => false,
+            serde_json::Value::Object(members) => members.values().all(without_nulls),
+            _ => true,
+        }
+    }
+
+    proptest::proptest! {
+        /// RFC 7396: a patch applied twice is applied once, and a patch with no
+        /// nulls leaves the target holding every value it names.
+        #[test]
+        fn merge_patch_is_idempotent(target in json(), patch in json()) {
+            let mut once = target.clone();
+            merge_patch(&mut once, &patch);
+            let mut twice = once.clone();
+            merge_patch(&mut twice, &patch);
+            proptest::prop_assert_eq!(&once, &twice);
+            if without_nulls(&patch) && !patch.is_object() {
+                proptest::prop_assert_eq!(&once, &patch);
+            }
+        }
+
+        #[test]
+        fn any_bytes_parse_or_refuse_without_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            if let Ok(patch) = OrderPatch::parse(&bytes) {
+                let _ = patch.apply(&order());
+            }
+        }
+    }
+
     #[test]
     fn the_etag_changes_with_the_representation_only() {
         let mut other = order();
