@@ -66,9 +66,19 @@ require_if_match = true
 "#;
 
 async fn put(client: &Client, url: &str, if_match: Option<&str>, body: &str) -> Answer {
+    put_keyed(client, url, &new_key(), if_match, body).await
+}
+
+async fn put_keyed(
+    client: &Client,
+    url: &str,
+    key: &str,
+    if_match: Option<&str>,
+    body: &str,
+) -> Answer {
     let headers: Vec<(&str, &str)> = if_match.iter().map(|tag| ("if-match", *tag)).collect();
     client
-        .send(Method::PUT, url, Some(&new_key()), &headers, Some(body))
+        .send(Method::PUT, url, Some(key), &headers, Some(body))
         .await
 }
 
@@ -105,10 +115,13 @@ async fn two_proxies_enforce_if_match(store: &str) {
             let url = proxies[writer % 2].url("/docs/1");
             let (client, barrier, etag) = (client.clone(), barrier.clone(), etag.clone());
             tokio::spawn(async move {
+                let key = new_key();
                 barrier.wait().await;
+                let body = format!("writer {writer}");
                 (
                     writer,
-                    put(&client, &url, Some(&etag), &format!("writer {writer}")).await,
+                    key.clone(),
+                    put_keyed(&client, &url, &key, Some(&etag), &body).await,
                 )
             })
         })
@@ -119,7 +132,7 @@ async fn two_proxies_enforce_if_match(store: &str) {
     }
     let won: Vec<_> = answers
         .iter()
-        .filter(|(_, a)| a.status.is_success())
+        .filter(|(_, _, a)| a.status.is_success())
         .collect();
     assert_eq!(won.len(), 1, "exactly one write applies: {answers:?}");
     assert_eq!(
@@ -127,8 +140,8 @@ async fn two_proxies_enforce_if_match(store: &str) {
         1,
         "the losers were not forwarded"
     );
-    let (winner, _) = won[0];
-    for (_, lost) in answers.iter().filter(|(_, a)| !a.status.is_success()) {
+    let (winner, winner_key, won_answer) = won[0];
+    for (_, _, lost) in answers.iter().filter(|(_, _, a)| !a.status.is_success()) {
         assert_eq!(lost.status, StatusCode::PRECONDITION_FAILED, "{lost:?}");
         assert_eq!(
             lost.headers["etag"],
@@ -137,6 +150,25 @@ async fn two_proxies_enforce_if_match(store: &str) {
         );
     }
     assert_eq!(doc.body.lock().await.1, format!("writer {winner}"));
+
+    // The winner retries (its answer lost, say) with its key and its now stale
+    // If-Match, through the other proxy: the stored 200 is replayed, not a 412.
+    let retry = put_keyed(
+        &client,
+        &proxies[(winner + 1) % 2].url("/docs/1"),
+        winner_key,
+        Some(&etag),
+        &format!("writer {winner}"),
+    )
+    .await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.body, won_answer.body);
+    assert_eq!(
+        doc.puts.load(Ordering::SeqCst),
+        1,
+        "the replay forwards nothing"
+    );
 
     // The current ETag through the other proxy applies.
     let next = put(&client, &proxies[1].url("/docs/1"), Some(&tag(2)), "next").await;
