@@ -10,12 +10,16 @@ mod support;
 mod e2e {
     mod conditional;
     mod connections;
+    mod eviction;
     mod keys;
+    mod manual;
     mod monitoring;
     mod otlp;
     mod proxy;
     mod proxy_conditional;
+    mod proxy_guard;
     mod proxy_policies;
+    mod reload;
     mod replay_cache;
     mod strict_input;
     mod transfers;
