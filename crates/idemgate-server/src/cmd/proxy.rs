@@ -430,8 +430,12 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     )
     .await?;
     // The resource leases of `conditional = "enforce"` routes go to the store
-    // itself, past the replay cache: every instance must see every lease.
-    let lock_store = Arc::clone(&opened.store);
+    // itself, past the replay cache: every instance must see every lease. Each
+    // call bounded by the store timeout, as the layer's are.
+    let lock_store: Arc<dyn idemgate::Store> = Arc::new(idemgate::deadline::WithDeadline::new(
+        Arc::clone(&opened.store),
+        settings.layer.store_timeout,
+    ));
     let store = with_replay_cache(opened.store, settings.layer.replay_cache);
     let layer = settings
         .principal
