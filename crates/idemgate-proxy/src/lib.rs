@@ -45,6 +45,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 mod body;
+mod conditional;
 mod forward;
 mod guard;
 pub mod headers;
@@ -84,6 +85,7 @@ pub struct ProxyConfig {
     underscore_headers: UnderscoreHeaders,
     method_override: MethodOverride,
     safe_method_bodies: SafeMethodBodies,
+    lock_store: Option<conditional::LockStore>,
 }
 
 impl ProxyConfig {
@@ -105,7 +107,23 @@ impl ProxyConfig {
             underscore_headers: UnderscoreHeaders::Drop,
             method_override: MethodOverride::Refuse,
             safe_method_bodies: SafeMethodBodies::Refuse,
+            lock_store: None,
         }
+    }
+
+    /// The store that holds the resource leases of routes with `conditional =
+    /// "enforce"` (PROTOCOL §17): the one every proxy instance in front of the
+    /// upstream shares (PostgreSQL or Redis for several instances), usually the
+    /// idempotency store itself. Without it such a route answers 500
+    /// `store-misconfigured` instead of writing unserialised.
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let config = config.with_lock_store(std::sync::Arc::new(idemgate::MemoryStore::new()));
+    /// ```
+    pub fn with_lock_store(mut self, store: Arc<dyn idemgate::Store>) -> Self {
+        self.lock_store = Some(conditional::LockStore(store));
+        self
     }
 
     /// How long to wait for the upstream's response head (connecting included);
@@ -343,6 +361,7 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
         case_insensitive: config.case_insensitive,
         method_override: config.method_override,
         safe_method_bodies: config.safe_method_bodies,
+        lock_store: config.lock_store,
     };
     let routes = Arc::new(ArcSwap::from_pointee(builder.build(&config.routes)));
     let table = RouteTable {
@@ -411,6 +430,8 @@ struct RouteBuilder {
     case_insensitive: bool,
     method_override: MethodOverride,
     safe_method_bodies: SafeMethodBodies,
+    /// Where `conditional = "enforce"` routes take their resource leases.
+    lock_store: Option<conditional::LockStore>,
 }
 
 impl RouteBuilder {
@@ -429,7 +450,11 @@ impl RouteBuilder {
                     .with_body_timeouts(
                         policy.upstream_idle_timeout.unwrap_or(self.idle),
                         policy.upstream_response_timeout.or(self.response_timeout),
-                    );
+                    )
+                    .with_conditional(policy.conditional.then(|| conditional::Enforce {
+                        store: self.lock_store.as_ref().map(|store| Arc::clone(&store.0)),
+                        require_if_match: policy.require_if_match,
+                    }));
                 DispatchRoute {
                     method: route.method.clone(),
                     pattern: route.pattern.folded(fold),

@@ -111,6 +111,20 @@ pub(crate) struct RoutePolicy {
     pub(crate) safe_method_body: Option<SafeMethodBodies>,
     pub(crate) upstream_idle_timeout: Option<Duration>,
     pub(crate) upstream_response_timeout: Option<Duration>,
+    /// `conditional = "enforce"`: the proxy enforces the route's preconditions.
+    pub(crate) conditional: bool,
+    /// `require_if_match`: 428 for a write without `If-Match`.
+    pub(crate) require_if_match: bool,
+}
+
+/// A route's `conditional` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Conditional {
+    /// The upstream's business (the default).
+    Off,
+    /// The proxy evaluates `If-Match` & co. against the upstream's current ETag.
+    Enforce,
 }
 
 /// Why the policy file was refused. Both name the file; a bad file also names the
@@ -529,6 +543,8 @@ struct RouteEntry {
     safe_method_body: Option<SafeMethodBodies>,
     upstream_idle_timeout_ms: Option<NonZeroU64>,
     upstream_response_timeout_ms: Option<NonZeroU64>,
+    conditional: Option<Conditional>,
+    require_if_match: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -634,6 +650,11 @@ impl RouteEntry {
                 upstream_response_timeout: self
                     .upstream_response_timeout_ms
                     .map(|ms| Duration::from_millis(ms.get())),
+                // Requiring If-Match is enforcing it: a required precondition
+                // nobody checks would be a promise the upstream does not keep.
+                conditional: self.conditional == Some(Conditional::Enforce)
+                    || self.require_if_match == Some(true),
+                require_if_match: self.require_if_match == Some(true),
             },
         })
     }
@@ -777,6 +798,41 @@ enum FingerprintSetting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditional_enforce_and_require_if_match() {
+        let routes = Routes::from_toml(
+            "routes.toml".as_ref(),
+            r#"
+            [[route]]
+            method = "PUT"
+            path = "/docs/*"
+            conditional = "enforce"
+
+            [[route]]
+            method = "PATCH"
+            path = "/docs/*"
+            require_if_match = true
+
+            [[route]]
+            method = "DELETE"
+            path = "/docs/*"
+            conditional = "off"
+            "#,
+        )
+        .unwrap();
+        let policies: Vec<_> = routes
+            .iter()
+            .map(|route| (route.policy.conditional, route.policy.require_if_match))
+            .collect();
+        assert_eq!(policies, [(true, false), (true, true), (false, false)]);
+        let error = Routes::from_toml(
+            "routes.toml".as_ref(),
+            "[[route]]\nmethod = \"PUT\"\npath = \"/a\"\nconditional = \"always\"\n",
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("enforce"), "{error}");
+    }
 
     fn parse(text: &str) -> Result<Routes, RoutesError> {
         Routes::from_toml(Path::new("routes.toml"), text)

@@ -8,6 +8,7 @@ mod support;
 
 /// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
 mod e2e {
+    mod conditional;
     mod connections;
     mod eviction;
     mod keys;
@@ -16,12 +17,14 @@ mod e2e {
     mod natural_keys;
     mod otlp;
     mod proxy;
+    mod proxy_conditional;
     mod proxy_guard;
     mod proxy_key_sources;
     mod proxy_policies;
     mod reload;
     mod replay_cache;
     mod strict_input;
+    mod transfers;
 }
 
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod conditional;
 mod config;
 pub mod context;
 mod execution;

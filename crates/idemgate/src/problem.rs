@@ -48,6 +48,11 @@ pub struct ProblemDetails {
     /// Seconds after which a retry may succeed; sent as `Retry-After`.
     #[serde(skip)]
     pub retry_after: Option<Duration>,
+    /// Extension members (RFC 9457 §3.2): what this occurrence adds for the
+    /// client to act on (the current `etag`, `balance`, `version`), beside the
+    /// standard members in the same JSON object.
+    #[serde(flatten)]
+    pub members: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ProblemDetails {
@@ -64,7 +69,26 @@ impl ProblemDetails {
             status: status.as_u16(),
             detail: detail.into(),
             retry_after: None,
+            members: serde_json::Map::new(),
         }
+    }
+
+    /// Adds an extension member, so the client can act without another request
+    /// (a 409 `precondition-failed` carries the current balance). A name of a
+    /// standard member (`type`, `title`, `status`, `detail`) is ignored: those
+    /// are the problem's own and never overwritten.
+    ///
+    /// ```
+    /// # use axum::http::StatusCode;
+    /// let problem = idemgate::ProblemDetails::new(StatusCode::CONFLICT, "precondition-failed", "Precondition failed", "stale")
+    ///     .with_member("version", 7);
+    /// assert_eq!(problem.members["version"], 7);
+    /// ```
+    pub fn with_member(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        if !matches!(name, "type" | "title" | "status" | "detail") {
+            self.members.insert(name.to_owned(), value.into());
+        }
+        self
     }
 
     /// Adds a `Retry-After` (whole seconds, rounded up, at least 1).

@@ -140,6 +140,23 @@ pub(crate) fn json_member(body: &[u8], pointer: &JsonPointer) -> JsonMember {
     }
 }
 
+/// The canonical form of a JSON text (RFC 8785 layout with exact decimal numbers,
+/// PROTOCOL §4), the bytes a JSON body's fingerprint hashes; `None` when `json`
+/// is not JSON, names a member twice or nests too deep.
+///
+/// Public so that other digests of JSON (a representation's `ETag`, see
+/// `idemgate::conditional`) agree with the fingerprint on which documents are
+/// equal, instead of restating the rules.
+///
+/// ```
+/// use idemgate_core::fingerprint::canonical_json;
+/// assert_eq!(canonical_json(br#"{ "b": 1.50, "a": [] }"#).unwrap(), br#"{"a":[],"b":1.5}"#);
+/// assert_eq!(canonical_json(b"{"), None);
+/// ```
+pub fn canonical_json(json: &[u8]) -> Option<Vec<u8>> {
+    canonical::canonicalize(json).ok()
+}
+
 /// `application/json` or any `*/*+json`, parameters ignored, case-insensitive.
 pub fn is_json(content_type: &str) -> bool {
     let essence = content_type

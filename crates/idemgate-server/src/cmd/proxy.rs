@@ -429,12 +429,20 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         settings.redis,
     )
     .await?;
+    // The resource leases of `conditional = "enforce"` routes go to the store
+    // itself, past the replay cache: every instance must see every lease. Each
+    // call bounded by the store timeout, as the layer's are.
+    let lock_store: Arc<dyn idemgate::Store> = Arc::new(idemgate::deadline::WithDeadline::new(
+        Arc::clone(&opened.store),
+        settings.layer.store_timeout,
+    ));
     let store = with_replay_cache(opened.store, settings.layer.replay_cache);
     let layer = settings
         .principal
         .apply_to(idempotency::layer(Arc::clone(&store), &settings.layer));
     let tasks = layer.detached_tasks();
-    let (public, table) = idemgate_proxy::reloadable_app(settings.proxy_config(), layer);
+    let (public, table) =
+        idemgate_proxy::reloadable_app(settings.proxy_config().with_lock_store(lock_store), layer);
     let route_file = RouteFile::new(
         table,
         settings.route_file.clone(),

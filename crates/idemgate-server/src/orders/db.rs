@@ -11,7 +11,14 @@ use uuid::Uuid;
 
 use crate::config::DatabaseUrl;
 use crate::database::{connect_postgres, connect_sqlite};
-use crate::orders::order::{Item, NewOrder, Order};
+use crate::orders::order::{Item, NewOrder, Order, OrderChange};
+
+/// The columns an [`Order`] is read from, in every query that reads one.
+macro_rules! columns {
+    () => {
+        "id, amount, currency, status, items, client_order_id, note, shipping_address, version"
+    };
+}
 
 /// The orders database.
 #[derive(Debug, Clone)]
@@ -40,10 +47,7 @@ pub struct Placement<'a> {
 /// so the statement stays static SQL).
 macro_rules! select_orders {
     ($tail:literal) => {
-        concat!(
-            "SELECT id, amount, currency, status, items, client_order_id FROM orders ",
-            $tail
-        )
+        concat!("SELECT ", columns!(), " FROM orders ", $tail)
     };
 }
 
@@ -140,6 +144,28 @@ impl OrdersDb {
                 )
                 .execute(pool)
                 .await?;
+                // The mutable part of an order and its version (PROTOCOL §17),
+                // added to a table an older release created. SQLite has no ADD
+                // COLUMN IF NOT EXISTS: a column another instance added meanwhile
+                // fails with "duplicate column", which is the state wanted.
+                for (column, add, _) in EDITABLE_COLUMNS {
+                    let present: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM pragma_table_info('orders') WHERE name = ?",
+                    )
+                    .bind(column)
+                    .fetch_one(pool)
+                    .await?;
+                    if present == 0 {
+                        let added = sqlx::query(add).execute(pool).await;
+                        match added {
+                            Err(sqlx::Error::Database(error))
+                                if error.message().contains("duplicate column") => {}
+                            added => {
+                                added?;
+                            }
+                        }
+                    }
+                }
             }
             Self::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
@@ -177,10 +203,13 @@ impl OrdersDb {
                 )
                 .execute(&mut *tx)
                 .await?;
+                for (_, _, add) in EDITABLE_COLUMNS {
+                    sqlx::query(add).execute(&mut *tx).await?;
+                }
                 tx.commit().await?;
             }
         }
-        Ok(())
+        crate::orders::ledger::migrate(self).await
     }
 
     /// Inserts an order outside any idempotency transaction. A second insert for the
@@ -225,20 +254,14 @@ impl OrdersDb {
     pub async fn get(&self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
         match self {
             Self::Sqlite(pool) => {
-                let row = sqlx::query(select_orders!("WHERE principal = ? AND id = ?"))
-                    .bind(principal)
-                    .bind(id)
-                    .fetch_optional(pool)
-                    .await?;
-                row.as_ref().map(order_from_sqlite).transpose()
+                OrdersConn::Sqlite(&mut *pool.acquire().await?)
+                    .get(principal, id)
+                    .await
             }
             Self::Postgres(pool) => {
-                let row = sqlx::query(select_orders!("WHERE principal = $1 AND id = $2"))
-                    .bind(principal)
-                    .bind(id)
-                    .fetch_optional(pool)
-                    .await?;
-                row.as_ref().map(order_from_postgres).transpose()
+                OrdersConn::Postgres(&mut *pool.acquire().await?)
+                    .get(principal, id)
+                    .await
             }
         }
     }
@@ -299,6 +322,115 @@ impl OrdersDb {
     }
 }
 
+/// Columns added after the first release, with their definitions (the same on
+/// SQLite and PostgreSQL): what a `PATCH` may change, and the version every
+/// change increments, which the conditional update compares.
+/// Each as (name, SQLite statement, PostgreSQL statement).
+const EDITABLE_COLUMNS: [(&str, &str, &str); 3] = [
+    (
+        "note",
+        "ALTER TABLE orders ADD COLUMN note TEXT",
+        "ALTER TABLE orders ADD COLUMN IF NOT EXISTS note TEXT",
+    ),
+    (
+        "shipping_address",
+        "ALTER TABLE orders ADD COLUMN shipping_address TEXT",
+        "ALTER TABLE orders ADD COLUMN IF NOT EXISTS shipping_address TEXT",
+    ),
+    (
+        "version",
+        "ALTER TABLE orders ADD COLUMN version BIGINT NOT NULL DEFAULT 1",
+        "ALTER TABLE orders ADD COLUMN IF NOT EXISTS version BIGINT NOT NULL DEFAULT 1",
+    ),
+];
+
+/// A connection to the orders database, whichever it is: the pool's, or the
+/// idempotency layer's transaction.
+#[derive(Debug)]
+pub enum OrdersConn<'a> {
+    /// SQLite.
+    Sqlite(&'a mut SqliteConnection),
+    /// PostgreSQL.
+    Postgres(&'a mut PgConnection),
+}
+
+impl OrdersConn<'_> {
+    /// One of the principal's orders.
+    pub async fn get(&mut self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
+        match self {
+            Self::Sqlite(conn) => {
+                let row = sqlx::query(concat!(
+                    "SELECT ",
+                    columns!(),
+                    " FROM orders WHERE principal = ? AND id = ?"
+                ))
+                .bind(principal)
+                .bind(id)
+                .fetch_optional(&mut **conn)
+                .await?;
+                row.as_ref().map(order_from_sqlite).transpose()
+            }
+            Self::Postgres(conn) => {
+                let row = sqlx::query(concat!(
+                    "SELECT ",
+                    columns!(),
+                    " FROM orders WHERE principal = $1 AND id = $2"
+                ))
+                .bind(principal)
+                .bind(id)
+                .fetch_optional(&mut **conn)
+                .await?;
+                row.as_ref().map(order_from_postgres).transpose()
+            }
+        }
+    }
+
+    /// Writes `change` if the order is still at `version` (compare-and-set: of
+    /// two writers that read one version, exactly one updates), incrementing it.
+    /// Whether it was written.
+    pub async fn update_if_version(
+        &mut self,
+        principal: &str,
+        id: i64,
+        version: i64,
+        change: &OrderChange,
+    ) -> Result<bool, sqlx::Error> {
+        let address = change
+            .shipping_address
+            .as_ref()
+            .map(serde_json::Value::to_string);
+        let updated = match self {
+            Self::Sqlite(conn) => sqlx::query(
+                "UPDATE orders SET note = ?, shipping_address = ?, status = ?, version = version + 1
+                 WHERE principal = ? AND id = ? AND version = ?",
+            )
+            .bind(&change.note)
+            .bind(address)
+            .bind(&change.status)
+            .bind(principal)
+            .bind(id)
+            .bind(version)
+            .execute(&mut **conn)
+            .await?
+            .rows_affected(),
+            Self::Postgres(conn) => sqlx::query(
+                "UPDATE orders SET note = $1, shipping_address = $2, status = $3, version = version + 1
+                 WHERE principal = $4 AND id = $5 AND version = $6",
+            )
+            .bind(&change.note)
+            .bind(address)
+            .bind(&change.status)
+            .bind(principal)
+            .bind(id)
+            .bind(version)
+            .execute(&mut **conn)
+            .await?
+            .rows_affected(),
+        };
+        Ok(updated == 1)
+    }
+}
+
 fn items_json(order: &NewOrder) -> String {
     serde_json::to_string(&order.items).unwrap_or_else(|_| "[]".to_owned())
 }
@@ -340,11 +472,12 @@ pub async fn insert_postgres(
     // this operation's order already exists (a second run) is it read separately.
     // Not on SQLite: there an INSERT … RETURNING read with fetch_optional keeps its
     // statement, and so the write lock, open longer, which measured slower.
-    let inserted = sqlx::query(
+    let inserted = sqlx::query(concat!(
         "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status, client_order_id)
          VALUES ($1, $2, $3, $4, $5, $6, 'paid', $7) ON CONFLICT (operation_id) DO NOTHING
-         RETURNING id, amount, currency, status, items, client_order_id",
-    )
+         RETURNING ",
+        columns!()
+    ))
     .bind(placement.operation_id)
     .bind(placement.principal)
     .bind(order.amount)
@@ -370,6 +503,12 @@ fn decode_items(text: &str) -> Result<Vec<Item>, sqlx::Error> {
     serde_json::from_str(text).map_err(|error| sqlx::Error::Decode(Box::new(error)))
 }
 
+fn decode_address(text: Option<&str>) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    text.map(serde_json::from_str)
+        .transpose()
+        .map_err(|error| sqlx::Error::Decode(Box::new(error)))
+}
+
 fn order_from_sqlite(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error> {
     Ok(Order {
         order_id: row.try_get("id")?,
@@ -378,6 +517,9 @@ fn order_from_sqlite(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
         client_order_id: row.try_get("client_order_id")?,
+        note: row.try_get("note")?,
+        shipping_address: decode_address(row.try_get("shipping_address")?)?,
+        version: row.try_get("version")?,
     })
 }
 
@@ -389,5 +531,8 @@ fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error
         status: row.try_get("status")?,
         items: decode_items(row.try_get("items")?)?,
         client_order_id: row.try_get("client_order_id")?,
+        note: row.try_get("note")?,
+        shipping_address: decode_address(row.try_get("shipping_address")?)?,
+        version: row.try_get("version")?,
     })
 }

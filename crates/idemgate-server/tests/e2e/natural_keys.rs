@@ -27,20 +27,20 @@ async fn a_put_under_a_client_id_charges_once_and_is_replayed() {
     let client = Client::new();
     let id = order_id();
     let url = server.url(&format!("/api/v1/orders/{id}"));
-    let first = client.send("PUT", &url, &[], ORDER).await;
+    let first = client.send_json("PUT", &url, &[], ORDER).await;
     assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
     assert_eq!(first.headers["location"], format!("/api/v1/orders/{id}"));
     assert_eq!(first.json()["client_order_id"], id.as_str());
     assert_eq!(gateway.calls().len(), 1);
     // The retry (the client never saw the first answer) is the same 201.
-    let retry = client.send("PUT", &url, &[], ORDER).await;
+    let retry = client.send_json("PUT", &url, &[], ORDER).await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
     assert_eq!(gateway.calls().len(), 1, "the retry charged again");
     // Another body under the id is a reuse: refused, nothing charged.
     let changed = client
-        .send("PUT", &url, &[], &ORDER.replace("1500", "1600"))
+        .send_json("PUT", &url, &[], &ORDER.replace("1500", "1600"))
         .await;
     assert_eq!(
         changed.status,
@@ -60,7 +60,7 @@ async fn a_put_under_a_client_id_charges_once_and_is_replayed() {
     let stranger = Client::new();
     assert_eq!(stranger.get(&url).await.status, StatusCode::NOT_FOUND);
     let own = stranger
-        .send("PUT", &url, &[], &ORDER.replace("1500", "7"))
+        .send_json("PUT", &url, &[], &ORDER.replace("1500", "7"))
         .await;
     assert_eq!(own.status, StatusCode::CREATED, "{own:?}");
     assert_eq!(
@@ -72,12 +72,12 @@ async fn a_put_under_a_client_id_charges_once_and_is_replayed() {
     assert_eq!(client.orders(&server.url("")).await.len(), 1);
     // A bad id or a bad body is refused before any charge.
     let bad = client
-        .send("PUT", &server.url("/api/v1/orders/no.dots"), &[], ORDER)
+        .send_json("PUT", &server.url("/api/v1/orders/no.dots"), &[], ORDER)
         .await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{bad:?}");
     assert_eq!(bad.problem_type(), format!("{PROBLEMS}invalid-order"));
     let bad_body = client
-        .send(
+        .send_json(
             "PUT",
             &server.url(&format!("/api/v1/orders/{}", order_id())),
             &[],
@@ -87,7 +87,7 @@ async fn a_put_under_a_client_id_charges_once_and_is_replayed() {
     assert_eq!(bad_body.status, StatusCode::BAD_REQUEST);
     // The standard header naming another key is ambiguous.
     let ambiguous = client
-        .send("PUT", &url, &[("idempotency-key", "something-else")], ORDER)
+        .send_json("PUT", &url, &[("idempotency-key", "something-else")], ORDER)
         .await;
     assert_eq!(ambiguous.problem_type(), format!("{PROBLEMS}ambiguous-key"));
     assert_eq!(gateway.calls().len(), 2);
@@ -103,13 +103,13 @@ async fn after_the_records_ttl_the_order_table_still_knows_the_id() {
     let server = Server::start(options).await;
     let client = Client::new();
     let url = server.url(&format!("/api/v1/orders/{}", order_id()));
-    let first = client.send("PUT", &url, &[], ORDER).await;
+    let first = client.send_json("PUT", &url, &[], ORDER).await;
     assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
     tokio::time::sleep(Duration::from_millis(3_000)).await;
     // The record expired; the order did not. Another order under the id: 409
     // naming what differs, nothing charged, and the claim undone.
     let other = ORDER.replace("1500", "1600").replace("RUB", "USD");
-    let conflict = client.send("PUT", &url, &[], &other).await;
+    let conflict = client.send_json("PUT", &url, &[], &other).await;
     assert_eq!(conflict.status, StatusCode::CONFLICT, "{conflict:?}");
     assert_eq!(conflict.problem_type(), format!("{PROBLEMS}order-exists"));
     let detail = conflict.json()["detail"].as_str().unwrap().to_owned();
@@ -120,7 +120,7 @@ async fn after_the_records_ttl_the_order_table_still_knows_the_id() {
     assert!(!detail.contains("items"), "{detail}");
     assert_eq!(gateway.calls().len(), 1);
     // The same order: 200 with the order as it is now.
-    let late = client.send("PUT", &url, &[], ORDER).await;
+    let late = client.send_json("PUT", &url, &[], ORDER).await;
     assert_eq!(late.status, StatusCode::OK, "{late:?}");
     assert!(!late.replayed());
     assert_eq!(late.json()["order_id"], first.json()["order_id"]);
@@ -141,7 +141,7 @@ async fn natural_key_race(options: Options, gateway: &MockGateway) {
             let (client, url, barrier) = (client.clone(), url.clone(), Arc::clone(&barrier));
             tokio::spawn(async move {
                 barrier.wait().await;
-                client.send("PUT", &url, &[], ORDER).await
+                client.send_json("PUT", &url, &[], ORDER).await
             })
         })
         .collect();

@@ -82,7 +82,9 @@ async fn lose_then_retry(
 ) -> Answer {
     upstream.set_delay(Duration::from_millis(1500));
     let impatient = Client::with_timeout(Duration::from_millis(300)).with_token(&client.token);
-    let lost = impatient.try_send(method, url, headers, first_body).await;
+    let lost = impatient
+        .try_send_json(method, url, headers, first_body)
+        .await;
     assert!(
         lost.is_err(),
         "the first answer was meant to be lost: {lost:?}"
@@ -91,7 +93,7 @@ async fn lose_then_retry(
         upstream.started() == 1
     })
     .await;
-    let retry = client.send(method, url, headers, retry_body).await;
+    let retry = client.send_json(method, url, headers, retry_body).await;
     upstream.set_delay(Duration::ZERO);
     retry
 }
@@ -133,12 +135,12 @@ async fn lost_payment(store: Option<&str>) {
         "the first body went upstream"
     );
     // Another principal's same reference is its own operation.
-    let other = Client::new().send("POST", &url, &[], &body).await;
+    let other = Client::new().send_json("POST", &url, &[], &body).await;
     assert!(!other.replayed());
     assert_eq!(upstream.executions(), 2);
     // A reference that is not a string is refused before anything runs.
     let refused = client
-        .send(
+        .send_json(
             "POST",
             &url,
             &[],
@@ -152,7 +154,7 @@ async fn lost_payment(store: Option<&str>) {
     );
     // The standard header saying otherwise is ambiguous: nothing runs.
     let ambiguous = client
-        .send(
+        .send_json(
             "POST",
             &url,
             &[("idempotency-key", "something-else")],
@@ -180,7 +182,7 @@ async fn a_path_key_makes_a_lost_put_one_upstream_execution() {
     assert_eq!(upstream.seen()[0].uri, format!("/products/{id}"));
     // The same id with another body is a reuse (422); another id runs.
     let changed = client
-        .send("PUT", &url, &[], r#"{"name":"Headphones","price":1}"#)
+        .send_json("PUT", &url, &[], r#"{"name":"Headphones","price":1}"#)
         .await;
     assert_eq!(
         changed.status,
@@ -188,7 +190,7 @@ async fn a_path_key_makes_a_lost_put_one_upstream_execution() {
         "{changed:?}"
     );
     let other = client
-        .send("PUT", &proxy.url("/products/PRD-OTHER"), &[], body)
+        .send_json("PUT", &proxy.url("/products/PRD-OTHER"), &[], body)
         .await;
     assert!(!other.replayed());
     assert_eq!(upstream.executions(), 2);
@@ -206,7 +208,7 @@ async fn the_same_path_key_raced_64_ways_through_the_proxy_runs_once() {
             let (client, url, barrier) = (client.clone(), url.clone(), Arc::clone(&barrier));
             tokio::spawn(async move {
                 barrier.wait().await;
-                client.send("PUT", &url, &[], r#"{"price":1}"#).await
+                client.send_json("PUT", &url, &[], r#"{"price":1}"#).await
             })
         })
         .collect();
@@ -231,8 +233,12 @@ async fn another_header_is_the_key_of_its_route() {
     let client = Client::new();
     let url = proxy.url("/v1/transfers");
     let headers = [("paypal-request-id", "pp-7f3a")];
-    let first = client.send("POST", &url, &headers, r#"{"amount":5}"#).await;
-    let retry = client.send("POST", &url, &headers, r#"{"amount":5}"#).await;
+    let first = client
+        .send_json("POST", &url, &headers, r#"{"amount":5}"#)
+        .await;
+    let retry = client
+        .send_json("POST", &url, &headers, r#"{"amount":5}"#)
+        .await;
     assert!(!first.replayed());
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
@@ -245,11 +251,11 @@ async fn content_dedup_folds_keyless_duplicates_inside_the_window_and_a_key_wins
     let client = Client::new();
     let url = proxy.url("/v1/messages/q1");
     let body = r#"{"to":"bob","text":"hi","sent_at":1}"#;
-    let first = client.send("POST", &url, &[], body).await;
+    let first = client.send_json("POST", &url, &[], body).await;
     assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
     assert!(!first.replayed());
     let duplicate = client
-        .send(
+        .send_json(
             "POST",
             &url,
             &[],
@@ -263,13 +269,13 @@ async fn content_dedup_folds_keyless_duplicates_inside_the_window_and_a_key_wins
     assert_eq!(upstream.executions(), 1);
     // An explicit key is its own operation, never a content duplicate.
     let keyed = client
-        .send("POST", &url, &[("idempotency-key", "m-1")], body)
+        .send_json("POST", &url, &[("idempotency-key", "m-1")], body)
         .await;
     assert!(!keyed.replayed());
     assert_eq!(upstream.executions(), 2);
     // After the window the same content is forwarded again.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let later = client.send("POST", &url, &[], body).await;
+    let later = client.send_json("POST", &url, &[], body).await;
     assert!(!later.replayed(), "{later:?}");
     assert_eq!(upstream.executions(), 3);
 }
@@ -312,9 +318,9 @@ async fn observe_mode_changes_no_answer_and_counts_what_it_would_have_done() {
     let url = proxy.url("/v3/payments");
     let body = r#"{"reference_id":"r-1","amount":5}"#;
     let answers = [
-        client.send("POST", &url, &[], body).await,
+        client.send_json("POST", &url, &[], body).await,
         client
-            .send(
+            .send_json(
                 "POST",
                 &url,
                 &[],
@@ -322,7 +328,7 @@ async fn observe_mode_changes_no_answer_and_counts_what_it_would_have_done() {
             )
             .await,
         client
-            .send("POST", &url, &[], r#"{"reference_id":"r-1","amount":6}"#)
+            .send_json("POST", &url, &[], r#"{"reference_id":"r-1","amount":6}"#)
             .await,
     ];
     // A duplicate of a request still running.
@@ -331,7 +337,7 @@ async fn observe_mode_changes_no_answer_and_counts_what_it_would_have_done() {
         let (client, url) = (client.clone(), url.clone());
         tokio::spawn(async move {
             client
-                .send("POST", &url, &[], r#"{"reference_id":"r-2","amount":5}"#)
+                .send_json("POST", &url, &[], r#"{"reference_id":"r-2","amount":5}"#)
                 .await
         })
     };
@@ -340,7 +346,7 @@ async fn observe_mode_changes_no_answer_and_counts_what_it_would_have_done() {
     })
     .await;
     let during = client
-        .send("POST", &url, &[], r#"{"reference_id":"r-2","amount":5}"#)
+        .send_json("POST", &url, &[], r#"{"reference_id":"r-2","amount":5}"#)
         .await;
     let first_of_r2 = running.await.unwrap();
     upstream.set_delay(Duration::ZERO);
@@ -356,10 +362,10 @@ async fn observe_mode_changes_no_answer_and_counts_what_it_would_have_done() {
     // Content dedup, observed.
     let messages = proxy.url("/v3/messages");
     let one = client
-        .send("POST", &messages, &[], r#"{"text":"hi"}"#)
+        .send_json("POST", &messages, &[], r#"{"text":"hi"}"#)
         .await;
     let two = client
-        .send("POST", &messages, &[], r#"{"text":"hi"}"#)
+        .send_json("POST", &messages, &[], r#"{"text":"hi"}"#)
         .await;
     assert!(!one.replayed() && !two.replayed());
     assert_ne!(one.body, two.body, "both ran");
