@@ -48,10 +48,15 @@ pub(crate) async fn put_order(
     State(app): State<Arc<OrdersState>>,
     Extension(principal): Extension<Principal>,
     Path(order_id): Path<String>,
+    preconditions: Result<Preconditions, ProblemDetails>,
     operation: Option<Extension<OperationContext>>,
     slot: Option<Extension<TransactionSlot>>,
     body: Bytes,
 ) -> Response {
+    let preconditions = match preconditions {
+        Ok(preconditions) => preconditions,
+        Err(problem) => return (Finality::Rejected, problem).into_response(),
+    };
     if let Err(error) = check_client_order_id(&order_id) {
         return (Finality::Rejected, invalid_order(&error)).into_response();
     }
@@ -65,9 +70,17 @@ pub(crate) async fn put_order(
         .await
     {
         Ok(Some(existing)) => {
+            // `If-None-Match: *` (create only) on an order that exists, or an
+            // `If-Match` it no longer matches: 412 with its ETag, nothing done
+            // (PROTOCOL §17). A retry of the create itself never gets here: the
+            // journal replays its 201 first.
+            let current = Validators::etag(existing.etag());
+            if let Err(refusal) = preconditions.check(&Method::PUT, Some(&current)) {
+                return refusal.into_response();
+            }
             let differing = existing.differing_fields(&order);
             if differing.is_empty() {
-                return (StatusCode::OK, Json(existing)).into_response();
+                return representation(StatusCode::OK, &existing);
             }
             // Nothing happened: the claim is undone, so the original body can
             // still be retried under this id.
@@ -82,7 +95,12 @@ pub(crate) async fn put_order(
             );
             return (Finality::Rejected, answer).into_response();
         }
-        Ok(None) => {}
+        Ok(None) => {
+            // An `If-Match` names a representation that does not exist: 412.
+            if let Err(refusal) = preconditions.check(&Method::PUT, None) {
+                return refusal.into_response();
+            }
+        }
         Err(error) => return (Finality::Retryable, database_failure(error)).into_response(),
     }
     place_order(&app, &principal, operation, slot, &order, Some(&order_id)).await

@@ -202,3 +202,41 @@ async fn the_same_natural_key_raced_64_ways_is_one_order_in_memory() {
     let options = Options::new(&db).gateway(gateway.url()).store("memory");
     natural_key_race(options, &gateway).await;
 }
+
+/// `If-None-Match: *` makes the natural-key `PUT` create-only (PROTOCOL §17):
+/// its own retry is still the replayed 201 (the journal answers first), but
+/// once the record is gone a create of an id that exists is 412 with the
+/// order's `ETag`, nothing charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_only_put_replays_its_retry_and_refuses_an_existing_id() {
+    let gateway = MockGateway::start().await;
+    let (db, _dir) = sqlite_url();
+    let mut options = Options::new(&db).gateway(gateway.url());
+    options.ttl_seconds = 2;
+    options.lease_seconds = 1;
+    let server = Server::start(options).await;
+    let client = Client::new();
+    let url = server.url(&format!("/api/v1/orders/{}", order_id()));
+    let create_only = [("if-none-match", "*")];
+    let first = client.send_json("PUT", &url, &create_only, ORDER).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = client.send_json("PUT", &url, &create_only, ORDER).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let exists = client.send_json("PUT", &url, &create_only, ORDER).await;
+    assert_eq!(exists.status, StatusCode::PRECONDITION_FAILED, "{exists:?}");
+    let current = client.get(&url).await;
+    assert_eq!(
+        exists.headers.get("etag"),
+        current.headers.get("etag"),
+        "the 412 names the current ETag"
+    );
+    assert!(current.headers.get("etag").is_some());
+    // Without the precondition the same order is 200, with the same ETag.
+    let late = client.send_json("PUT", &url, &[], ORDER).await;
+    assert_eq!(late.status, StatusCode::OK, "{late:?}");
+    assert_eq!(late.headers.get("etag"), current.headers.get("etag"));
+    assert_eq!(gateway.calls().len(), 1, "one charge");
+}
