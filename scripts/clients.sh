@@ -24,29 +24,50 @@ if [ -n "${IDEMGATE_BIN:-}" ]; then
   [ -x "$IDEMGATE_BIN" ] || die "IDEMGATE_BIN=$IDEMGATE_BIN is not an executable"
   relay="${IDEMGATE_RELAY_BIN:-$(dirname "$IDEMGATE_BIN")/idemgate-relay}"
   [ -x "$relay" ] || die "$relay is missing: cargo test -p idemgate-testkit (or cargo build -p idemgate-testkit --bin idemgate-relay) builds it beside $IDEMGATE_BIN"
-  export IDEMGATE_BIN
+  export IDEMGATE_BIN IDEMGATE_RELAY_BIN="$relay"
+else
+  # No binaries given: the release builds, made here, before any suite starts
+  # (a test never builds: a cargo build inside a test's timeout is a flaky test).
+  release="${CARGO_TARGET_DIR:-$root/target}/release"
+  log "IDEMGATE_BIN unset: cargo build --release of idemgate and idemgate-relay into $release"
+  cargo build --release -p idemgate-server --bin idemgate || die "cargo could not build the idemgate binary"
+  cargo build --release -p idemgate-testkit --bin idemgate-relay || die "cargo could not build the idemgate-relay binary"
+  export IDEMGATE_BIN="$release/idemgate" IDEMGATE_RELAY_BIN="$release/idemgate-relay"
 fi
 
-# Runs "$@" unless the hash of the files before `--` matches the one recorded in
-# the marker after them; records it after a successful run.
+# The JavaScript suite runs on Node.js >= 20, and only there: that is what this
+# script tests (Debian 12's own nodejs is 18, which is refused rather than run
+# half-supported). The package's sources use only what Node 18 already has
+# (fetch, AbortController, Web Crypto), but 18 is untested.
+node_major() { node -e 'console.log(process.versions.node.split(".")[0])'; }
+
+# Runs "$@" unless the hash of the salt (a string: the tool versions the install
+# depends on) and of the files before `--` matches the one recorded in the marker
+# after them; records it after a successful run. Every step returns its failure
+# explicitly: the callers run it as `installed_from … || die …`, and in an `||`
+# context bash runs the whole function with `set -e` off.
 installed_from() {
-  local marker=$1; shift
+  local marker=$1 salt=$2; shift 2
   local files=()
   while [ "$1" != -- ]; do files+=("$1"); shift; done
   shift
   local hash
-  hash=$(cat "${files[@]}" | sha256sum | cut -d' ' -f1)
+  hash=$({ printf '%s\n' "$salt" && cat "${files[@]}"; } | sha256sum | cut -d' ' -f1) || return 1
   if [ -f "$marker" ] && [ "$(cat "$marker")" = "$hash" ]; then
     return 0
   fi
-  "$@"
-  echo "$hash" > "$marker"
+  rm -f "$marker" || return 1
+  "$@" || return 1
+  echo "$hash" > "$marker" || return 1
 }
 
 run_js() {
   log "clients/js: npm ci, npm test"
+  local major
+  major=$(node_major) || die "node does not run"
+  [ "$major" -ge 20 ] || die "Node.js $(node --version) is too old for the clients/js suite: it is tested on Node >= 20 (Debian 12's nodejs is 18; install Node 20 or newer, e.g. Debian 13's or NodeSource's)"
   cd "$root/clients/js"
-  installed_from node_modules/.idemgate-installed package-lock.json -- \
+  installed_from node_modules/.idemgate-installed "node $(node --version)" package-lock.json -- \
     npm ci --no-audit --no-fund --loglevel=error || die "npm ci failed in clients/js"
   npm test || die "the JavaScript client suite failed"
 }
@@ -55,7 +76,7 @@ run_python() {
   log "clients/python: venv, pip install -e '.[test]' (constraints.txt), pytest"
   cd "$root/clients/python"
   [ -x .venv/bin/python ] || python3 -m venv .venv || die "python3 -m venv failed in clients/python"
-  installed_from .venv/.idemgate-installed pyproject.toml constraints.txt -- \
+  installed_from .venv/.idemgate-installed "$(.venv/bin/python --version 2>&1)" pyproject.toml constraints.txt -- \
     env PIP_CONSTRAINT="$PWD/constraints.txt" .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' \
     || die "pip could not install clients/python with its test dependencies"
   .venv/bin/pytest || die "the Python client suite failed"

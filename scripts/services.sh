@@ -116,7 +116,7 @@ ensure_nginx() {
   log "nginx available: $("$(command -v nginx || echo /usr/sbin/nginx)" -v 2>&1)"
 }
 
-# The client suites (`clients/js`, `clients/python`): Node.js >= 18 with npm, Python
+# The client suites (`clients/js`, `clients/python`): Node.js >= 20 with npm, Python
 # >= 3.9 with its venv module, and Debian's Chromium and its WebDriver, which the
 # checkout page's browser test drives headless. Never a browser download of an npm
 # or PyPI package's own: the page is tested in the distribution's Chromium.
@@ -128,8 +128,8 @@ ensure_clients() {
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     apt_install nodejs npm
   fi
-  node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' \
-    || die "Node.js $(node --version) is too old for clients/js: it needs >= 18 (the platform fetch)"
+  node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' \
+    || die "Node.js $(node --version) is too old for the clients/js suite: it is tested on Node >= 20 (Debian 12's nodejs package is 18: install Node 20 or newer, e.g. Debian 13's or NodeSource's)"
   if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
     apt_install python3 python3-venv
   fi
@@ -145,6 +145,9 @@ case "${1:-all}" in
   nginx) ensure_nginx ;;
   clients) ensure_clients ;;
   deploy-tools) ensure_deploy_tools ;;
+  # What the cargo tests need (scripts/test.sh); the client suites' part is
+  # `clients`, which scripts/clients.sh ensures itself.
+  cargo-tests) ensure_postgres; ensure_redis; ensure_prometheus; ensure_deploy_tools ;;
   all) ensure_postgres; ensure_redis; ensure_prometheus; ensure_clients; ensure_deploy_tools ;;
-  *) die "usage: $0 [postgres|redis|prometheus|nginx|clients|deploy-tools|all]" ;;
+  *) die "usage: $0 [postgres|redis|prometheus|nginx|clients|deploy-tools|cargo-tests|all]" ;;
 esac

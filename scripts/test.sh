@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 # The deployment validators' virtualenv (services.sh installs it, the packaging
 # test runs from it).
 export IDEMGATE_DEPLOY_TOOLS="${IDEMGATE_DEPLOY_TOOLS:-$PWD/target/deploy-tools}"
-scripts/services.sh all
+# The cargo tests' services; Chromium, node and the Python venv only when the
+# client suites run (scripts/clients.sh ensures them).
+scripts/services.sh cargo-tests
 
 export IDEMGATE_TEST_POSTGRES_URL="${IDEMGATE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export IDEMGATE_TEST_REDIS_URL="${IDEMGATE_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
@@ -28,8 +30,10 @@ cargo test "${scope[@]}" --all-targets "$@"
 cargo test "${scope[@]}" --doc "$@"
 
 # The client packages, against the binaries the cargo tests just built (the
-# server's integration tests build target/debug/idemgate, idemgate-testkit's
-# target/debug/idemgate-relay), so CI needs no release build.
+# server's integration tests build <target>/debug/idemgate, idemgate-testkit's
+# <target>/debug/idemgate-relay, where <target> is CARGO_TARGET_DIR or target/),
+# so CI needs no release build.
 if [ "${#scope[@]}" -gt 0 ]; then
-    IDEMGATE_BIN="$PWD/target/debug/idemgate" scripts/clients.sh
+    target_dir="$(realpath -m "${CARGO_TARGET_DIR:-$PWD/target}")"
+    IDEMGATE_BIN="$target_dir/debug/idemgate" IDEMGATE_RELAY_BIN="$target_dir/debug/idemgate-relay" scripts/clients.sh
 fi

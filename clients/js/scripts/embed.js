@@ -1,11 +1,14 @@
-// Copies the built package (dist/*.js) into the server's demo assets, where
+// Copies the built package (dist/*.js), each under a banner saying it is
+// generated (scripts/banner.js), into the server's demo assets, where
 // `idemgate serve` embeds it for the checkout page (crates/idemgate-server/src/demo/).
 // Run with `npm run embed` after changing src/; test/embedded.test.ts fails while
 // the copy differs from a fresh build.
 
-import { copyFileSync, mkdirSync, readdirSync, rmSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+
+import { banner } from "./banner.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const dist = resolve(here, "..", "dist");
@@ -14,6 +17,6 @@ const embedded = resolve(here, "..", "..", "..", "crates", "idemgate-server", "s
 mkdirSync(embedded, { recursive: true });
 for (const stale of readdirSync(embedded)) rmSync(join(embedded, stale));
 for (const file of readdirSync(dist).filter((name) => name.endsWith(".js")).sort()) {
-  copyFileSync(join(dist, file), join(embedded, file));
+  writeFileSync(join(embedded, file), banner(file) + readFileSync(join(dist, file), "utf8"));
   console.log(`embedded ${file}`);
 }

@@ -147,6 +147,11 @@ export class Client {
    */
   async send(operation: Operation | null, request: SendRequest): Promise<Reply> {
     const method = (request.method ?? "POST").toUpperCase();
+    if ((method === "GET" || method === "HEAD") && (request.body != null || request.json !== undefined)) {
+      // fetch refuses it on every attempt, which would read as transport failures
+      // and be retried; it is the caller's mistake, said once, before any attempt.
+      throw new TypeError(`a ${method} request has no body: send it as POST, or put it in the URL`);
+    }
     const url = new URL(request.url, this.#baseUrl ?? globalThis.location?.href);
     const headers = new Headers(this.#headers);
     new Headers(request.headers).forEach((value, name) => headers.set(name, value));

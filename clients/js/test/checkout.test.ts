@@ -2,13 +2,14 @@
 // — Debian's `chromium`, driven through its `chromedriver` over WebDriver — loaded
 // through the fault relay, which drops the answer to the first order POST: one
 // click makes one order and one charge, the page shows the lost attempt and then
-// the replay, and a second click on the same cart shows the same order. The
-// screenshot is saved under target/client-tests/ as the test's artifact.
+// the replay, and a second click on the same cart shows the same order; a
+// double-click pays once. Each test's screenshot is saved under
+// target/client-tests/ as its artifact when it ends, passed or failed.
 
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { test, type TestContext } from "node:test";
 
 import { Builder, By, until, type WebDriver } from "selenium-webdriver";
@@ -19,7 +20,11 @@ import { MockGateway, REPO, Relay, Server } from "./support.js";
 const CHROMIUM = process.env["CHROMIUM_BIN"] ?? "/usr/bin/chromium";
 const CHROMEDRIVER = process.env["CHROMEDRIVER_BIN"] ?? "/usr/bin/chromedriver";
 
-async function browser(t: TestContext): Promise<WebDriver> {
+/** Where the screenshots go: `${CARGO_TARGET_DIR:-target}/client-tests/`. */
+const ARTIFACTS = join(process.env["CARGO_TARGET_DIR"] ? resolve(process.env["CARGO_TARGET_DIR"]) : join(REPO, "target"), "client-tests");
+
+/** A headless Chromium for the test, which screenshots the page as `NAME.png` when the test ends, however it ends. */
+async function browser(t: TestContext, name: string): Promise<WebDriver> {
   for (const binary of [CHROMIUM, CHROMEDRIVER]) {
     if (!existsSync(binary)) {
       throw new Error(`${binary} is missing: scripts/services.sh clients installs Debian's chromium and chromium-driver`);
@@ -46,8 +51,17 @@ async function browser(t: TestContext): Promise<WebDriver> {
     .setChromeService(new chrome.ServiceBuilder(CHROMEDRIVER))
     .build();
   t.after(async () => {
-    await driver.quit();
-    rmSync(profile, { recursive: true, force: true });
+    try {
+      mkdirSync(ARTIFACTS, { recursive: true });
+      const screenshot = join(ARTIFACTS, `${name}.png`);
+      writeFileSync(screenshot, await driver.takeScreenshot(), "base64");
+      console.log(`# screenshot: ${screenshot}`);
+    } catch (error) {
+      console.error(`# no screenshot of ${name}: ${String(error)}`);
+    } finally {
+      await driver.quit();
+      rmSync(profile, { recursive: true, force: true });
+    }
   });
   return driver;
 }
@@ -76,7 +90,7 @@ test("the checkout page: a lost answer is retried, one order, the replay shown",
   // whose reused connection dies, and the page should see this loss itself.
   const server = await Server.start(t, { gateway, args: ["--idle-timeout-ms", "300"] });
   const relay = await Relay.start(t, server.addr);
-  const driver = await browser(t);
+  const driver = await browser(t, "checkout");
 
   await driver.get(relay.url("/demo/checkout"));
   await driver.wait(until.elementLocated(By.css("body[data-ready='true']")), 15_000);
@@ -115,10 +129,30 @@ test("the checkout page: a lost answer is retried, one order, the replay shown",
   assert.equal(await driver.findElement(By.id("result")).getAttribute("data-order-id"), orderId, "the same order");
   assert.equal((await server.orders(token)).length, 1);
   assert.equal(gateway.calls.length, 1, "still charged once");
+});
 
-  const artifacts = join(REPO, "target", "client-tests");
-  mkdirSync(artifacts, { recursive: true });
-  const screenshot = join(artifacts, "checkout.png");
-  writeFileSync(screenshot, await driver.takeScreenshot(), "base64");
-  console.log(`# screenshot: ${screenshot}`);
+test("the checkout page: a double-click on Pay is one payment", { timeout: 120_000 }, async (t) => {
+  const gateway = await MockGateway.start(t);
+  gateway.delayMs = 500; // the first click's payment is still under way when the second lands
+  const server = await Server.start(t, { gateway });
+  const relay = await Relay.start(t, server.addr);
+  const driver = await browser(t, "checkout-double-click");
+
+  await driver.get(relay.url("/demo/checkout"));
+  await driver.wait(until.elementLocated(By.css("body[data-ready='true']")), 15_000);
+  // Two clicks in one task: the second lands before the first's handler has
+  // reached its first await, let alone disabled the button's rendering.
+  await driver.executeScript("const pay = document.getElementById('pay'); pay.click(); pay.click();");
+  await driver.wait(until.elementLocated(By.css("#result[data-state='paid']")), 20_000);
+  await driver.wait(until.elementTextIs(driver.findElement(By.id("order-count")), "1"), 5_000);
+
+  const rows = await attemptRows(driver);
+  assert.deepEqual(
+    rows.map((row) => [row[0], row[2]]),
+    [["1.1", "201"]],
+    `one click's one attempt, no second payment: ${JSON.stringify(rows)}`,
+  );
+  const token = (await driver.executeScript("return sessionStorage.getItem('idemgate-demo-token')")) as string;
+  assert.equal((await server.orders(token)).length, 1);
+  assert.equal(gateway.calls.length, 1, "charged once");
 });

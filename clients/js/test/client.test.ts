@@ -108,16 +108,14 @@ test("a 409 whose Retry-After ends past the deadline is InProgressError, without
     body: JSON.stringify(ORDER),
   });
   await new Promise((done) => setTimeout(done, 300));
-  const started = performance.now();
   const error = await client(s, quick({ deadlineMs: 800 }))
     .send(pay, { url: "/api/v1/orders", json: ORDER })
     .then(() => assert.fail("the first attempt still runs"), (e: unknown) => e);
-  const took = performance.now() - started;
   assert.ok(error instanceof InProgressError, String(error));
   assert.ok(error.retryAfter !== undefined && error.retryAfter >= 1_000, `${error.retryAfter}`);
   assert.equal(error.problem.type, "/problems/in-progress");
   assert.equal(error.mayHaveRun, true);
-  assert.ok(took < 800, `a Retry-After past the deadline is not waited for: ${took} ms`);
+  assert.equal(error.attempts, 1, "a Retry-After past the deadline is not waited for");
   assert.equal((await s.relay.stats()).requests, 1);
   assert.equal((await first).status, 201);
   assert.equal((await s.server.orders(s.token)).length, 1);
@@ -177,15 +175,12 @@ test("the deadline bounds all attempts and waits", TIMEOUT, async (t) => {
   const s = await setup(t);
   await s.relay.faultRequests({ delayMs: 3_000 }, 20);
   const policy = quick({ attemptTimeoutMs: 300, deadlineMs: 1_000, maxRetries: 100 });
-  const started = performance.now();
   const error = await client(s, policy)
     .send(operation(), { url: "/api/v1/orders", json: ORDER })
     .then(() => assert.fail("every answer comes too late"), (e: unknown) => e);
-  const took = performance.now() - started;
   assert.ok(error instanceof TransportError && error.mayHaveRun, String(error));
-  assert.ok(took < 1_300, `the deadline held: ${took} ms`);
   const { requests } = await s.relay.stats();
-  assert.ok(requests >= 2 && requests <= 6, `retried within the deadline: ${requests}`);
+  assert.ok(requests >= 2 && requests <= 6, `each attempt cut at 300 ms, retried within the 1 s deadline: ${requests}`);
   await new Promise((done) => setTimeout(done, 200));
   assert.equal((await s.server.orders(s.token)).length, 1, "every attempt reached the server, which ran one");
   assert.equal(s.gateway.distinctCharges, 1);
@@ -298,7 +293,11 @@ test("an abort during the wait ends the operation, saying it may have run", TIME
     url: "/api/v1/orders",
     json: ORDER,
     signal: controller.signal,
-    onAttempt: () => setTimeout(() => controller.abort(), 50),
+    // Aborted as the wait begins: the jittered wait may be any length down to
+    // 0 ms, so a timer could lose the race to the retry.
+    onAttempt: (a) => {
+      if (a.retryInMs !== undefined) controller.abort();
+    },
   });
   const error = await sending.then(() => assert.fail("aborted"), (e: unknown) => e);
   assert.ok(error instanceof AbortedError, String(error));
@@ -313,4 +312,69 @@ test("an abort during the wait ends the operation, saying it may have run", TIME
   assert.ok(early instanceof AbortedError && !early.mayHaveRun, String(early));
   assert.equal((await s.relay.stats()).requests, 1, "nothing sent");
   assert.equal((await s.server.orders(s.token)).length, 1);
+});
+
+test("an abort mid-attempt ends it at once, saying it may have run, and the operation resumes", TIMEOUT, async (t) => {
+  const s = await setup(t);
+  await s.relay.faultRequests({ delayMs: 2_000 });
+  const controller = new AbortController();
+  const pay = operation();
+  const reports: Array<number | undefined> = [];
+  setTimeout(() => controller.abort(), 300);
+  const error = await client(s)
+    .send(pay, { url: "/api/v1/orders", json: ORDER, signal: controller.signal, onAttempt: (a) => reports.push(a.status) })
+    .then(() => assert.fail("aborted while its answer was delayed"), (e: unknown) => e);
+  assert.ok(error instanceof AbortedError, String(error));
+  assert.equal(error.mayHaveRun, true, "the attempt was sent: it may have run (it did)");
+  assert.equal((await s.relay.stats()).requests, 1);
+  await new Promise((done) => setTimeout(done, 2_000)); // the delayed answer would have come by now
+  assert.equal((await s.relay.stats()).requests, 1, "no attempt after the abort");
+  assert.ok(reports.every((status) => status === undefined), `no answer was seen: ${JSON.stringify(reports)}`);
+  assert.equal((await s.server.orders(s.token)).length, 1, "the aborted attempt had reached the server, which ran it");
+  const resumed = await client(s).send(Operation.resume(pay.key), { url: "/api/v1/orders", json: ORDER });
+  assert.equal(resumed.replayed, true, "resumed under its key: the first outcome");
+  assert.equal((await s.server.orders(s.token)).length, 1);
+  assert.equal(s.gateway.distinctCharges, 1);
+});
+
+test("a trickled answer is cut at the attempt timeout and retried", TIMEOUT, async (t) => {
+  // One byte per 100 ms: the whole answer would take half a minute; only a bound
+  // on the whole attempt (head and body) cuts it.
+  const s = await setup(t);
+  await s.relay.faultRequests({ trickleMs: 100 }, 30);
+  const policy = quick({ attemptTimeoutMs: 500, deadlineMs: 2_000, maxRetries: 100 });
+  const error = await client(s, policy)
+    .send(operation(), { url: "/api/v1/orders", json: ORDER })
+    .then(() => assert.fail("every answer trickles"), (e: unknown) => e);
+  assert.ok(error instanceof TransportError && error.mayHaveRun, String(error));
+  const { requests } = await s.relay.stats();
+  assert.ok(requests >= 2 && requests <= 8, `each attempt cut at 500 ms, retried within the 2 s deadline: ${requests}`);
+  assert.equal((await s.server.orders(s.token)).length, 1, "every attempt reached the server, which ran one");
+  assert.equal(s.gateway.distinctCharges, 1);
+});
+
+test("a body cut off halfway is a lost answer, retried to the replay", TIMEOUT, async (t) => {
+  const s = await setup(t);
+  await s.relay.faultRequests("cut-body");
+  const reply = await client(s).send(operation(), { url: "/api/v1/orders", json: ORDER });
+  assert.equal(reply.status, 201);
+  assert.equal(reply.replayed, true, "the cut-off answer's order ran; the retry got its replay");
+  assert.equal(reply.attempts, 2);
+  assert.equal((await s.relay.stats()).requests, 2);
+  assert.equal((await s.server.orders(s.token)).length, 1);
+  assert.equal(s.gateway.distinctCharges, 1);
+});
+
+test("a GET with a body is refused before anything is sent", TIMEOUT, async (t) => {
+  const s = await setup(t);
+  for (const request of [
+    { method: "GET", url: "/api/v1/orders", json: ORDER },
+    { method: "head", url: "/api/v1/orders", body: "{}" },
+  ]) {
+    const error = await client(s)
+      .send(operation(), request)
+      .then(() => assert.fail(`${request.method} with a body`), (e: unknown) => e);
+    assert.ok(error instanceof TypeError, String(error));
+  }
+  assert.equal((await s.relay.stats()).connections, 0, "refused before the first attempt");
 });

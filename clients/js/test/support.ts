@@ -4,7 +4,7 @@
 // mock). Every process is the test's own, on a free loopback port, and is killed
 // when the test ends.
 
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import http from "node:http";
@@ -29,7 +29,8 @@ process.on("exit", () => {
 /**
  * A binary of the workspace: `IDEMGATE_BIN` for the server (the README's test
  * command sets it), `IDEMGATE_RELAY_BIN` or the relay beside `IDEMGATE_BIN` for the
- * relay; without them `target/release/…`, built with cargo when missing.
+ * relay; without them `${CARGO_TARGET_DIR:-target}/release/…`. The `pretest` step
+ * (scripts/binaries.js) builds those; a test never does, it fails here instead.
  */
 export function binary(name: "idemgate" | "idemgate-relay"): string {
   const server = process.env["IDEMGATE_BIN"];
@@ -40,20 +41,13 @@ export function binary(name: "idemgate" | "idemgate-relay"): string {
     chosen = process.env["IDEMGATE_RELAY_BIN"] ?? (server ? join(dirname(server), "idemgate-relay") : undefined);
   }
   if (chosen === undefined) {
-    chosen = join(REPO, "target", "release", name);
-    if (!existsSync(chosen)) {
-      const pkg = name === "idemgate" ? "idemgate-server" : "idemgate-testkit";
-      console.error(`# ${chosen} is missing: cargo build --release -p ${pkg} --bin ${name}`);
-      const built = spawnSync("cargo", ["build", "--release", "-p", pkg, "--bin", name], {
-        cwd: REPO,
-        stdio: ["ignore", "inherit", "inherit"],
-      });
-      if (built.status !== 0) throw new Error(`cargo could not build ${name} (exit ${built.status})`);
-    }
+    const target = process.env["CARGO_TARGET_DIR"] ? resolve(process.env["CARGO_TARGET_DIR"]) : join(REPO, "target");
+    chosen = join(target, "release", name);
   }
   if (!existsSync(chosen)) {
     throw new Error(
-      `${chosen} does not exist: set IDEMGATE_BIN (and IDEMGATE_RELAY_BIN) to built binaries, or unset them to build target/release`,
+      `${chosen} does not exist: run the suite with \`npm test\` (its pretest builds target/release), ` +
+        "or set IDEMGATE_BIN (and IDEMGATE_RELAY_BIN) to built binaries",
     );
   }
   return chosen;
@@ -243,7 +237,7 @@ export interface RelayStats {
 }
 
 /** A fault the relay applies: see `idemgate_testkit::relay::Fault`. */
-export type Fault = "pass" | "lose-response" | "reset" | { delayMs: number };
+export type Fault = "pass" | "lose-response" | "reset" | "cut-body" | { delayMs: number } | { trickleMs: number };
 
 /** The `idemgate-relay` process in front of a server, driven over its standard input. */
 export class Relay {
@@ -302,7 +296,8 @@ export class Relay {
 }
 
 function faultWords(fault: Fault): string {
-  return typeof fault === "string" ? fault : `delay ${fault.delayMs}`;
+  if (typeof fault === "string") return fault;
+  return "delayMs" in fault ? `delay ${fault.delayMs}` : `trickle ${fault.trickleMs}`;
 }
 
 /** A fresh bearer token: a principal of its own, so tests share nothing. */

@@ -27,28 +27,42 @@ REPO = Path(__file__).resolve().parents[3]
 ORDER = {"items": [{"id": 42, "quantity": 1}], "currency": "RUB", "amount": 1500}
 
 
+def _target_dir() -> Path:
+    configured = os.environ.get("CARGO_TARGET_DIR")
+    return Path(configured).resolve() if configured else REPO / "target"
+
+
 def binary(name: str) -> str:
     """A binary of the workspace: ``IDEMGATE_BIN`` for the server (the README's
     test command sets it), ``IDEMGATE_RELAY_BIN`` or the relay beside
-    ``IDEMGATE_BIN`` for the relay; without them ``target/release/…``, built with
-    cargo when missing."""
+    ``IDEMGATE_BIN`` for the relay; without them
+    ``${CARGO_TARGET_DIR:-target}/release/…``, which :func:`pytest_sessionstart`
+    builds before any test runs (a test never runs cargo)."""
     server = os.environ.get("IDEMGATE_BIN")
     if name == "idemgate":
         chosen = server
     else:
         chosen = os.environ.get("IDEMGATE_RELAY_BIN") or (str(Path(server).parent / name) if server else None)
     if chosen is None:
-        chosen = str(REPO / "target" / "release" / name)
-        if not Path(chosen).exists():
-            package = "idemgate-server" if name == "idemgate" else "idemgate-testkit"
-            print(f"{chosen} is missing: cargo build --release -p {package} --bin {name}")
-            subprocess.run(["cargo", "build", "--release", "-p", package, "--bin", name], cwd=REPO, check=True)
+        chosen = str(_target_dir() / "release" / name)
     if not Path(chosen).exists():
         raise RuntimeError(
             f"{chosen} does not exist: set IDEMGATE_BIN (and IDEMGATE_RELAY_BIN) to built binaries, "
-            "or unset them to build target/release"
+            "or unset them to have the session build target/release"
         )
     return chosen
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Without ``IDEMGATE_BIN``, builds the missing release binaries once, before
+    the first test; with it, checks that both binaries exist."""
+    if os.environ.get("IDEMGATE_BIN") is None:
+        for package, name in (("idemgate-server", "idemgate"), ("idemgate-testkit", "idemgate-relay")):
+            if not (_target_dir() / "release" / name).exists():
+                print(f"{_target_dir() / 'release' / name} is missing: cargo build --release -p {package} --bin {name}")
+                subprocess.run(["cargo", "build", "--release", "-p", package, "--bin", name], cwd=REPO, check=True)
+    binary("idemgate")
+    binary("idemgate-relay")
 
 
 @dataclass
@@ -60,12 +74,15 @@ class Charge:
 @dataclass
 class MockGateway:
     """``POST /charges`` approves (deduplicated by its ``Idempotency-Key``, as a
-    real gateway does) after ``delay`` seconds, and counts every call."""
+    real gateway does) after ``delay`` seconds, and counts every call; a status
+    put in ``failures`` charges and then answers that status anyway (the worst
+    case)."""
 
     server: ThreadingHTTPServer
     calls: list[Charge] = field(default_factory=list)
     charges: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    failures: list[int] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -89,7 +106,14 @@ def gateway() -> Iterator[MockGateway]:
             with lock:
                 mock.calls.append(Charge(key, body))
                 charge = mock.charges.setdefault(key or f"no-key-{uuid.uuid4()}", f"ch_{len(mock.charges) + 1}")
+                failure = mock.failures.pop(0) if mock.failures else None
             time.sleep(mock.delay)
+            if failure is not None:
+                self.send_response(failure)
+                self.send_header("content-length", "15")
+                self.end_headers()
+                self.wfile.write(b"gateway trouble")
+                return
             answer = json.dumps({"id": charge, "status": "succeeded"}).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
@@ -110,6 +134,34 @@ def gateway() -> Iterator[MockGateway]:
     server.server_close()
 
 
+def _spawn_listening(command: list[str], marker: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """Starts ``command``; returns it and the address its stderr names after
+    ``marker`` (``… listening on http://ADDR``)."""
+    env = {"PATH": os.environ.get("PATH", ""), "RUST_LOG": "info", "NO_COLOR": "1", **env}
+    process = subprocess.Popen(
+        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    found: list[str] = []
+    ready = threading.Event()
+
+    def drain() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if not found and marker in line:
+                found.append(line.split(marker, 1)[1].split()[0])
+                ready.set()
+            elif "ERROR" in line or "WARN" in line:
+                print(f"[{command[1]}] {line.rstrip()}")
+        ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not ready.wait(30) or not found:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"idemgate {command[1]} did not start listening within 30 s")
+    return process, found[0]
+
+
 class Server:
     """A running ``idemgate serve`` on a fresh SQLite file."""
 
@@ -121,31 +173,11 @@ class Server:
             "--database", f"sqlite://{self.database}", "--wait-ms", "0",
             "--gateway-url", gateway.url, *args,
         ]  # fmt: skip
-        env = {"PATH": os.environ.get("PATH", ""), "RUST_LOG": "info", "NO_COLOR": "1"}
-        self.process = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        self.addr = self._listening()
-
-    def _listening(self) -> str:
-        found: list[str] = []
-        ready = threading.Event()
-
-        def drain() -> None:
-            assert self.process.stderr is not None
-            for line in self.process.stderr:
-                if not found and "listening on http://" in line:
-                    found.append(line.split("listening on http://", 1)[1].split()[0])
-                    ready.set()
-                elif "ERROR" in line or "WARN" in line:
-                    print(f"[server] {line.rstrip()}")
-            ready.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        if not ready.wait(30) or not found:
-            self.stop()
-            raise RuntimeError("idemgate serve did not start listening within 30 s")
-        return found[0]
+        try:
+            self.process, self.addr = _spawn_listening(command, "listening on http://", {})
+        except BaseException:
+            self.dir.cleanup()
+            raise
 
     def url(self, path: str) -> str:
         return f"http://{self.addr}{path}"
@@ -208,6 +240,72 @@ class Relay:
             self.process.wait(5)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+class Proxy:
+    """``idemgate proxy`` in front of ``upstream``, on a memory store."""
+
+    def __init__(self, upstream: str) -> None:
+        command = [
+            binary("idemgate"), "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0",
+            "--admin-listen", "127.0.0.1:0", "--idempotency-store", "memory",
+        ]  # fmt: skip
+        secret = {"IDEMGATE_PRINCIPAL_SECRET": "python-client-suite-secret"}
+        self.process, self.addr = _spawn_listening(command, "proxy listening on http://", secret)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@dataclass
+class Upstream:
+    """An HTTP service behind the proxy that answers every request ``status``
+    and counts the requests it ran."""
+
+    server: ThreadingHTTPServer
+    status: int = 500
+    executions: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def failing_upstream_behind_proxy() -> Iterator[tuple[Upstream, Relay]]:
+    """An upstream that answers 500 (``executions`` counted), ``idemgate proxy``
+    in front of it, and the relay in front of that."""
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            with lock:
+                upstream.executions += 1
+            body = b"upstream broke"
+            self.send_response(upstream.status)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    upstream = Upstream(server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = Proxy(upstream.url)
+    relay = Relay(proxy.addr)
+    yield upstream, relay
+    relay.stop()
+    proxy.stop()
+    server.shutdown()
+    server.server_close()
 
 
 @dataclass

@@ -1,4 +1,9 @@
-//! The `Idempotency-Key` header (PROTOCOL §2).
+//! The `Idempotency-Key` header (PROTOCOL §2), and where else a route may read
+//! its key ([`KeySource`], PROTOCOL §15).
+
+mod source;
+
+pub use source::{ContentDedup, KeyInput, KeySource, KeySourceError};
 
 use std::fmt;
 
@@ -47,6 +52,26 @@ pub enum KeyError {
     /// A quoted string that is not closed, or a bad escape.
     #[error("the Idempotency-Key is a malformed quoted string")]
     Malformed,
+    /// A key read from the path, a query parameter or the body begins or ends with
+    /// whitespace: refused rather than trimmed, so `" a"` never silently names the
+    /// operation `"a"` (PROTOCOL §15).
+    #[error("the idempotency key begins or ends with whitespace")]
+    Whitespace,
+    /// The route reads its key from a JSON body field, and the value there is not a
+    /// string.
+    #[error("the idempotency key field of the body is not a JSON string")]
+    NotAString,
+    /// The route reads its key from the JSON body, which does not parse (or names a
+    /// member twice, so "the" field would be a guess).
+    #[error(
+        "the idempotency key is read from the JSON body, which is not valid JSON or names a member twice"
+    )]
+    BodyNotJson,
+    /// The `Idempotency-Key` header and the route's own key source carry different
+    /// keys: which one names the operation would be a guess (answers
+    /// `ambiguous-key`).
+    #[error("the Idempotency-Key header and the route's key source carry different keys")]
+    Ambiguous,
 }
 
 impl IdempotencyKey {
@@ -89,6 +114,32 @@ impl IdempotencyKey {
             return Err(KeyError::TooLong { max: max_len });
         }
         Ok(Self(key))
+    }
+
+    /// A key taken verbatim from somewhere that is not a header (a path or query
+    /// parameter, decoded; a JSON string): 1 to `max_len` printable ASCII
+    /// characters, spaces allowed inside but not around it (PROTOCOL §2, §15).
+    ///
+    /// ```
+    /// use idemgate_core::key::{IdempotencyKey, KeyError};
+    ///
+    /// assert_eq!(IdempotencyKey::from_value("ORD-7", 255).unwrap().as_str(), "ORD-7");
+    /// assert_eq!(IdempotencyKey::from_value(" ORD-7", 255), Err(KeyError::Whitespace));
+    /// ```
+    pub fn from_value(value: &str, max_len: usize) -> Result<Self, KeyError> {
+        if value.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if !value.bytes().all(|b| b == b' ' || is_visible_ascii(b)) {
+            return Err(KeyError::InvalidCharacter);
+        }
+        if value.starts_with(' ') || value.ends_with(' ') {
+            return Err(KeyError::Whitespace);
+        }
+        if value.len() > max_len {
+            return Err(KeyError::TooLong { max: max_len });
+        }
+        Ok(Self(value.to_owned()))
     }
 
     /// The key itself. Do not log it; log [`IdempotencyKey::digest_prefix`].

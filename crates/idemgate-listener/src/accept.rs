@@ -1,5 +1,7 @@
-//! The accept loop: bind, accept within the connection bound (a canned 503 beyond
-//! it), survive descriptor exhaustion, and drain on shutdown.
+//! The accept loop: bind, accept within the connection bound (at the bound, the
+//! connection waiting longest for a request head, else the longest idle, is
+//! evicted for the new one; a canned 503 only when every connection is busy),
+//! survive descriptor exhaustion, and drain on shutdown.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +21,8 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_util::task::TaskTracker;
 
 use crate::ListenerOptions;
-use crate::connection::connection;
+use crate::connection::{Activity, connection};
+use crate::evict::Connections;
 use crate::limits::{FD_RESERVE, fd_limit};
 
 /// How long the accept loop pauses after an error that is not one connection's
@@ -100,6 +103,7 @@ impl Listener {
             .header_read_timeout(None);
         builder.http2().timer(TokioTimer::new());
         let connections = TaskTracker::new();
+        let live = Arc::new(Connections::default());
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut accept_errors = AcceptErrors::default();
         tokio::pin!(shutdown);
@@ -118,12 +122,14 @@ impl Listener {
                     continue;
                 }
             };
-            if connections.len() >= self.max_connections {
+            if live.len() >= self.max_connections && !live.evict_one() {
                 shed(&stream);
                 continue;
             }
             let _ = stream.set_nodelay(true);
-            connections.spawn(connection(
+            let activity = Arc::new(Activity::new());
+            let registration = live.register(Arc::clone(&activity));
+            let serve = connection(
                 stream,
                 peer,
                 self.tls.clone().map(TlsAcceptor::from),
@@ -131,7 +137,12 @@ impl Listener {
                 router.clone(),
                 self.options,
                 stop_rx.clone(),
-            ));
+                activity,
+            );
+            connections.spawn(async move {
+                serve.await;
+                drop(registration);
+            });
         }
         drop(self.tcp);
         let _ = stop_tx.send(true);
@@ -173,7 +184,7 @@ impl AcceptErrors {
     }
 }
 
-/// Over the bound: an immediate canned 503 and a close, without waiting on the
+/// Over the bound with every connection busy: an immediate canned 503 and a close, without waiting on the
 /// client. Whatever the client already sent is drained (without waiting) so the
 /// close is a FIN, not a reset that could destroy the 503 before it is read.
 fn shed(stream: &TcpStream) {

@@ -13,11 +13,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
-use axum::http::{Request, Response};
+use axum::http::{HeaderValue, Request, Response, StatusCode, header};
+use axum::response::IntoResponse;
 use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use idemgate::ProblemDetails;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
@@ -29,7 +31,9 @@ use crate::ListenerOptions;
 use crate::body::{DeadlineBody, body_timeout_response};
 
 /// One connection: the TLS handshake if any (within the header-read timeout,
-/// which runs from accept), then hyper serving the router.
+/// which runs from accept), then hyper serving the router. `activity` is the
+/// connection's phase, registered with the listener so that it can evict it.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -38,8 +42,8 @@ pub(crate) async fn connection(
     router: Router,
     options: ListenerOptions,
     stop: watch::Receiver<bool>,
+    activity: Arc<Activity>,
 ) {
-    let activity = Arc::new(Activity::new());
     let watched = Watched {
         inner: stream,
         activity: Arc::clone(&activity),
@@ -48,7 +52,15 @@ pub(crate) async fn connection(
         let io = TokioIo::new(watched);
         return serve_connection(io, activity, peer, builder, router, options, stop).await;
     };
-    match tokio::time::timeout(options.header_read_timeout, tls.accept(watched)).await {
+    let handshake = tokio::select! {
+        handshake = tokio::time::timeout(options.header_read_timeout, tls.accept(watched)) => handshake,
+        () = activity.evicted() => {
+            metrics::counter!("idemgate_http_connections_evicted_total").increment(1);
+            tracing::debug!("evicted a connection still in its TLS handshake");
+            return;
+        }
+    };
+    match handshake {
         Ok(Ok(stream)) => {
             let io = TokioIo::new(stream);
             serve_connection(io, activity, peer, builder, router, options, stop).await;
@@ -101,10 +113,18 @@ async fn serve_connection<I>(
                 return;
             }
             () = sleep_until(deadline) => {
-                if let Some(phase) = activity.expired(&options) {
-                    metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => phase).increment(1);
-                    tracing::debug!(phase, "closing a connection past its timeout");
-                    return;
+                match activity.expired(&options) {
+                    Some("evicted") => {
+                        metrics::counter!("idemgate_http_connections_evicted_total").increment(1);
+                        tracing::debug!("evicted a connection to serve a new one at the bound");
+                        return;
+                    }
+                    Some(phase) => {
+                        metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => phase).increment(1);
+                        tracing::debug!(phase, "closing a connection past its timeout");
+                        return;
+                    }
+                    None => {}
                 }
             }
             () = activity.changed.notified() => {}
@@ -134,6 +154,11 @@ async fn serve_request(
     body_timeout: Duration,
     guard: RequestGuard,
 ) -> Result<Response<GuardedBody>, Infallible> {
+    if guard.0.is_evicted() {
+        // Its head completed as the connection was chosen for eviction: it is
+        // refused unrun, like a connection shed at the bound.
+        return Ok(evicted_response().map(|body| GuardedBody::new(body, guard)));
+    }
     request.extensions_mut().insert(ConnectInfo(peer));
     let timed_out = Arc::new(AtomicBool::new(false));
     let request = request.map(|body| {
@@ -156,26 +181,46 @@ async fn serve_request(
     Ok(response.map(|body| GuardedBody::new(body, guard)))
 }
 
-/// What a connection is doing, for its watchdog.
-#[derive(Debug, Clone, Copy)]
-enum Phase {
+/// The answer to a request whose connection was evicted as its head completed:
+/// `503 connection-limit`, nothing run, the connection closed.
+fn evicted_response() -> Response<Body> {
+    let mut response = ProblemDetails::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "connection-limit",
+        "Too many connections",
+        "the server has as many connections open as it accepts; retry after Retry-After",
+    )
+    .into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// What a connection is doing, for its watchdog and for eviction at the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
     /// Waiting for (the rest of) a request head, since this instant.
     Head(Instant),
     /// This many requests are in flight (more than one on HTTP/2).
     Busy(usize),
     /// Nothing in flight and nothing received, since this instant.
     Idle(Instant),
+    /// Chosen to make room for a new connection at the bound: closed at once,
+    /// and a request head that completes now is refused unrun.
+    Evicted,
 }
 
-/// A connection's phase, shared by its I/O, its requests and its watchdog.
-struct Activity {
+/// A connection's phase, shared by its I/O, its requests, its watchdog and the
+/// listener's eviction.
+pub(crate) struct Activity {
     phase: Mutex<Phase>,
     /// Woken when the phase changes in a way that moves the deadline.
     changed: Notify,
 }
 
 impl Activity {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             phase: Mutex::new(Phase::Head(Instant::now())),
             changed: Notify::new(),
@@ -193,7 +238,7 @@ impl Activity {
                 *phase = Phase::Head(Instant::now());
                 true
             }
-            Phase::Head(_) | Phase::Busy(_) => false,
+            Phase::Head(_) | Phase::Busy(_) | Phase::Evicted => false,
         });
         if woke {
             self.changed.notify_one();
@@ -201,11 +246,12 @@ impl Activity {
     }
 
     /// A request head is complete: no watchdog deadline until its response ends.
-    fn begin_request(self: &Arc<Self>) -> RequestGuard {
+    pub(crate) fn begin_request(self: &Arc<Self>) -> RequestGuard {
         self.with_phase(|phase| {
             *phase = match *phase {
                 Phase::Busy(requests) => Phase::Busy(requests + 1),
                 Phase::Head(_) | Phase::Idle(_) => Phase::Busy(1),
+                Phase::Evicted => Phase::Evicted,
             }
         });
         RequestGuard(Arc::clone(self))
@@ -217,6 +263,7 @@ impl Activity {
                 *phase = Phase::Busy(requests - 1);
                 false
             }
+            Phase::Evicted => false,
             _ => {
                 *phase = Phase::Idle(Instant::now());
                 true
@@ -232,6 +279,7 @@ impl Activity {
             Phase::Head(since) => Some(since + options.header_read_timeout),
             Phase::Idle(since) => Some(since + options.idle_timeout),
             Phase::Busy(_) => None,
+            Phase::Evicted => Some(Instant::now()),
         })
     }
 
@@ -241,13 +289,47 @@ impl Activity {
         self.with_phase(|phase| match *phase {
             Phase::Head(since) if now >= since + options.header_read_timeout => Some("header"),
             Phase::Idle(since) if now >= since + options.idle_timeout => Some("idle"),
+            Phase::Evicted => Some("evicted"),
             _ => None,
         })
+    }
+
+    /// The phase now.
+    pub(crate) fn phase(&self) -> Phase {
+        self.with_phase(|phase| *phase)
+    }
+
+    /// Marks the connection evicted if it is still waiting for a head or idle
+    /// (not if a request began meanwhile); wakes its watchdog. Whether it was.
+    pub(crate) fn evict(&self) -> bool {
+        let evicted = self.with_phase(|phase| match *phase {
+            Phase::Head(_) | Phase::Idle(_) => {
+                *phase = Phase::Evicted;
+                true
+            }
+            Phase::Busy(_) | Phase::Evicted => false,
+        });
+        if evicted {
+            self.changed.notify_one();
+        }
+        evicted
+    }
+
+    fn is_evicted(&self) -> bool {
+        self.phase() == Phase::Evicted
+    }
+
+    /// Resolves once the connection is evicted (for the TLS handshake, before
+    /// the watchdog runs).
+    async fn evicted(&self) {
+        while !self.is_evicted() {
+            self.changed.notified().await;
+        }
     }
 }
 
 /// Keeps its connection busy while its request is in flight.
-struct RequestGuard(Arc<Activity>);
+pub(crate) struct RequestGuard(Arc<Activity>);
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {

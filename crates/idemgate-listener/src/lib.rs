@@ -16,9 +16,13 @@
 //!   from the end of the head (a total, not a per-read timer: a per-read timer
 //!   never fires for a client sending one byte per second); past it the answer is
 //!   `408` `body-timeout` problem+json and the connection is closed;
-//! - **connection bound**: beyond it a new connection is answered at once with a
-//!   canned `503` `connection-limit` and closed, without reading from it, so the
-//!   accept loop never waits on a client;
+//! - **connection bound**: when a new connection arrives at it, the connection
+//!   that has waited longest without completing a request head is closed (else
+//!   the keep-alive connection idle longest) and the new one is served, so
+//!   clients holding half a head cannot keep everyone else out until the header
+//!   timeout cuts them; only when every connection is busy with a request is the
+//!   new one answered at once with a canned `503` `connection-limit` and closed,
+//!   without reading from it, so the accept loop never waits on a client;
 //! - the accept loop survives `EMFILE`/`ENFILE` (it pauses briefly instead of
 //!   spinning or dying), and [`raise_fd_limit`] lifts the soft `RLIMIT_NOFILE` to
 //!   the hard limit at startup; the connection bound is capped below that limit
@@ -33,7 +37,7 @@
 //! watchdog here tells the two phases apart by the bytes it sees.
 //!
 //! The pieces, one module each: [`ListenerOptions`] (the limits), the accept loop
-//! and shedding ([`Listener`]), one connection and its watchdog, the request and
+//! and shedding ([`Listener`]), eviction at the bound, one connection and its watchdog, the request and
 //! response bodies, the descriptor limit ([`raise_fd_limit`]), and TLS loading
 //! ([`tls::server_config`]).
 //!
@@ -51,6 +55,7 @@
 mod accept;
 mod body;
 mod connection;
+mod evict;
 mod limits;
 mod options;
 pub mod tls;

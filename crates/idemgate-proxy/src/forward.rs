@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::{ClientBody, UpstreamBody};
+use crate::conditional::{self, Enforce};
 use crate::headers::{IDEMPOTENCY_KEY, add_forwarded, remove_hop_by_hop};
 use crate::problem;
 use crate::routes::{DEFAULT_REJECTIONS, ForwardKey};
@@ -70,6 +71,8 @@ pub struct Forward {
     idle: Duration,
     /// The whole response, from sending, head to last byte; `None`: unbounded.
     deadline: Option<Duration>,
+    /// A route's `conditional = "enforce"`.
+    conditional: Option<Arc<Enforce>>,
 }
 
 /// The `Host` header the upstream receives.
@@ -108,6 +111,7 @@ impl Forward {
             rejections: Arc::from(DEFAULT_REJECTIONS),
             idle: timeout,
             deadline: None,
+            conditional: None,
         }
     }
 
@@ -166,7 +170,33 @@ impl Forward {
         }
     }
 
-    async fn forward(self, mut request: Request<Body>) -> Response<Body> {
+    /// This forwarder enforcing a route's preconditions (see `conditional`).
+    pub(crate) fn with_conditional(mut self, enforce: Option<Enforce>) -> Self {
+        self.conditional = enforce.map(Arc::new);
+        self
+    }
+
+    /// The upstream's response-head timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The upstream's `host:port`, for messages.
+    pub(crate) fn upstream_authority(&self) -> &str {
+        self.upstream.authority()
+    }
+
+    async fn forward(self, request: Request<Body>) -> Response<Body> {
+        if let Some(enforce) = self.conditional.clone()
+            && conditional::writes(request.method())
+        {
+            return conditional::enforce(self, &enforce, request).await;
+        }
+        self.send(request).await
+    }
+
+    /// One exchange with the upstream.
+    pub(crate) async fn send(&self, mut request: Request<Body>) -> Response<Body> {
         // Taken before the headers are cleaned: a WebSocket upgrade is the one
         // hop-by-hop exchange a proxy carries on, by tunnelling both connections.
         // A covered request never upgrades (PITFALLS 29).

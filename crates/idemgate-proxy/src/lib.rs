@@ -26,12 +26,14 @@
 //! ```
 
 use std::convert::Infallible;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::Router;
 use axum::body::Body;
 use axum::response::IntoResponse;
@@ -43,6 +45,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 mod body;
+mod conditional;
 mod forward;
 mod guard;
 pub mod headers;
@@ -82,6 +85,7 @@ pub struct ProxyConfig {
     underscore_headers: UnderscoreHeaders,
     method_override: MethodOverride,
     safe_method_bodies: SafeMethodBodies,
+    lock_store: Option<conditional::LockStore>,
 }
 
 impl ProxyConfig {
@@ -103,7 +107,23 @@ impl ProxyConfig {
             underscore_headers: UnderscoreHeaders::Drop,
             method_override: MethodOverride::Refuse,
             safe_method_bodies: SafeMethodBodies::Refuse,
+            lock_store: None,
         }
+    }
+
+    /// The store that holds the resource leases of routes with `conditional =
+    /// "enforce"` (PROTOCOL §17): the one every proxy instance in front of the
+    /// upstream shares (PostgreSQL or Redis for several instances), usually the
+    /// idempotency store itself. Without it such a route answers 500
+    /// `store-misconfigured` instead of writing unserialised.
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let config = config.with_lock_store(std::sync::Arc::new(idemgate::MemoryStore::new()));
+    /// ```
+    pub fn with_lock_store(mut self, store: Arc<dyn idemgate::Store>) -> Self {
+        self.lock_store = Some(conditional::LockStore(store));
+        self
     }
 
     /// How long to wait for the upstream's response head (connecting included);
@@ -295,6 +315,24 @@ impl ProxyConfig {
 /// everything else streams through untouched by it. A request that a route of
 /// `config` matches goes through that route's configuration of the same layer.
 pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
+    reloadable_app(config, idempotency).0
+}
+
+/// [`app`], with the handle that replaces its routes while it serves
+/// (`idemgate proxy` on `SIGHUP`).
+///
+/// ```
+/// use idemgate::{IdempotencyLayer, MemoryStore};
+/// use idemgate_proxy::{ProxyConfig, Routes, reloadable_app};
+///
+/// let config = ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+/// let (router, table): (axum::Router, _) =
+///     reloadable_app(config, IdempotencyLayer::new(MemoryStore::new()));
+/// let routes = Routes::from_toml("routes.toml".as_ref(), "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\n").unwrap();
+/// table.replace(&routes);
+/// assert_eq!(table.len(), 1);
+/// ```
+pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Router, RouteTable) {
     let idempotency = match config.require_key {
         Some(require) => idempotency.with_require_key(require),
         None => idempotency,
@@ -306,50 +344,133 @@ pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
         .with_host_header(config.host)
         .with_https_clients(config.https_clients)
         .with_body_timeouts(idle, config.upstream_response_timeout);
-    let routes = config
-        .routes
-        .iter()
-        .map(|route| {
-            let policy = &route.policy;
-            let fold = policy.fold(config.case_insensitive);
-            let forward = forward
-                .with_route_policy(
-                    policy.forward_key(),
-                    policy.rejections.as_deref().unwrap_or(&DEFAULT_REJECTIONS),
-                )
-                .with_body_timeouts(
-                    policy.upstream_idle_timeout.unwrap_or(idle),
-                    policy
-                        .upstream_response_timeout
-                        .or(config.upstream_response_timeout),
-                );
-            DispatchRoute {
-                method: route.method.clone(),
-                pattern: route.pattern.folded(fold),
-                fold,
-                method_override: policy.method_override.unwrap_or(config.method_override),
-                safe_method_bodies: policy.safe_method_body.unwrap_or(config.safe_method_bodies),
-                service: policy
-                    .layer(&route.method, &idempotency, fold)
-                    .layer(forward),
-            }
-        })
-        .collect();
     let default_fold = PathFold::NONE.with_case_insensitive(config.case_insensitive);
-    Router::new().fallback_service(Dispatch {
-        style: idempotency.problem_style().clone(),
+    let default = DefaultRoute {
+        method_override: config.method_override,
+        safe_method_bodies: config.safe_method_bodies,
+        service: idempotency
+            .clone()
+            .with_path_fold(default_fold)
+            .layer(forward.clone()),
+    };
+    // The layer's problem style, for the refusals made before the layer.
+    let style = idempotency.problem_style().clone();
+    let builder = RouteBuilder {
+        idempotency,
+        forward,
+        idle,
+        response_timeout: config.upstream_response_timeout,
+        case_insensitive: config.case_insensitive,
+        method_override: config.method_override,
+        safe_method_bodies: config.safe_method_bodies,
+        lock_store: config.lock_store,
+    };
+    let routes = Arc::new(ArcSwap::from_pointee(builder.build(&config.routes)));
+    let table = RouteTable {
+        builder: Arc::new(builder),
+        routes: Arc::clone(&routes),
+    };
+    let router = Router::new().fallback_service(Dispatch {
+        style,
         guard: Arc::new(guard::Guard {
             path_policy: config.path_policy,
             underscore_headers: config.underscore_headers,
             principal_header: config.principal_header,
         }),
-        routes: Arc::new(routes),
-        default: DefaultRoute {
-            method_override: config.method_override,
-            safe_method_bodies: config.safe_method_bodies,
-            service: idempotency.with_path_fold(default_fold).layer(forward),
-        },
-    })
+        routes,
+        default,
+    });
+    (router, table)
+}
+
+/// The routes a running [`reloadable_app`] dispatches to, replaceable as a
+/// whole while it serves. A replacement is atomic: each request reads the table
+/// once, when it is dispatched, and keeps the route service it got to its end,
+/// so a request in flight finishes under the routes it started with and the
+/// next one sees only the new table, never a mix. Every route of a new table is
+/// the same layer as before (the same store, the same detached-task tracker)
+/// with the new file's settings.
+#[derive(Clone)]
+pub struct RouteTable {
+    builder: Arc<RouteBuilder>,
+    routes: Arc<ArcSwap<Vec<DispatchRoute>>>,
+}
+
+impl fmt::Debug for RouteTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteTable")
+            .field("routes", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteTable {
+    /// Dispatches every request from now on by `routes` (already checked:
+    /// building a route cannot fail).
+    pub fn replace(&self, routes: &Routes) {
+        self.routes.store(Arc::new(self.builder.build(routes)));
+    }
+
+    /// How many routes the current table has.
+    pub fn len(&self) -> usize {
+        self.routes.load().len()
+    }
+
+    /// Whether the current table has no route (every request gets the defaults).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What turns a route file into dispatchable routes: the command line's
+/// settings each route inherits what it does not set from.
+#[derive(Clone)]
+struct RouteBuilder {
+    idempotency: IdempotencyLayer,
+    forward: Forward,
+    idle: Duration,
+    response_timeout: Option<Duration>,
+    case_insensitive: bool,
+    method_override: MethodOverride,
+    safe_method_bodies: SafeMethodBodies,
+    /// Where `conditional = "enforce"` routes take their resource leases.
+    lock_store: Option<conditional::LockStore>,
+}
+
+impl RouteBuilder {
+    fn build(&self, routes: &Routes) -> Vec<DispatchRoute> {
+        routes
+            .iter()
+            .map(|route| {
+                let policy = &route.policy;
+                let fold = policy.fold(self.case_insensitive);
+                let forward = self
+                    .forward
+                    .with_route_policy(
+                        policy.forward_key(),
+                        policy.rejections.as_deref().unwrap_or(&DEFAULT_REJECTIONS),
+                    )
+                    .with_body_timeouts(
+                        policy.upstream_idle_timeout.unwrap_or(self.idle),
+                        policy.upstream_response_timeout.or(self.response_timeout),
+                    )
+                    .with_conditional(policy.conditional.then(|| conditional::Enforce {
+                        store: self.lock_store.as_ref().map(|store| Arc::clone(&store.0)),
+                        require_if_match: policy.require_if_match,
+                    }));
+                DispatchRoute {
+                    method: route.method.clone(),
+                    pattern: route.pattern.folded(fold),
+                    fold,
+                    method_override: policy.method_override.unwrap_or(self.method_override),
+                    safe_method_bodies: policy.safe_method_body.unwrap_or(self.safe_method_bodies),
+                    service: policy
+                        .layer(&route.method, &route.pattern, &self.idempotency, fold)
+                        .layer(forward),
+                }
+            })
+            .collect()
+    }
 }
 
 /// One route, ready to dispatch to: its pattern folded as it matches, and what
@@ -379,7 +500,8 @@ struct Dispatch {
     /// The layer's problem style, for the refusals made before the layer.
     style: idemgate::problem::ProblemStyle,
     guard: Arc<guard::Guard>,
-    routes: Arc<Vec<DispatchRoute>>,
+    /// Read once per request ([`RouteTable`]).
+    routes: Arc<ArcSwap<Vec<DispatchRoute>>>,
     default: DefaultRoute,
 }
 
@@ -396,8 +518,8 @@ impl Dispatch {
             .clone()
             .unwrap_or_else(|| request.method().clone());
         let path = admitted.path.as_str();
-        let matched = self
-            .routes
+        let routes = self.routes.load();
+        let matched = routes
             .iter()
             .find(|route| route.method == method && route.pattern.matches(&route.fold.apply(path)));
         let (method_override, safe_method_bodies, service) = match matched {

@@ -30,10 +30,11 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idemgate::fingerprint::{BodySelection, JsonPointer};
+use idemgate::key::{ContentDedup, KeySource};
 use idemgate::path::PathFold;
 use idemgate::problem::ProblemShape;
 use idemgate::scope::normalize_path;
-use idemgate::{IdempotencyLayer, ServerErrorPolicy};
+use idemgate::{IdempotencyLayer, ServerErrorPolicy, StrategyMode};
 
 use crate::guard::{MethodOverride, SafeMethodBodies};
 use serde::Deserialize;
@@ -99,6 +100,13 @@ pub(crate) struct RoutePolicy {
     forward_key: Option<ForwardKey>,
     /// The route's problem body shape; `None`: the proxy-wide one.
     problem_shape: Option<ProblemShape>,
+    /// Where the route's key is read (`key = "json:/reference_id"`); `None`: the
+    /// `Idempotency-Key` header.
+    key: Option<KeySource>,
+    /// Content-based deduplication of keyless requests (`dedup = { window, fields }`).
+    dedup: Option<ContentDedup>,
+    /// `mode = "observe"`: measure the route's key strategy without enforcing it.
+    mode: Option<StrategyMode>,
     /// `None`: the proxy-wide setting.
     pub(crate) case_insensitive: Option<bool>,
     pub(crate) format_suffix: bool,
@@ -106,6 +114,20 @@ pub(crate) struct RoutePolicy {
     pub(crate) safe_method_body: Option<SafeMethodBodies>,
     pub(crate) upstream_idle_timeout: Option<Duration>,
     pub(crate) upstream_response_timeout: Option<Duration>,
+    /// `conditional = "enforce"`: the proxy enforces the route's preconditions.
+    pub(crate) conditional: bool,
+    /// `require_if_match`: 428 for a write without `If-Match`.
+    pub(crate) require_if_match: bool,
+}
+
+/// A route's `conditional` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Conditional {
+    /// The upstream's business (the default).
+    Off,
+    /// The proxy evaluates `If-Match` & co. against the upstream's current ETag.
+    Enforce,
 }
 
 /// Why the policy file was refused. Both name the file; a bad file also names the
@@ -157,9 +179,12 @@ impl Routes {
             .into_iter()
             .map(|entry| {
                 let line = line_and_column(text, entry.span().start).0;
-                entry.into_inner().into_route(line)
+                entry
+                    .into_inner()
+                    .into_route(line)
+                    .map_err(|(at, message)| invalid(path, text, at, message))
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             path: path.to_owned(),
             routes,
@@ -182,6 +207,22 @@ impl Routes {
         for route in &self.routes {
             let route_ttl = route.policy.ttl.unwrap_or(ttl);
             let route_lease = route.policy.lease.unwrap_or(lease);
+            if let Some(window) = route.policy.dedup.as_ref().map(ContentDedup::window)
+                && window <= route_lease
+            {
+                return Err(RoutesError::Invalid {
+                    path: self.path.clone(),
+                    line: route.line,
+                    column: 1,
+                    message: format!(
+                        "route {} {}: the dedup window ({} s) must be longer than lease ({} s)",
+                        route.method,
+                        route.pattern,
+                        window.as_secs(),
+                        route_lease.as_secs()
+                    ),
+                });
+            }
             if route_ttl <= route_lease {
                 return Err(RoutesError::Invalid {
                     path: self.path.clone(),
@@ -238,10 +279,12 @@ impl RoutePolicy {
     /// The layer for this route: `base` (the defaults, sharing its store and its
     /// detached-task tracker) with this route's settings, covering `method` only
     /// — or nothing, so every request passes through, when disabled — and
-    /// scoping by the path folded by `fold`.
+    /// scoping by the path folded by `fold` (by `pattern`, the route's template,
+    /// when the key is one of its parameters).
     pub(crate) fn layer(
         &self,
         method: &Method,
+        pattern: &RoutePattern,
         base: &IdempotencyLayer,
         fold: PathFold,
     ) -> IdempotencyLayer {
@@ -280,6 +323,19 @@ impl RoutePolicy {
         }
         if let Some(selection) = &self.fingerprint {
             layer = layer.with_fingerprint_body(selection.clone());
+        }
+        if let Some(source) = &self.key {
+            layer = layer.with_key_source(source.clone());
+        }
+        if let Some(dedup) = &self.dedup {
+            layer = layer.with_content_dedup(dedup.clone());
+        }
+        if let Some(mode) = self.mode {
+            layer = layer.with_mode(mode);
+        }
+        if self.key.is_some() || self.dedup.is_some() {
+            // A path key and content dedup scope by the route, not the path.
+            layer = layer.with_route_template(pattern.to_string());
         }
         layer
     }
@@ -325,7 +381,8 @@ pub struct RoutePattern {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
-    Param,
+    /// `{name}`.
+    Param(String),
 }
 
 impl FromStr for RoutePattern {
@@ -359,7 +416,7 @@ impl FromStr for RoutePattern {
                         if !name.is_empty()
                             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
                     {
-                        Ok(Segment::Param)
+                        Ok(Segment::Param(name.to_owned()))
                     }
                     _ if segment.contains(['{', '}', '*']) => Err(format!(
                         "{text:?}: a segment is a literal, {{name}}, or a final /* (got {segment:?})"
@@ -405,7 +462,7 @@ impl RoutePattern {
             .iter()
             .enumerate()
             .map(|(at, segment)| match segment {
-                Segment::Param => Segment::Param,
+                Segment::Param(name) => Segment::Param(name.clone()),
                 Segment::Literal(literal) => {
                     let rule = if at == last && !self.prefix {
                         fold
@@ -430,11 +487,20 @@ impl RoutePattern {
         for expected in &self.segments {
             match (expected, segments.next()) {
                 (Segment::Literal(literal), Some(segment)) if literal == segment => {}
-                (Segment::Param, Some(segment)) if !segment.is_empty() => {}
+                (Segment::Param(_), Some(segment)) if !segment.is_empty() => {}
                 _ => return false,
             }
         }
         self.prefix || segments.next().is_none()
+    }
+}
+
+impl RoutePattern {
+    /// Whether `{name}` is one of the pattern's segments.
+    fn has_parameter(&self, name: &str) -> bool {
+        self.segments
+            .iter()
+            .any(|segment| matches!(segment, Segment::Param(param) if param == name))
     }
 }
 
@@ -474,6 +540,9 @@ struct RouteEntry {
     fingerprint: Option<FingerprintSetting>,
     forward_key: Option<ForwardKey>,
     problem_shape: Option<ProblemShapeSetting>,
+    key: Option<toml::Spanned<KeySourceText>>,
+    dedup: Option<toml::Spanned<DedupSetting>>,
+    mode: Option<toml::Spanned<ModeSetting>>,
     case_insensitive: Option<bool>,
     #[serde(default)]
     format_suffix: bool,
@@ -481,6 +550,8 @@ struct RouteEntry {
     safe_method_body: Option<SafeMethodBodies>,
     upstream_idle_timeout_ms: Option<NonZeroU64>,
     upstream_response_timeout_ms: Option<NonZeroU64>,
+    conditional: Option<Conditional>,
+    require_if_match: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -488,8 +559,63 @@ fn yes() -> bool {
 }
 
 impl RouteEntry {
-    fn into_route(self, line: usize) -> Route {
-        Route {
+    /// The route, or where (a byte offset) and why its keys do not go together.
+    fn into_route(self, line: usize) -> Result<Route, (usize, String)> {
+        let key = match self.key {
+            Some(spanned) => {
+                let at = spanned.span().start;
+                let source = spanned.into_inner().0;
+                if let Some(param) = source.path_parameter()
+                    && !self.path.0.has_parameter(param)
+                {
+                    return Err((
+                        at,
+                        format!(
+                            "key = \"{source}\": the route's path {} has no {{{param}}} segment",
+                            self.path.0
+                        ),
+                    ));
+                }
+                if !self.enabled {
+                    return Err((
+                        at,
+                        format!("key = \"{source}\" on a disabled route: nothing would read it"),
+                    ));
+                }
+                Some(source)
+            }
+            None => None,
+        };
+        let dedup = match self.dedup {
+            Some(spanned) if !self.enabled => {
+                return Err((
+                    spanned.span().start,
+                    "dedup on a disabled route: nothing would deduplicate".to_owned(),
+                ));
+            }
+            Some(spanned) => {
+                let setting = spanned.into_inner();
+                Some(
+                    ContentDedup::new(setting.window.0)
+                        .with_fields(setting.fields.into_iter().map(|p| p.0).collect()),
+                )
+            }
+            None => None,
+        };
+        let mode = match self.mode {
+            Some(spanned) if !self.enabled => {
+                return Err((
+                    spanned.span().start,
+                    "mode on a disabled route: there is no strategy to observe".to_owned(),
+                ));
+            }
+            Some(spanned) => Some(match spanned.into_inner() {
+                ModeSetting::Enforce => StrategyMode::Enforce,
+                ModeSetting::Observe => StrategyMode::Observe,
+            }),
+            None => None,
+        };
+        Ok(Route {
             method: self.method.0,
             pattern: self.path.0,
             line,
@@ -522,6 +648,9 @@ impl RouteEntry {
                     ProblemShapeSetting::Rfc9457 => ProblemShape::Rfc9457,
                     ProblemShapeSetting::Stripe => ProblemShape::Stripe,
                 }),
+                key,
+                dedup,
+                mode,
                 case_insensitive: self.case_insensitive,
                 format_suffix: self.format_suffix,
                 method_override: self.method_override,
@@ -532,8 +661,13 @@ impl RouteEntry {
                 upstream_response_timeout: self
                     .upstream_response_timeout_ms
                     .map(|ms| Duration::from_millis(ms.get())),
+                // Requiring If-Match is enforcing it: a required precondition
+                // nobody checks would be a promise the upstream does not keep.
+                conditional: self.conditional == Some(Conditional::Enforce)
+                    || self.require_if_match == Some(true),
+                require_if_match: self.require_if_match == Some(true),
             },
-        }
+        })
     }
 }
 
@@ -565,6 +699,56 @@ impl TryFrom<String> for PatternText {
 
     fn try_from(text: String) -> Result<Self, String> {
         text.parse().map(Self)
+    }
+}
+
+/// `dedup = { window = "5m", fields = ["/to", "/amount"] }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DedupSetting {
+    window: WindowText,
+    #[serde(default)]
+    fields: Vec<PointerText>,
+}
+
+/// A window: a positive whole number of seconds, minutes or hours (`"300s"`,
+/// `"5m"`, `"1h"`).
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+struct WindowText(Duration);
+
+impl TryFrom<String> for WindowText {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "a window is a positive number of seconds, minutes or hours: \"300s\", \"5m\", \"1h\" (got {text:?})"
+            )
+        };
+        let unit = match text.chars().last() {
+            Some('s') => 1,
+            Some('m') => 60,
+            Some('h') => 3600,
+            _ => return Err(bad()),
+        };
+        let number: u64 = text[..text.len() - 1].parse().map_err(|_| bad())?;
+        match number.checked_mul(unit) {
+            Some(seconds) if seconds > 0 => Ok(Self(Duration::from_secs(seconds))),
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+struct KeySourceText(KeySource);
+
+impl TryFrom<String> for KeySourceText {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse().map(Self).map_err(|error| error.to_string())
     }
 }
 
@@ -609,6 +793,13 @@ enum ProblemShapeSetting {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "lowercase")]
+enum ModeSetting {
+    Enforce,
+    Observe,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum ServerErrors {
     Store,
     Release,
@@ -626,6 +817,41 @@ enum FingerprintSetting {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditional_enforce_and_require_if_match() {
+        let routes = Routes::from_toml(
+            "routes.toml".as_ref(),
+            r#"
+            [[route]]
+            method = "PUT"
+            path = "/docs/*"
+            conditional = "enforce"
+
+            [[route]]
+            method = "PATCH"
+            path = "/docs/*"
+            require_if_match = true
+
+            [[route]]
+            method = "DELETE"
+            path = "/docs/*"
+            conditional = "off"
+            "#,
+        )
+        .unwrap();
+        let policies: Vec<_> = routes
+            .iter()
+            .map(|route| (route.policy.conditional, route.policy.require_if_match))
+            .collect();
+        assert_eq!(policies, [(true, false), (true, true), (false, false)]);
+        let error = Routes::from_toml(
+            "routes.toml".as_ref(),
+            "[[route]]\nmethod = \"PUT\"\npath = \"/a\"\nconditional = \"always\"\n",
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("enforce"), "{error}");
+    }
 
     fn parse(text: &str) -> Result<Routes, RoutesError> {
         Routes::from_toml(Path::new("routes.toml"), text)
@@ -878,6 +1104,114 @@ mod tests {
         routes
             .check_timing(Duration::from_secs(86_400), Duration::from_secs(30))
             .unwrap();
+    }
+
+    #[test]
+    fn a_key_source_is_read_and_checked_against_the_route() {
+        let routes = parse(
+            "[[route]]\nmethod = \"PUT\"\npath = \"/orders/{order_id}\"\nkey = \"path:order_id\"\n\n\
+             [[route]]\nmethod = \"POST\"\npath = \"/transfers\"\nkey = \"json:/reference_id\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            routes.routes[0].policy.key,
+            Some(KeySource::Path("order_id".into()))
+        );
+        assert_eq!(
+            routes.routes[1]
+                .policy
+                .key
+                .as_ref()
+                .map(ToString::to_string),
+            Some("json:/reference_id".into())
+        );
+        assert_eq!(routes.routes[1].line, 6);
+        let dedup = parse(
+            "[[route]]\nmethod = \"POST\"\npath = \"/t\"\ndedup = { window = \"5m\", fields = [\"/to\"] }\n\n\
+             [[route]]\nmethod = \"POST\"\npath = \"/u\"\ndedup = { window = \"1h\" }\n\n\
+             [[route]]\nmethod = \"POST\"\npath = \"/v\"\ndedup = { window = \"300s\" }\n",
+        )
+        .unwrap();
+        let windows: Vec<_> = dedup
+            .routes
+            .iter()
+            .map(|route| route.policy.dedup.as_ref().unwrap().window().as_secs())
+            .collect();
+        assert_eq!(windows, [300, 3600, 300]);
+        assert_eq!(
+            dedup.routes[0].policy.dedup.as_ref().unwrap().selection(),
+            BodySelection::Only(vec!["/to".parse().unwrap()])
+        );
+        let short = dedup
+            .check_timing(Duration::from_secs(86_400), Duration::from_secs(400))
+            .unwrap_err()
+            .to_string();
+        assert!(short.contains("dedup window"), "{short}");
+        let observe =
+            parse("[[route]]\nmethod = \"POST\"\npath = \"/t\"\nmode = \"observe\"\n").unwrap();
+        assert_eq!(observe.routes[0].policy.mode, Some(StrategyMode::Observe));
+        let cases = [
+            (
+                "[[route]]\nmethod = \"PUT\"\npath = \"/orders/{id}\"\nkey = \"path:order_id\"\n",
+                "routes.toml:4:7:",
+                "no {order_id} segment",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nkey = \"body:/id\"\n",
+                "routes.toml:4:7:",
+                "header:NAME",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nkey = \"json:id\"\n",
+                "routes.toml:4:7:",
+                "starts with '/'",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\nkey = \"query:id\"\n",
+                "routes.toml:5:7:",
+                "disabled route",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { window = \"5 minutes\" }\n",
+                "routes.toml:4:",
+                "\"300s\"",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { window = \"0s\" }\n",
+                "routes.toml:4:",
+                "positive",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { window = \"5m\", fields = [\"to\"] }\n",
+                "routes.toml:4:",
+                "starts with '/'",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\ndedup = { windows = \"5m\" }\n",
+                "routes.toml:4:",
+                "windows",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\ndedup = { window = \"5m\" }\n",
+                "routes.toml:5:9:",
+                "disabled route",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nmode = \"dry-run\"\n",
+                "routes.toml:4:",
+                "observe",
+            ),
+            (
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nenabled = false\nmode = \"observe\"\n",
+                "routes.toml:5:8:",
+                "disabled route",
+            ),
+        ];
+        for (text, place, problem) in cases {
+            let message = error(text);
+            assert!(message.starts_with(place), "{text:?}: {message}");
+            assert!(message.contains(problem), "{text:?}: {message}");
+        }
     }
 
     #[test]

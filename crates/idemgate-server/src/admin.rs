@@ -1,5 +1,7 @@
 //! The admin listener, one router for `proxy` (always on) and `serve` (with
-//! `--admin-listen`): `/healthz`, `/readyz`, `/metrics`, and — only when
+//! `--admin-listen`): `/healthz`, `/readyz`, `/metrics`, on `proxy` `GET
+//! /v1/config` (the route file it follows: [`RouteFileView`] JSON, open like
+//! `/metrics`: a digest and a time, nothing secret), and — only when
 //! `IDEMGATE_ADMIN_TOKEN` is set — the key API:
 //!
 //! - `GET /v1/keys?principal=P&method=M&path=/x&key=K[&body=true]`: the record as
@@ -32,6 +34,7 @@ use crate::config::AdminToken;
 use crate::idempotency::UNAVAILABLE_RETRY_AFTER;
 use crate::inspect::{EvictionView, KeyQuery, KeyView, lease_left};
 use crate::monitoring::metrics_response;
+use crate::route_file::{RouteFile, RouteFileView};
 
 /// What the admin routes read.
 #[derive(Clone)]
@@ -44,6 +47,8 @@ pub struct AdminState {
     tasks: DetachedTasks,
     /// The key API's token; `None`: the key API is off.
     token: Option<AdminToken>,
+    /// The proxy's route file; `None` (serve): no `/v1/config`.
+    route_file: Option<RouteFile>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -70,7 +75,15 @@ impl AdminState {
             metrics,
             tasks,
             token,
+            route_file: None,
         }
+    }
+
+    /// Serves `GET /v1/config` from `file` (the proxy's route file).
+    #[must_use]
+    pub fn with_route_file(mut self, file: RouteFile) -> Self {
+        self.route_file = Some(file);
+        self
     }
 }
 
@@ -84,6 +97,9 @@ pub fn router(admin: AdminState) -> Router {
         )
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics));
+    if admin.route_file.is_some() {
+        router = router.route("/v1/config", get(show_config));
+    }
     match &admin.token {
         Some(token) => {
             router = router.route(
@@ -122,6 +138,18 @@ fn readiness_probe() -> IdentityDigest {
     // A constant key of visible ASCII: parsing it cannot fail.
     let key = IdempotencyKey::parse(b"idemgate-readyz", 255).expect("a valid constant key");
     *Identity::new(scope, key).digest()
+}
+
+/// `GET /v1/config`: which route file the proxy follows (its SHA-256 and load
+/// time) and the last reload it refused.
+async fn show_config(State(admin): State<AdminState>) -> axum::Json<RouteFileView> {
+    axum::Json(
+        admin
+            .route_file
+            .as_ref()
+            .map(RouteFile::view)
+            .unwrap_or_default(),
+    )
 }
 
 async fn render_metrics(State(admin): State<AdminState>) -> Response {

@@ -41,6 +41,30 @@ pub enum Command {
     Proxy(ProxyArgs),
     /// Inspect or evict one key's record, straight on the store.
     Keys(KeysArgs),
+    /// Print a shell completion script to stdout (e.g. `idemgate completions
+    /// bash > /etc/bash_completion.d/idemgate`).
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) to stdout (e.g. `idemgate man > idemgate.1`).
+    Man,
+}
+
+/// `idemgate completions SHELL`.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: CompletionShell,
+}
+
+/// The shells `idemgate completions` writes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    /// Bash (bash-completion).
+    Bash,
+    /// Zsh (a `#compdef` file for `$fpath`).
+    Zsh,
+    /// Fish (for `~/.config/fish/completions/`).
+    Fish,
 }
 
 /// The safety flags of a redis:// idempotency store, flattened into every
@@ -472,9 +496,23 @@ impl ListenAddressArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
     /// The API to put the protocol in front of: http://host:port[/base]. Request
-    /// paths go under the base.
-    #[arg(long, env = "IDEMGATE_UPSTREAM", value_name = "URL")]
-    pub upstream: String,
+    /// paths go under the base. Required, except with --check-config.
+    #[arg(
+        long,
+        env = "IDEMGATE_UPSTREAM",
+        value_name = "URL",
+        required_unless_present = "check_config"
+    )]
+    pub upstream: Option<String>,
+
+    /// Check the route file FILE as the proxy would load it (TOML, every key,
+    /// each route's TTL against the --ttl/--lease it inherits), then exit: 0 and
+    /// a one-line summary on stdout, or `FILE:LINE:COL: problem` on stderr and
+    /// exit 2. Starts nothing: no listener, no store connection, no upstream
+    /// needed. The variable exists for symmetry; never set it on a proxy meant
+    /// to serve.
+    #[arg(long, env = "IDEMGATE_CHECK_CONFIG", value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
 
     /// The public listen address; every path on it belongs to the upstream.
     #[command(flatten)]
@@ -562,7 +600,8 @@ pub struct ProxyArgs {
 
     /// Per-route policies (TOML; see docs/proxy.md): which routes are covered and
     /// how. Without it every POST and PATCH is covered with the defaults above. A
-    /// bad file stops the start, naming its line.
+    /// bad file stops the start, naming its line. SIGHUP reloads it: a bad new
+    /// file is refused and the old routes keep serving.
     #[arg(long, env = "IDEMGATE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -612,6 +651,10 @@ pub struct ProxyArgs {
     /// Connection limits of both listeners.
     #[command(flatten)]
     pub connections: ListenerArgs,
+
+    /// How the proxy brings a request to one reading before the layer sees it.
+    #[command(flatten)]
+    pub guard: GuardArgs,
 }
 
 /// The secret that `--principal authorization` HMACs the `Authorization` value
@@ -827,7 +870,9 @@ pub struct ListenerArgs {
     )]
     pub idle_timeout_ms: u64,
 
-    /// Most connections open at once; beyond it a new connection gets an immediate
+    /// Most connections open at once. A new connection at the bound closes the one
+    /// that has waited longest for a request head (else the longest idle one);
+    /// only when every connection is busy with a request does it get an immediate
     /// 503 (problem+json `connection-limit`, `Retry-After: 1`) and is closed.
     /// Capped at the file-descriptor limit minus a reserve of 128 (logged when it
     /// applies).
@@ -876,6 +921,228 @@ impl ListenerArgs {
             max_connections: self.max_connections,
         })
     }
+}
+
+/// The proxy's guard as flags (`docs/proxy.md`, "One canonical request"): which
+/// spellings of a request are refused as ambiguous, how the others are read, and
+/// how long the upstream's response body may take. Every default is the safe one.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GuardArgs {
+    /// An encoded slash or backslash (`%2F`, `%5C`) or a raw `\` in the path:
+    /// `refuse` (400 ambiguous-path), `keep` (a character of the segment,
+    /// forwarded as `%2F`), or `decode` (a segment boundary, for an upstream
+    /// that decodes before routing).
+    #[arg(
+        long,
+        env = "IDEMGATE_PATH_ENCODED_SLASH",
+        value_enum,
+        default_value_t = EncodedSlashArg::Refuse,
+        value_name = "ACTION"
+    )]
+    pub path_encoded_slash: EncodedSlashArg,
+
+    /// An encoded dot segment (`/%2e%2e/`, `/.%2E/`): `refuse` (400) or
+    /// `resolve` (decoded and resolved, RFC 3986).
+    #[arg(
+        long,
+        env = "IDEMGATE_PATH_ENCODED_DOT_SEGMENT",
+        value_enum,
+        default_value_t = EncodedDotSegmentArg::Refuse,
+        value_name = "ACTION"
+    )]
+    pub path_encoded_dot_segment: EncodedDotSegmentArg,
+
+    /// `;` path parameters (`/payments;v=1`): `refuse` (400), `keep` (a
+    /// character) or `strip` (removed with the rest of the segment, as Tomcat
+    /// does; the upstream gets the path without them).
+    #[arg(
+        long,
+        env = "IDEMGATE_PATH_PARAMETERS",
+        value_enum,
+        default_value_t = PathParametersArg::Refuse,
+        value_name = "ACTION"
+    )]
+    pub path_parameters: PathParametersArg,
+
+    /// Raw non-ASCII, escaped control bytes, non-UTF-8 or malformed escapes in
+    /// the path: `refuse` (400) or `encode` (`é` → `%C3%A9`, escapes kept).
+    #[arg(
+        long,
+        env = "IDEMGATE_PATH_CONTROL_OR_NON_ASCII",
+        value_enum,
+        default_value_t = ControlOrNonAsciiArg::Refuse,
+        value_name = "ACTION"
+    )]
+    pub path_control_or_non_ascii: ControlOrNonAsciiArg,
+
+    /// A `..` that climbs above the root (`/../admin`): `refuse` (400) or
+    /// `clamp` (dropped, RFC 3986).
+    #[arg(
+        long,
+        env = "IDEMGATE_PATH_ABOVE_ROOT",
+        value_enum,
+        default_value_t = AboveRootArg::Refuse,
+        value_name = "ACTION"
+    )]
+    pub path_above_root: AboveRootArg,
+
+    /// Match routes and scope keys with ASCII case folded, for an upstream
+    /// router that ignores case (Express); the upstream still gets the client's
+    /// case. A route's `case_insensitive` overrides it.
+    #[arg(
+        long,
+        env = "IDEMGATE_CASE_INSENSITIVE_PATHS",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value = "false",
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub case_insensitive_paths: bool,
+
+    /// Require an Idempotency-Key on every covered request (POST and PATCH, and
+    /// every route's method) unless a route says `require_key = false`: keyless,
+    /// 400 missing-key, nothing forwarded.
+    #[arg(
+        long,
+        env = "IDEMGATE_REQUIRE_KEY",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value = "false",
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub require_key: bool,
+
+    /// Request headers whose names contain `_` (CGI-style frameworks read `_` as
+    /// `-`): `drop` them, `reject` the request (400 underscore-header), or
+    /// `forward` them (never one that maps onto Idempotency-Key, the principal
+    /// header, X-Forwarded-* or another header of ours).
+    #[arg(
+        long,
+        env = "IDEMGATE_UNDERSCORE_HEADERS",
+        value_enum,
+        default_value_t = UnderscoreHeadersArg::Drop,
+        value_name = "ACTION"
+    )]
+    pub underscore_headers: UnderscoreHeadersArg,
+
+    /// X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override where no route
+    /// says: `refuse` (400 ambiguous-method) or `honour` (the request is that
+    /// method: matched, covered and forwarded as it, the header removed).
+    #[arg(
+        long,
+        env = "IDEMGATE_METHOD_OVERRIDE",
+        value_enum,
+        default_value_t = MethodOverrideArg::Refuse,
+        value_name = "ACTION"
+    )]
+    pub method_override: MethodOverrideArg,
+
+    /// Content on GET, HEAD and OPTIONS where no route says: `refuse` (400
+    /// unexpected-body; an upstream that never reads it would parse it as the
+    /// next request) or `forward` (for an upstream known to read it).
+    #[arg(
+        long,
+        env = "IDEMGATE_SAFE_METHOD_BODY",
+        value_enum,
+        default_value_t = SafeMethodBodyArg::Refuse,
+        value_name = "ACTION"
+    )]
+    pub safe_method_body: SafeMethodBodyArg,
+
+    /// The longest pause in the upstream's response body (and between its head
+    /// and first byte), in milliseconds; past it 504 upstream-timeout, settled
+    /// like a timeout, the upstream connection closed. Default: the value of
+    /// --upstream-timeout-ms. A route's `upstream_idle_timeout_ms` overrides it.
+    #[arg(long, env = "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS", value_name = "MS")]
+    pub upstream_idle_timeout_ms: Option<u64>,
+
+    /// The longest a whole upstream response may take, from sending the request
+    /// to its last body byte, in milliseconds; past it as for a pause. Default:
+    /// unbounded. A route's `upstream_response_timeout_ms` overrides it.
+    #[arg(long, env = "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS", value_name = "MS")]
+    pub upstream_response_timeout_ms: Option<u64>,
+}
+
+/// `--path-encoded-slash`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EncodedSlashArg {
+    /// 400 ambiguous-path.
+    Refuse,
+    /// A character of the segment.
+    Keep,
+    /// A segment boundary.
+    Decode,
+}
+
+/// `--path-encoded-dot-segment`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EncodedDotSegmentArg {
+    /// 400 ambiguous-path.
+    Refuse,
+    /// Decoded and resolved.
+    Resolve,
+}
+
+/// `--path-parameters`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PathParametersArg {
+    /// 400 ambiguous-path.
+    Refuse,
+    /// A character of the segment.
+    Keep,
+    /// Removed with the rest of the segment.
+    Strip,
+}
+
+/// `--path-control-or-non-ascii`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlOrNonAsciiArg {
+    /// 400 ambiguous-path.
+    Refuse,
+    /// Escaped.
+    Encode,
+}
+
+/// `--path-above-root`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AboveRootArg {
+    /// 400 ambiguous-path.
+    Refuse,
+    /// Dropped at the root.
+    Clamp,
+}
+
+/// `--underscore-headers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnderscoreHeadersArg {
+    /// Removed.
+    Drop,
+    /// 400 underscore-header.
+    Reject,
+    /// Forwarded, unless a look-alike of ours.
+    Forward,
+}
+
+/// `--method-override`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MethodOverrideArg {
+    /// 400 ambiguous-method.
+    Refuse,
+    /// The request is the named method.
+    Honour,
+}
+
+/// `--safe-method-body`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SafeMethodBodyArg {
+    /// 400 unexpected-body.
+    Refuse,
+    /// Forwarded.
+    Forward,
 }
 
 #[cfg(test)]

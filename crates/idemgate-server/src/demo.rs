@@ -23,8 +23,9 @@ const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
 
 /// Own origin only: scripts, styles and `fetch` (the orders API); no inline code,
-/// no frames, no form posts elsewhere.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+/// no plugins (`object-src 'none'`: `default-src` alone would allow same-origin
+/// `<object>`/`<embed>`), no frames, no form posts elsewhere.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; object-src 'none'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// One embedded file and the path it is served at.
 #[derive(Debug)]
@@ -114,6 +115,9 @@ mod tests {
             .oneshot(Request::get(path).body(Body::empty()).unwrap())
             .await
             .unwrap();
+        if response.status() == StatusCode::OK {
+            assert_csp(path, response.headers());
+        }
         let status = response.status();
         let content_type = response
             .headers()
@@ -125,6 +129,50 @@ mod tests {
             content_type,
             String::from_utf8(body.to_vec()).unwrap(),
         )
+    }
+
+    /// Every asset carries the policy, and the policy says what it must.
+    fn assert_csp(path: &str, headers: &axum::http::HeaderMap) {
+        let csp = headers
+            .get(header::CONTENT_SECURITY_POLICY)
+            .unwrap_or_else(|| panic!("{path} has no Content-Security-Policy"))
+            .to_str()
+            .unwrap();
+        let directives: BTreeSet<&str> = csp.split(';').map(str::trim).collect();
+        for wanted in [
+            "default-src 'self'",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(
+                directives.contains(wanted),
+                "{path}: {wanted} missing from {csp}"
+            );
+        }
+        assert!(
+            !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval") && !csp.contains('*'),
+            "{path}: {csp}"
+        );
+        assert_eq!(
+            headers.get(header::X_CONTENT_TYPE_OPTIONS).unwrap(),
+            "nosniff"
+        );
+    }
+
+    #[test]
+    fn the_client_modules_are_marked_generated() {
+        for asset in ASSETS
+            .iter()
+            .filter(|asset| asset.path.contains("/idemgate-client/"))
+        {
+            assert!(
+                asset.body.starts_with("// GENERATED FILE: do not edit."),
+                "{} has no generated banner: run `npm run embed` in clients/js",
+                asset.path
+            );
+        }
     }
 
     #[tokio::test]

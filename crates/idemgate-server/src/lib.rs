@@ -9,9 +9,9 @@
 //! | layer | modules | what they hold |
 //! |---|---|---|
 //! | command line | [`cli`] | every clap type; the checks of the argument groups the subcommands share |
-//! | subcommands | [`cmd::serve`], [`cmd::proxy`], [`cmd::keys`] | each one's checked settings and its run |
+//! | subcommands | [`cmd::serve`], [`cmd::proxy`], [`cmd::keys`], [`cmd::completions`], [`cmd::man`] | each one's checked settings and its run |
 //! | the demo | [`orders`], [`demo`] | the orders service: API, authentication, database, payment gateway client; the checkout page that drives it from a browser |
-//! | services | [`process`], [`store`], [`idempotency`], [`admin`], [`inspect`], [`principal`], [`monitoring`], [`telemetry`], [`database`] | process lifecycle, the one store opener, the layer as configured, the admin API, key inspection, principal rules, metrics, logs and spans, SQL pools |
+//! | services | [`process`], [`store`], [`idempotency`], [`admin`], [`inspect`], [`principal`], [`route_file`], [`monitoring`], [`telemetry`], [`database`] | process lifecycle, the one store opener, the layer as configured, the admin API, key inspection, principal rules, the proxy's route file (load, check, reload), metrics, logs and spans, SQL pools |
 //! | leaf | [`config`] | checked values everything shares; imports nothing of this crate |
 //!
 //! The hardened listener both servers use is its own crate, `idemgate-listener`;
@@ -35,5 +35,6 @@ pub mod monitoring;
 pub mod orders;
 pub mod principal;
 pub mod process;
+pub mod route_file;
 pub mod store;
 pub mod telemetry;

@@ -1,4 +1,5 @@
-//! `idemgate serve`, `idemgate proxy` and `idemgate keys`: see `idemgate <command> --help`.
+//! `idemgate serve`, `idemgate proxy`, `idemgate keys`, `idemgate completions`
+//! and `idemgate man`: see `idemgate <command> --help`.
 
 use std::process::ExitCode;
 
@@ -12,5 +13,7 @@ async fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::main(&args).await,
         Command::Proxy(args) => cmd::proxy::main(&args).await,
         Command::Keys(args) => cmd::keys::main(args).await,
+        Command::Completions(args) => cmd::completions::main(args),
+        Command::Man => cmd::man::main(),
     }
 }

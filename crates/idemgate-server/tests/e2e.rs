@@ -8,18 +8,27 @@ mod support;
 
 /// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
 mod e2e {
+    mod conditional;
     mod connections;
     mod encodings;
+    mod eviction;
     mod keys;
+    mod manual;
     mod monitoring;
+    mod natural_keys;
     mod otlp;
     mod problem_types;
     mod proxy;
+    mod proxy_conditional;
+    mod proxy_guard;
+    mod proxy_key_sources;
     mod proxy_policies;
+    mod reload;
     mod replay_cache;
     mod require_key;
     mod retry_after;
     mod strict_input;
+    mod transfers;
 }
 
 use std::sync::Arc;

@@ -52,6 +52,15 @@ pub enum Fault {
     Reset,
     /// Forward the request; hold the answer this long before passing it on.
     DelayResponse(Duration),
+    /// Forward the request; pass the answer on one byte per interval, each byte
+    /// well inside any read timeout: the server that trickles its answer, which
+    /// only a deadline over the whole attempt (head and body) cuts short. It lasts
+    /// until the next request on the connection.
+    Trickle(Duration),
+    /// Forward the request; pass on the answer's head and the first byte of its
+    /// body, then close the client's connection: an answer cut off halfway, after
+    /// the server ran the request. (An answer without a body is lost whole.)
+    CutBody,
 }
 
 /// A fault for the next request, of one method or of any.
@@ -207,6 +216,10 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
     let mut client = client;
     // What the next bytes of the server's answer meet.
     let mut armed = (fault != Fault::Pass).then_some(fault);
+    // The interval of a trickling answer, while one trickles.
+    let mut trickle = None;
+    // The answer's bytes so far, while an answer is being cut.
+    let mut cutting: Option<Vec<u8>> = None;
     let mut framing = Framing::default();
     let mut forwarded = false;
     let mut client_open = true;
@@ -222,6 +235,7 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
                 };
                 for method in framing.feed(&from_client[..n]) {
                     shared.requests.fetch_add(1, Ordering::SeqCst);
+                    trickle = None; // a trickled answer ends with its request
                     match shared.take_request_fault(&method) {
                         Some(Fault::Reset) => {
                             let _ = client.set_zero_linger();
@@ -246,9 +260,27 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
                 match armed.take() {
                     Some(Fault::LoseResponse) => return,
                     Some(Fault::DelayResponse(delay)) => tokio::time::sleep(delay).await,
+                    Some(Fault::Trickle(interval)) => trickle = Some(interval),
+                    Some(Fault::CutBody) => cutting = Some(Vec::new()),
                     Some(Fault::Pass | Fault::Reset) | None => {}
                 }
-                if client.write_all(&from_server[..n]).await.is_err() {
+                if let Some(answer) = cutting.as_mut() {
+                    answer.extend_from_slice(&from_server[..n]);
+                    if let Some(end) = find_head_end(answer, 0) {
+                        if answer.len() > end {
+                            let _ = client.write_all(&answer[..=end]).await;
+                            let _ = client.flush().await;
+                            return; // the head and one byte of the body, then the end
+                        }
+                    }
+                } else if let Some(interval) = trickle {
+                    for byte in from_server[..n].chunks(1) {
+                        tokio::time::sleep(interval).await;
+                        if client.write_all(byte).await.is_err() || client.flush().await.is_err() {
+                            return; // the client gave up on the answer
+                        }
+                    }
+                } else if client.write_all(&from_server[..n]).await.is_err() {
                     return;
                 }
             }

@@ -177,6 +177,64 @@ async fn connection_faults_delay_and_reset_new_connections() {
 }
 
 #[tokio::test]
+async fn a_trickled_answer_comes_whole_one_byte_per_interval_and_only_for_its_request() {
+    let (upstream, answered) = upstream().await;
+    let mut relay = RelayProcess::start(upstream).await;
+    let mut stream = TcpStream::connect(&relay.addr).await.unwrap();
+    assert_eq!(relay.command("request trickle 10").await, "{\"ok\":true}");
+    let head = "GET / HTTP/1.1\r\nhost: relay\r\ncontent-length: 0\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let reads = read_answer(&mut stream).await;
+    assert!(
+        reads >= 2,
+        "it came in pieces, not as one write: {reads} reads"
+    );
+    let least = Duration::from_millis(10) * u32::try_from(ANSWER.len()).unwrap();
+    assert!(started.elapsed() >= least, "{:?}", started.elapsed());
+    assert_eq!(answered.load(Ordering::SeqCst), 1);
+    // The trickle was that request's: the next one's answer is one write again.
+    stream.write_all(head.as_bytes()).await.unwrap();
+    assert_eq!(read_answer(&mut stream).await, 1, "passed on untouched");
+    assert_eq!(answered.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_cut_body_passes_the_head_and_one_byte_then_closes() {
+    let (upstream, answered) = upstream().await;
+    let mut relay = RelayProcess::start(upstream).await;
+    assert_eq!(relay.command("request cut-body").await, "{\"ok\":true}");
+    let mut stream = TcpStream::connect(&relay.addr).await.unwrap();
+    let head = "GET / HTTP/1.1\r\nhost: relay\r\ncontent-length: 0\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut received = Vec::new();
+    let _ = stream.read_to_end(&mut received).await; // the end: a close (or a reset)
+    assert_eq!(
+        received,
+        &ANSWER[..ANSWER.len() - 1],
+        "the head and the first byte of `ok`"
+    );
+    assert_eq!(answered.load(Ordering::SeqCst), 1, "the server answered it");
+}
+
+/// What the upstream answers to every request.
+const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+/// Reads one whole [`ANSWER`] from `stream`; returns how many reads it took.
+async fn read_answer(stream: &mut TcpStream) -> usize {
+    let (mut answer, mut reads) = (Vec::new(), 0);
+    let mut chunk = [0; 256];
+    while answer.len() < ANSWER.len() {
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection ended after {answer:?}");
+        answer.extend_from_slice(&chunk[..n]);
+        reads += 1;
+    }
+    assert_eq!(answer, ANSWER, "every byte, in order");
+    reads
+}
+
+#[tokio::test]
 async fn a_bad_line_is_answered_with_an_error_and_closing_stdin_ends_it() {
     let (upstream, _) = upstream().await;
     let mut relay = RelayProcess::start(upstream).await;

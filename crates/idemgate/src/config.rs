@@ -11,6 +11,7 @@ use http::{HeaderName, Method};
 
 use idemgate_core::deadline::WithDeadline;
 use idemgate_core::fingerprint::BodySelection;
+use idemgate_core::key::{ContentDedup, KeySource};
 use idemgate_core::path::PathFold;
 
 use crate::durations::RouteDurations;
@@ -31,6 +32,20 @@ pub enum PathSource {
     RouteTemplate,
 }
 
+/// Whether a key strategy decides (the default) or only measures (PROTOCOL §16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StrategyMode {
+    /// Claim, replay, 409, 422: the protocol.
+    #[default]
+    Enforce,
+    /// Every request runs as if the strategy were off and gets its own answer;
+    /// what the strategy would have done is recorded and counted in
+    /// `idemgate_duplicates_total{strategy, action}`, so an operator measures
+    /// duplicates before enforcing.
+    Observe,
+}
+
 /// Settings shared by every request the layer sees.
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -40,6 +55,18 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) max_key_length: usize,
+    /// Where the key is read (PROTOCOL §15); the standard header counts on
+    /// every route.
+    pub(crate) key_source: KeySource,
+    /// The route template the layer serves, when the caller knows it better than
+    /// axum's `MatchedPath` (the proxy, which matches routes itself).
+    pub(crate) route_template: Option<String>,
+    /// Content-based deduplication of keyless requests (PROTOCOL §16).
+    pub(crate) dedup: Option<ContentDedup>,
+    pub(crate) mode: StrategyMode,
+    /// The `strategy` label of `idemgate_duplicates_total`: the key source's, or
+    /// `content` for a content-keyed request.
+    pub(crate) strategy: &'static str,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: usize,
     pub(crate) lease: Duration,

@@ -9,10 +9,10 @@ use tower_layer::Layer;
 use idemgate_core::Store;
 use idemgate_core::deadline::{DEFAULT_STORE_TIMEOUT, WithDeadline};
 use idemgate_core::fingerprint::BodySelection;
-use idemgate_core::key::DEFAULT_MAX_KEY_LENGTH;
+use idemgate_core::key::{ContentDedup, DEFAULT_MAX_KEY_LENGTH, KeySource};
 use idemgate_core::path::PathFold;
 
-use crate::config::{Config, PathSource, WaitMode};
+use crate::config::{Config, PathSource, StrategyMode, WaitMode};
 use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
@@ -72,6 +72,11 @@ impl IdempotencyLayer {
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: false,
                 max_key_length: DEFAULT_MAX_KEY_LENGTH,
+                key_source: KeySource::default(),
+                route_template: None,
+                dedup: None,
+                mode: StrategyMode::Enforce,
+                strategy: "header",
                 body_limit: 1024 * 1024,
                 response_limit: 1024 * 1024,
                 lease: Duration::from_secs(30),
@@ -131,6 +136,73 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_max_key_length(self, characters: usize) -> Self {
         self.with(|c| c.max_key_length = characters)
+    }
+
+    /// Where the key comes from (PROTOCOL §15): another header, a path parameter
+    /// of the route template, a JSON pointer into the body, or a query
+    /// parameter; by default the `Idempotency-Key` header. The value is validated
+    /// as the header is, and everything after it (scope, fingerprint, claim,
+    /// replay) is unchanged. The standard header still counts: when it and the
+    /// source both carry a key and they differ, the answer is 400
+    /// `ambiguous-key`, before any claim. A key from the path scopes by the route
+    /// template, so the id alone names the operation.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_key_source("json:/reference_id".parse().unwrap());
+    /// ```
+    pub fn with_key_source(self, source: KeySource) -> Self {
+        self.with(|c| {
+            c.strategy = source.strategy();
+            c.key_source = source;
+        })
+    }
+
+    /// Enforce the key strategy (the default), or only observe it: in
+    /// [`StrategyMode::Observe`] every request runs and is answered as if the
+    /// layer were off, while what the strategy would have done — a replay, a
+    /// 409, a 422, or a new operation — is recorded in the store and counted in
+    /// `idemgate_duplicates_total{strategy, action}` (`action` = `replayed`,
+    /// `conflict`, `mismatch`, `observed`). Turn content dedup on in observe mode,
+    /// read the counters, then enforce.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_mode(idemgate::StrategyMode::Observe);
+    /// ```
+    pub fn with_mode(self, mode: StrategyMode) -> Self {
+        self.with(|c| c.mode = mode)
+    }
+
+    /// Content-based deduplication (PROTOCOL §16): a covered request without a
+    /// key is keyed by the SHA-256 of its canonical content (see
+    /// [`ContentDedup`]), scoped by principal, method and route (the template
+    /// when known), its record kept for the window instead of the TTL. A
+    /// duplicate inside the window is replayed with `Idempotent-Replayed: true`
+    /// and `Idempotency-Dedup: content`. An explicit key always wins.
+    ///
+    /// ```
+    /// use idemgate::key::ContentDedup;
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_content_dedup(ContentDedup::new(std::time::Duration::from_secs(300)));
+    /// ```
+    pub fn with_content_dedup(self, dedup: ContentDedup) -> Self {
+        self.with(|c| c.dedup = Some(dedup))
+    }
+
+    /// The route template this layer serves (`/orders/{order_id}`), for a path
+    /// key and for [`PathSource::RouteTemplate`], when axum's `MatchedPath` is not
+    /// there to say it (a service that routes by itself, such as the proxy).
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer
+    ///     .with_route_template("/orders/{order_id}")
+    ///     .with_key_source("path:order_id".parse().unwrap());
+    /// ```
+    pub fn with_route_template(self, template: impl Into<String>) -> Self {
+        let template = template.into();
+        self.with(|c| c.route_template = Some(template))
     }
 
     /// The largest request body buffered for fingerprinting (default 1 MiB);

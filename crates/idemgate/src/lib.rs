@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod conditional;
 mod config;
 pub mod context;
 mod durations;
@@ -28,12 +29,12 @@ pub use idemgate_core::{
     record, scope, signals, store, time, transaction,
 };
 
-pub use config::PathSource;
+pub use config::{PathSource, StrategyMode};
 pub use context::OperationContext;
 pub use finality::{Finality, ServerErrorPolicy};
 pub use layer::IdempotencyLayer;
 pub use principal::{DefaultPrincipal, Principal, PrincipalError, PrincipalExtractor};
 pub use problem::ProblemDetails;
-pub use response::{IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED};
+pub use response::{IDEMPOTENCY_DEDUP, IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED};
 pub use service::Idempotency;
 pub use tasks::DetachedTasks;

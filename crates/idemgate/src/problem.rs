@@ -52,6 +52,11 @@ pub struct ProblemDetails {
     /// Seconds after which a retry may succeed; sent as `Retry-After`.
     #[serde(skip)]
     pub retry_after: Option<Duration>,
+    /// Extension members (RFC 9457 §3.2): what this occurrence adds for the
+    /// client to act on (the current `etag`, `balance`, `version`), beside the
+    /// standard members in the same JSON object.
+    #[serde(flatten)]
+    pub members: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ProblemDetails {
@@ -68,7 +73,26 @@ impl ProblemDetails {
             status: status.as_u16(),
             detail: detail.into(),
             retry_after: None,
+            members: serde_json::Map::new(),
         }
+    }
+
+    /// Adds an extension member, so the client can act without another request
+    /// (a 409 `precondition-failed` carries the current balance). A name of a
+    /// standard member (`type`, `title`, `status`, `detail`) is ignored: those
+    /// are the problem's own and never overwritten.
+    ///
+    /// ```
+    /// # use axum::http::StatusCode;
+    /// let problem = idemgate::ProblemDetails::new(StatusCode::CONFLICT, "precondition-failed", "Precondition failed", "stale")
+    ///     .with_member("version", 7);
+    /// assert_eq!(problem.members["version"], 7);
+    /// ```
+    pub fn with_member(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        if !matches!(name, "type" | "title" | "status" | "detail") {
+            self.members.insert(name.to_owned(), value.into());
+        }
+        self
     }
 
     /// Adds a `Retry-After` (whole seconds, rounded up, at least 1).
@@ -190,8 +214,35 @@ impl ProblemDetails {
         )
     }
 
-    /// 400: a malformed key.
+    /// 400 `missing-key` on a route that reads its key from `source` (a path or
+    /// query parameter, a body field, another header): the detail says where.
+    pub fn missing_key_at(source: &idemgate_core::key::KeySource) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "missing-key",
+            "Idempotency-Key required",
+            format!(
+                "this endpoint requires an idempotency key, read from {source} (or the Idempotency-Key header); generate one once per user action and reuse it on every retry"
+            ),
+        )
+    }
+
+    /// 400 `ambiguous-key`: the standard header and the route's key source carry
+    /// different keys (PROTOCOL §15); nothing was claimed.
+    pub fn ambiguous_key() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "ambiguous-key",
+            "Ambiguous idempotency key",
+            "the Idempotency-Key header and the route's own key carry different keys; send one key, or the same key in both places",
+        )
+    }
+
+    /// 400: a malformed key; `ambiguous-key` when two places disagree.
     pub fn invalid_key(error: &KeyError) -> Self {
+        if *error == KeyError::Ambiguous {
+            return Self::ambiguous_key();
+        }
         Self::new(
             StatusCode::BAD_REQUEST,
             "invalid-key",

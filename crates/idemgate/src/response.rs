@@ -17,6 +17,11 @@ pub use idemgate_core::wire::IDEMPOTENT_REPLAYED;
 /// Sent with a replay whose body was too large to keep.
 pub static IDEMPOTENCY_RESPONSE: HeaderName = HeaderName::from_static("idempotency-response");
 
+/// Sent with a replay made by content-based deduplication (PROTOCOL §16):
+/// `Idempotency-Dedup: content`, so a client that sent no key learns why it got
+/// an earlier request's answer.
+pub static IDEMPOTENCY_DEDUP: HeaderName = HeaderName::from_static("idempotency-dedup");
+
 /// Headers never stored: hop-by-hop ones (RFC 9110 §7.6.1), `Date` (a replay is
 /// sent now), `Content-Length` (recomputed for the replayed body, which may be
 /// empty when not retained) and our own replay marker.
@@ -33,6 +38,7 @@ fn is_never_stored(name: &HeaderName) -> bool {
         &header::CONTENT_LENGTH,
         &IDEMPOTENT_REPLAYED,
         &IDEMPOTENCY_RESPONSE,
+        &IDEMPOTENCY_DEDUP,
         &STORED_CODING,
     ]
     .contains(&name)

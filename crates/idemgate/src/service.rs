@@ -14,27 +14,30 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 use tracing::Instrument;
 
 use idemgate_core::fingerprint::{Fingerprint, FingerprintInput};
-use idemgate_core::key::IdempotencyKey;
+use idemgate_core::key::{IdempotencyKey, KeyInput, KeySource};
+use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::scope::{Identity, Scope, normalize_path};
 use idemgate_core::transaction::{SlotContents, TransactionSlot};
 use idemgate_core::{
-    BoxError, Claim, ClaimRequest, Decision, LeaseOrigin, Snapshot, Store, StoreError, decide,
+    BoxError, Claim, ClaimRequest, Completion, Decision, LeaseOrigin, Snapshot, Store, StoreError,
+    decide,
 };
 
-use crate::config::{Config, PathSource};
+use crate::config::{Config, PathSource, StrategyMode};
 use crate::durations::{in_progress_hint, route_key};
 use crate::execution::Execution;
+use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::{BoxFuture, Handler};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
-use crate::response::replay;
-use crate::telemetry::{Outcome, count, count_outcome, timed, timed_request};
+use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, replay};
+use crate::telemetry::{Outcome, count, count_duplicate, count_outcome, timed, timed_request};
 
 /// How many times a claim is retried when the record it found became claimable
 /// (released, or its lease lapsed) before it could be taken.
@@ -107,11 +110,98 @@ where
         count_outcome(Outcome::PassedThrough);
         return handler.call(request).await;
     }
-    let key = match IdempotencyKey::from_headers(request.headers(), config.max_key_length) {
+    let (parts, body) = request.into_parts();
+    // A key in the body: the body is read (within the limit) before the key.
+    let (body, buffered) = if config.key_source.reads_body() || config.dedup.is_some() {
+        match read_body(&parts, body, config.body_limit).await {
+            Ok(bytes) => (Body::from(bytes.clone()), Some(bytes)),
+            Err(problem) => return Ok(problem.into_response()),
+        }
+    } else {
+        (body, None)
+    };
+    let found = {
+        // Only a path or query key reads the URI: the usual header key costs no
+        // path normalization here.
+        let reads_uri = matches!(config.key_source, KeySource::Path(_) | KeySource::Query(_));
+        let (path, query) = if reads_uri {
+            request_path(&parts)
+        } else {
+            (String::new(), String::new())
+        };
+        let template = config
+            .key_source
+            .path_parameter()
+            .and_then(|_| route_template(&config, &parts));
+        let input = KeyInput {
+            headers: &parts.headers,
+            path: &path,
+            template: template.as_deref(),
+            query: &query,
+            content_type: parts
+                .headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            body: buffered.as_deref().unwrap_or_default(),
+        };
+        config.key_source.key(&input, config.max_key_length)
+    };
+    // No key, and the route deduplicates by content: the content is the key
+    // (PROTOCOL §16), under the window's own settings.
+    let content_key = match (&found, &config.dedup) {
+        (Ok(None), Some(dedup)) => Some(
+            dedup.key(
+                parts
+                    .headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+                buffered.as_deref().unwrap_or_default(),
+            ),
+        ),
+        _ => None,
+    };
+    let request = Request::from_parts(parts, body);
+    if let (Some(key), Some(dedup)) = (content_key, &config.dedup) {
+        let mut content = (*config).clone();
+        content.ttl = dedup.window();
+        content.fingerprint_body = dedup.selection();
+        content.strategy = "content";
+        if config.mode == StrategyMode::Observe {
+            return observe(Arc::new(content), handler, request, key, true).await;
+        }
+        let span = tracing::info_span!(
+            "idempotency",
+            key = %key.digest_prefix(),
+            dedup = "content",
+            operation_id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let mut response = keyed(
+            Arc::new(content),
+            handler.boxing_errors(),
+            request,
+            key,
+            true,
+        )
+        .instrument(span)
+        .await;
+        if response.headers().contains_key(&IDEMPOTENT_REPLAYED) {
+            response
+                .headers_mut()
+                .insert(&IDEMPOTENCY_DEDUP, HeaderValue::from_static("content"));
+        }
+        return Ok(response);
+    }
+    let key = match found {
         Ok(Some(key)) => key,
         Ok(None) if config.require_key => {
             count_outcome(Outcome::MissingKey);
-            return Ok(ProblemDetails::missing_key().into_response());
+            let problem = if config.key_source == KeySource::default() {
+                ProblemDetails::missing_key()
+            } else {
+                ProblemDetails::missing_key_at(&config.key_source)
+            };
+            return Ok(problem.into_response());
         }
         Ok(None) => {
             count_outcome(Outcome::PassedThrough);
@@ -122,13 +212,16 @@ where
             return Ok(ProblemDetails::invalid_key(&error).into_response());
         }
     };
+    if config.mode == StrategyMode::Observe {
+        return observe(config, handler, request, key, false).await;
+    }
     let span = tracing::info_span!(
         "idempotency",
         key = %key.digest_prefix(),
         operation_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    Ok(keyed(config, handler.boxing_errors(), request, key)
+    Ok(keyed(config, handler.boxing_errors(), request, key, false)
         .instrument(span)
         .await)
 }
@@ -170,29 +263,64 @@ async fn keyed(
     handler: Handler,
     request: Request<Body>,
     key: IdempotencyKey,
+    by_content: bool,
 ) -> Response<Body> {
     let (parts, body) = request.into_parts();
+    let (claim, body) = match prepare(&config, &parts, body, key, by_content).await {
+        Ok(prepared) => prepared,
+        Err(response) => return response,
+    };
+    let Some(permit) = config.in_flight_limit.try_permit() else {
+        count_outcome(Outcome::Overloaded);
+        return ProblemDetails::overloaded(config.busy_retry_after).into_response();
+    };
+    // What the retry accepts, so a replay is sent in a coding it can read.
+    let accept_encoding = accept_encoding(&parts.headers);
+    match claim_or_answer(&config, &claim, accept_encoding.as_deref()).await {
+        Claimed::Lease(lease, claimed_at) => {
+            tracing::Span::current()
+                .record("operation_id", tracing::field::display(lease.operation_id));
+            count_outcome(Outcome::Executed);
+            let request = Request::from_parts(parts, Body::from(body));
+            let route = route_key(claim.identity.scope());
+            Execution::new(config, lease, claimed_at, route, accept_encoding)
+                .spawn(handler, request, permit)
+                .await
+        }
+        Claimed::Answer(response) => response,
+    }
+}
+
+/// What a keyed request is claimed as: its identity and fingerprint, with the
+/// body buffered; or the answer that refuses it before any claim.
+async fn prepare(
+    config: &Config,
+    parts: &Parts,
+    body: Body,
+    key: IdempotencyKey,
+    by_content: bool,
+) -> Result<(ClaimRequest, Bytes), Response<Body>> {
     // The fingerprint reads `Content-Type` to decide whether the body is JSON.
     if parts.headers.get_all(CONTENT_TYPE).iter().nth(1).is_some() {
         count_outcome(Outcome::Rejected);
-        return ProblemDetails::ambiguous_header(&CONTENT_TYPE).into_response();
+        return Err(ProblemDetails::ambiguous_header(&CONTENT_TYPE).into_response());
     }
-    let principal = match config.principal.extract(&parts) {
+    let principal = match config.principal.extract(parts) {
         Ok(principal) => principal,
         Err(PrincipalError::Ambiguous(name)) => {
             count_outcome(Outcome::Rejected);
-            return ProblemDetails::ambiguous_header(&name).into_response();
+            return Err(ProblemDetails::ambiguous_header(&name).into_response());
         }
         Err(error) => {
             count_outcome(Outcome::Unauthenticated);
-            return ProblemDetails::unauthenticated(error.to_string()).into_response();
+            return Err(ProblemDetails::unauthenticated(error.to_string()).into_response());
         }
     };
-    let body = match read_body(&parts, body, config.body_limit).await {
+    let body = match read_body(parts, body, config.body_limit).await {
         Ok(body) => body,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => return Err(problem.into_response()),
     };
-    let (path, query) = request_path(&parts);
+    let (path, query) = request_path(parts);
     let header_values: Vec<(&str, &[u8])> = config
         .fingerprint_headers
         .iter()
@@ -218,13 +346,13 @@ async fn keyed(
         },
         &config.fingerprint_body,
     );
-    let scope_path = match config.path_source {
-        PathSource::RouteTemplate => parts
-            .extensions
-            .get::<MatchedPath>()
-            .map(|m| m.as_str().to_owned()),
-        PathSource::Request => None,
-    };
+    // A key from the path names the operation within the route, not within one
+    // concrete path: the template is the scope's path (PROTOCOL §15).
+    // Content dedup scopes by route too (PROTOCOL §16).
+    let by_template = config.path_source == PathSource::RouteTemplate
+        || config.key_source.path_parameter().is_some()
+        || by_content;
+    let scope_path = by_template.then(|| route_template(config, parts)).flatten();
     let scope = Scope {
         principal,
         method: parts.method.as_str().to_owned(),
@@ -236,24 +364,91 @@ async fn keyed(
         lease: config.lease,
         ttl: config.ttl,
     };
-    let Some(permit) = config.in_flight_limit.try_permit() else {
-        count_outcome(Outcome::Overloaded);
-        return ProblemDetails::overloaded(config.busy_retry_after).into_response();
+    Ok((claim, body))
+}
+
+/// Observe mode (PROTOCOL §16): the request runs and is answered as if the
+/// strategy were off; the claim is still made, so what the strategy would have
+/// done is counted, and a first run's record is settled by the usual rules
+/// (without its body: nothing is ever replayed from it).
+async fn observe<E: Send + 'static>(
+    config: Arc<Config>,
+    handler: Handler<E>,
+    request: Request<Body>,
+    key: IdempotencyKey,
+    by_content: bool,
+) -> Result<Response<Body>, E> {
+    let (parts, body) = request.into_parts();
+    // What would refuse the request before a claim (no principal, two
+    // `Content-Type` lines) refuses nothing here: it runs unobserved.
+    let single_content_type = parts.headers.get_all(CONTENT_TYPE).iter().nth(1).is_none();
+    if !single_content_type || config.principal.extract(&parts).is_err() {
+        count_outcome(Outcome::PassedThrough);
+        return keyless(&config, handler, Request::from_parts(parts, body)).await;
+    }
+    let body = match read_body(&parts, body, config.body_limit).await {
+        Ok(body) => body,
+        Err(problem) => return Ok(problem.into_response()),
     };
-    // What the retry accepts, so a replay is sent in a coding it can read.
-    let accept_encoding = accept_encoding(&parts.headers);
-    match claim_or_answer(&config, &claim, accept_encoding.as_deref()).await {
-        Claimed::Lease(lease, claimed_at) => {
-            tracing::Span::current()
-                .record("operation_id", tracing::field::display(lease.operation_id));
-            count_outcome(Outcome::Executed);
-            let request = Request::from_parts(parts, Body::from(body));
-            let route = route_key(claim.identity.scope());
-            Execution::new(config, lease, claimed_at, route, accept_encoding)
-                .spawn(handler, request, permit)
-                .await
+    // Answered as if the layer were off.
+    count_outcome(Outcome::PassedThrough);
+    let prepared = prepare(&config, &parts, Body::from(body.clone()), key, by_content).await;
+    let request = Request::from_parts(parts, Body::from(body));
+    let Ok((claim, _)) = prepared else {
+        return keyless(&config, handler, request).await;
+    };
+    match timed("claim", config.store.try_claim(&claim)).await {
+        Ok(Claim::Acquired(lease)) => {
+            count_duplicate(config.strategy, "observed");
+            let response = keyless(&config, handler, request).await?;
+            let mark = response.extensions().get::<Finality>().copied();
+            settle_observed(&config, &lease, response.status(), mark).await;
+            Ok(response)
         }
-        Claimed::Answer(response) => response,
+        Ok(Claim::Existing(snapshot)) => {
+            let action = match decide(&snapshot, &claim.fingerprint) {
+                Decision::Mismatch => "mismatch",
+                Decision::Replay(_) => "replayed",
+                Decision::InProgress { .. } => "conflict",
+                Decision::Claimable => "observed",
+            };
+            count_duplicate(config.strategy, action);
+            keyless(&config, handler, request).await
+        }
+        Err(error) => {
+            tracing::warn!(%error, "observe mode: the store failed; the request runs unobserved");
+            keyless(&config, handler, request).await
+        }
+    }
+}
+
+/// Settles an observed first run as enforcement would have (PROTOCOL §8), with
+/// no body kept: later duplicates count as replays, 409s or 422s.
+async fn settle_observed(
+    config: &Config,
+    lease: &idemgate_core::Lease,
+    status: http::StatusCode,
+    mark: Option<Finality>,
+) {
+    let settlement = settlement_for(status, mark, config.server_error_policy, false);
+    let written = match settlement {
+        Settlement::Complete(final_status) => {
+            let completion = Completion {
+                status: final_status,
+                response: StoredResponse {
+                    status,
+                    headers: Vec::new(),
+                    body: StoredBody::NotRetained,
+                },
+                ttl: config.ttl,
+            };
+            timed("complete", config.store.complete(lease, &completion)).await
+        }
+        Settlement::Release => timed("release", config.store.release(lease)).await,
+        Settlement::Delete => timed("delete", config.store.delete(lease)).await,
+    };
+    if let Err(error) = written {
+        tracing::warn!(%error, "observe mode: settling the observed record failed");
     }
 }
 
@@ -294,6 +489,16 @@ fn request_path(parts: &Parts) -> (String, String) {
     (normalize_path(uri.path()), query)
 }
 
+/// The route template the request matched: the layer's own, else axum's.
+fn route_template(config: &Config, parts: &Parts) -> Option<String> {
+    config.route_template.clone().or_else(|| {
+        parts
+            .extensions
+            .get::<MatchedPath>()
+            .map(|m| m.as_str().to_owned())
+    })
+}
+
 /// What a claim came to.
 enum Claimed {
     /// Run the handler.
@@ -327,6 +532,7 @@ async fn claim_or_answer(
         }
     }
     count_outcome(Outcome::Conflict);
+    count_duplicate(config.strategy, "conflict");
     Claimed::Answer(ProblemDetails::in_progress(config.busy_retry_after).into_response())
 }
 
@@ -344,10 +550,12 @@ async fn answer_from_existing(
         let retry_after = match decide(&snapshot, &request.fingerprint) {
             Decision::Mismatch => {
                 count_outcome(Outcome::Mismatch);
+                count_duplicate(config.strategy, "mismatch");
                 return Some(ProblemDetails::key_reused().into_response());
             }
             Decision::Replay(stored) => {
                 count_outcome(Outcome::Replayed);
+                count_duplicate(config.strategy, "replayed");
                 return Some(replay(stored, accept_encoding));
             }
             Decision::Claimable => return None,
@@ -362,6 +570,7 @@ async fn answer_from_existing(
         let (Some(wait), Some(until)) = (config.wait, wait_until.filter(|until| *until > now))
         else {
             count_outcome(Outcome::Conflict);
+            count_duplicate(config.strategy, "conflict");
             return Some(ProblemDetails::in_progress(retry_after).into_response());
         };
         config

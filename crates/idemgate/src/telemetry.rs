@@ -7,6 +7,7 @@
 //! | `idemgate_store_seconds` | histogram | `op`: claim, complete, release, renew, delete, get, commit |
 //! | `idemgate_store_errors_total` | counter | `op` |
 //! | `idemgate_replay_cache_total` | counter | `result`: hit, miss (claims and reads that asked the [replay cache](crate::cache); a hit made no store round trip and still counts in `idemgate_store_seconds{op="claim"}`) |
+//! | `idemgate_duplicates_total` | counter | `strategy` ([`STRATEGIES`]: where the key came from), `action` ([`DUPLICATE_ACTIONS`]: what the strategy did, or in observe mode would have done) |
 //! | `idemgate_lease_takeovers_total` | counter | — |
 //! | `idemgate_fenced_completions_total` | counter | — |
 //! | `idemgate_not_retained_total` | counter | — |
@@ -103,6 +104,20 @@ pub const STORE_OPS: [&str; 7] = [
     "claim", "complete", "release", "renew", "delete", "get", "commit",
 ];
 
+/// The `strategy` label values of `idemgate_duplicates_total`.
+pub const STRATEGIES: [&str; 5] = ["header", "path", "json", "query", "content"];
+
+/// The `action` label values of `idemgate_duplicates_total`: a duplicate
+/// replayed, a duplicate of a running request (409), a key reused with another
+/// request (422), and — in observe mode only — a new operation recorded.
+pub const DUPLICATE_ACTIONS: [&str; 4] = ["replayed", "conflict", "mismatch", "observed"];
+
+/// Counts one `idemgate_duplicates_total`.
+pub(crate) fn count_duplicate(strategy: &'static str, action: &'static str) {
+    metrics::counter!("idemgate_duplicates_total", "strategy" => strategy, "action" => action)
+        .increment(1);
+}
+
 /// Describes every metric of the table above and registers each counter (every
 /// `outcome`, every `op`) at zero.
 ///
@@ -164,6 +179,16 @@ pub fn describe() {
     }
     for op in STORE_OPS {
         metrics::counter!("idemgate_store_errors_total", "op" => op).absolute(0);
+    }
+    describe_counter!(
+        "idemgate_duplicates_total",
+        "Duplicates by key strategy and action: replayed, conflict (409), mismatch (422); observed: a new operation seen in observe mode."
+    );
+    for strategy in STRATEGIES {
+        for action in DUPLICATE_ACTIONS {
+            metrics::counter!("idemgate_duplicates_total", "strategy" => strategy, "action" => action)
+                .absolute(0);
+        }
     }
     for name in [
         "idemgate_lease_takeovers_total",

@@ -28,6 +28,21 @@ fn counter(
         .sum()
 }
 
+fn duplicates(snapshot: &[(CompositeKey, DebugValue)], strategy: &str, action: &str) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, _)| key.key().name() == "idemgate_duplicates_total")
+        .filter(|(key, _)| {
+            let labels: Vec<_> = key.key().labels().map(|l| (l.key(), l.value())).collect();
+            labels.contains(&("strategy", strategy)) && labels.contains(&("action", action))
+        })
+        .map(|(_, value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
 #[tokio::test]
 async fn outcomes_and_store_latencies_are_recorded() {
     let recorder = DebuggingRecorder::new();
@@ -46,7 +61,6 @@ async fn outcomes_and_store_latencies_are_recorded() {
     send(&app, post_json("/orders", Some("a"), Some("a,b"), ORDER)).await;
     send(&app, post_json("/orders", None, Some(&key), ORDER)).await;
     send(&app, post_json("/orders", Some("a"), None, ORDER)).await;
-
     let snapshot: Vec<_> = snapshotter
         .snapshot()
         .into_vec()
@@ -97,6 +111,53 @@ async fn outcomes_and_store_latencies_are_recorded() {
         assert_eq!(durations(o), 1, "one request duration for {o}");
     }
     assert_eq!(durations("conflict"), 0);
+    assert_eq!(
+        duplicates(&snapshot, "header", "replayed"),
+        1,
+        "enforced, by strategy"
+    );
+    assert_eq!(duplicates(&snapshot, "header", "mismatch"), 1);
+    assert_eq!(duplicates(&snapshot, "header", "observed"), 0);
+    assert!(
+        snapshot.iter().any(|(key, _)| {
+            key.key().name() == "idemgate_duplicates_total"
+                && key.key().labels().any(|l| l.value() == "query")
+        }),
+        "every strategy exported at 0"
+    );
+    // A body-field key in observe mode: answers as without it, counted by strategy.
+    let observed_gateway = Arc::new(Gateway::default());
+    let observing = support::app(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_key_source("json:/reference_id".parse().unwrap())
+            .with_mode(idemgate::StrategyMode::Observe),
+        Arc::clone(&observed_gateway),
+    );
+    let referenced = r#"{"reference_id":"r-1","amount":5}"#;
+    for body in [
+        referenced,
+        referenced,
+        r#"{"reference_id":"r-1","amount":6}"#,
+    ] {
+        let answer = send(&observing, post_json("/orders", Some("a"), None, body)).await;
+        assert_eq!(answer.status, axum::http::StatusCode::CREATED);
+        assert!(!answer.replayed(), "observe mode replayed");
+    }
+    assert_eq!(
+        observed_gateway.charges(),
+        3,
+        "observe mode ran every request"
+    );
+
+    let snapshot: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key, value))
+        .collect();
+    assert_eq!(duplicates(&snapshot, "json", "observed"), 1);
+    assert_eq!(duplicates(&snapshot, "json", "replayed"), 1);
+    assert_eq!(duplicates(&snapshot, "json", "mismatch"), 1);
     // `describe()` registered what has not happened yet, at zero.
     assert_eq!(
         counter(&snapshot, "idemgate_fenced_completions_total", None),

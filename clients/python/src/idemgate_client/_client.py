@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import anyio
 import httpx
 
+from ._deadline import Watchdog
 from ._errors import (
     BodyNotReplayableError,
     IdemgateError,
@@ -101,6 +102,11 @@ def _prepare(
     policy: RetryPolicy,
 ) -> tuple[httpx.Request, Attempts]:
     """The request every attempt sends (its body fixed once), and its attempts."""
+    if method.upper() in ("GET", "HEAD") and (content is not None or json is not None):
+        # Servers and proxies ignore or refuse such a body, and the key's
+        # fingerprint would cover bytes the server never reads: the caller's
+        # mistake, said before any attempt.
+        raise TypeError(f"a {method.upper()} request has no body: send it as POST, or put it in the URL")
     merged = httpx.Headers(headers)
     if operation is not None:
         merged["idempotency-key"] = operation.key
@@ -175,6 +181,25 @@ def _with_timeout(request: httpx.Request, seconds: float) -> None:
     request.extensions["timeout"] = httpx.Timeout(seconds).as_dict()
 
 
+def _watch_stream(watchdog: Watchdog, stream: Any) -> None:
+    """Tells ``watchdog`` the socket under an httpcore network stream, if any."""
+    get = getattr(stream, "get_extra_info", None)
+    if get is not None:
+        watchdog.watch(get("socket"))
+
+
+def _tracer(watchdog: Watchdog) -> Callable[[str, Any], None]:
+    """httpcore's ``trace`` extension, telling ``watchdog`` the socket of each new
+    connection as soon as it is made: the attempt is bounded while it waits for
+    the head, not only for the body."""
+
+    def trace(event: str, info: Any) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            _watch_stream(watchdog, info.get("return_value"))
+
+    return trace
+
+
 class Client:
     """Sends requests with ``httpx.Client``, retrying the ones it safely can (see
     :class:`RetryPolicy`).
@@ -219,18 +244,48 @@ class Client:
             headers=headers, params=params, policy=policy or self.policy,
         )
         while True:
-            _with_timeout(request, attempts.next())
-            outcome: httpx.Response | Exception
-            try:
-                outcome = self.http.send(request)
-            except httpx.UnsupportedProtocol:
-                raise  # a bad URL: nothing was sent
-            except httpx.TransportError as error:
-                outcome = error
+            outcome = self._attempt(request, attempts.next())
             wait = _judge(attempts, outcome, on_attempt)
             if wait is None:
                 return _finish(attempts, outcome)
             time.sleep(wait)
+
+    def _attempt(self, request: httpx.Request, timeout: float) -> httpx.Response | Exception:
+        """One attempt, bounded as a whole by ``timeout``: connect, head and body.
+
+        httpx's timeouts are per operation (a read timeout restarts with every
+        byte), so a server that trickles its answer would hold the attempt as long
+        as it trickles. The answer is streamed and read here under a
+        :class:`Watchdog`, which shuts the attempt's socket down at its deadline;
+        the attempt then fails as a read timeout (it was sent: it may have run).
+        Its socket is known from the connection's creation (the ``trace``
+        extension) or, on a reused connection, from the head's arrival on: httpx
+        exposes no pooled connection's socket before that, so a head trickled on
+        a *reused* connection is bounded per read only (a new connection — every
+        retry after a timeout — is bounded whole). A shut-down socket left in the
+        pool reads as closed, and the pool drops it.
+        """
+        _with_timeout(request, timeout)
+        watchdog = Watchdog(timeout)
+        request.extensions["trace"] = _tracer(watchdog)
+        response: httpx.Response | None = None
+        try:
+            response = self.http.send(request, stream=True)
+            _watch_stream(watchdog, response.extensions.get("network_stream"))
+            response.read()
+            return response
+        except httpx.UnsupportedProtocol:
+            raise  # a bad URL: nothing was sent
+        except httpx.TransportError as error:
+            if not watchdog.expired:
+                return error
+            timed_out = httpx.ReadTimeout(f"the attempt outlived its {timeout:.3g} s deadline", request=request)
+            timed_out.__cause__ = error
+            return timed_out
+        finally:
+            watchdog.finish()
+            if response is not None and not response.is_closed:
+                response.close()  # a discarded answer gives its connection back
 
     def post(self, url: httpx.URL | str, *, operation: Operation | None = None, **options: Any) -> Response:
         """``send(operation, "POST", url, ...)``."""

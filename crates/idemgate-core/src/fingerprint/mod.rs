@@ -116,6 +116,47 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// What a JSON body holds at one pointer, for a key read from the body
+/// (PROTOCOL §15): read from the canonical form, so any spelling of the same
+/// document gives the same value.
+pub(crate) enum JsonMember {
+    /// The body has no canonical form: not JSON, or a member named twice (which
+    /// would make "the" value at the pointer a guess).
+    NotJson,
+    /// The pointer names nothing.
+    Absent,
+    /// The canonical text of the value there.
+    Value(Vec<u8>),
+}
+
+/// The value at `pointer` in the JSON `body`.
+pub(crate) fn json_member(body: &[u8], pointer: &JsonPointer) -> JsonMember {
+    match canonical::canonicalize(body) {
+        Err(_) => JsonMember::NotJson,
+        Ok(json) => match select::value_at(&json, pointer) {
+            Some(value) => JsonMember::Value(value.to_vec()),
+            None => JsonMember::Absent,
+        },
+    }
+}
+
+/// The canonical form of a JSON text (RFC 8785 layout with exact decimal numbers,
+/// PROTOCOL §4), the bytes a JSON body's fingerprint hashes; `None` when `json`
+/// is not JSON, names a member twice or nests too deep.
+///
+/// Public so that other digests of JSON (a representation's `ETag`, see
+/// `idemgate::conditional`) agree with the fingerprint on which documents are
+/// equal, instead of restating the rules.
+///
+/// ```
+/// use idemgate_core::fingerprint::canonical_json;
+/// assert_eq!(canonical_json(br#"{ "b": 1.50, "a": [] }"#).unwrap(), br#"{"a":[],"b":1.5}"#);
+/// assert_eq!(canonical_json(b"{"), None);
+/// ```
+pub fn canonical_json(json: &[u8]) -> Option<Vec<u8>> {
+    canonical::canonicalize(json).ok()
+}
+
 /// `application/json` or any `*/*+json`, parameters ignored, case-insensitive.
 pub fn is_json(content_type: &str) -> bool {
     let essence = content_type

@@ -186,6 +186,11 @@ impl BodySelection {
     }
 }
 
+/// The canonical text of the value at `pointer` in the canonical text `json`.
+pub(super) fn value_at<'a>(json: &'a [u8], pointer: &JsonPointer) -> Option<&'a [u8]> {
+    find(json, pointer).map(|at| &json[at])
+}
+
 /// The range of the value at `pointer` in the canonical text `json`.
 fn find(json: &[u8], pointer: &JsonPointer) -> Option<Range<usize>> {
     let mut at = 0..json.len();

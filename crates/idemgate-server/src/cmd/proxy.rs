@@ -1,5 +1,7 @@
 //! `idemgate proxy`: the `idemgate-proxy` router in front of `--upstream` on the
-//! public listener, health, metrics and the key API on a separate admin listener.
+//! public listener, health, metrics and the key API on a separate admin listener;
+//! `SIGHUP` reloads the route file. `--check-config FILE` only checks a route
+//! file, through the same loader ([`route_file::load`]), and starts nothing.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -7,19 +9,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderName;
+use idemgate::path::{
+    AboveRoot, ControlOrNonAscii, EncodedDotSegment, EncodedSlash, PathParameters, PathPolicy,
+};
 use idemgate_listener::tls::{self, TlsFile};
 use idemgate_listener::{ListenerOptions, raise_fd_limit};
-use idemgate_proxy::{HostHeader, JwtPrincipal, PrincipalSource, ProxyConfig, Routes, Upstream};
+use idemgate_proxy::{
+    HostHeader, JwtPrincipal, MethodOverride, PrincipalSource, ProxyConfig, Routes,
+    SafeMethodBodies, UnderscoreHeaders, Upstream,
+};
+use std::path::Path;
 use tokio_rustls::rustls::ServerConfig;
 
 use crate::admin::{self, AdminState};
-use crate::cli::{HostHeaderArg, ProxyArgs, read_file};
+use crate::cli::{
+    AboveRootArg, ControlOrNonAsciiArg, EncodedDotSegmentArg, EncodedSlashArg, GuardArgs,
+    HostHeaderArg, MethodOverrideArg, PathParametersArg, ProxyArgs, SafeMethodBodyArg,
+    UnderscoreHeadersArg, read_file,
+};
 use crate::config::{
     AdminToken, ConfigError, LayerSettings, RedisSafety, StoreUrl, TelemetrySettings,
 };
 use crate::idempotency::{self, with_replay_cache};
 use crate::monitoring::install_metrics;
-use crate::process::{self, StartupError, bind, serve_until_signal};
+use crate::process::{self, EXIT_CONFIG, StartupError, bind, serve_until_signal};
+use crate::route_file::{self, RouteFile, RouteFileInfo};
 use crate::store::{self, Opening};
 
 /// `proxy`'s settings, checked.
@@ -43,6 +57,8 @@ pub struct ProxySettings {
     pub host_header: HostHeader,
     /// Per-route policies (empty without --config).
     pub routes: Routes,
+    /// The --config file they came from (`None` without one), reloaded on SIGHUP.
+    pub route_file: Option<RouteFileInfo>,
     /// The public listener's TLS, when it terminates TLS itself.
     pub tls: Option<Arc<ServerConfig>>,
     /// The idempotency layer: record timing and the replay cache.
@@ -55,16 +71,109 @@ pub struct ProxySettings {
     pub connections: ListenerOptions,
     /// Redis safety checks: persistence policy, replicas to wait for.
     pub redis: RedisSafety,
+    /// How a request is brought to one reading, and how long an upstream
+    /// response body may take.
+    pub guard: GuardSettings,
+}
+
+/// The guard's flags, checked: what `ProxyConfig`'s builders get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuardSettings {
+    /// Which path spellings are refused and how the others are read.
+    pub path_policy: PathPolicy,
+    /// Routes matched and keys scoped with ASCII case folded.
+    pub case_insensitive_paths: bool,
+    /// A key required on every covered request unless a route says otherwise.
+    pub require_key: bool,
+    /// Request headers whose names hold `_`.
+    pub underscore_headers: UnderscoreHeaders,
+    /// Method-override headers where no route says.
+    pub method_override: MethodOverride,
+    /// Content on GET/HEAD/OPTIONS where no route says.
+    pub safe_method_bodies: SafeMethodBodies,
+    /// The longest pause in an upstream response body; `None`: the upstream timeout.
+    pub upstream_idle_timeout: Option<Duration>,
+    /// The longest a whole upstream response may take; `None`: unbounded.
+    pub upstream_response_timeout: Option<Duration>,
+}
+
+impl GuardSettings {
+    /// Checks the flags: a timeout given must be at least 1 ms.
+    fn from_args(args: &GuardArgs) -> Result<Self, ConfigError> {
+        let millis = |value: Option<u64>, flag, env| match value {
+            Some(0) => Err(ConfigError::new(flag, env, "must be at least 1")),
+            other => Ok(other.map(Duration::from_millis)),
+        };
+        Ok(Self {
+            path_policy: PathPolicy {
+                encoded_slash: match args.path_encoded_slash {
+                    EncodedSlashArg::Refuse => EncodedSlash::Refuse,
+                    EncodedSlashArg::Keep => EncodedSlash::Keep,
+                    EncodedSlashArg::Decode => EncodedSlash::Decode,
+                },
+                encoded_dot_segment: match args.path_encoded_dot_segment {
+                    EncodedDotSegmentArg::Refuse => EncodedDotSegment::Refuse,
+                    EncodedDotSegmentArg::Resolve => EncodedDotSegment::Resolve,
+                },
+                path_parameters: match args.path_parameters {
+                    PathParametersArg::Refuse => PathParameters::Refuse,
+                    PathParametersArg::Keep => PathParameters::Keep,
+                    PathParametersArg::Strip => PathParameters::Strip,
+                },
+                control_or_non_ascii: match args.path_control_or_non_ascii {
+                    ControlOrNonAsciiArg::Refuse => ControlOrNonAscii::Refuse,
+                    ControlOrNonAsciiArg::Encode => ControlOrNonAscii::Encode,
+                },
+                above_root: match args.path_above_root {
+                    AboveRootArg::Refuse => AboveRoot::Refuse,
+                    AboveRootArg::Clamp => AboveRoot::Clamp,
+                },
+            },
+            case_insensitive_paths: args.case_insensitive_paths,
+            require_key: args.require_key,
+            underscore_headers: match args.underscore_headers {
+                UnderscoreHeadersArg::Drop => UnderscoreHeaders::Drop,
+                UnderscoreHeadersArg::Reject => UnderscoreHeaders::Reject,
+                UnderscoreHeadersArg::Forward => UnderscoreHeaders::Forward,
+            },
+            method_override: match args.method_override {
+                MethodOverrideArg::Refuse => MethodOverride::Refuse,
+                MethodOverrideArg::Honour => MethodOverride::Honour,
+            },
+            safe_method_bodies: match args.safe_method_body {
+                SafeMethodBodyArg::Refuse => SafeMethodBodies::Refuse,
+                SafeMethodBodyArg::Forward => SafeMethodBodies::Forward,
+            },
+            upstream_idle_timeout: millis(
+                args.upstream_idle_timeout_ms,
+                "--upstream-idle-timeout-ms",
+                "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
+            )?,
+            upstream_response_timeout: millis(
+                args.upstream_response_timeout_ms,
+                "--upstream-response-timeout-ms",
+                "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
+            )?,
+        })
+    }
 }
 
 impl ProxySettings {
     /// Checks the flags, reads the secret and key files, resolves the defaults.
     pub fn from_args(args: &ProxyArgs) -> Result<Self, ConfigError> {
-        let upstream = args.upstream.parse::<Upstream>().map_err(|error| {
+        // clap requires it unless --check-config, which never gets here.
+        let Some(upstream) = &args.upstream else {
+            return Err(ConfigError::new(
+                "--upstream",
+                "IDEMGATE_UPSTREAM",
+                "is required to serve",
+            ));
+        };
+        let upstream = upstream.parse::<Upstream>().map_err(|error| {
             ConfigError::new(
                 "--upstream",
                 "IDEMGATE_UPSTREAM",
-                format!("{error}: {:?}", args.upstream),
+                format!("{error}: {upstream:?}"),
             )
         })?;
         if args.upstream_timeout_ms == 0 {
@@ -81,19 +190,15 @@ impl ProxySettings {
                 ConfigError::new("--idempotency-store", "IDEMGATE_IDEMPOTENCY_STORE", reason)
             })?;
         let layer = args.layer.settings()?;
-        let routes = match &args.config {
+        let (routes, route_file) = match &args.config {
             Some(path) => {
-                let routes = Routes::load(path).map_err(|error| {
-                    ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
-                })?;
-                routes
-                    .check_timing(layer.ttl, layer.lease)
-                    .map_err(|error| {
+                let (routes, info) =
+                    route_file::load(path, layer.ttl, layer.lease).map_err(|error| {
                         ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
                     })?;
-                routes
+                (routes, Some(info))
             }
-            None => Routes::default(),
+            None => (Routes::default(), None),
         };
         Ok(Self {
             listen: args.address.address(),
@@ -108,13 +213,45 @@ impl ProxySettings {
                 HostHeaderArg::Upstream => HostHeader::Upstream,
             },
             routes,
+            route_file,
             tls: tls(args)?,
             layer,
             shutdown_timeout: args.process.shutdown_timeout(),
             telemetry: args.process.telemetry(),
             connections: args.connections.options()?,
             redis: args.redis.safety(),
+            guard: GuardSettings::from_args(&args.guard)?,
         })
+    }
+
+    /// The forwarding service's configuration: every flag of the guard applied,
+    /// and the principal header (with `--principal header:NAME`) named, so no
+    /// underscored look-alike of it reaches the upstream.
+    pub fn proxy_config(&self) -> ProxyConfig {
+        let guard = &self.guard;
+        let mut config = ProxyConfig::new(self.upstream.clone())
+            .with_upstream_timeout(self.upstream_timeout)
+            .with_host_header(self.host_header)
+            .with_https_clients(self.tls.is_some())
+            .with_routes(self.routes.clone())
+            .with_path_policy(guard.path_policy)
+            .with_case_insensitive_paths(guard.case_insensitive_paths)
+            .with_underscore_headers(guard.underscore_headers)
+            .with_method_override(guard.method_override)
+            .with_safe_method_bodies(guard.safe_method_bodies);
+        if guard.require_key {
+            config = config.with_require_key(true);
+        }
+        if let Some(idle) = guard.upstream_idle_timeout {
+            config = config.with_upstream_idle_timeout(idle);
+        }
+        if let Some(total) = guard.upstream_response_timeout {
+            config = config.with_upstream_response_timeout(total);
+        }
+        if let PrincipalSource::Header(name) = &self.principal {
+            config = config.with_principal_header(name.clone());
+        }
+        config
     }
 }
 
@@ -207,16 +344,83 @@ fn secret(args: &ProxyArgs) -> Result<Arc<[u8]>, ConfigError> {
 }
 
 /// `idemgate proxy`: checks the flags (exit 2 when they cannot work), then serves
-/// until SIGINT or SIGTERM.
+/// until SIGINT or SIGTERM. With `--check-config FILE`, only checks that file.
 pub async fn main(args: &ProxyArgs) -> ExitCode {
+    if let Some(path) = &args.check_config {
+        return check_config(args, path);
+    }
     match ProxySettings::from_args(args) {
         Ok(settings) => process::run_service(settings.telemetry, run(settings)).await,
         Err(error) => process::config_error(&error),
     }
 }
 
+/// `--check-config FILE`: the route file through the loader startup and reload
+/// use, checked against the record timing flags it inherits. Exit 0 with a
+/// summary on stdout, or the problem on stderr (`FILE:LINE:COL: problem`) and
+/// exit 2. Needs neither --upstream nor a store: it opens nothing.
+fn check_config(args: &ProxyArgs, path: &Path) -> ExitCode {
+    let layer = match args.layer.settings() {
+        Ok(layer) => layer,
+        Err(error) => return process::config_error(&error),
+    };
+    match route_file::load(path, layer.ttl, layer.lease) {
+        Ok((_, info)) => {
+            println!(
+                "{}: OK: {} route{}, sha256 {}",
+                path.display(),
+                info.routes,
+                if info.routes == 1 { "" } else { "s" },
+                info.sha256
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+/// SIGHUP, listened for from the first moment of [`run`]: from then on a SIGHUP
+/// no longer has its default action (ending the process), even while the store
+/// is still being opened; one that arrives before the routes serve waits in the
+/// stream and reloads them as soon as they do.
+struct Hangups(#[cfg(unix)] tokio::signal::unix::Signal);
+
+impl Hangups {
+    fn listen() -> Result<Self, StartupError> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            signal(SignalKind::hangup())
+                .map(Self)
+                .map_err(StartupError::Serve)
+        }
+        #[cfg(not(unix))]
+        Ok(Self())
+    }
+
+    /// Reloads `file` on every SIGHUP until the process ends.
+    fn reload(self, file: RouteFile) {
+        #[cfg(unix)]
+        {
+            let mut hangups = self.0;
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    // Logged and counted inside; the old routes stay on an error.
+                    let _ = file.reload();
+                }
+            });
+        }
+        #[cfg(not(unix))]
+        let _ = (self, file);
+    }
+}
+
 /// Runs the proxy until SIGINT or SIGTERM, then drains like `serve`.
 pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
+    let hangups = Hangups::listen()?;
     let metrics = install_metrics();
     let opened = store::open(
         &settings.store,
@@ -225,26 +429,37 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         settings.redis,
     )
     .await?;
+    // The resource leases of `conditional = "enforce"` routes go to the store
+    // itself, past the replay cache: every instance must see every lease. Each
+    // call bounded by the store timeout, as the layer's are.
+    let lock_store: Arc<dyn idemgate::Store> = Arc::new(idemgate::deadline::WithDeadline::new(
+        Arc::clone(&opened.store),
+        settings.layer.store_timeout,
+    ));
     let store = with_replay_cache(opened.store, settings.layer.replay_cache);
     let layer = settings
         .principal
         .apply_to(idempotency::layer(Arc::clone(&store), &settings.layer));
     let tasks = layer.detached_tasks();
-    let public = idemgate_proxy::app(
-        ProxyConfig::new(settings.upstream.clone())
-            .with_upstream_timeout(settings.upstream_timeout)
-            .with_host_header(settings.host_header)
-            .with_https_clients(settings.tls.is_some())
-            .with_routes(settings.routes.clone()),
-        layer,
+    let (public, table) =
+        idemgate_proxy::reloadable_app(settings.proxy_config().with_lock_store(lock_store), layer);
+    let route_file = RouteFile::new(
+        table,
+        settings.route_file.clone(),
+        settings.layer.ttl,
+        settings.layer.lease,
     );
-    let admin = admin::router(AdminState::new(
-        store,
-        settings.layer.store_timeout,
-        metrics,
-        tasks.clone(),
-        settings.admin_token.clone(),
-    ));
+    hangups.reload(route_file.clone());
+    let admin = admin::router(
+        AdminState::new(
+            store,
+            settings.layer.store_timeout,
+            metrics,
+            tasks.clone(),
+            settings.admin_token.clone(),
+        )
+        .with_route_file(route_file),
+    );
 
     let open_files = raise_fd_limit();
     let mut public_listener = bind(settings.listen, settings.connections).await?;
@@ -472,6 +687,82 @@ mod tests {
             Cli::try_parse_from(argv).is_err(),
             "a certificate needs its key"
         );
+    }
+
+    #[test]
+    fn guard_flags_default_to_the_safe_choices_and_each_parses() {
+        let p = ["--principal", "header:x-user"];
+        let s = settings(&p).unwrap();
+        assert_eq!(s.guard.path_policy, PathPolicy::STRICT);
+        assert!(!s.guard.case_insensitive_paths && !s.guard.require_key);
+        assert_eq!(s.guard.underscore_headers, UnderscoreHeaders::Drop);
+        assert_eq!(s.guard.method_override, MethodOverride::Refuse);
+        assert_eq!(s.guard.safe_method_bodies, SafeMethodBodies::Refuse);
+        assert_eq!(s.guard.upstream_idle_timeout, None);
+        assert_eq!(s.guard.upstream_response_timeout, None);
+        let s = settings(&[
+            p[0],
+            p[1],
+            "--path-encoded-slash",
+            "decode",
+            "--path-encoded-dot-segment",
+            "resolve",
+            "--path-parameters",
+            "strip",
+            "--path-control-or-non-ascii",
+            "encode",
+            "--path-above-root",
+            "clamp",
+            "--case-insensitive-paths",
+            "--require-key",
+            "true",
+            "--underscore-headers",
+            "reject",
+            "--method-override",
+            "honour",
+            "--safe-method-body",
+            "forward",
+            "--upstream-idle-timeout-ms",
+            "250",
+            "--upstream-response-timeout-ms",
+            "900",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.guard.path_policy,
+            PathPolicy {
+                encoded_slash: EncodedSlash::Decode,
+                encoded_dot_segment: EncodedDotSegment::Resolve,
+                path_parameters: PathParameters::Strip,
+                control_or_non_ascii: ControlOrNonAscii::Encode,
+                above_root: AboveRoot::Clamp,
+            }
+        );
+        assert!(s.guard.case_insensitive_paths && s.guard.require_key);
+        assert_eq!(s.guard.underscore_headers, UnderscoreHeaders::Reject);
+        assert_eq!(s.guard.method_override, MethodOverride::Honour);
+        assert_eq!(s.guard.safe_method_bodies, SafeMethodBodies::Forward);
+        assert_eq!(
+            s.guard.upstream_idle_timeout,
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            s.guard.upstream_response_timeout,
+            Some(Duration::from_millis(900))
+        );
+        for (flag, env) in [
+            (
+                "--upstream-idle-timeout-ms",
+                "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
+            ),
+            (
+                "--upstream-response-timeout-ms",
+                "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
+            ),
+        ] {
+            let err = settings(&[p[0], p[1], flag, "0"]).unwrap_err().to_string();
+            assert!(err.contains(env), "{err}");
+        }
     }
 
     #[test]

@@ -76,6 +76,9 @@ function show(state, text, details = {}) {
 }
 
 let clicks = 0;
+// A payment is under way: a second click (a double-click, or an impatient one
+// before the button shows disabled) joins it rather than starting another.
+let paying = false;
 
 function addAttempt(click, digest, report) {
   const row = attemptsBody.insertRow();
@@ -103,15 +106,28 @@ async function refreshOrderCount() {
 }
 
 async function pay() {
+  if (paying) return;
   const order = cartOrder();
   if (order.items.length === 0) {
     show("failed", "The cart is empty.");
     return;
   }
+  // Taken before the first await: the click after it finds the payment under way.
+  paying = true;
+  payButton.disabled = true;
+  try {
+    await placeOrder(order);
+  } finally {
+    paying = false;
+    payButton.disabled = false;
+  }
+  await refreshOrderCount();
+}
+
+async function placeOrder(order) {
   const operation = purchase(order, true);
   const digest = await operation.digest();
   const click = ++clicks;
-  payButton.disabled = true;
   show("sending", `Paying… (key ${digest}…)`);
   try {
     const reply = await client.send(operation, {
@@ -136,9 +152,6 @@ async function pay() {
       forgetPurchase(order); // nothing happened: the next click is a new purchase
       show("failed", `Not paid: ${error instanceof Error ? error.message : String(error)}`);
     }
-  } finally {
-    payButton.disabled = false;
-    await refreshOrderCount();
   }
 }
 

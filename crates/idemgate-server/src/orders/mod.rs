@@ -5,6 +5,8 @@
 //! transaction as its idempotency record.
 //!
 //! - [`api`]: the routes' handlers;
+//! - [`accounts`]: accounts and compare-and-set transfers (PROTOCOL §18), with
+//!   their SQL in [`ledger`];
 //! - [`auth`]: bearer authentication, outside the idempotency layer;
 //! - [`db`]: the orders database (the only database this tree opens);
 //! - [`order`]: what a client may order, checked before anything is charged;
@@ -14,15 +16,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::Method;
 use axum::middleware;
-use axum::routing::get;
+use axum::routing::{get, patch, post};
+use idemgate::key::KeySource;
 use idemgate::problem::ProblemStyleLayer;
 use idemgate::{DetachedTasks, IdempotencyLayer};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+pub mod accounts;
 pub mod api;
 pub mod auth;
 pub mod db;
+pub mod ledger;
 pub mod order;
 pub mod payment;
 
@@ -80,17 +86,58 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
         .as_ref()
         .map(|layer| layer.problem_style().clone())
         .unwrap_or_default();
-    let mut api = Router::new()
+    let mut orders = Router::new()
         .route(
             "/api/v1/orders",
             get(api::list_orders).post(api::create_order),
         )
-        .route("/api/v1/orders/{id}", get(api::get_order));
+        .route(
+            "/api/v1/orders/{order_id}",
+            patch(api::patch_order).delete(api::cancel_order),
+        )
+        .route("/api/v1/accounts", post(accounts::open_account))
+        .route("/api/v1/accounts/{id}", get(accounts::get_account));
+    // A transfer is keyed by its `reference_id` (PROTOCOL §15, §18): the client's
+    // own reference is the idempotency key, no header needed.
+    let mut transfers = Router::new().route(
+        "/api/v1/accounts/{id}/transfers",
+        post(accounts::create_transfer),
+    );
+    // The same path as the edits above, another layer: the natural-key create
+    // (and the read) on `PUT`/`GET`; axum merges the two method routers.
+    let mut natural = Router::new().route(
+        "/api/v1/orders/{order_id}",
+        get(api::get_order).put(api::put_order),
+    );
     if let Some(idempotency) = idempotency {
+        // PATCH and DELETE are conditional writes: with a key, the journal comes
+        // first, so a retry of one that succeeded replays it (PROTOCOL §17).
+        let idempotency = idempotency.with_methods([Method::POST, Method::PATCH, Method::DELETE]);
         // Route layers: only matched routes reach them, so 404/405 are not stored.
-        api = api.route_layer(idempotency);
+        // `PUT /api/v1/orders/{order_id}` is keyed by its id (PROTOCOL §15): the
+        // same layer, store and detached tasks, another key source.
+        natural = natural.route_layer(
+            idempotency
+                .clone()
+                .with_methods([Method::PUT])
+                .with_key_source(KeySource::Path("order_id".to_owned())),
+        );
+        transfers = transfers.route_layer(
+            idempotency
+                .clone()
+                .with_methods([Method::POST])
+                .with_key_source(
+                    "json:/reference_id"
+                        .parse::<KeySource>()
+                        .expect("a constant key source"),
+                ),
+        );
+        orders = orders.route_layer(idempotency);
     }
-    let api = api.route_layer(middleware::from_fn(auth::authenticate));
+    let api = orders
+        .merge(natural)
+        .merge(transfers)
+        .route_layer(middleware::from_fn(auth::authenticate));
     Router::new()
         .route("/healthz", get(api::healthz))
         .route("/metrics", get(api::render_metrics))

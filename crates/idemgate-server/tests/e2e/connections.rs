@@ -280,18 +280,64 @@ async fn the_header_timeout_starts_at_accept_and_idle_keep_alive_has_its_own_tim
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn beyond_the_connection_bound_new_connections_are_shed_and_open_ones_work() {
+async fn at_the_connection_bound_the_longest_idle_connection_makes_room() {
     let (db, _dir) = sqlite_url();
     let bound = 20;
     let server = Server::start(Options::new(&db).arg("--max-connections", bound)).await;
-    let mut first = TcpStream::connect(server.addr).await.unwrap();
-    assert!(health_on(&mut first).await.starts_with("HTTP/1.1 200"));
     let mut held = Vec::new();
-    for _ in 1..bound {
+    for _ in 0..bound {
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
         assert!(health_on(&mut stream).await.starts_with("HTTP/1.1 200"));
         held.push(stream);
     }
+    // Each new connection at the bound is served; the oldest idle one closes.
+    for round in 0..5 {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        assert!(
+            health_on(&mut stream).await.starts_with("HTTP/1.1 200"),
+            "round {round}: served at the bound"
+        );
+        let oldest = held.remove(0);
+        let (reader, _writer) = oldest.into_split();
+        assert!(
+            read_until_closed(reader, Instant::now(), MARGIN)
+                .await
+                .is_some_and(|ending| ending.received.is_empty()),
+            "round {round}: the longest idle connection was evicted"
+        );
+        held.push(stream);
+    }
+    // The others keep working.
+    assert!(health_on(&mut held[0]).await.starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn when_every_connection_is_busy_new_ones_are_shed_and_the_busy_ones_finish() {
+    let gateway = MockGateway::start().await;
+    let (db, _dir) = sqlite_url();
+    let bound = 20;
+    let server = Server::start(
+        Options::new(&db)
+            .gateway(gateway.url())
+            .arg("--max-connections", bound),
+    )
+    .await;
+    // Each connection busy with a request whose body is half sent.
+    let (head_half, rest) = ORDER.split_at(ORDER.len() / 2);
+    let mut busy = Vec::new();
+    for _ in 0..bound {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        let request = format!(
+            "POST /api/v1/orders HTTP/1.1\r\nhost: idemgate\r\nauthorization: Bearer token-{}\r\n\
+             content-type: application/json\r\nidempotency-key: {}\r\ncontent-length: {}\r\n\r\n{head_half}",
+            new_key(),
+            new_key(),
+            ORDER.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        busy.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for _ in 0..10 {
         let started = Instant::now();
         let stream = TcpStream::connect(server.addr).await.unwrap();
@@ -305,7 +351,7 @@ async fn beyond_the_connection_bound_new_connections_are_shed_and_open_ones_work
         let status = ending.status_line();
         assert!(
             ending.received.is_empty() || status.starts_with("HTTP/1.1 503"),
-            "over the bound: {status:?}"
+            "over the bound with every connection busy: {status:?}"
         );
         if !ending.received.is_empty() {
             let text = String::from_utf8_lossy(&ending.received);
@@ -313,25 +359,27 @@ async fn beyond_the_connection_bound_new_connections_are_shed_and_open_ones_work
             assert!(text.contains("retry-after: 1"), "{text}");
         }
     }
-    // The connections already open keep working.
-    assert!(health_on(&mut first).await.starts_with("HTTP/1.1 200"));
-    assert!(health_on(&mut held[0]).await.starts_with("HTTP/1.1 200"));
-    // Room again once some close.
-    held.truncate(10);
-    let deadline = Instant::now() + MARGIN;
-    loop {
-        let answer = Client::with_timeout(Duration::from_secs(2))
-            .try_post(&server.url("/api/v1/orders"), Some(&new_key()), ORDER)
-            .await;
-        if matches!(&answer, Ok(answer) if answer.status == StatusCode::CREATED) {
-            break;
+    // The busy requests were never cut: each finishes with its 201.
+    for stream in &mut busy {
+        stream.write_all(rest.as_bytes()).await.unwrap();
+        let mut received = Vec::new();
+        let mut buf = [0_u8; 4096];
+        while !String::from_utf8_lossy(&received).contains("\"status\":\"paid\"") {
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+                .await
+                .expect("an answer in time")
+                .expect("read");
+            assert!(n > 0, "a busy connection was cut: {received:?}");
+            received.extend_from_slice(&buf[..n]);
         }
-        assert!(
-            Instant::now() < deadline,
-            "no room after closing: {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(String::from_utf8_lossy(&received).starts_with("HTTP/1.1 201"));
     }
+    assert_eq!(gateway.calls().len(), bound);
+    // Now idle, they make room for a new client.
+    let answer = Client::with_timeout(Duration::from_secs(5))
+        .post(&server.url("/api/v1/orders"), Some(&new_key()), ORDER)
+        .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

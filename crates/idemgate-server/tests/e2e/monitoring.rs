@@ -10,6 +10,7 @@
 //! file) must return a series: each alert fires on this traffic. `promtool check
 //! rules` and the rule unit tests (`alerts_test.yml`) run first.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::support::client::{Client, ORDER, new_key};
+use crate::support::proxy::{Proxy, ProxyOptions, Upstream};
 use crate::support::server::{Options, Server, TempDir, send_signal, sqlite_url};
 use idemgate_testkit::free_port;
 
@@ -102,12 +104,9 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    async fn start(targets: &[&Server]) -> Self {
+    async fn start(targets: &[SocketAddr]) -> Self {
         let dir = TempDir::new("idemgate-prometheus");
-        let targets: Vec<String> = targets
-            .iter()
-            .map(|server| format!("\"{}\"", server.addr))
-            .collect();
+        let targets: Vec<String> = targets.iter().map(|addr| format!("\"{addr}\"")).collect();
         let config = format!(
             "global:\n  scrape_interval: {s}s\n  evaluation_interval: {s}s\n\
              rule_files:\n  - \"{rules}\"\n\
@@ -284,7 +283,18 @@ async fn dashboard_and_alerts_work_against_a_real_prometheus() {
         Server::start(shared(&db_b)),
         Server::start(slow)
     );
-    let prometheus = Prometheus::start(&[&a, &b, &c]).await;
+    // And a proxy, for the metrics only it has (the route file's reloads).
+    let upstream = Upstream::start().await;
+    let routes = TempDir::new("idemgate-monitoring-routes");
+    let route_file = routes.path().join("routes.toml");
+    std::fs::write(
+        &route_file,
+        "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\nrequire_key = true\n",
+    )
+    .unwrap();
+    let proxy =
+        Proxy::start(ProxyOptions::new(upstream.url()).arg("--config", route_file.display())).await;
+    let prometheus = Prometheus::start(&[a.addr, b.addr, c.addr, proxy.admin]).await;
     // Every counter is at zero in a first scrape before any traffic, or its
     // first increase would be invisible to rate(). (Prometheus hands targets to
     // its scraper some seconds after it is ready.)
@@ -370,7 +380,18 @@ async fn dashboard_and_alerts_work_against_a_real_prometheus() {
         );
     }
 
+    // A route file the proxy must refuse: it keeps its routes and says so.
+    std::fs::write(
+        &route_file,
+        "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\nrequire_key = maybe\n",
+    )
+    .unwrap();
+    send_signal(&proxy.pid().to_string(), "HUP");
+
     // Prometheus has scraped all of it.
+    prometheus
+        .wait_for("sum(idemgate_config_reloads_total{result=\"error\"})", 1.0)
+        .await;
     prometheus
         .wait_for(
             r#"sum(idemgate_requests_total{outcome="store_unavailable"})"#,

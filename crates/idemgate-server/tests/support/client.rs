@@ -61,6 +61,48 @@ impl Client {
         })
     }
 
+    /// Any method, JSON body, extra headers (a key elsewhere than
+    /// `Idempotency-Key`, say).
+    pub async fn try_send_json(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> reqwest::Result<Answer> {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut request = self
+            .http
+            .request(method, url)
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    pub async fn send_json(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        self.try_send_json(method, url, headers, body)
+            .await
+            .expect(method)
+    }
+
     pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Answer {
         self.try_post(url, key, body).await.expect("POST")
     }
@@ -81,6 +123,51 @@ impl Client {
             headers,
             body,
         }
+    }
+
+    /// Any request: `method` to `url` with an optional key, extra headers and a
+    /// JSON (or other, per the headers) body.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Answer {
+        self.try_send(method, url, key, headers, body)
+            .await
+            .expect("request")
+    }
+
+    /// [`Client::send`], with the transport's error (a lost response) returned.
+    pub async fn try_send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> reqwest::Result<Answer> {
+        let mut request = self.http.request(method, url).bearer_auth(&self.token);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.body(body.to_owned());
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
     }
 
     /// This client's orders, through the API.

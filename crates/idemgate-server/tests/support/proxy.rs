@@ -163,8 +163,9 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 32] = [
+const PROXY_VARIABLES: [&str; 45] = [
     "IDEMGATE_UPSTREAM",
+    "IDEMGATE_CHECK_CONFIG",
     "IDEMGATE_LISTEN",
     "PORT",
     "IDEMGATE_ADMIN_LISTEN",
@@ -196,6 +197,18 @@ const PROXY_VARIABLES: [&str; 32] = [
     "IDEMGATE_PROBLEM_TYPE_BASE",
     "IDEMGATE_PROBLEM_LINK",
     "IDEMGATE_PROBLEM_SHAPE",
+    "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
+    "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
+    "IDEMGATE_PATH_ENCODED_SLASH",
+    "IDEMGATE_PATH_ENCODED_DOT_SEGMENT",
+    "IDEMGATE_PATH_PARAMETERS",
+    "IDEMGATE_PATH_CONTROL_OR_NON_ASCII",
+    "IDEMGATE_PATH_ABOVE_ROOT",
+    "IDEMGATE_CASE_INSENSITIVE_PATHS",
+    "IDEMGATE_REQUIRE_KEY",
+    "IDEMGATE_UNDERSCORE_HEADERS",
+    "IDEMGATE_METHOD_OVERRIDE",
+    "IDEMGATE_SAFE_METHOD_BODY",
 ];
 
 pub fn proxy_command(options: &ProxyOptions) -> Command {
@@ -253,6 +266,14 @@ impl Proxy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
     }
 
     /// `kill -9`: no shutdown, the record stays PROCESSING.

@@ -12,8 +12,10 @@
 //! | `request FAULT [METHOD]` | `{"ok":true}`: the next request (of `METHOD`, if given), on any connection, gets `FAULT` |
 //! | `stats` | `{"connections":N,"forwarded":N,"requests":N,"open":N}` |
 //!
-//! `FAULT` is `pass`, `lose-response`, `reset` or `delay MILLISECONDS` (see
-//! [`Fault`]). A line it cannot read is answered `{"error":"…"}`. It exits when its
+//! `FAULT` is `pass`, `lose-response`, `reset`, `delay MILLISECONDS`,
+//! `trickle MILLISECONDS` (the answer one byte per interval) or `cut-body` (the
+//! answer's head and one byte of its body, then the connection closes); see
+//! [`Fault`]. A line it cannot read is answered `{"error":"…"}`. It exits when its
 //! standard input closes, so it never outlives the test that started it.
 
 use std::net::SocketAddr;
@@ -101,6 +103,7 @@ fn parse_fault<'a>(words: &mut impl Iterator<Item = &'a str>) -> Result<Fault, &
         Some("pass") => Ok(Fault::Pass),
         Some("lose-response") => Ok(Fault::LoseResponse),
         Some("reset") => Ok(Fault::Reset),
+        Some("cut-body") => Ok(Fault::CutBody),
         Some("delay") => {
             let millis = words
                 .next()
@@ -108,7 +111,17 @@ fn parse_fault<'a>(words: &mut impl Iterator<Item = &'a str>) -> Result<Fault, &
                 .ok_or("delay takes milliseconds: delay 1500")?;
             Ok(Fault::DelayResponse(Duration::from_millis(millis)))
         }
-        _ => Err("FAULT is one of: pass, lose-response, reset, delay MILLISECONDS"),
+        Some("trickle") => {
+            let millis = words
+                .next()
+                .and_then(|ms| ms.parse().ok())
+                .filter(|&ms: &u64| ms > 0)
+                .ok_or("trickle takes milliseconds per byte: trickle 100")?;
+            Ok(Fault::Trickle(Duration::from_millis(millis)))
+        }
+        _ => Err(
+            "FAULT is one of: pass, lose-response, reset, delay MILLISECONDS, trickle MILLISECONDS, cut-body",
+        ),
     }
 }
 
@@ -137,7 +150,20 @@ mod tests {
                 None
             ))
         );
+        assert_eq!(
+            Command::parse("connection trickle 100"),
+            Ok(Command::Connection(Fault::Trickle(Duration::from_millis(
+                100
+            ))))
+        );
+        assert_eq!(
+            Command::parse("request cut-body POST"),
+            Ok(Command::Request(Fault::CutBody, Some("POST".to_owned())))
+        );
         for junk in [
+            "request trickle",
+            "request trickle 0",
+            "request trickle fast",
             "",
             "status",
             "request",

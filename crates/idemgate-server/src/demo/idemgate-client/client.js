@@ -1,3 +1,7 @@
+// GENERATED FILE: do not edit. The browser build of clients/js/src/client.ts
+// (tsc, clients/js/tsconfig.json), copied here by `npm run embed` in clients/js;
+// `idemgate serve` embeds it for the checkout page. clients/js's `npm test`
+// (test/embedded.test.ts) fails while it differs from a fresh build.
 /**
  * The client: operations over the platform `fetch`, retried by the
  * {@link RetryPolicy}, ending in a {@link Reply} or an {@link IdemgateError}.
@@ -78,6 +82,11 @@ export class Client {
      */
     async send(operation, request) {
         const method = (request.method ?? "POST").toUpperCase();
+        if ((method === "GET" || method === "HEAD") && (request.body != null || request.json !== undefined)) {
+            // fetch refuses it on every attempt, which would read as transport failures
+            // and be retried; it is the caller's mistake, said once, before any attempt.
+            throw new TypeError(`a ${method} request has no body: send it as POST, or put it in the URL`);
+        }
         const url = new URL(request.url, this.#baseUrl ?? globalThis.location?.href);
         const headers = new Headers(this.#headers);
         new Headers(request.headers).forEach((value, name) => headers.set(name, value));

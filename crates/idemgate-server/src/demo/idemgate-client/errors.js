@@ -1,3 +1,7 @@
+// GENERATED FILE: do not edit. The browser build of clients/js/src/errors.ts
+// (tsc, clients/js/tsconfig.json), copied here by `npm run embed` in clients/js;
+// `idemgate serve` embeds it for the checkout page. clients/js's `npm test`
+// (test/embedded.test.ts) fails while it differs from a fresh build.
 /**
  * Typed outcomes: what went wrong, and whether the operation may have run.
  *

@@ -1,0 +1,236 @@
+//! The proxy's route file (`--config FILE`): the one loader that startup,
+//! `--check-config` and a `SIGHUP` reload all go through, what was loaded (its
+//! SHA-256 and load time, for the admin API's `GET /v1/config`), and the reload
+//! itself: refused when the new file is bad (the old routes kept, the error
+//! logged and counted in `idemgate_config_reloads_total{result="error"}`).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use idemgate_proxy::{RouteTable, Routes, RoutesError};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// The reload counter, labelled `result="ok"` or `result="error"`.
+pub const RELOADS_METRIC: &str = "idemgate_config_reloads_total";
+
+/// 1 while the routes served are the file's last good version and no later
+/// reload was refused, 0 after a refused one (until a good reload): what the
+/// `IdemgateConfigReloadFailed` alert watches, as Prometheus's own
+/// `prometheus_config_last_reload_successful`.
+pub const LAST_RELOAD_METRIC: &str = "idemgate_config_last_reload_successful";
+
+/// One route file as it was loaded: which file, which bytes, when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteFileInfo {
+    /// The file, as given to `--config`.
+    pub path: PathBuf,
+    /// The SHA-256 of the bytes parsed, in hex: compare it with `sha256sum FILE`
+    /// to know which version a running proxy follows.
+    pub sha256: String,
+    /// When it was loaded (RFC 3339, UTC).
+    pub loaded_at: String,
+    /// How many `[[route]]` tables it has.
+    pub routes: usize,
+}
+
+/// Reads and checks the route file at `path` exactly as the proxy follows it:
+/// TOML and every key (`Routes::from_toml`), then each route's TTL against the
+/// lease it inherits from `ttl` and `lease` (the command line's). Every caller —
+/// startup, `--check-config`, a reload — goes through here, so a file this
+/// accepts is one the proxy starts with.
+pub fn load(
+    path: &Path,
+    ttl: Duration,
+    lease: Duration,
+) -> Result<(Routes, RouteFileInfo), RoutesError> {
+    let bytes = std::fs::read(path).map_err(|source| read_error(path, source))?;
+    let text = std::str::from_utf8(&bytes).map_err(|error| {
+        read_error(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, error),
+        )
+    })?;
+    let routes = Routes::from_toml(path, text)?;
+    routes.check_timing(ttl, lease)?;
+    let info = RouteFileInfo {
+        path: path.to_owned(),
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        loaded_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        routes: routes.len(),
+    };
+    Ok((routes, info))
+}
+
+fn read_error(path: &Path, source: std::io::Error) -> RoutesError {
+    RoutesError::Read {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The last reload that was refused, as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusedReload {
+    /// When (RFC 3339, UTC).
+    pub at: String,
+    /// Why: `file:line:col: problem`, as `--check-config` prints it.
+    pub error: String,
+}
+
+/// What `GET /v1/config` answers: the file the proxy follows now, and the last
+/// reload that was refused after it was loaded (`null` when none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RouteFileView {
+    /// `null` without `--config` (every request gets the defaults).
+    pub loaded: Option<RouteFileInfo>,
+    /// The last refused reload since `loaded` was loaded.
+    pub last_error: Option<RefusedReload>,
+}
+
+/// The file the running proxy follows and how to reload it: the table its
+/// dispatcher reads, the record the admin API shows, and the record timing
+/// each reload is checked against. Cloned into the `SIGHUP` task and the admin
+/// state.
+#[derive(Clone)]
+pub struct RouteFile {
+    table: RouteTable,
+    ttl: Duration,
+    lease: Duration,
+    view: Arc<RwLock<RouteFileView>>,
+}
+
+impl std::fmt::Debug for RouteFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteFile")
+            .field("view", &self.view())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteFile {
+    /// The route file `loaded` (if any) that `table` was built from; reloads are
+    /// checked against `ttl` and `lease`, as at startup. Registers the reload
+    /// counter at zero, so `increase()` sees the first reload.
+    pub fn new(
+        table: RouteTable,
+        loaded: Option<RouteFileInfo>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> Self {
+        metrics::describe_counter!(
+            RELOADS_METRIC,
+            "Route file reloads (SIGHUP), by result: ok (the new routes serve) or error (refused, the old routes kept)."
+        );
+        metrics::describe_gauge!(
+            LAST_RELOAD_METRIC,
+            "1 unless the last route file reload was refused (then 0 until a good one): the proxy serves routes that are not the file on disk."
+        );
+        for result in ["ok", "error"] {
+            metrics::counter!(RELOADS_METRIC, "result" => result).increment(0);
+        }
+        metrics::gauge!(LAST_RELOAD_METRIC).set(1.0);
+        Self {
+            table,
+            ttl,
+            lease,
+            view: Arc::new(RwLock::new(RouteFileView {
+                loaded,
+                last_error: None,
+            })),
+        }
+    }
+
+    /// What the admin API shows.
+    pub fn view(&self) -> RouteFileView {
+        // A poisoned lock only means a writer panicked mid-assignment of plain
+        // values; what it holds is still whole.
+        self.view
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reloads the file loaded at startup: a good file replaces the routes at
+    /// once (requests in flight finish under the old ones); a bad one is
+    /// refused and the old routes keep serving. Logged and counted either way.
+    /// Without `--config` there is nothing to reload (logged, not counted).
+    pub fn reload(&self) -> Result<RouteFileInfo, ReloadError> {
+        let Some(path) = self.view().loaded.map(|info| info.path) else {
+            tracing::warn!("SIGHUP: no --config file, nothing to reload");
+            return Err(ReloadError::NoFile);
+        };
+        let mut view = self
+            .view
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match load(&path, self.ttl, self.lease) {
+            Ok((routes, info)) => {
+                self.table.replace(&routes);
+                metrics::counter!(RELOADS_METRIC, "result" => "ok").increment(1);
+                metrics::gauge!(LAST_RELOAD_METRIC).set(1.0);
+                tracing::info!(
+                    path = %path.display(),
+                    sha256 = %info.sha256,
+                    routes = info.routes,
+                    "route file reloaded"
+                );
+                view.loaded = Some(info.clone());
+                view.last_error = None;
+                Ok(info)
+            }
+            Err(error) => {
+                metrics::counter!(RELOADS_METRIC, "result" => "error").increment(1);
+                metrics::gauge!(LAST_RELOAD_METRIC).set(0.0);
+                tracing::error!(%error, "route file reload refused; the previous routes keep serving");
+                view.last_error = Some(RefusedReload {
+                    at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                    error: error.to_string(),
+                });
+                Err(ReloadError::Refused(error))
+            }
+        }
+    }
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError {
+    /// The proxy runs without `--config`.
+    #[error("no --config file to reload")]
+    NoFile,
+    /// The new file is bad; the old routes keep serving.
+    #[error(transparent)]
+    Refused(RoutesError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_is_of_the_bytes_and_a_bad_file_names_its_place() {
+        let dir = std::env::temp_dir().join(format!("idemgate-route-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("routes.toml");
+        let text = "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\n";
+        std::fs::write(&path, text).unwrap();
+        let (routes, info) = load(&path, Duration::from_secs(60), Duration::from_secs(5)).unwrap();
+        assert_eq!(routes.len(), 1);
+        assert_eq!(info.routes, 1);
+        assert_eq!(info.sha256, hex::encode(Sha256::digest(text.as_bytes())));
+        let error = load(&path, Duration::from_secs(5), Duration::from_secs(5))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(&format!("{}:1:1: ", path.display())),
+            "{error}"
+        );
+        std::fs::write(&path, [0xff, 0xfe]).unwrap();
+        let error = load(&path, Duration::from_secs(60), Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(error, RoutesError::Read { .. }), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,339 @@
+//! Accounts and compare-and-set transfers (PROTOCOL §18) on the real binary:
+//! 64 concurrent transfers expecting one balance → exactly one applied; 64
+//! concurrent debits never take a balance below zero; a transfer whose response
+//! was lost is replayed with one debit; a used reference with another amount is
+//! 422 naming the field — on SQLite (serve's default) and PostgreSQL.
+
+use std::sync::Arc;
+
+use idemgate_testkit::relay::{Fault, Relay};
+use reqwest::{Method, StatusCode};
+use tokio::sync::Barrier;
+
+use crate::support::client::{Answer, Client, new_key};
+use crate::support::server::{Options, Server, postgres_url, sqlite_url};
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+async fn open(server: &Server, client: &Client, balance: i64) -> i64 {
+    let body = format!(r#"{{"balance":{balance},"currency":"RUB"}}"#);
+    let opened = client
+        .post(&server.url("/api/v1/accounts"), Some(&new_key()), &body)
+        .await;
+    assert_eq!(opened.status, StatusCode::CREATED, "{opened:?}");
+    let account = opened.json();
+    assert_eq!(account["balance"], balance);
+    assert_eq!(account["currency"], "RUB");
+    assert_eq!(account["version"], 1);
+    account["account_id"].as_i64().unwrap()
+}
+
+async fn account(server: &Server, client: &Client, id: i64) -> serde_json::Value {
+    let read = client
+        .get(&server.url(&format!("/api/v1/accounts/{id}")))
+        .await;
+    assert_eq!(read.status, StatusCode::OK, "{read:?}");
+    read.json()
+}
+
+/// A transfer, keyed by its `reference_id` alone (no `Idempotency-Key`).
+async fn transfer(base: &str, client: &Client, from: i64, body: &str) -> Answer {
+    let url = format!("{base}/api/v1/accounts/{from}/transfers");
+    client
+        .send(Method::POST, &url, None, &[JSON], Some(body))
+        .await
+}
+
+async fn race(server: &Server, client: &Client, from: i64, bodies: Vec<String>) -> Vec<Answer> {
+    let barrier = Arc::new(Barrier::new(bodies.len()));
+    let base = server.url("");
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let (client, barrier, base) = (client.clone(), barrier.clone(), base.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                transfer(&base, &client, from, &body).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
+async fn exactly_one_of_64_expecting_one_balance_applies(server: &Server) {
+    let client = Client::new();
+    let (from, to) = (
+        open(server, &client, 500).await,
+        open(server, &client, 0).await,
+    );
+    let bodies = (0..64)
+        .map(|n| {
+            format!(r#"{{"to":{to},"amount":100,"expected_balance":500,"reference_id":"tx_{n}"}}"#)
+        })
+        .collect();
+    let answers = race(server, &client, from, bodies).await;
+    let applied: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(
+        applied.len(),
+        1,
+        "exactly one transfer applies: {answers:?}"
+    );
+    let created = applied[0].json();
+    assert_eq!(created["from"], from);
+    assert_eq!(created["to"], to);
+    assert_eq!(created["amount"], 100);
+    assert_eq!(created["balance"], 400);
+    assert!(created["transfer_id"].is_i64());
+    for refused in answers.iter().filter(|a| a.status != StatusCode::CREATED) {
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+        let problem = refused.json();
+        assert!(
+            problem["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("precondition-failed"),
+            "{problem}"
+        );
+        assert_eq!(problem["balance"], 400);
+        assert_eq!(problem["version"], 2);
+    }
+    assert_eq!(account(server, &client, from).await["balance"], 400);
+    assert_eq!(account(server, &client, to).await["balance"], 100);
+
+    // The 409 undid its claim: the client re-reads and retries the same
+    // reference (and key) against the current balance, and it applies.
+    let loser =
+        format!(r#"{{"to":{to},"amount":100,"expected_balance":400,"reference_id":"tx_retry"}}"#);
+    let stale = loser.replace("400", "500");
+    let refused = transfer(&server.url(""), &client, from, &stale).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    let retried = transfer(&server.url(""), &client, from, &loser).await;
+    assert_eq!(retried.status, StatusCode::CREATED, "{retried:?}");
+    assert_eq!(retried.json()["balance"], 300);
+
+    // A used reference with another amount: the same key, another fingerprint,
+    // 422 before anything runs; nothing moved.
+    let reused = loser.replace("\"amount\":100", "\"amount\":50");
+    let reused = transfer(&server.url(""), &client, from, &reused).await;
+    assert_eq!(
+        reused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{reused:?}"
+    );
+    assert!(
+        reused.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("key-reused"),
+        "{reused:?}"
+    );
+    assert_eq!(account(server, &client, from).await["balance"], 300);
+}
+
+async fn balances_never_go_negative(server: &Server) {
+    let client = Client::new();
+    let (from, to) = (
+        open(server, &client, 500).await,
+        open(server, &client, 0).await,
+    );
+    let bodies = (0..64)
+        .map(|n| format!(r#"{{"to":{to},"amount":100,"reference_id":"debit_{n}"}}"#))
+        .collect();
+    let answers = race(server, &client, from, bodies).await;
+    let applied = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .count();
+    assert_eq!(applied, 5, "500 covers five debits of 100: {answers:?}");
+    for refused in answers.iter().filter(|a| a.status != StatusCode::CREATED) {
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+        assert!(
+            refused.json()["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("insufficient-funds")
+        );
+    }
+    let source = account(server, &client, from).await;
+    assert_eq!(source["balance"], 0);
+    assert_eq!(source["version"], 6);
+    assert_eq!(account(server, &client, to).await["balance"], 500);
+}
+
+async fn lost_transfer_is_replayed_with_one_debit(server: &Server) {
+    let client = Client::new();
+    let (from, to) = (
+        open(server, &client, 500).await,
+        open(server, &client, 0).await,
+    );
+    let relay = Relay::start(server.addr).await;
+    relay.inject_request(Fault::LoseResponse, Some("POST"));
+    let body =
+        format!(r#"{{"to":{to},"amount":100,"expected_balance":500,"reference_id":"tx_789"}}"#);
+    let url = relay.url(&format!("/api/v1/accounts/{from}/transfers"));
+    let lost = client
+        .try_send(Method::POST, &url, None, &[JSON], Some(&body))
+        .await;
+    assert!(lost.is_err(), "the response was lost: {lost:?}");
+    // The retry's expected_balance is now false; the journal answers first.
+    let retry = transfer(&relay.url(""), &client, from, &body).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "a replay, not a 409: {retry:?}"
+    );
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["balance"], 400);
+    assert_eq!(
+        account(server, &client, from).await["balance"],
+        400,
+        "one debit"
+    );
+    assert_eq!(account(server, &client, to).await["balance"], 100);
+    // An Idempotency-Key beside the reference that differs from it: which one
+    // names the operation is ambiguous, 400 before any claim, nothing moved.
+    let url = server.url(&format!("/api/v1/accounts/{from}/transfers"));
+    let ambiguous = client
+        .send(Method::POST, &url, Some(&new_key()), &[JSON], Some(&body))
+        .await;
+    assert_eq!(ambiguous.status, StatusCode::BAD_REQUEST, "{ambiguous:?}");
+    assert!(
+        ambiguous.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("ambiguous-key"),
+        "{ambiguous:?}"
+    );
+    assert_eq!(account(server, &client, from).await["balance"], 400);
+}
+
+/// 32 transfers each way between two accounts at once: every one applies (no
+/// deadlock between opposite row locks), and the money is all still there.
+async fn opposite_transfers_all_apply(server: &Server) {
+    let client = Client::new();
+    let (a, b) = (
+        open(server, &client, 1000).await,
+        open(server, &client, 1000).await,
+    );
+    let barrier = Arc::new(Barrier::new(64));
+    let base = server.url("");
+    let tasks: Vec<_> = (0..64)
+        .map(|n| {
+            let (client, barrier, base) = (client.clone(), barrier.clone(), base.clone());
+            let (from, to) = if n % 2 == 0 { (a, b) } else { (b, a) };
+            tokio::spawn(async move {
+                let body = format!(r#"{{"to":{to},"amount":10,"reference_id":"swap_{n}"}}"#);
+                barrier.wait().await;
+                transfer(&base, &client, from, &body).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    }
+    let (a, b) = (
+        account(server, &client, a).await,
+        account(server, &client, b).await,
+    );
+    assert_eq!(a["balance"], 1000);
+    assert_eq!(b["balance"], 1000);
+    assert_eq!(a["version"], 65, "32 debits and 32 credits each");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opposite_transfers_all_apply_on_postgres() {
+    opposite_transfers_all_apply(&Server::start(Options::new(&postgres_url())).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opposite_transfers_all_apply_on_sqlite() {
+    let (db, _dir) = sqlite_url();
+    opposite_transfers_all_apply(&Server::start(Options::new(&db)).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_of_64_transfers_expecting_one_balance_applies_on_sqlite() {
+    let (db, _dir) = sqlite_url();
+    exactly_one_of_64_expecting_one_balance_applies(&Server::start(Options::new(&db)).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_of_64_transfers_expecting_one_balance_applies_on_postgres() {
+    exactly_one_of_64_expecting_one_balance_applies(
+        &Server::start(Options::new(&postgres_url())).await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_of_64_transfers_applies_with_the_records_in_redis() {
+    let (db, _dir) = sqlite_url();
+    let server = Server::start(Options::new(&db).store(&crate::support::server::redis_url())).await;
+    exactly_one_of_64_expecting_one_balance_applies(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn balances_never_go_negative_on_sqlite() {
+    let (db, _dir) = sqlite_url();
+    balances_never_go_negative(&Server::start(Options::new(&db)).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn balances_never_go_negative_on_postgres() {
+    balances_never_go_negative(&Server::start(Options::new(&postgres_url())).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_transfer_is_replayed_with_one_debit_on_sqlite() {
+    let (db, _dir) = sqlite_url();
+    lost_transfer_is_replayed_with_one_debit(&Server::start(Options::new(&db)).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_transfer_is_replayed_with_one_debit_on_postgres() {
+    lost_transfer_is_replayed_with_one_debit(&Server::start(Options::new(&postgres_url())).await)
+        .await;
+}
+
+/// After the record's TTL the journal no longer knows a reference, but the
+/// ledger does: the same transfer answers the one it made, another amount is
+/// 422 naming the field; neither debits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_records_ttl_the_ledger_still_knows_the_reference() {
+    let (db, _file) = sqlite_url();
+    let mut options = Options::new(&db);
+    options.ttl_seconds = 2;
+    options.lease_seconds = 1;
+    let server = Server::start(options).await;
+    let client = Client::new();
+    let (from, to) = (
+        open(&server, &client, 500).await,
+        open(&server, &client, 0).await,
+    );
+    let body = format!(r#"{{"to":{to},"amount":100,"reference_id":"tx_old"}}"#);
+    let first = transfer(&server.url(""), &client, from, &body).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    // Another amount first: the ledger refuses it (its claim is undone), so the
+    // journal holds nothing under the reference for the same transfer after it.
+    let other = body.replace("\"amount\":100", "\"amount\":60");
+    let other = transfer(&server.url(""), &client, from, &other).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{other:?}");
+    assert_eq!(other.json()["fields"], serde_json::json!(["amount"]));
+    let same = transfer(&server.url(""), &client, from, &body).await;
+    assert!(same.status.is_success(), "{same:?}");
+    assert_eq!(same.json()["transfer_id"], first.json()["transfer_id"]);
+    assert_eq!(
+        account(&server, &client, from).await["balance"],
+        400,
+        "one debit"
+    );
+}
