@@ -4,8 +4,8 @@
  * @module
  */
 
-/** Where idemgate's problem types live; every idemgate `type` URI starts with it. */
-export const PROBLEM_BASE = "https://idemgate.dev/problems/";
+/** The default base of idemgate's problem types (the operator may set another: `--problem-type-base`). */
+export const PROBLEM_BASE = "/problems/";
 
 /**
  * An `application/problem+json` answer (RFC 9457), as the server sent it.
@@ -14,7 +14,7 @@ export const PROBLEM_BASE = "https://idemgate.dev/problems/";
  * read as RFC 9457 says: type `about:blank`, the status text as the title.
  */
 export interface Problem {
-  /** The problem type URI (`https://idemgate.dev/problems/…` for idemgate's own). */
+  /** The problem type URI (`/problems/…` for idemgate's own). */
   readonly type: string;
   /** Short, the same for every occurrence of the type. */
   readonly title: string | undefined;
@@ -26,9 +26,14 @@ export interface Problem {
   readonly body: Readonly<Record<string, unknown>> | undefined;
 }
 
-/** Whether `problem` is idemgate's problem with this slug (`key-reused`, …): the type URI decides, never the wording. */
+/**
+ * Whether `problem` is idemgate's problem with this slug (`key-reused`, …): the type URI decides, never the wording.
+ * The operator may set the types' base (`--problem-type-base`), so the slug is compared: the type's last segment
+ * after a `/`, `:` or `#`.
+ */
 export function isIdemgateProblem(problem: Problem, slug: string): boolean {
-  return problem.type === PROBLEM_BASE + slug;
+  const type = problem.type;
+  return type.endsWith(slug) && ["/", ":", "#"].includes(type.charAt(type.length - slug.length - 1));
 }
 
 /** Reads the problem from an answer's parts. */

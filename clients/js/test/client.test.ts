@@ -113,7 +113,7 @@ test("a 409 whose Retry-After ends past the deadline is InProgressError, without
     .then(() => assert.fail("the first attempt still runs"), (e: unknown) => e);
   assert.ok(error instanceof InProgressError, String(error));
   assert.ok(error.retryAfter !== undefined && error.retryAfter >= 1_000, `${error.retryAfter}`);
-  assert.equal(error.problem.type, "https://idemgate.dev/problems/in-progress");
+  assert.equal(error.problem.type, "/problems/in-progress");
   assert.equal(error.mayHaveRun, true);
   assert.equal(error.attempts, 1, "a Retry-After past the deadline is not waited for");
   assert.equal((await s.relay.stats()).requests, 1);
@@ -133,7 +133,7 @@ test("a changed body under the same key is KeyReusedError, never retried", TIMEO
   );
   assert.ok(error instanceof KeyReusedError, String(error));
   assert.equal(error.problem.status, 422);
-  assert.equal(error.problem.type, "https://idemgate.dev/problems/key-reused");
+  assert.equal(error.problem.type, "/problems/key-reused");
   assert.ok(error.problem.title && error.problem.detail);
   assert.equal(error.mayHaveRun, false, "this request was not run");
   assert.equal(error.attempts, 1);
@@ -209,7 +209,7 @@ test("a refused order is RejectedError with its problem, not retried", TIMEOUT, 
     .then(() => assert.fail("an empty order is refused"), (e: unknown) => e);
   assert.ok(error instanceof RejectedError, String(error));
   assert.equal(error.status, 400);
-  assert.equal(error.problem.type, "https://idemgate.dev/problems/invalid-order");
+  assert.equal(error.problem.type, "/problems/invalid-order");
   assert.ok(error.problem.title && error.problem.detail);
   assert.equal(error.replayed, false);
   assert.equal(error.mayHaveRun, false);

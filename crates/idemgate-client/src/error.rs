@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
-use idemgate_core::wire::{IN_PROGRESS, KEY_REUSED, problem_type};
+use idemgate_core::wire::{IN_PROGRESS, KEY_REUSED, is_problem};
 use serde::Deserialize;
 
 /// An `application/problem+json` answer (RFC 9457), as the server sent it.
@@ -13,7 +13,7 @@ use serde::Deserialize;
 /// read as RFC 9457 says: type `about:blank`, the status's reason as the title.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    /// The problem type URI (`https://idemgate.dev/problems/…` for idemgate's own).
+    /// The problem type URI (`/problems/…` for idemgate's own under the default base).
     pub type_uri: String,
     /// Short, the same for every occurrence of the type.
     pub title: Option<String>,
@@ -55,7 +55,7 @@ impl Problem {
     /// Whether this is idemgate's problem with this slug (`key-reused`, …): the
     /// type URI decides, never the wording of the title or detail.
     pub fn is_idemgate(&self, slug: &str) -> bool {
-        self.type_uri == problem_type(slug)
+        is_problem(&self.type_uri, slug)
     }
 }
 
@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn key_reused_is_recognised_by_its_type_not_its_text() {
-        let body = br#"{"type":"https://idemgate.dev/problems/key-reused","title":"t","status":422,"detail":"d"}"#;
+        let body = br#"{"type":"/problems/key-reused","title":"t","status":422,"detail":"d"}"#;
         let error = Error::from_answer(
             StatusCode::UNPROCESSABLE_ENTITY,
             &problem_headers(),
@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn five_hundreds_and_in_progress_may_have_run_four_hundreds_not() {
-        let in_progress = br#"{"type":"https://idemgate.dev/problems/in-progress"}"#;
+        let in_progress = br#"{"type":"/problems/in-progress"}"#;
         let error =
             Error::from_answer(StatusCode::CONFLICT, &problem_headers(), in_progress, false);
         assert!(matches!(error, Error::StillInProgress { .. }) && error.may_have_run());

@@ -37,8 +37,11 @@
 //! ```
 
 pub mod cache;
+pub mod compression;
 pub mod deadline;
 pub mod decide;
+pub mod encoding;
+pub mod estimate;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;

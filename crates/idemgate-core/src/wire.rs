@@ -7,8 +7,15 @@ use http::header::HeaderName;
 /// Marks every replayed response (`Idempotent-Replayed: true`).
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// Where the problem types are documented; every `type` URI starts with it.
-pub const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
+/// The default base of the problem types: every `type` URI starts with it unless
+/// the operator sets their own (`--problem-type-base`, the layer's
+/// `with_problem_type_base`).
+///
+/// A relative reference with the full path (RFC 9457 §3.1.1 recommends that form
+/// for relative `type`s): it resolves against the API that answered, which is the
+/// operator's, so the default claims no domain the project does not control.
+/// `docs/problems.md` documents every slug.
+pub const PROBLEM_BASE: &str = "/problems/";
 
 /// The slug of the 422 "key reused with a different request" problem.
 pub const KEY_REUSED: &str = "key-reused";
@@ -16,12 +23,29 @@ pub const KEY_REUSED: &str = "key-reused";
 /// The slug of the 409 "request in progress" problem.
 pub const IN_PROGRESS: &str = "in-progress";
 
-/// The full `type` URI of the problem with this slug.
+/// The full `type` URI of the problem with this slug, under the default base.
 ///
 /// ```
 /// use idemgate_core::wire::{problem_type, KEY_REUSED};
-/// assert_eq!(problem_type(KEY_REUSED), "https://idemgate.dev/problems/key-reused");
+/// assert_eq!(problem_type(KEY_REUSED), "/problems/key-reused");
 /// ```
 pub fn problem_type(slug: &str) -> String {
     format!("{PROBLEM_BASE}{slug}")
+}
+
+/// Whether `type_uri` names idemgate's problem `slug` under any base: the
+/// operator's base is not known to a client, so the slug is what it compares —
+/// the last segment after a `/`, `:` or `#`.
+///
+/// ```
+/// use idemgate_core::wire::{is_problem, KEY_REUSED};
+/// assert!(is_problem("/problems/key-reused", KEY_REUSED));
+/// assert!(is_problem("https://errors.example.com/idempotency/key-reused", KEY_REUSED));
+/// assert!(is_problem("urn:example:key-reused", KEY_REUSED));
+/// assert!(!is_problem("https://example.com/not-key-reused", KEY_REUSED));
+/// ```
+pub fn is_problem(type_uri: &str, slug: &str) -> bool {
+    type_uri
+        .strip_suffix(slug)
+        .is_some_and(|base| base.ends_with(['/', ':', '#']))
 }

@@ -236,9 +236,6 @@ mod tests {
         );
         let problem: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(problem["status"], 503);
-        assert_eq!(
-            problem["type"],
-            "https://idemgate.dev/problems/connection-limit"
-        );
+        assert_eq!(problem["type"], "/problems/connection-limit");
     }
 }

@@ -14,7 +14,9 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 use base64::Engine as _;
-use http::header::{CONNECTION, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE};
+use http::header::{
+    ACCEPT_ENCODING, CONNECTION, HOST, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, UPGRADE,
+};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
@@ -301,6 +303,7 @@ impl Forward {
             .extensions()
             .get::<OperationContext>()
             .map(OperationContext::downstream_key);
+        let covered = derived_key.is_some();
         // An HTTP/2 client names the host in the URI (`:authority`), not in Host.
         let authority = request.uri().authority().cloned();
         let target = self.upstream.target(request.uri());
@@ -319,6 +322,14 @@ impl Forward {
             ForwardKey::None => {
                 headers.remove(IDEMPOTENCY_KEY);
             }
+        }
+        if covered {
+            // What is stored is what every retry can read: the representation
+            // itself, not a coding the first client happened to accept
+            // (PROTOCOL §7). The replay is then acceptable under any retry's
+            // Accept-Encoding; the layer still decodes a stored coding a retry
+            // refuses, should an upstream compress regardless.
+            headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         }
         if !headers.contains_key(HOST)
             && let Some(host) = authority.and_then(|a| HeaderValue::try_from(a.as_str()).ok())

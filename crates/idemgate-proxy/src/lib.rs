@@ -353,6 +353,8 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
             .with_path_fold(default_fold)
             .layer(forward.clone()),
     };
+    // The layer's problem style, for the refusals made before the layer.
+    let style = idempotency.problem_style().clone();
     let builder = RouteBuilder {
         idempotency,
         forward,
@@ -369,6 +371,7 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
         routes: Arc::clone(&routes),
     };
     let router = Router::new().fallback_service(Dispatch {
+        style,
         guard: Arc::new(guard::Guard {
             path_policy: config.path_policy,
             underscore_headers: config.underscore_headers,
@@ -494,6 +497,8 @@ struct DefaultRoute {
 /// of the first route that matches it, else to the defaults'.
 #[derive(Clone, Debug)]
 struct Dispatch {
+    /// The layer's problem style, for the refusals made before the layer.
+    style: idemgate::problem::ProblemStyle,
     guard: Arc<guard::Guard>,
     /// Read once per request ([`RouteTable`]).
     routes: Arc<ArcSwap<Vec<DispatchRoute>>>,
@@ -562,7 +567,9 @@ impl Service<Request<Body>> for Dispatch {
             Ok(service) => Box::pin(service.oneshot(request)),
             Err(problem) => {
                 tracing::debug!(problem = %problem.type_uri, "request refused before the layer");
-                Box::pin(std::future::ready(Ok(problem.into_response())))
+                Box::pin(std::future::ready(Ok(self
+                    .style
+                    .restyle(problem.into_response()))))
             }
         }
     }

@@ -32,6 +32,7 @@ use http::{Method, StatusCode};
 use idemgate::fingerprint::{BodySelection, JsonPointer};
 use idemgate::key::{ContentDedup, KeySource};
 use idemgate::path::PathFold;
+use idemgate::problem::ProblemShape;
 use idemgate::scope::normalize_path;
 use idemgate::{IdempotencyLayer, ServerErrorPolicy, StrategyMode};
 
@@ -97,6 +98,8 @@ pub(crate) struct RoutePolicy {
     fingerprint: Option<BodySelection>,
     pub(crate) rejections: Option<Vec<StatusCode>>,
     forward_key: Option<ForwardKey>,
+    /// The route's problem body shape; `None`: the proxy-wide one.
+    problem_shape: Option<ProblemShape>,
     /// Where the route's key is read (`key = "json:/reference_id"`); `None`: the
     /// `Idempotency-Key` header.
     key: Option<KeySource>,
@@ -295,6 +298,9 @@ impl RoutePolicy {
             .with_path_fold(fold);
         if let Some(require) = self.require_key {
             layer = layer.with_require_key(require);
+        }
+        if let Some(shape) = self.problem_shape {
+            layer = layer.with_problem_shape(shape);
         }
         if let Some(ttl) = self.ttl {
             layer = layer.with_ttl(ttl);
@@ -533,6 +539,7 @@ struct RouteEntry {
     rejections: Option<Vec<Rejection>>,
     fingerprint: Option<FingerprintSetting>,
     forward_key: Option<ForwardKey>,
+    problem_shape: Option<ProblemShapeSetting>,
     key: Option<toml::Spanned<KeySourceText>>,
     dedup: Option<toml::Spanned<DedupSetting>>,
     mode: Option<toml::Spanned<ModeSetting>>,
@@ -637,6 +644,10 @@ impl RouteEntry {
                     .rejections
                     .map(|statuses| statuses.into_iter().map(|s| s.0).collect()),
                 forward_key: self.forward_key,
+                problem_shape: self.problem_shape.map(|shape| match shape {
+                    ProblemShapeSetting::Rfc9457 => ProblemShape::Rfc9457,
+                    ProblemShapeSetting::Stripe => ProblemShape::Stripe,
+                }),
                 key,
                 dedup,
                 mode,
@@ -770,6 +781,14 @@ impl TryFrom<u16> for Rejection {
             )),
         }
     }
+}
+
+/// `problem_shape = "rfc9457" | "stripe"`.
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ProblemShapeSetting {
+    Rfc9457,
+    Stripe,
 }
 
 #[derive(Deserialize)]
@@ -924,6 +943,7 @@ mod tests {
             safe_method_body = "forward"
             upstream_idle_timeout_ms = 1500
             upstream_response_timeout_ms = 60000
+            problem_shape = "stripe"
 
             [[route]]
             method = "POST"
@@ -959,6 +979,7 @@ mod tests {
         assert!(policy.format_suffix);
         assert_eq!(policy.method_override, Some(MethodOverride::Honour));
         assert_eq!(policy.safe_method_body, Some(SafeMethodBodies::Forward));
+        assert_eq!(policy.problem_shape, Some(ProblemShape::Stripe));
         assert_eq!(
             policy.upstream_idle_timeout,
             Some(Duration::from_millis(1500))

@@ -87,7 +87,10 @@ impl ResponseCodec {
     /// The value stored in the record's `rs` field.
     pub fn encode(&self, response: &StoredResponse) -> Vec<u8> {
         let plain = response.encode();
+        // A body the layer already compressed (idemgate_core::compression, the
+        // codec every store shares) is not compressed twice.
         if plain.len() > self.threshold
+            && !idemgate_core::compression::is_compressed(response)
             && let Ok(compressed) = zstd::bulk::compress(&plain, self.level)
             && compressed.len() < plain.len()
         {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Parser, Subcommand};
 use idemgate::cache::ReplayCacheConfig;
+use idemgate::problem::{ProblemShape, ProblemStyle};
 use idemgate_listener::ListenerOptions;
 
 use crate::config::{
@@ -189,6 +190,16 @@ pub struct ServeArgs {
     )]
     pub simulated_gateway_delay_ms: u64,
 
+    /// Refuse a POST or PATCH to the orders routes without an Idempotency-Key:
+    /// 400 problem+json `missing-key`, nothing charged or stored. Off by default
+    /// (a keyless request then runs every time it is sent).
+    #[arg(
+        long,
+        env = "IDEMGATE_REQUIRE_KEY",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub require_key: bool,
+
     /// Record timing: TTL, lease, wait mode, store timeout.
     #[command(flatten)]
     pub layer: LayerArgs,
@@ -237,7 +248,10 @@ pub struct LayerArgs {
     pub lease: u64,
 
     /// How long a duplicate of a running request waits for its outcome before
-    /// answering 409, in milliseconds (0: answer 409 at once).
+    /// answering 409, in milliseconds (0: answer 409 at once). A 409's
+    /// Retry-After estimates the time left from the route's recent executions;
+    /// for SDKs that retry a 409 fast without reading it (Stripe's), set this a
+    /// little above the operation's usual duration.
     #[arg(
         long,
         env = "IDEMPOTENCY_WAIT_MS",
@@ -257,6 +271,38 @@ pub struct LayerArgs {
         value_name = "MS"
     )]
     pub store_timeout_ms: u64,
+
+    /// The base of every idemgate problem `type` URI, so types point at your own
+    /// documentation of the slugs (docs/problems.md), e.g.
+    /// https://docs.example.com/errors/ (the slug is appended). The default,
+    /// /problems/, is relative: it claims no domain.
+    #[arg(
+        long,
+        env = "IDEMGATE_PROBLEM_TYPE_BASE",
+        default_value = idemgate::problem::PROBLEM_BASE,
+        value_name = "URL"
+    )]
+    pub problem_type_base: String,
+
+    /// Send `Link: <type URI>; rel="describedby"` with every problem.
+    #[arg(
+        long,
+        env = "IDEMGATE_PROBLEM_LINK",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub problem_link: bool,
+
+    /// The body of error answers: `rfc9457` (application/problem+json) or
+    /// `stripe` (Stripe's `{"error": {"type": "idempotency_error", …}}`, a reused
+    /// key as 400), so Stripe-shaped SDKs raise their idempotency error.
+    #[arg(
+        long,
+        env = "IDEMGATE_PROBLEM_SHAPE",
+        value_enum,
+        default_value_t = ProblemShapeArg::Rfc9457,
+        value_name = "SHAPE"
+    )]
+    pub problem_shape: ProblemShapeArg,
 
     /// How many completed records this process keeps in memory to answer replays
     /// without a store round trip (0: no replay cache).
@@ -331,7 +377,27 @@ impl LayerArgs {
                 "must be at least 1 (turn the cache off with --replay-cache-entries 0)",
             ));
         }
+        let base = &self.problem_type_base;
+        if base.is_empty()
+            || !base
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !matches!(b, b'<' | b'>' | b'"'))
+        {
+            return Err(ConfigError::new(
+                "--problem-type-base",
+                "IDEMGATE_PROBLEM_TYPE_BASE",
+                format!("expected a URI (visible ASCII, no spaces, <, > or \"), got {base:?}"),
+            ));
+        }
+        let shape = match self.problem_shape {
+            ProblemShapeArg::Rfc9457 => ProblemShape::Rfc9457,
+            ProblemShapeArg::Stripe => ProblemShape::Stripe,
+        };
         Ok(LayerSettings {
+            problem_style: ProblemStyle::default()
+                .with_base(base.clone())
+                .with_link(self.problem_link)
+                .with_shape(shape),
             ttl: Duration::from_secs(self.ttl),
             lease: Duration::from_secs(self.lease),
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
@@ -343,6 +409,15 @@ impl LayerArgs {
             }),
         })
     }
+}
+
+/// `--problem-shape`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProblemShapeArg {
+    /// `application/problem+json` (RFC 9457).
+    Rfc9457,
+    /// Stripe's error object.
+    Stripe,
 }
 
 /// How the process stops and logs, flattened into `serve` and `proxy`.

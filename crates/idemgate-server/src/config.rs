@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use idemgate::cache::ReplayCacheConfig;
+use idemgate::problem::ProblemStyle;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -141,7 +142,7 @@ pub enum DatabaseUrl {
 
 /// How the idempotency layer runs, from the flags every serving subcommand shares:
 /// record timing and the replay cache in front of the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerSettings {
     /// Record TTL.
     pub ttl: Duration,
@@ -153,6 +154,8 @@ pub struct LayerSettings {
     pub store_timeout: Duration,
     /// The replay cache's bounds; `None`: off.
     pub replay_cache: Option<ReplayCacheConfig>,
+    /// How problems are sent: type base, `Link`, body shape.
+    pub problem_style: ProblemStyle,
 }
 
 /// The bearer token of the admin key API, kept as its SHA-256 so that comparing a

@@ -36,7 +36,10 @@ pub fn layer(store: Arc<dyn Store>, settings: &LayerSettings) -> IdempotencyLaye
         .with_ttl(settings.ttl)
         .with_lease(settings.lease)
         .with_store_timeout(settings.store_timeout)
-        .with_unavailable_retry_after(UNAVAILABLE_RETRY_AFTER);
+        .with_unavailable_retry_after(UNAVAILABLE_RETRY_AFTER)
+        .with_problem_type_base(settings.problem_style.base())
+        .with_problem_link(settings.problem_style.link())
+        .with_problem_shape(settings.problem_style.shape());
     match settings.wait {
         Some(wait) => layer.with_wait(wait),
         None => layer,

@@ -15,6 +15,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::http::Method;
 use base64::Engine as _;
+use idemgate::compression::decompress;
 use idemgate::key::{DEFAULT_MAX_KEY_LENGTH, IdempotencyKey, KeyError};
 use idemgate::record::{Record, StoredBody};
 use idemgate::scope::{Identity, Scope, normalize_path};
@@ -128,6 +129,10 @@ pub struct ResponseView {
     /// The body's size in bytes, when kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_bytes: Option<usize>,
+    /// The bytes the store keeps for the body, when kept: less than
+    /// `body_bytes` when it is stored compressed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stored_body_bytes: Option<usize>,
     /// The headers in replay order, when asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<Vec<(String, String)>>,
@@ -172,7 +177,14 @@ impl KeyView {
 }
 
 fn response_view(record: &Record, with_body: bool) -> Option<ResponseView> {
-    let response = record.response()?;
+    let stored = record.response()?;
+    let stored_body_bytes = match &stored.body {
+        StoredBody::Retained(body) => Some(body.len()),
+        StoredBody::NotRetained => None,
+    };
+    // What replays send: the body as the handler answered it. A body that does
+    // not decompress is shown as stored (a replay of it answers store-corrupt).
+    let response = &decompress(stored).unwrap_or_else(|_| stored.clone());
     let body = match &response.body {
         StoredBody::Retained(body) => Some(body),
         StoredBody::NotRetained => None,
@@ -182,6 +194,7 @@ fn response_view(record: &Record, with_body: bool) -> Option<ResponseView> {
         header_count: response.headers.len(),
         body_retained: body.is_some(),
         body_bytes: body.map(|body| body.len()),
+        stored_body_bytes,
         headers: with_body.then(|| {
             response
                 .headers

@@ -10,12 +10,14 @@ mod support;
 mod e2e {
     mod conditional;
     mod connections;
+    mod encodings;
     mod eviction;
     mod keys;
     mod manual;
     mod monitoring;
     mod natural_keys;
     mod otlp;
+    mod problem_types;
     mod proxy;
     mod proxy_conditional;
     mod proxy_guard;
@@ -23,6 +25,8 @@ mod e2e {
     mod proxy_policies;
     mod reload;
     mod replay_cache;
+    mod require_key;
+    mod retry_after;
     mod strict_input;
     mod transfers;
 }
@@ -173,10 +177,15 @@ async fn tampered_payload_is_422_and_charges_nothing_more() {
         )
         .await;
     assert_eq!(tampered.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(
-        tampered.problem_type(),
-        "https://idemgate.dev/problems/key-reused"
+    assert_eq!(tampered.problem_type(), "/problems/key-reused");
+    // The detail promises what the fingerprint covers, not method or path: those
+    // are the scope, so another method or path is a new operation.
+    let detail = tampered.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("on this endpoint") && detail.contains("body"),
+        "{detail}"
     );
+    assert!(!detail.contains("method"), "{detail}");
     assert_eq!(client.orders(&server.url("")).await.len(), 1);
     assert_eq!(gateway.calls().len(), 1);
 }
@@ -245,10 +254,7 @@ async fn invalid_keys_and_missing_tokens_are_refused_and_create_nothing() {
     for key in ["a,b", "\"a\";p=1", "\"open", too_long.as_str()] {
         let answer = client.post(&orders_url(&server), Some(key), ORDER).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "key {key:?}");
-        assert_eq!(
-            answer.problem_type(),
-            "https://idemgate.dev/problems/invalid-key"
-        );
+        assert_eq!(answer.problem_type(), "/problems/invalid-key");
     }
     let anonymous = reqwest::Client::new()
         .post(orders_url(&server))
@@ -283,10 +289,7 @@ async fn a_bad_body_then_the_corrected_body_with_the_same_key_makes_one_order() 
     ] {
         let answer = client.post(&orders_url(&server), Some(&key), bad).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
-        assert_eq!(
-            answer.problem_type(),
-            "https://idemgate.dev/problems/invalid-order"
-        );
+        assert_eq!(answer.problem_type(), "/problems/invalid-order");
     }
     let good = client.post(&orders_url(&server), Some(&key), ORDER).await;
     assert_eq!(
@@ -312,10 +315,7 @@ async fn a_gateway_failure_then_a_retry_makes_one_order_and_one_charge() {
     gateway.inject(Fault::FailAfterCharging(503));
     let failed = client.post(&orders_url(&server), Some(&key), ORDER).await;
     assert_eq!(failed.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(
-        failed.problem_type(),
-        "https://idemgate.dev/problems/gateway-failed"
-    );
+    assert_eq!(failed.problem_type(), "/problems/gateway-failed");
     assert!(client.orders(&server.url("")).await.is_empty());
     let retry = client.post(&orders_url(&server), Some(&key), ORDER).await;
     assert_eq!(
@@ -364,10 +364,7 @@ async fn a_declined_payment_is_402_and_replayed() {
     gateway.inject(Fault::Decline);
     let declined = client.post(&orders_url(&server), Some(&key), ORDER).await;
     assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
-    assert_eq!(
-        declined.problem_type(),
-        "https://idemgate.dev/problems/payment-declined"
-    );
+    assert_eq!(declined.problem_type(), "/problems/payment-declined");
     let again = client.post(&orders_url(&server), Some(&key), ORDER).await;
     assert_eq!(again.status, StatusCode::PAYMENT_REQUIRED);
     assert!(again.replayed(), "a decline is final");
@@ -737,6 +734,8 @@ fn serve_help_names_every_flag_and_variable() {
         "IDEMGATE_MAX_CONNECTIONS",
         "--otlp",
         "IDEMGATE_OTLP",
+        "--require-key",
+        "IDEMGATE_REQUIRE_KEY",
     ] {
         assert!(
             help.contains(needle),
@@ -776,10 +775,7 @@ async fn a_duplicate_of_a_running_request_is_409_then_replayed() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let duplicate = client.post(&orders_url(&server), Some(&key), ORDER).await;
     assert_eq!(duplicate.status, StatusCode::CONFLICT);
-    assert_eq!(
-        duplicate.problem_type(),
-        "https://idemgate.dev/problems/in-progress"
-    );
+    assert_eq!(duplicate.problem_type(), "/problems/in-progress");
     let retry_after: u64 = duplicate.headers["retry-after"]
         .to_str()
         .unwrap()

@@ -16,12 +16,11 @@ use crate::problem::Problem;
 use crate::{BusinessTransaction, SqlStore};
 
 /// The problem `type` of [`TxRejection::NotBehindLayer`].
-pub const PROBLEM_NOT_BEHIND_LAYER: &str =
-    "https://idemgate.dev/problems/transaction-without-layer";
+pub const PROBLEM_NOT_BEHIND_LAYER: &str = "/problems/transaction-without-layer";
 /// The problem `type` of [`TxRejection::AlreadyLent`].
-pub const PROBLEM_ALREADY_LENT: &str = "https://idemgate.dev/problems/transaction-already-taken";
+pub const PROBLEM_ALREADY_LENT: &str = "/problems/transaction-already-taken";
 /// The problem `type` of [`TxRejection::Unavailable`].
-pub const PROBLEM_UNAVAILABLE: &str = "https://idemgate.dev/problems/store-unavailable";
+pub const PROBLEM_UNAVAILABLE: &str = "/problems/store-unavailable";
 
 /// A business transaction that commits together with the idempotency record.
 ///

@@ -24,7 +24,7 @@ use crate::fixtures::{acquire, awkward_response, completion, fresh_request};
 use crate::http::{Answer, PROBLEM_JSON};
 
 /// The problem `type` of a misconfigured store (`docs/problems.md`).
-pub const STORE_MISCONFIGURED: &str = "https://idemgate.dev/problems/store-misconfigured";
+pub const STORE_MISCONFIGURED: &str = "/problems/store-misconfigured";
 
 /// A router whose `POST /orders` answers 201 and counts how often it ran.
 pub fn counting_orders(executions: Arc<AtomicUsize>) -> Router {

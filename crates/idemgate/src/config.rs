@@ -14,8 +14,10 @@ use idemgate_core::fingerprint::BodySelection;
 use idemgate_core::key::{ContentDedup, KeySource};
 use idemgate_core::path::PathFold;
 
+use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::PrincipalExtractor;
+use crate::problem::ProblemStyle;
 use crate::tasks::{DetachedTasks, InFlightLimit};
 
 /// Which path names the scope and the fingerprint.
@@ -79,6 +81,9 @@ pub(crate) struct Config {
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) fingerprint_body: BodySelection,
     pub(crate) replay_set_cookie: bool,
+    /// Stored bodies larger than this are kept zstd-compressed
+    /// (`idemgate_core::compression`); `usize::MAX`: never.
+    pub(crate) compression_threshold: usize,
     /// `Retry-After` of the 503s for store trouble (unavailable, full, a
     /// transaction that did not commit).
     pub(crate) unavailable_retry_after: Duration,
@@ -87,9 +92,14 @@ pub(crate) struct Config {
     /// losing races, or a fenced completion found no readable record).
     pub(crate) busy_retry_after: Duration,
     pub(crate) in_flight_limit: InFlightLimit,
+    /// How the layer's problems, and its handler's, are sent (and stored).
+    pub(crate) problem_style: ProblemStyle,
     /// Created once with the layer and never replaced: every handle from
     /// [`IdempotencyLayer::detached_tasks`] tracks the tasks the layer spawns.
     pub(crate) tasks: DetachedTasks,
+    /// The recent execution durations of each route, for the 409's
+    /// `Retry-After`; created once with the layer and shared by its clones.
+    pub(crate) durations: Arc<RouteDurations>,
 }
 
 /// How long a duplicate waits for the first request instead of getting 409.

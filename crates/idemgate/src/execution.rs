@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, BodyStream, StreamBody};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
+use idemgate_core::compression::compress;
 use idemgate_core::deadline::DeadlineExceeded;
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
@@ -24,6 +25,7 @@ use idemgate_core::{
 
 use crate::config::Config;
 use crate::context::OperationContext;
+use crate::durations::in_progress_hint;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::Handler;
 use crate::problem::ProblemDetails;
@@ -38,6 +40,12 @@ pub(crate) struct Execution {
     /// successful claim or renewal plus the lease length. Store writes are retried
     /// until then.
     lease_deadline: Arc<Mutex<Instant>>,
+    /// The route's key in the layer's recent durations
+    /// (`crate::durations::route_key`): this run's duration joins them.
+    route: String,
+    /// The request's `Accept-Encoding`, for the winner's replay when our
+    /// completion is fenced off.
+    accept_encoding: Option<String>,
 }
 
 /// The handler's answer, its body read up to the stored-response limit.
@@ -65,12 +73,20 @@ enum Written {
 }
 
 impl Execution {
-    pub(crate) fn new(config: Arc<Config>, lease: Lease, claimed_at: Instant) -> Self {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        lease: Lease,
+        claimed_at: Instant,
+        route: String,
+        accept_encoding: Option<String>,
+    ) -> Self {
         let deadline = claimed_at + config.lease;
         Self {
             config,
             lease,
             lease_deadline: Arc::new(Mutex::new(deadline)),
+            route,
+            accept_encoding,
         }
     }
 
@@ -115,8 +131,12 @@ impl Execution {
     ) -> Response<Body> {
         let renewal = self.start_renewal();
         let limit = self.config.response_limit;
+        let style = self.config.problem_style.clone();
+        let started = Instant::now();
         let handled = async move {
-            let response = handler.call(request).await?;
+            // The handler's problems in the layer's style before they are
+            // stored, so a replay is what the first answer was.
+            let response = style.restyle(handler.call(request).await?);
             collect(response, limit).await
         };
         let handled = match AssertUnwindSafe(handled).catch_unwind().await {
@@ -127,7 +147,11 @@ impl Execution {
                 tracing::error!(status = %handled.parts.status, "the handler answered a covered request with an informational status; answered and settled as a failure");
                 Err(ProblemDetails::handler_failed())
             }
-            Ok(Ok(handled)) => Ok(handled),
+            Ok(Ok(handled)) => {
+                // What a duplicate's 409 estimates from: handlers that answered.
+                self.config.durations.record(&self.route, started.elapsed());
+                Ok(handled)
+            }
             Ok(Err(error)) => {
                 tracing::error!(%error, "handler failed");
                 // A body that broke off with a known cause (an upstream that
@@ -256,7 +280,7 @@ impl Execution {
         let status =
             StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let settlement = settlement_for(status, None, self.config.server_error_policy, rolled_back);
-        let (response, body) = problem.render();
+        let (response, body) = problem.render(&self.config.problem_style);
         self.write_settlement(
             settlement,
             transaction,
@@ -299,11 +323,16 @@ impl Execution {
         };
         let completion = Completion {
             status,
-            response: StoredResponse {
-                status: response.status(),
-                headers: storable_headers(response.headers(), self.config.replay_set_cookie),
-                body: stored_body,
-            },
+            // Stored small: a body over the threshold is kept compressed, by
+            // the one codec every store shares.
+            response: compress(
+                StoredResponse {
+                    status: response.status(),
+                    headers: storable_headers(response.headers(), self.config.replay_set_cookie),
+                    body: stored_body,
+                },
+                self.config.compression_threshold,
+            ),
             ttl: self.config.ttl,
         };
         let written = match transaction {
@@ -424,9 +453,10 @@ impl Execution {
             _ => return ProblemDetails::in_progress(self.config.busy_retry_after).into_response(),
         };
         match decide(&snapshot, &snapshot.record.fingerprint) {
-            Decision::Replay(stored) => replay(stored),
+            Decision::Replay(stored) => replay(stored, self.accept_encoding.as_deref()),
             Decision::InProgress { retry_after } => {
-                ProblemDetails::in_progress(retry_after).into_response()
+                let hint = in_progress_hint(&self.config, &self.route, &snapshot, retry_after);
+                ProblemDetails::in_progress(hint).into_response()
             }
             Decision::Mismatch | Decision::Claimable => {
                 ProblemDetails::in_progress(self.config.busy_retry_after).into_response()

@@ -13,8 +13,10 @@ use idemgate_core::key::{ContentDedup, DEFAULT_MAX_KEY_LENGTH, KeySource};
 use idemgate_core::path::PathFold;
 
 use crate::config::{Config, PathSource, StrategyMode, WaitMode};
+use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
+use crate::problem::{ProblemShape, ProblemStyle};
 use crate::service::Idempotency;
 use crate::tasks::{DetachedTasks, InFlightLimit};
 
@@ -87,10 +89,13 @@ impl IdempotencyLayer {
                 fingerprint_headers: Vec::new(),
                 fingerprint_body: BodySelection::Whole,
                 replay_set_cookie: false,
+                compression_threshold: idemgate_core::compression::DEFAULT_THRESHOLD,
                 unavailable_retry_after: Duration::from_secs(1),
                 busy_retry_after: Duration::from_secs(1),
                 in_flight_limit: InFlightLimit::new(1024),
+                problem_style: ProblemStyle::default(),
                 tasks: DetachedTasks::new(),
+                durations: Arc::new(RouteDurations::default()),
             }),
         }
     }
@@ -351,6 +356,18 @@ impl IdempotencyLayer {
         self.with(|c| c.replay_set_cookie = replay)
     }
 
+    /// Stored response bodies larger than `bytes` (default 1 KiB) are kept
+    /// zstd-compressed on whatever store, and decompressed for their replays;
+    /// `usize::MAX` stores every body as it is. Records stored either way replay.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_compression_threshold(4096);
+    /// ```
+    pub fn with_compression_threshold(self, bytes: usize) -> Self {
+        self.with(|c| c.compression_threshold = bytes)
+    }
+
     /// The most keyed requests running at once (default 1024); beyond it, 503
     /// before any claim.
     ///
@@ -393,8 +410,9 @@ impl IdempotencyLayer {
 
     /// The `Retry-After` sent when the layer is busy (default 1 s): the 503 for too
     /// many keyed requests in flight, and a 409 whose record does not say how long
-    /// its lease has left. A 409 for a running request otherwise says the seconds
-    /// left on that request's lease.
+    /// its lease has left. A 409 for a running request otherwise says the time the
+    /// route's recent executions suggest it has left, at most the seconds left on
+    /// its lease ([`crate::estimate::retry_after`]).
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -402,6 +420,49 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_busy_retry_after(self, after: Duration) -> Self {
         self.with(|c| c.busy_retry_after = after)
+    }
+
+    /// The base of every idemgate problem `type` URI (default
+    /// [`crate::problem::PROBLEM_BASE`], `/problems/`, which claims no domain),
+    /// so types point at the operator's own documentation of the slugs in
+    /// `docs/problems.md`. Applies to the layer's problems and to the
+    /// [`crate::ProblemDetails`] its handler answers, before they are stored.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_problem_type_base("https://docs.example.com/errors/");
+    /// ```
+    pub fn with_problem_type_base(self, base: impl Into<String>) -> Self {
+        let base = base.into();
+        self.with(|c| c.problem_style = c.problem_style.clone().with_base(base))
+    }
+
+    /// Send `Link: <type URI>; rel="describedby"` with every problem (off by
+    /// default), for clients that follow links to documentation.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_problem_link(true);
+    /// ```
+    pub fn with_problem_link(self, link: bool) -> Self {
+        self.with(|c| c.problem_style = c.problem_style.clone().with_link(link))
+    }
+
+    /// The problems' body shape: RFC 9457 (default) or Stripe's error object,
+    /// so Stripe-shaped SDKs raise their idempotency error; see [`ProblemShape`].
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_problem_shape(idemgate::problem::ProblemShape::Stripe);
+    /// ```
+    pub fn with_problem_shape(self, shape: ProblemShape) -> Self {
+        self.with(|c| c.problem_style = c.problem_style.clone().with_shape(shape))
+    }
+
+    /// How this layer sends problems, for problems answered outside it
+    /// ([`crate::problem::ProblemStyleLayer`]) to look the same.
+    pub fn problem_style(&self) -> &ProblemStyle {
+        &self.config.problem_style
     }
 
     /// The handle on detached handler tasks, for graceful shutdown and gauges. It

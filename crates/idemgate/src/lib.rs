@@ -3,6 +3,7 @@
 pub mod conditional;
 mod config;
 pub mod context;
+mod durations;
 mod execution;
 pub mod finality;
 mod handler;
@@ -24,8 +25,8 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    cache, deadline, decide, fingerprint, key, memory, path, record, scope, signals, store, time,
-    transaction,
+    cache, compression, deadline, decide, encoding, estimate, fingerprint, key, memory, path,
+    record, scope, signals, store, time, transaction,
 };
 
 pub use config::{PathSource, StrategyMode};

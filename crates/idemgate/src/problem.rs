@@ -4,14 +4,18 @@
 //! its [`IntoResponse`] impl; applications use the same type for their own errors,
 //! so handlers can return `Result<_, ProblemDetails>`.
 
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::IntoResponse;
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, LINK, RETRY_AFTER};
+use http::{HeaderValue, Request, Response, StatusCode};
 use serde::Serialize;
+use tower_layer::Layer;
+use tower_service::Service;
 
 use idemgate_core::StoreError;
 use idemgate_core::key::KeyError;
@@ -103,18 +107,64 @@ impl ProblemDetails {
         self
     }
 
-    /// The response and, beside it, the bytes of its body: for the layer, which
-    /// sends the problem and stores it for replay without reading the body back.
-    pub(crate) fn render(self) -> (Response<Body>, Bytes) {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = Bytes::from(serde_json::to_vec(&self).unwrap_or_default());
+    /// The response in `style` and, beside it, the bytes of its body: for the
+    /// layer, which sends the problem and stores it for replay without reading
+    /// the body back. The response carries the problem in its extensions, so a
+    /// [`ProblemStyle`] further out can render it again in its own style.
+    pub(crate) fn render(self, style: &ProblemStyle) -> (Response<Body>, Bytes) {
+        let mut status =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let type_uri = style.type_uri(&self.type_uri);
+        let (body, content_type) = match style.shape {
+            ProblemShape::Rfc9457 => {
+                let styled = Self {
+                    type_uri: type_uri.clone(),
+                    ..self.clone()
+                };
+                (
+                    serde_json::to_vec(&styled).unwrap_or_default(),
+                    "application/problem+json",
+                )
+            }
+            ProblemShape::Stripe => {
+                let slug = self.slug().unwrap_or(&self.type_uri);
+                // Stripe answers a key reused with other parameters with 400
+                // `idempotency_error`, and Stripe-shaped SDKs raise their
+                // idempotency error only for a 400 (or 404) of that type.
+                if slug == KEY_REUSED {
+                    status = StatusCode::BAD_REQUEST;
+                }
+                let error_type = if STRIPE_IDEMPOTENCY_ERRORS.contains(&slug) {
+                    "idempotency_error"
+                } else {
+                    "api_error"
+                };
+                let body = serde_json::json!({
+                    "error": {
+                        "type": error_type,
+                        "code": slug,
+                        "message": self.detail,
+                        "doc_url": type_uri,
+                    }
+                });
+                (
+                    serde_json::to_vec(&body).unwrap_or_default(),
+                    "application/json",
+                )
+            }
+        };
+        let body = Bytes::from(body);
         let mut response = Response::new(Body::from(body.clone()));
         *response.status_mut() = status;
         let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if style.link {
+            // A type that cannot be a header value (a handler's own, odd one)
+            // simply gets no link.
+            if let Ok(link) = HeaderValue::from_str(&format!("<{type_uri}>; rel=\"describedby\"")) {
+                headers.insert(LINK, link);
+            }
+        }
         if let Some(after) = self.retry_after {
             // Integer arithmetic: a float loses the sub-second part of long
             // durations and would round them down (found by the property tests).
@@ -124,7 +174,14 @@ impl ProblemDetails {
                 .max(1);
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
+        response.extensions_mut().insert(Rendered(self));
         (response, body)
+    }
+
+    /// The slug of a problem under the default base (`key-reused`); `None` for
+    /// a type of the application's own that does not start with it.
+    pub fn slug(&self) -> Option<&str> {
+        self.type_uri.strip_prefix(PROBLEM_BASE)
     }
 
     /// The answer to a store error: 503 with `retry_after` when retrying may help
@@ -236,13 +293,18 @@ impl ProblemDetails {
         )
     }
 
-    /// 422: the key was used before with a different request.
+    /// 422: the key was used before, in the same scope (principal, method, path
+    /// or route), with a request of another fingerprint. Another method or path
+    /// is another scope, so a new operation and never this problem; what the
+    /// fingerprint adds to the scope is the body, the query string, configured
+    /// headers and the path as sent (where a route template or a path fold
+    /// makes several spellings one scope) — the detail says just that.
     pub fn key_reused() -> Self {
         Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             KEY_REUSED,
             "Idempotency-Key reused with a different request",
-            "this Idempotency-Key was already used with a different request body, method, path or query; use a new key for a new request",
+            "this Idempotency-Key was already used on this endpoint with a different request (another body, query string, or a header or path spelling the fingerprint covers); use a new key for a new request",
         )
     }
 
@@ -351,10 +413,202 @@ impl ProblemDetails {
 }
 
 /// The response: status, `Content-Type: application/problem+json`, the JSON body
-/// and `Retry-After` when set.
+/// and `Retry-After` when set, in the default style; a [`ProblemStyle`] further
+/// out (the layer's, a [`ProblemStyleLayer`]) renders it again in its own.
 impl IntoResponse for ProblemDetails {
     fn into_response(self) -> axum::response::Response {
-        self.render().0
+        self.render(&ProblemStyle::default()).0
+    }
+}
+
+/// The problem a response was rendered from, kept in its extensions so a style
+/// further out can render it again; private, so only this module reads it.
+#[derive(Clone)]
+struct Rendered(ProblemDetails);
+
+/// The problems whose Stripe-shaped `type` is `idempotency_error`: what is about
+/// the key, as opposed to the store or the service (`api_error`).
+const STRIPE_IDEMPOTENCY_ERRORS: &[&str] = &[KEY_REUSED, IN_PROGRESS, "missing-key", "invalid-key"];
+
+/// How problems look on the wire: the body's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ProblemShape {
+    /// `application/problem+json` (RFC 9457): `type`, `title`, `status`,
+    /// `detail`. The default.
+    #[default]
+    Rfc9457,
+    /// Stripe's error object, `application/json`: `{"error": {"type":
+    /// "idempotency_error" | "api_error", "code": <slug>, "message": <detail>,
+    /// "doc_url": <type URI>}}`, and a reused key answers 400 as Stripe does —
+    /// so SDKs modelled on Stripe's raise their idempotency error instead of an
+    /// "invalid response object".
+    Stripe,
+}
+
+/// Where problem types point and how problems are sent: the base of every
+/// idemgate `type` URI (default [`PROBLEM_BASE`], a relative reference that
+/// claims no domain), whether a `Link: <type>; rel="describedby"` goes with it,
+/// and the body's [`ProblemShape`]. The layer renders its own problems and its
+/// handler's [`ProblemDetails`] in it (before storing them, so replays match);
+/// [`ProblemStyleLayer`] does the same for problems answered outside the layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProblemStyle {
+    base: Arc<str>,
+    link: bool,
+    shape: ProblemShape,
+}
+
+impl Default for ProblemStyle {
+    fn default() -> Self {
+        Self {
+            base: Arc::from(PROBLEM_BASE),
+            link: false,
+            shape: ProblemShape::Rfc9457,
+        }
+    }
+}
+
+impl ProblemStyle {
+    /// Type URIs under `base` (`https://docs.example.com/errors/`): the slug is
+    /// appended as is, so end it with `/`, `#` or `:`.
+    ///
+    /// ```
+    /// let style = idemgate::problem::ProblemStyle::default().with_base("https://docs.example.com/errors/");
+    /// ```
+    pub fn with_base(mut self, base: impl Into<String>) -> Self {
+        self.base = Arc::from(base.into());
+        self
+    }
+
+    /// Send `Link: <type URI>; rel="describedby"` with every problem.
+    ///
+    /// ```
+    /// let style = idemgate::problem::ProblemStyle::default().with_link(true);
+    /// ```
+    pub fn with_link(mut self, link: bool) -> Self {
+        self.link = link;
+        self
+    }
+
+    /// The body's shape.
+    ///
+    /// ```
+    /// use idemgate::problem::{ProblemShape, ProblemStyle};
+    /// let style = ProblemStyle::default().with_shape(ProblemShape::Stripe);
+    /// ```
+    pub fn with_shape(mut self, shape: ProblemShape) -> Self {
+        self.shape = shape;
+        self
+    }
+
+    /// The base type URIs start with.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Whether a `Link` goes with each problem.
+    pub fn link(&self) -> bool {
+        self.link
+    }
+
+    /// The body's shape.
+    pub fn shape(&self) -> ProblemShape {
+        self.shape
+    }
+
+    /// `type_uri` (rendered under the default base) under this style's base;
+    /// an application's own type that does not start with it is kept.
+    fn type_uri(&self, type_uri: &str) -> String {
+        match type_uri.strip_prefix(PROBLEM_BASE) {
+            Some(slug) => format!("{}{slug}", self.base),
+            None => type_uri.to_owned(),
+        }
+    }
+
+    /// `response` in this style when it was rendered from a [`ProblemDetails`]
+    /// and no style has been applied to it yet (status, content type, body and
+    /// `Link` replaced; every other header and extension kept); any other
+    /// response as it is. The innermost style wins: a route's own style is not
+    /// undone by the application's further out.
+    pub fn restyle(&self, mut response: Response<Body>) -> Response<Body> {
+        let Some(Rendered(problem)) = response.extensions_mut().remove::<Rendered>() else {
+            return response;
+        };
+        if *self == Self::default() {
+            return response;
+        }
+        let (mut parts, _) = response.into_parts();
+        let (styled, _) = problem.render(self);
+        let (styled, body) = styled.into_parts();
+        parts.status = styled.status;
+        for name in [CONTENT_TYPE, CONTENT_LENGTH, LINK] {
+            parts.headers.remove(name);
+        }
+        parts.headers.extend(styled.headers);
+        Response::from_parts(parts, body)
+    }
+}
+
+/// A tower layer that renders every problem passing through it in its
+/// [`ProblemStyle`]: for the problems an application answers outside the
+/// idempotency layer (authentication's 401, say), so they look like the layer's.
+///
+/// ```
+/// use idemgate::problem::{ProblemStyle, ProblemStyleLayer};
+/// let app: axum::Router = axum::Router::new()
+///     .layer(ProblemStyleLayer::new(ProblemStyle::default().with_link(true)));
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a layer does nothing until it wraps a service"]
+pub struct ProblemStyleLayer {
+    style: ProblemStyle,
+}
+
+impl ProblemStyleLayer {
+    /// Renders problems in `style`.
+    pub fn new(style: ProblemStyle) -> Self {
+        Self { style }
+    }
+}
+
+impl<S> Layer<S> for ProblemStyleLayer {
+    type Service = ProblemStyled<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ProblemStyled {
+            inner,
+            style: self.style.clone(),
+        }
+    }
+}
+
+/// The service of [`ProblemStyleLayer`].
+#[derive(Debug, Clone)]
+pub struct ProblemStyled<S> {
+    inner: S,
+    style: ProblemStyle,
+}
+
+impl<S, ReqBody> Service<Request<ReqBody>> for ProblemStyled<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response<Body>, S::Error>> + Send>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let style = self.style.clone();
+        let future = self.inner.call(request);
+        Box::pin(async move { Ok(style.restyle(future.await?)) })
     }
 }
 
@@ -365,11 +619,94 @@ mod tests {
 
     #[test]
     fn the_rendered_bytes_are_the_body() {
-        let (response, bytes) = ProblemDetails::handler_failed().render();
+        let (response, bytes) = ProblemDetails::handler_failed().render(&ProblemStyle::default());
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(response.headers().get(RETRY_AFTER).is_none());
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        assert_eq!(json["type"], "https://idemgate.dev/problems/handler-failed");
+        assert_eq!(json["type"], "/problems/handler-failed");
+    }
+
+    async fn body_of(response: Response<Body>) -> serde_json::Value {
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    #[test]
+    fn the_default_base_claims_no_domain() {
+        // A relative reference with the full path (RFC 9457 §3.1.1).
+        assert!(PROBLEM_BASE.starts_with('/') && !PROBLEM_BASE.starts_with("//"));
+        assert_eq!(
+            ProblemDetails::key_reused().type_uri,
+            "/problems/key-reused"
+        );
+        assert_eq!(ProblemDetails::key_reused().slug(), Some(KEY_REUSED));
+    }
+
+    #[tokio::test]
+    async fn a_style_sets_the_base_and_the_link_and_keeps_the_rest() {
+        let style = ProblemStyle::default()
+            .with_base("https://docs.example.com/errors/")
+            .with_link(true);
+        let mut response = ProblemDetails::in_progress(Duration::from_secs(2)).into_response();
+        response
+            .headers_mut()
+            .insert("x-request-id", HeaderValue::from_static("r1"));
+        let styled = style.restyle(response);
+        assert_eq!(styled.status(), StatusCode::CONFLICT);
+        assert_eq!(styled.headers()[RETRY_AFTER], "2");
+        assert_eq!(styled.headers()["x-request-id"], "r1");
+        assert_eq!(
+            styled.headers()[LINK],
+            "<https://docs.example.com/errors/in-progress>; rel=\"describedby\""
+        );
+        assert_eq!(styled.headers()[CONTENT_TYPE], "application/problem+json");
+        // Styled once: a style further out leaves it alone (the innermost wins).
+        let again = ProblemStyle::default().with_base("/other/").restyle(styled);
+        let json = body_of(again).await;
+        assert_eq!(json["type"], "https://docs.example.com/errors/in-progress");
+        assert_eq!(json["status"], 409);
+    }
+
+    #[tokio::test]
+    async fn an_application_type_of_its_own_is_kept() {
+        let own = ProblemDetails {
+            type_uri: "https://shop.example/problems/out-of-stock".into(),
+            ..ProblemDetails::handler_failed()
+        };
+        let styled = ProblemStyle::default()
+            .with_base("https://docs.example.com/errors/")
+            .restyle(own.into_response());
+        let json = body_of(styled).await;
+        assert_eq!(json["type"], "https://shop.example/problems/out-of-stock");
+    }
+
+    #[tokio::test]
+    async fn the_stripe_shape_is_stripes_error_object() {
+        let style = ProblemStyle::default().with_shape(ProblemShape::Stripe);
+        let reused = style.restyle(ProblemDetails::key_reused().into_response());
+        assert_eq!(
+            reused.status(),
+            StatusCode::BAD_REQUEST,
+            "Stripe answers a reused key with 400"
+        );
+        assert_eq!(reused.headers()[CONTENT_TYPE], "application/json");
+        let json = body_of(reused).await;
+        assert_eq!(json["error"]["type"], "idempotency_error");
+        assert_eq!(json["error"]["code"], "key-reused");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("different request")
+        );
+        let busy =
+            style.restyle(ProblemDetails::in_progress(Duration::from_secs(3)).into_response());
+        assert_eq!(busy.status(), StatusCode::CONFLICT);
+        assert_eq!(busy.headers()[RETRY_AFTER], "3");
+        assert_eq!(body_of(busy).await["error"]["type"], "idempotency_error");
+        let store =
+            style.restyle(ProblemDetails::store_full(Duration::from_secs(1)).into_response());
+        assert_eq!(body_of(store).await["error"]["type"], "api_error");
     }
 
     #[tokio::test]
@@ -380,7 +717,7 @@ mod tests {
         assert_eq!(response.headers()[RETRY_AFTER], "3");
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(json["type"], "https://idemgate.dev/problems/in-progress");
+        assert_eq!(json["type"], "/problems/in-progress");
         assert_eq!(json["status"], 409);
         assert_eq!(json["title"], "Request in progress");
         assert!(

@@ -30,6 +30,7 @@ use idemgate_core::{
 };
 
 use crate::config::{Config, PathSource, StrategyMode};
+use crate::durations::{in_progress_hint, route_key};
 use crate::execution::Execution;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::{BoxFuture, Handler};
@@ -87,11 +88,13 @@ where
         // Erased once, here: the rest of the request path is not generic.
         let handler = Handler::new(inner);
         let config = Arc::clone(&self.config);
-        Box::pin(timed_request(handle(
-            config,
-            handler,
-            request.map(Body::new),
-        )))
+        Box::pin(async move {
+            let style = config.problem_style.clone();
+            let response = timed_request(handle(config, handler, request.map(Body::new))).await?;
+            // Every problem leaving the layer in its style: its own, and what
+            // passed through it.
+            Ok(style.restyle(response))
+        })
     }
 }
 
@@ -271,13 +274,16 @@ async fn keyed(
         count_outcome(Outcome::Overloaded);
         return ProblemDetails::overloaded(config.busy_retry_after).into_response();
     };
-    match claim_or_answer(&config, &claim).await {
+    // What the retry accepts, so a replay is sent in a coding it can read.
+    let accept_encoding = accept_encoding(&parts.headers);
+    match claim_or_answer(&config, &claim, accept_encoding.as_deref()).await {
         Claimed::Lease(lease, claimed_at) => {
             tracing::Span::current()
                 .record("operation_id", tracing::field::display(lease.operation_id));
             count_outcome(Outcome::Executed);
             let request = Request::from_parts(parts, Body::from(body));
-            Execution::new(config, lease, claimed_at)
+            let route = route_key(claim.identity.scope());
+            Execution::new(config, lease, claimed_at, route, accept_encoding)
                 .spawn(handler, request, permit)
                 .await
         }
@@ -501,7 +507,11 @@ enum Claimed {
     Answer(Response<Body>),
 }
 
-async fn claim_or_answer(config: &Config, request: &ClaimRequest) -> Claimed {
+async fn claim_or_answer(
+    config: &Config,
+    request: &ClaimRequest,
+    accept_encoding: Option<&str>,
+) -> Claimed {
     let wait_until = config.wait.map(|wait| Instant::now() + wait.max);
     for _ in 0..MAX_CLAIM_ATTEMPTS {
         let claimed_at = Instant::now();
@@ -516,7 +526,7 @@ async fn claim_or_answer(config: &Config, request: &ClaimRequest) -> Claimed {
             Ok(Claim::Existing(snapshot)) => snapshot,
             Err(error) => return Claimed::Answer(store_failure(config, &error)),
         };
-        match answer_from_existing(config, request, snapshot, wait_until).await {
+        match answer_from_existing(config, request, snapshot, wait_until, accept_encoding).await {
             Some(response) => return Claimed::Answer(response),
             None => continue,
         }
@@ -533,6 +543,7 @@ async fn answer_from_existing(
     request: &ClaimRequest,
     mut snapshot: Snapshot,
     wait_until: Option<Instant>,
+    accept_encoding: Option<&str>,
 ) -> Option<Response<Body>> {
     let identity = request.identity.digest();
     loop {
@@ -545,10 +556,15 @@ async fn answer_from_existing(
             Decision::Replay(stored) => {
                 count_outcome(Outcome::Replayed);
                 count_duplicate(config.strategy, "replayed");
-                return Some(replay(stored));
+                return Some(replay(stored, accept_encoding));
             }
             Decision::Claimable => return None,
-            Decision::InProgress { retry_after } => retry_after,
+            Decision::InProgress { retry_after } => in_progress_hint(
+                config,
+                &route_key(request.identity.scope()),
+                &snapshot,
+                retry_after,
+            ),
         };
         let now = Instant::now();
         let (Some(wait), Some(until)) = (config.wait, wait_until.filter(|until| *until > now))
@@ -567,6 +583,16 @@ async fn answer_from_existing(
             Err(error) => return Some(store_failure(config, &error)),
         };
     }
+}
+
+/// The request's `Accept-Encoding` lines, joined; `None` when it sent none.
+fn accept_encoding(headers: &http::HeaderMap) -> Option<String> {
+    let lines: Vec<&str> = headers
+        .get_all(http::header::ACCEPT_ENCODING)
+        .iter()
+        .map(|value| value.to_str().unwrap_or_default())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join(", "))
 }
 
 /// The answer to a store error before anything ran: fail closed (PROTOCOL §9).

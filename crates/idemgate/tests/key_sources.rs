@@ -18,7 +18,7 @@ use idemgate::key::KeySource;
 use idemgate::{IdempotencyLayer, MemoryStore, Principal};
 use support::{Answer, send};
 
-const PROBLEMS: &str = "https://idemgate.dev/problems/";
+const PROBLEMS: &str = "/problems/";
 
 #[derive(Default)]
 struct Charges(AtomicUsize);

@@ -81,10 +81,7 @@ async fn race(concurrency: usize) {
         );
     }
     for conflict in answers.iter().filter(|a| a.status == StatusCode::CONFLICT) {
-        assert_eq!(
-            conflict.problem_type(),
-            "https://idemgate.dev/problems/in-progress"
-        );
+        assert_eq!(conflict.problem_type(), "/problems/in-progress");
         let retry_after: u64 = conflict.headers["retry-after"]
             .to_str()
             .unwrap()
@@ -159,10 +156,7 @@ async fn payload_tampering_is_422_and_never_runs() {
     )
     .await;
     assert_eq!(second.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(
-        second.problem_type(),
-        "https://idemgate.dev/problems/key-reused"
-    );
+    assert_eq!(second.problem_type(), "/problems/key-reused");
     assert_eq!(gateway.charges(), 1);
     // Tampering while the first request still runs is a 422 too, not a 409.
     gateway.delay_ms.store(400, Ordering::SeqCst);
@@ -432,10 +426,7 @@ async fn invalid_keys_are_400_and_nothing_runs_or_is_stored() {
     ] {
         let answer = send(&app, post_json("/orders", Some("a"), Some(key), ORDER)).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "key {key:?}");
-        assert_eq!(
-            answer.problem_type(),
-            "https://idemgate.dev/problems/invalid-key"
-        );
+        assert_eq!(answer.problem_type(), "/problems/invalid-key");
     }
     let mut repeated = post_json("/orders", Some("a"), Some("k1"), ORDER);
     repeated
@@ -471,10 +462,7 @@ async fn requests_without_a_key_pass_through_or_are_refused_when_required() {
     );
     let answer = send(&strict, post_json("/orders", Some("a"), None, ORDER)).await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        answer.problem_type(),
-        "https://idemgate.dev/problems/missing-key"
-    );
+    assert_eq!(answer.problem_type(), "/problems/missing-key");
     assert_eq!(gateway.charges(), 0);
 }
 
@@ -492,10 +480,7 @@ async fn no_principal_is_401_before_any_claim() {
     );
     let answer = send(&app, post_json("/orders", None, Some(&new_key()), ORDER)).await;
     assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(
-        answer.problem_type(),
-        "https://idemgate.dev/problems/unauthenticated"
-    );
+    assert_eq!(answer.problem_type(), "/problems/unauthenticated");
     assert_eq!(store.claims.load(Ordering::SeqCst), 0);
     assert_eq!(gateway.charges(), 0);
 }
@@ -515,10 +500,7 @@ async fn oversized_bodies_are_413_before_any_claim() {
     )
     .await;
     assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(
-        answer.problem_type(),
-        "https://idemgate.dev/problems/body-too-large"
-    );
+    assert_eq!(answer.problem_type(), "/problems/body-too-large");
     // Without Content-Length (a stream), the limit still holds.
     let stream =
         futures_util::stream::iter((0..10).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 300])));
@@ -658,10 +640,7 @@ async fn a_panic_answers_500_and_is_stored_as_failed() {
     let (app, gateway) = memory_app();
     let (first, second) = twice(&app, "/panic").await;
     assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        first.problem_type(),
-        "https://idemgate.dev/problems/handler-failed"
-    );
+    assert_eq!(first.problem_type(), "/problems/handler-failed");
     assert!(second.replayed());
     assert_eq!(second.body, first.body);
     assert_eq!(
@@ -687,10 +666,7 @@ async fn a_101_is_never_stored_or_passed_on_for_a_covered_request() {
     let (app, gateway) = memory_app();
     let (first, second) = twice(&app, "/switch").await;
     assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        first.problem_type(),
-        "https://idemgate.dev/problems/handler-failed"
-    );
+    assert_eq!(first.problem_type(), "/problems/handler-failed");
     assert!(!first.headers.contains_key("upgrade"));
     assert!(second.replayed(), "settled like a 5xx: FAILED by default");
     assert_eq!(second.status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -703,10 +679,7 @@ async fn a_body_that_breaks_off_with_a_problem_is_answered_with_it() {
     let (app, gateway) = memory_app();
     let (first, second) = twice(&app, "/broken-body/10").await;
     assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(
-        first.problem_type(),
-        "https://idemgate.dev/problems/upstream-timeout"
-    );
+    assert_eq!(first.problem_type(), "/problems/upstream-timeout");
     assert!(
         second.replayed(),
         "a 504 is settled by the server-error policy"
@@ -907,10 +880,7 @@ async fn store_outage_is_503_and_nothing_runs() {
     )
     .await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        answer.problem_type(),
-        "https://idemgate.dev/problems/store-unavailable"
-    );
+    assert_eq!(answer.problem_type(), "/problems/store-unavailable");
     assert_eq!(answer.headers["retry-after"], "1");
     assert_eq!(
         gateway.charges(),
@@ -933,10 +903,7 @@ async fn a_store_that_does_not_answer_is_503_within_the_store_timeout() {
     let answer = send(&app, post_json("/orders", Some("a"), Some(&key), ORDER)).await;
     let waited = started.elapsed();
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        answer.problem_type(),
-        "https://idemgate.dev/problems/store-unavailable"
-    );
+    assert_eq!(answer.problem_type(), "/problems/store-unavailable");
     assert_eq!(answer.headers["retry-after"], "3");
     assert!(
         waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
@@ -979,10 +946,7 @@ async fn a_full_store_is_503_and_nothing_runs() {
     )
     .await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        answer.problem_type(),
-        "https://idemgate.dev/problems/store-full"
-    );
+    assert_eq!(answer.problem_type(), "/problems/store-full");
     assert_eq!(gateway.charges(), 1);
 }
 
@@ -1113,10 +1077,7 @@ async fn too_many_keyed_requests_in_flight_are_503() {
     )
     .await;
     assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        second.problem_type(),
-        "https://idemgate.dev/problems/overloaded"
-    );
+    assert_eq!(second.problem_type(), "/problems/overloaded");
     assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(gateway.charges(), 1);
 }
@@ -1144,10 +1105,7 @@ async fn every_retry_after_comes_from_the_configuration() {
         post_json("/orders", Some("a"), Some(&new_key()), ORDER),
     )
     .await;
-    assert_eq!(
-        overloaded.problem_type(),
-        "https://idemgate.dev/problems/overloaded"
-    );
+    assert_eq!(overloaded.problem_type(), "/problems/overloaded");
     assert_eq!(overloaded.headers[axum::http::header::RETRY_AFTER], "7");
     assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(gateway.charges(), 1, "the overloaded request did not run");
@@ -1168,10 +1126,7 @@ async fn every_retry_after_comes_from_the_configuration() {
     )
     .await;
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        failed.problem_type(),
-        "https://idemgate.dev/problems/store-unavailable"
-    );
+    assert_eq!(failed.problem_type(), "/problems/store-unavailable");
     assert_eq!(failed.headers[axum::http::header::RETRY_AFTER], "9");
     assert_eq!(store.commits.load(Ordering::SeqCst), 0);
     assert_eq!(store.rollbacks.load(Ordering::SeqCst), 1);
@@ -1246,10 +1201,7 @@ async fn a_failed_commit_answers_503_and_the_retry_runs_again() {
         StatusCode::SERVICE_UNAVAILABLE,
         "never a 201 for rolled-back writes"
     );
-    assert_eq!(
-        failed.problem_type(),
-        "https://idemgate.dev/problems/store-unavailable"
-    );
+    assert_eq!(failed.problem_type(), "/problems/store-unavailable");
     let retry = send(
         &app,
         post_json("/transactional/201", Some("a"), Some(&key), ORDER),

@@ -40,7 +40,7 @@ proptest! {
         let (parts, json) = render(problem);
         prop_assert_eq!(parts.status, status);
         prop_assert_eq!(&parts.headers[CONTENT_TYPE], "application/problem+json");
-        let type_uri = format!("https://idemgate.dev/problems/{slug}");
+        let type_uri = format!("/problems/{slug}");
         prop_assert_eq!(json["type"].as_str(), Some(type_uri.as_str()));
         prop_assert_eq!(json["title"].as_str(), Some(title));
         prop_assert_eq!(json["status"].as_u64(), Some(u64::from(status.as_u16())));

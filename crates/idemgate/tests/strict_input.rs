@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode, header};
 use idemgate::{DefaultPrincipal, IdempotencyLayer};
 use support::*;
 
-const AMBIGUOUS: &str = "https://idemgate.dev/problems/ambiguous-header";
+const AMBIGUOUS: &str = "/problems/ambiguous-header";
 
 fn counted_app(
     principal: Option<DefaultPrincipal>,
@@ -109,10 +109,7 @@ async fn two_idempotency_key_lines_are_400_and_claim_nothing() {
         .unwrap();
     let refused = send(&app, request).await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        refused.problem_type(),
-        "https://idemgate.dev/problems/invalid-key"
-    );
+    assert_eq!(refused.problem_type(), "/problems/invalid-key");
     assert_eq!(store.claims.load(Ordering::SeqCst), 0);
     assert_eq!(gateway.charges(), 0);
 }

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Mapping, Optional
 
-#: Where idemgate's problem types live; every idemgate ``type`` URI starts with it.
-PROBLEM_BASE = "https://idemgate.dev/problems/"
+#: The default base of idemgate's problem types (the operator may set another: ``--problem-type-base``).
+PROBLEM_BASE = "/problems/"
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Problem:
     read as RFC 9457 says: type ``about:blank``, the status's phrase as the title.
     """
 
-    #: The problem type URI (``https://idemgate.dev/problems/…`` for idemgate's own).
+    #: The problem type URI (``/problems/…`` for idemgate's own).
     type: str
     #: Short, the same for every occurrence of the type.
     title: Optional[str]
@@ -32,8 +32,11 @@ class Problem:
 
     def is_idemgate(self, slug: str) -> bool:
         """Whether this is idemgate's problem with this slug (``key-reused``, …):
-        the type URI decides, never the wording."""
-        return self.type == PROBLEM_BASE + slug
+        the type URI decides, never the wording. The operator may set the
+        types' base (``--problem-type-base``), so the slug is compared: the
+        type's last segment after a ``/``, ``:`` or ``#``."""
+        base = self.type[: -len(slug)] if slug and self.type.endswith(slug) else None
+        return base is not None and base[-1:] in ("/", ":", "#")
 
     @classmethod
     def read(cls, status: int, content_type: str, body: bytes) -> Problem:

@@ -66,6 +66,41 @@ fn principal(whose: &PrincipalArgs) -> Result<Principal, KeysError> {
         .map_err(|error| KeysError::Usage("principal", error.to_string()))
 }
 
+/// What to tell an operator whose lookup found nothing: which principal mode
+/// the flags used and the principal it made, and why a record written under
+/// another mode cannot be found with it. The usual miss is `--bearer` on a
+/// proxy's records: the proxy scopes keys by an HMAC of the whole
+/// `Authorization` value, which only `--authorization` (with its secret) makes.
+fn absent_hint(spec: &PrincipalSpec, principal: &Principal) -> String {
+    let looked_up = principal.as_str();
+    let mode = match spec {
+        PrincipalSpec::Bearer(_) => {
+            "--bearer: the principal `idemgate serve`'s orders API stores (the token's SHA-256). \
+             Records made through `idemgate proxy --principal authorization` (its default) are \
+             keyed by an HMAC-SHA256 of the whole Authorization value under the proxy's secret: \
+             look them up with --authorization 'Bearer TOKEN' and that secret \
+             (IDEMGATE_PRINCIPAL_SECRET or --principal-secret-file)"
+        }
+        PrincipalSpec::Authorization { .. } => {
+            "--authorization: a proxy with --principal authorization, whose principal is an \
+             HMAC-SHA256 of the whole Authorization value under the secret given here; \
+             another secret, another spelling of the value (`Bearer` and the token exactly \
+             as the client sent them), or a proxy with --principal header:NAME or jwt makes \
+             another principal, and `idemgate serve`'s records take --bearer"
+        }
+        PrincipalSpec::Header(..) => {
+            "--principal-header: a proxy with --principal header:NAME, which stores the \
+             header's name and value as sent; `idemgate serve`'s records take --bearer, a \
+             proxy with --principal authorization takes --authorization"
+        }
+        PrincipalSpec::Raw(_) => {
+            "--principal: the principal string exactly as given (see `idemgate keys principal` \
+             or the admin API for the one a credential makes)"
+        }
+    };
+    format!("looked up principal {looked_up} from {mode}")
+}
+
 /// The identity the flags name.
 fn identity(target: &KeyTarget) -> Result<Identity, KeysError> {
     KeyQuery {
@@ -132,6 +167,7 @@ async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
             return Ok(0);
         }
     };
+    let spec = principal_spec(&target.whose)?;
     let identity = identity(&target)?;
     let timeout = store_timeout(&target)?;
     let store = WithDeadline::new(open(&target.store, timeout).await?, timeout);
@@ -143,7 +179,11 @@ async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
             }
             None => {
                 eprintln!(
-                    "idemgate keys: no live record under this key (never used, expired or evicted)"
+                    "idemgate keys: no live record under this key (never used, expired, evicted, or written under another principal)"
+                );
+                eprintln!(
+                    "idemgate keys: {}",
+                    absent_hint(&spec, &identity.scope().principal)
                 );
                 Ok(EXIT_ABSENT)
             }
@@ -156,6 +196,12 @@ async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
             };
             let eviction = store.evict(identity.digest(), mode).await?;
             print_json(&EvictionView::of(&identity, eviction));
+            if eviction == Eviction::Absent {
+                eprintln!(
+                    "idemgate keys: {}",
+                    absent_hint(&spec, &identity.scope().principal)
+                );
+            }
             Ok(match eviction {
                 Eviction::Evicted { .. } => 0,
                 Eviction::Absent => EXIT_ABSENT,

@@ -65,6 +65,8 @@ pub struct ServeSettings {
     pub connections: ListenerOptions,
     /// The hidden benchmark baseline: no idempotency layer at all.
     pub no_idempotency: bool,
+    /// Keyless POST/PATCH on the orders routes answer 400 `missing-key`.
+    pub require_key: bool,
 }
 
 impl ServeSettings {
@@ -137,6 +139,7 @@ impl ServeSettings {
             telemetry: args.process.telemetry(),
             connections: args.connections.options()?,
             no_idempotency: args.no_idempotency,
+            require_key: args.require_key,
         })
     }
 
@@ -229,7 +232,8 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
             }
         }
     };
-    let layer = idempotency::layer(Arc::clone(&store), &settings.layer);
+    let layer = idempotency::layer(Arc::clone(&store), &settings.layer)
+        .with_require_key(settings.require_key);
     let tasks = layer.detached_tasks();
     let admin = settings.admin_listen.map(|addr| {
         let state = AdminState::new(

@@ -20,6 +20,7 @@ use axum::http::Method;
 use axum::middleware;
 use axum::routing::{get, patch, post};
 use idemgate::key::KeySource;
+use idemgate::problem::ProblemStyleLayer;
 use idemgate::{DetachedTasks, IdempotencyLayer};
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -80,6 +81,11 @@ pub fn router_without_idempotency(state: OrdersState) -> Router {
 }
 
 fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
+    // Problems answered outside the layer (authentication's 401) in its style.
+    let style = idempotency
+        .as_ref()
+        .map(|layer| layer.problem_style().clone())
+        .unwrap_or_default();
     let mut orders = Router::new()
         .route(
             "/api/v1/orders",
@@ -137,5 +143,6 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
         .route("/metrics", get(api::render_metrics))
         .merge(crate::demo::routes())
         .merge(api)
+        .layer(ProblemStyleLayer::new(style))
         .with_state(Arc::new(state))
 }

@@ -274,17 +274,14 @@ async fn serve_admin_key_api_is_off_without_a_token_and_refuses_a_bad_one() {
         let (status, headers, body) = admin_get(&server.admin_url(&query), token).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
         assert_eq!(headers["content-type"], "application/problem+json");
-        assert_eq!(
-            body["type"],
-            "https://idemgate.dev/problems/admin-unauthorized"
-        );
+        assert_eq!(body["type"], "/problems/admin-unauthorized");
         let (status, _, _) =
             admin_call(reqwest::Method::DELETE, &server.admin_url(&query), token).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}");
     }
     let (status, _, body) = admin_get(&server.admin_url(&query), Some(ADMIN_TOKEN)).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
-    assert_eq!(body["type"], "https://idemgate.dev/problems/key-not-found");
+    assert_eq!(body["type"], "/problems/key-not-found");
     let (status, _, body) = admin_get(
         &server.admin_url("/v1/keys?principal=p&method=POST&path=/x"),
         Some(ADMIN_TOKEN),
@@ -295,10 +292,7 @@ async fn serve_admin_key_api_is_off_without_a_token_and_refuses_a_bad_one() {
         StatusCode::BAD_REQUEST,
         "a query without a key: {body}"
     );
-    assert_eq!(
-        body["type"],
-        "https://idemgate.dev/problems/invalid-key-query"
-    );
+    assert_eq!(body["type"], "/problems/invalid-key-query");
 }
 
 /// While the order runs (a slow gateway), the key shows `PROCESSING` with its
@@ -344,10 +338,7 @@ async fn serve_admin_key_api_refuses_a_live_lease_unless_forced() {
     let (status, headers, refused) =
         admin_call(reqwest::Method::DELETE, &query, Some(ADMIN_TOKEN)).await;
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
-    assert_eq!(
-        refused["type"],
-        "https://idemgate.dev/problems/key-in-progress"
-    );
+    assert_eq!(refused["type"], "/problems/key-in-progress");
     assert!(headers.contains_key("retry-after"));
     let (status, _, still) = admin_get(&query, Some(ADMIN_TOKEN)).await;
     assert_eq!(
@@ -434,6 +425,39 @@ async fn proxy_admin_key_api_and_cli_evict_an_authorization_scoped_key() {
     assert_eq!(shown.code, 0, "{shown:?}");
     let view = shown.json();
     assert_eq!(view["status"], "COMPLETED");
+
+    // The README's `--bearer` finds nothing on a proxy's records, and says why.
+    let with_bearer = keys(&[
+        "show",
+        "--store",
+        &store,
+        "--bearer",
+        &client.token,
+        "--method",
+        "POST",
+        "--path",
+        "/v1/charges",
+        "--key",
+        &key,
+    ])
+    .await;
+    assert_eq!(with_bearer.code, 3, "{with_bearer:?}");
+    for needle in [
+        "looked up principal bearer:",
+        "--bearer",
+        "HMAC-SHA256 of the whole Authorization value",
+        "--authorization",
+        "IDEMGATE_PRINCIPAL_SECRET",
+    ] {
+        assert!(
+            with_bearer.stderr.contains(needle),
+            "the hint does not say {needle:?}: {with_bearer:?}"
+        );
+    }
+    assert!(
+        !with_bearer.stderr.contains(&client.token),
+        "never the raw credential: {with_bearer:?}"
+    );
 
     // The admin API names the same record by the principal the layer stored.
     let principal = keys_principal(&authorization).await;

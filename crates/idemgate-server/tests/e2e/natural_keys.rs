@@ -13,7 +13,7 @@ use crate::support::client::{Client, ORDER};
 use crate::support::gateway::MockGateway;
 use crate::support::server::{Options, Server, postgres_url, redis_url, sqlite_url};
 
-const PROBLEMS: &str = "https://idemgate.dev/problems/";
+const PROBLEMS: &str = "/problems/";
 
 fn order_id() -> String {
     format!("ORD-{}", uuid::Uuid::new_v4().simple())

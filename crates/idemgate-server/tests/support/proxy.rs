@@ -163,7 +163,7 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 42] = [
+const PROXY_VARIABLES: [&str; 45] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_CHECK_CONFIG",
     "IDEMGATE_LISTEN",
@@ -194,6 +194,9 @@ const PROXY_VARIABLES: [&str; 42] = [
     "IDEMGATE_JWT_AUDIENCE",
     "IDEMGATE_TLS_CERT",
     "IDEMGATE_TLS_KEY",
+    "IDEMGATE_PROBLEM_TYPE_BASE",
+    "IDEMGATE_PROBLEM_LINK",
+    "IDEMGATE_PROBLEM_SHAPE",
     "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
     "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
     "IDEMGATE_PATH_ENCODED_SLASH",

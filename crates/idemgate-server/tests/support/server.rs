@@ -63,6 +63,8 @@ pub struct Options {
     pub simulated_delay_ms: u64,
     /// More `serve` flags, as (flag, value).
     pub extra: Vec<(String, String)>,
+    /// More `serve` flags that take no value.
+    pub switches: Vec<String>,
     /// Environment variables set for the process.
     pub env: Vec<(String, String)>,
     /// Run under `prlimit --nofile=SOFT:HARD` (util-linux).
@@ -85,6 +87,7 @@ impl Options {
             gateway_timeout_ms: 10_000,
             simulated_delay_ms: 0,
             extra: Vec::new(),
+            switches: Vec::new(),
             env: Vec::new(),
             nofile: None,
             admin: false,
@@ -102,6 +105,12 @@ impl Options {
     /// One more `serve` flag.
     pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
         self.extra.push((flag.to_owned(), value.to_string()));
+        self
+    }
+
+    /// One more `serve` flag without a value (`--require-key`).
+    pub fn switch(mut self, flag: &str) -> Self {
+        self.switches.push(flag.to_owned());
         self
     }
 
@@ -198,6 +207,10 @@ impl Server {
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "IDEMGATE_ADMIN_LISTEN",
             "IDEMGATE_ADMIN_TOKEN",
+            "IDEMGATE_REQUIRE_KEY",
+            "IDEMGATE_PROBLEM_TYPE_BASE",
+            "IDEMGATE_PROBLEM_LINK",
+            "IDEMGATE_PROBLEM_SHAPE",
         ] {
             command.env_remove(variable);
         }
@@ -211,6 +224,7 @@ impl Server {
         for (flag, value) in &options.extra {
             command.args([flag, value]);
         }
+        command.args(&options.switches);
         if let Some(url) = &options.gateway_url {
             command.args(["--gateway-url", url]);
         }

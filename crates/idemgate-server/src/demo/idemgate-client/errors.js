@@ -7,11 +7,16 @@
  *
  * @module
  */
-/** Where idemgate's problem types live; every idemgate `type` URI starts with it. */
-export const PROBLEM_BASE = "https://idemgate.dev/problems/";
-/** Whether `problem` is idemgate's problem with this slug (`key-reused`, …): the type URI decides, never the wording. */
+/** The default base of idemgate's problem types (the operator may set another: `--problem-type-base`). */
+export const PROBLEM_BASE = "/problems/";
+/**
+ * Whether `problem` is idemgate's problem with this slug (`key-reused`, …): the type URI decides, never the wording.
+ * The operator may set the types' base (`--problem-type-base`), so the slug is compared: the type's last segment
+ * after a `/`, `:` or `#`.
+ */
 export function isIdemgateProblem(problem, slug) {
-    return problem.type === PROBLEM_BASE + slug;
+    const type = problem.type;
+    return type.endsWith(slug) && ["/", ":", "#"].includes(type.charAt(type.length - slug.length - 1));
 }
 /** Reads the problem from an answer's parts. */
 export function readProblem(status, statusText, headers, body) {

@@ -1,0 +1,208 @@
+//! A retry with a narrower `Accept-Encoding` than the first request gets a replay
+//! it can read (PROTOCOL §7, RFC 9110 §12.5.3), through `serve` and through the
+//! proxy, on every store (memory, SQLite, PostgreSQL, Redis). The proxy asks its
+//! upstream for identity on covered requests, so what it stores is the
+//! representation itself — here in front of an upstream that gzips whenever it
+//! may, as json-server does — and the upstream runs once.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::e2e::keys::{ADMIN_TOKEN, admin_call, keys_query};
+use crate::support::client::{Answer, ORDER, new_key};
+use crate::support::proxy::{Proxy, ProxyOptions, SECRET};
+use crate::support::server::{Options, Server, TempDir, postgres_url, redis_url, sqlite_url};
+
+/// What the gzipping upstream saw: each request's `Accept-Encoding`.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<Option<String>>>>);
+
+/// An upstream that answers a 100 KiB JSON, gzipped whenever the request
+/// accepts gzip.
+async fn gzipping_upstream() -> (SocketAddr, Seen) {
+    async fn answer(State(seen): State<Seen>, request: Request) -> Response {
+        let accept = request
+            .headers()
+            .get(header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let run = {
+            let mut seen = seen.0.lock().unwrap();
+            seen.push(accept.clone());
+            seen.len()
+        };
+        let json = big_json(run);
+        if accept.is_some_and(|a| a.contains("gzip")) {
+            let mut encoder =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            encoder.write_all(json.as_bytes()).unwrap();
+            let mut response = (StatusCode::CREATED, encoder.finish().unwrap()).into_response();
+            response
+                .headers_mut()
+                .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            response
+        } else {
+            (StatusCode::CREATED, json).into_response()
+        }
+    }
+    let seen = Seen::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().fallback(answer).with_state(seen.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, seen)
+}
+
+/// About 100 KiB of JSON, unique to its run.
+fn big_json(run: usize) -> String {
+    let items: Vec<_> = (0..2650)
+        .map(|i| serde_json::json!({"id": i, "sku": format!("SKU-{i:06}"), "qty": i % 7}))
+        .collect();
+    serde_json::json!({"run": run, "items": items}).to_string()
+}
+
+async fn post(url: &str, token: &str, key: &str, accept: &str) -> Answer {
+    let response = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .header("accept-encoding", accept)
+        .body(ORDER)
+        .send()
+        .await
+        .expect("POST");
+    Answer {
+        status: response.status(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.expect("body"),
+    }
+}
+
+/// The body as the client reads it: gunzipped when it says gzip.
+fn readable(answer: &Answer) -> Vec<u8> {
+    match answer.headers.get(header::CONTENT_ENCODING) {
+        None => answer.body.to_vec(),
+        Some(coding) if coding == "gzip" => {
+            let mut plain = Vec::new();
+            flate2::read::GzDecoder::new(&answer.body[..])
+                .read_to_end(&mut plain)
+                .unwrap();
+            plain
+        }
+        Some(other) => panic!("unexpected coding {other:?}"),
+    }
+}
+
+async fn through_the_proxy(store: &str) {
+    let (upstream, seen) = gzipping_upstream().await;
+    let proxy = Proxy::start(
+        ProxyOptions::new(format!("http://{upstream}"))
+            .store(store)
+            .env("IDEMGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+    )
+    .await;
+    let url = proxy.url("/v1/orders");
+    let token = format!("token-{}", new_key());
+    let key = new_key();
+    let first = post(&url, &token, &key, "gzip, deflate, br").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = post(&url, &token, &key, "identity").await;
+    assert!(retry.replayed(), "{store}: {retry:?}");
+    assert!(
+        retry.headers.get(header::CONTENT_ENCODING).is_none(),
+        "{store}: a coding the retry does not accept: {:?}",
+        retry.headers
+    );
+    assert_eq!(
+        retry.body.to_vec(),
+        readable(&first),
+        "{store}: the same representation"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&retry.body).unwrap();
+    assert_eq!(json["run"], 1);
+    assert_eq!(
+        *seen.0.lock().unwrap(),
+        [Some("identity".to_owned())],
+        "{store}: one execution, asked for identity"
+    );
+    // Stored small: the store keeps the body compressed (the one codec of
+    // idemgate_core::compression), and the replay above was the whole JSON.
+    let principal = idemgate_server::principal::principal_of(
+        &idemgate_server::principal::PrincipalSpec::Authorization {
+            value: format!("Bearer {token}"),
+            secret: SECRET.as_bytes().to_vec(),
+        },
+    )
+    .unwrap();
+    let query = format!(
+        "http://{}{}",
+        proxy.admin,
+        keys_query(principal.as_str(), &key, "/v1/orders")
+    );
+    let (status, _, view) = admin_call(reqwest::Method::GET, &query, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let body_bytes = view["response"]["body_bytes"].as_u64().unwrap();
+    let stored = view["response"]["stored_body_bytes"].as_u64().unwrap();
+    assert_eq!(body_bytes, retry.body.len() as u64, "{store}: {view}");
+    assert!(
+        stored * 5 < body_bytes,
+        "{store}: a {body_bytes}-byte JSON kept in {stored} bytes"
+    );
+    println!("{store}: a {body_bytes}-byte JSON body stored in {stored} bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_narrower_retry_reads_the_proxys_replay_memory() {
+    through_the_proxy("memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_narrower_retry_reads_the_proxys_replay_sqlite() {
+    let dir = TempDir::new("idemgate-encodings");
+    through_the_proxy(&format!(
+        "sqlite://{}",
+        dir.path().join("proxy.db").display()
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_narrower_retry_reads_the_proxys_replay_postgres() {
+    through_the_proxy(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_narrower_retry_reads_the_proxys_replay_redis() {
+    through_the_proxy(&redis_url()).await;
+}
+
+/// `serve`: the orders handler answers identity and the replay is identity,
+/// whatever either request accepted.
+async fn through_serve(database: &str, store: &str) {
+    let server = Server::start(Options::new(database).store(store)).await;
+    let url = server.url("/api/v1/orders");
+    let token = format!("token-{}", new_key());
+    let key = new_key();
+    let first = post(&url, &token, &key, "gzip, br").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let retry = post(&url, &token, &key, "identity").await;
+    assert!(retry.replayed(), "{store}: {retry:?}");
+    assert!(retry.headers.get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(retry.body, first.body, "{store}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_narrower_retry_reads_serves_replay_on_every_store() {
+    let (sqlite, _dir) = sqlite_url();
+    through_serve(&sqlite, "database").await;
+    through_serve(&postgres_url(), "database").await;
+    through_serve(&sqlite, "memory").await;
+    through_serve(&sqlite, &redis_url()).await;
+}
