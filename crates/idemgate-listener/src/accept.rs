@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::ListenerOptions;
 use crate::connection::{Activity, connection};
-use crate::evict::Connections;
+use crate::evict::{Connections, EVICTING_ALLOWANCE, head_grace};
 use crate::limits::{FD_RESERVE, fd_limit};
 
 /// How long the accept loop pauses after an error that is not one connection's
@@ -104,6 +104,7 @@ impl Listener {
         builder.http2().timer(TokioTimer::new());
         let connections = TaskTracker::new();
         let live = Arc::new(Connections::default());
+        let head_grace = head_grace(self.options.header_read_timeout);
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut accept_errors = AcceptErrors::default();
         tokio::pin!(shutdown);
@@ -122,7 +123,11 @@ impl Listener {
                     continue;
                 }
             };
-            if live.len() >= self.max_connections && !live.evict_one() {
+            // At the bound, room is made by evicting one, unless too many
+            // evicted ones are still closing (their descriptors still open).
+            if live.len() >= self.max_connections
+                && (live.evicting() >= EVICTING_ALLOWANCE || !live.evict_one(head_grace))
+            {
                 shed(&stream);
                 continue;
             }
