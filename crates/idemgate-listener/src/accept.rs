@@ -21,7 +21,7 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_util::task::TaskTracker;
 
 use crate::ListenerOptions;
-use crate::connection::{Activity, connection};
+use crate::connection::{Activity, EVICTION_GRACE, connection};
 use crate::evict::{Connections, EVICTING_ALLOWANCE, head_grace};
 use crate::limits::{FD_RESERVE, fd_limit};
 
@@ -123,13 +123,18 @@ impl Listener {
                     continue;
                 }
             };
-            // At the bound, room is made by evicting one, unless too many
-            // evicted ones are still closing (their descriptors still open).
-            if live.len() >= self.max_connections
-                && (live.evicting() >= EVICTING_ALLOWANCE || !live.evict_one(head_grace))
-            {
-                shed(&stream);
-                continue;
+            // At the bound, room is made by evicting one; while too many
+            // evicted ones are still closing (their descriptors still open),
+            // the accept loop first waits for them, briefly.
+            if live.len() >= self.max_connections {
+                if live.evicting() >= EVICTING_ALLOWANCE {
+                    live.wait_for_evicting_below(EVICTING_ALLOWANCE, EVICTION_GRACE)
+                        .await;
+                }
+                if live.evicting() >= EVICTING_ALLOWANCE || !live.evict_one(head_grace) {
+                    shed(&stream);
+                    continue;
+                }
             }
             let _ = stream.set_nodelay(true);
             let activity = Arc::new(Activity::new());

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::connection::{Activity, Phase};
@@ -37,6 +38,8 @@ pub(crate) const EVICTING_ALLOWANCE: usize = (FD_RESERVE / 2) as usize;
 #[derive(Default)]
 pub(crate) struct Connections {
     live: Mutex<Live>,
+    /// Woken when an evicted connection's task ends.
+    closed: Notify,
 }
 
 #[derive(Default)]
@@ -60,6 +63,8 @@ impl Drop for Registration {
         if live.by_id.remove(&self.id).is_none() {
             // Evicted: its descriptor closes now.
             live.evicting -= 1;
+            drop(live);
+            self.connections.closed.notify_waiters();
         }
     }
 }
@@ -79,6 +84,24 @@ impl Connections {
     /// How many evicted connections are still closing.
     pub(crate) fn evicting(&self) -> usize {
         self.lock().evicting
+    }
+
+    /// Waits (at most `timeout`) until fewer than `limit` evicted connections
+    /// are still closing. Most close within a turn of their task; one finishing
+    /// a response within the eviction grace.
+    pub(crate) async fn wait_for_evicting_below(&self, limit: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let closed = self.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.evicting() < limit {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, closed).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Counts `activity` among the live connections until the registration drops.
@@ -263,6 +286,26 @@ mod tests {
         assert_eq!(connections.len(), 2);
         drop(newer_registration);
         assert_eq!(connections.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn waiting_for_closing_victims_ends_when_one_closes() {
+        let connections = Arc::new(Connections::default());
+        let registration = connections.register(Arc::new(Activity::new()));
+        assert!(connections.evict_one(GRACE));
+        let closing = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            drop(registration);
+        });
+        // Far longer than the test may take: it returns because one closed.
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            connections.wait_for_evicting_below(1, Duration::from_secs(60)),
+        )
+        .await
+        .expect("woken by the close");
+        assert_eq!(connections.evicting(), 0);
+        closing.await.unwrap();
     }
 
     #[tokio::test]
