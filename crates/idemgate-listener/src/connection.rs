@@ -48,6 +48,7 @@ pub(crate) async fn connection(
     let watched = Watched {
         inner: stream,
         activity: Arc::clone(&activity),
+        closing: Closing::Open,
     };
     let Some(tls) = tls else {
         let io = TokioIo::new(watched);
@@ -390,10 +391,52 @@ impl Drop for RequestGuard {
     }
 }
 
-/// The connection's socket, telling its [`Activity`] when bytes arrive.
+/// The connection's socket, telling its [`Activity`] when bytes arrive and
+/// when writes are flushed, and closing it with a lingering close.
 struct Watched {
     inner: TcpStream,
     activity: Arc<Activity>,
+    closing: Closing,
+}
+
+/// How long a lingering close reads (and discards) what the client still sends.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+/// How much a lingering close reads at most before it closes anyway.
+const LINGER_BYTES: usize = 8 * 1024 * 1024;
+
+/// Where a connection's close is. A close with request bytes unread makes the
+/// kernel answer them with a reset, and a reset makes the client's kernel
+/// discard what it has not yet handed to the client: the 413 of a body refused
+/// by its `Content-Length`, unread, would never be seen and the client would
+/// retry. So, like nginx's `lingering_close`, the write side is shut down
+/// first (the answer is followed by a FIN) and whatever the client is still
+/// sending is read and discarded, within [`LINGER_TIME`] and [`LINGER_BYTES`],
+/// before the socket closes.
+enum Closing {
+    Open,
+    /// The write side is shut down; whether bytes are still arriving is not
+    /// known yet.
+    WriteShut,
+    /// Discarding what the client still sends.
+    Draining {
+        deadline: Pin<Box<tokio::time::Sleep>>,
+        drained: usize,
+    },
+    Done,
+}
+
+impl Watched {
+    /// Reads and discards from the socket: `Ready` with how many bytes (0 at
+    /// the end or on an error), `Pending` when none are there now.
+    fn poll_discard(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
+        let mut sink = [0_u8; 16 * 1024];
+        let mut buf = ReadBuf::new(&mut sink);
+        match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => Poll::Ready(buf.filled().len()),
+            Poll::Ready(Err(_)) => Poll::Ready(0),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl AsyncRead for Watched {
@@ -448,8 +491,48 @@ impl AsyncWrite for Watched {
         result
     }
 
+    /// The lingering close (see [`Closing`]); without unread input (the usual
+    /// case) it ends right after the write side is shut down.
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        loop {
+            match &mut this.closing {
+                Closing::Open => {
+                    std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+                    this.closing = Closing::WriteShut;
+                }
+                Closing::WriteShut => {
+                    this.closing = match this.poll_discard(cx) {
+                        Poll::Ready(n) if n > 0 => {
+                            metrics::counter!("idemgate_http_lingering_closes_total").increment(1);
+                            Closing::Draining {
+                                deadline: Box::pin(tokio::time::sleep(LINGER_TIME)),
+                                drained: n,
+                            }
+                        }
+                        // Nothing unread (or the client is gone): close now.
+                        Poll::Ready(_) | Poll::Pending => Closing::Done,
+                    };
+                }
+                Closing::Draining { deadline, drained } => {
+                    if *drained >= LINGER_BYTES || deadline.as_mut().poll(cx).is_ready() {
+                        this.closing = Closing::Done;
+                        continue;
+                    }
+                    let drained = *drained;
+                    match this.poll_discard(cx) {
+                        Poll::Ready(0) => this.closing = Closing::Done,
+                        Poll::Ready(n) => {
+                            if let Closing::Draining { drained: total, .. } = &mut this.closing {
+                                *total = drained + n;
+                            }
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                Closing::Done => return Poll::Ready(Ok(())),
+            }
+        }
     }
 }
 
