@@ -401,6 +401,11 @@ struct Watched {
 
 /// How long a lingering close reads (and discards) what the client still sends.
 const LINGER_TIME: Duration = Duration::from_secs(2);
+/// How long a lingering close waits for the next bytes (or the client's close)
+/// before it closes: an upload in progress sends without such pauses, and a
+/// keep-alive client that does not close at once on the FIN holds the
+/// descriptor no longer than this (nginx's `lingering_timeout`).
+const LINGER_QUIET: Duration = Duration::from_millis(500);
 /// How much a lingering close reads at most before it closes anyway.
 const LINGER_BYTES: usize = 8 * 1024 * 1024;
 
@@ -411,15 +416,17 @@ const LINGER_BYTES: usize = 8 * 1024 * 1024;
 /// retry. So, like nginx's `lingering_close`, the write side is shut down
 /// first (the answer is followed by a FIN) and whatever the client is still
 /// sending is read and discarded, within [`LINGER_TIME`] and [`LINGER_BYTES`],
-/// before the socket closes.
+/// until the client closes or pauses for [`LINGER_QUIET`], before the socket
+/// closes. Whether input is still unread cannot be told from an empty receive
+/// buffer (the next segment may be on its way), so every graceful close
+/// lingers; a client that closes on the FIN (or had closed first) costs nothing.
 enum Closing {
     Open,
-    /// The write side is shut down; whether bytes are still arriving is not
-    /// known yet.
-    WriteShut,
-    /// Discarding what the client still sends.
+    /// Discarding what the client still sends: until `quiet` passes without
+    /// bytes, or `until`, or `drained` reaches [`LINGER_BYTES`].
     Draining {
-        deadline: Pin<Box<tokio::time::Sleep>>,
+        quiet: Pin<Box<tokio::time::Sleep>>,
+        until: Instant,
         drained: usize,
     },
     Done,
@@ -499,32 +506,37 @@ impl AsyncWrite for Watched {
             match &mut this.closing {
                 Closing::Open => {
                     std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
-                    this.closing = Closing::WriteShut;
-                }
-                Closing::WriteShut => {
-                    this.closing = match this.poll_discard(cx) {
-                        Poll::Ready(n) if n > 0 => {
-                            metrics::counter!("idemgate_http_lingering_closes_total").increment(1);
-                            Closing::Draining {
-                                deadline: Box::pin(tokio::time::sleep(LINGER_TIME)),
-                                drained: n,
-                            }
-                        }
-                        // Nothing unread (or the client is gone): close now.
-                        Poll::Ready(_) | Poll::Pending => Closing::Done,
+                    let until = Instant::now() + LINGER_TIME;
+                    this.closing = Closing::Draining {
+                        quiet: Box::pin(tokio::time::sleep_until(
+                            (Instant::now() + LINGER_QUIET).min(until),
+                        )),
+                        until,
+                        drained: 0,
                     };
                 }
-                Closing::Draining { deadline, drained } => {
-                    if *drained >= LINGER_BYTES || deadline.as_mut().poll(cx).is_ready() {
+                Closing::Draining {
+                    quiet,
+                    until,
+                    drained,
+                } => {
+                    if *drained >= LINGER_BYTES || quiet.as_mut().poll(cx).is_ready() {
                         this.closing = Closing::Done;
                         continue;
                     }
-                    let drained = *drained;
+                    let (before, until) = (*drained, *until);
                     match this.poll_discard(cx) {
                         Poll::Ready(0) => this.closing = Closing::Done,
                         Poll::Ready(n) => {
-                            if let Closing::Draining { drained: total, .. } = &mut this.closing {
-                                *total = drained + n;
+                            if before == 0 {
+                                metrics::counter!("idemgate_http_lingering_closes_total")
+                                    .increment(1);
+                            }
+                            if let Closing::Draining { quiet, drained, .. } = &mut this.closing {
+                                *drained = before + n;
+                                quiet
+                                    .as_mut()
+                                    .reset((Instant::now() + LINGER_QUIET).min(until));
                             }
                         }
                         Poll::Pending => return Poll::Pending,

@@ -27,7 +27,7 @@
 //!   without reading from it, so the accept loop never waits on a client;
 //! - **lingering close**: a connection closed with request bytes unread (a body
 //!   refused by its length) shuts its write side down and discards what still
-//!   arrives, within 2 s and 8 MiB, so the client reads the answer, not a reset;
+//!   arrives, within 2 s and 8 MiB (until the client closes or pauses 500 ms), so the client reads the answer, not a reset;
 //! - the accept loop survives `EMFILE`/`ENFILE` (it pauses briefly instead of
 //!   spinning or dying), and [`raise_fd_limit`] lifts the soft `RLIMIT_NOFILE` to
 //!   the hard limit at startup; the connection bound is capped below that limit
