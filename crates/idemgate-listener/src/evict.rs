@@ -20,7 +20,7 @@
 //! [`EVICTING_ALLOWANCE`] of them may be over the bound at once: a burst of new
 //! connections cannot eat the descriptor reserve.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -49,7 +49,16 @@ struct Live {
     by_id: HashMap<u64, Arc<Activity>>,
     /// Evicted, their tasks not yet ended (their descriptors still open).
     evicting: usize,
+    /// The candidates in eviction order, as of `built`: a scan of every
+    /// connection per accept at the bound would be O(n) under the lock.
+    order: VecDeque<(u64, Phase)>,
+    built: Option<Instant>,
 }
+
+/// How long an eviction order is used before it is built again. Entries are
+/// checked before use (a connection whose phase changed since is skipped), so
+/// the order is at most this stale for connections that changed or arrived.
+const ORDER_MAX_AGE: Duration = Duration::from_millis(100);
 
 /// A connection's place among the live ones; dropped when its task ends.
 pub(crate) struct Registration {
@@ -122,25 +131,49 @@ impl Connections {
     pub(crate) fn evict_one(&self, head_grace: Duration) -> bool {
         let mut live = self.lock();
         let now = Instant::now();
-        // A candidate may start a request (or a write) between the choice and
-        // the eviction; it is then busy, and the choice is made again without it.
-        let mut busy_after_all = Vec::new();
-        loop {
-            let phases = live
-                .by_id
-                .iter()
-                .filter(|(id, _)| !busy_after_all.contains(*id))
-                .map(|(id, activity)| (*id, activity.phase(), activity.is_writing()));
-            let Some(victim) = victim(phases, now, head_grace) else {
-                break false;
-            };
-            if live.by_id[&victim].evict() {
-                live.by_id.remove(&victim);
-                live.evicting += 1;
-                break true;
-            }
-            busy_after_all.push(victim);
+        let mut fresh = false;
+        if live
+            .built
+            .is_none_or(|built| now.saturating_duration_since(built) >= ORDER_MAX_AGE)
+        {
+            live.rebuild(now, head_grace);
+            fresh = true;
         }
+        loop {
+            while let Some((id, phase)) = live.order.pop_front() {
+                // Ended, evicted, or its phase changed since the order was
+                // built (a request began, or it went idle again): skipped. A
+                // candidate may also start a request (or a write) right now;
+                // `evict` then refuses it.
+                let Some(activity) = live.by_id.get(&id) else {
+                    continue;
+                };
+                if activity.phase() != phase || activity.is_writing() || !activity.evict() {
+                    continue;
+                }
+                live.by_id.remove(&id);
+                live.evicting += 1;
+                return true;
+            }
+            if fresh {
+                // A scan of every connection found none: all busy.
+                return false;
+            }
+            live.rebuild(now, head_grace);
+            fresh = true;
+        }
+    }
+}
+
+impl Live {
+    /// The eviction order of every connection now.
+    fn rebuild(&mut self, now: Instant, head_grace: Duration) {
+        let phases = self.by_id.iter().map(|(id, activity)| {
+            let phase = activity.phase();
+            ((*id, phase), phase, activity.is_writing())
+        });
+        self.order = ranked(phases, now, head_grace).into();
+        self.built = Some(now);
     }
 }
 
@@ -158,25 +191,39 @@ pub(crate) fn head_grace(header_read_timeout: Duration) -> Duration {
 /// then the longest waiting for a head within the grace (a client sending its
 /// request right now is cut last); never a busy one, nor an idle one whose
 /// last response is still being sent.
+#[cfg(test)]
 pub(crate) fn victim<K>(
     phases: impl IntoIterator<Item = (K, Phase, bool)>,
     now: Instant,
     head_grace: Duration,
 ) -> Option<K> {
+    ranked(phases, now, head_grace).into_iter().next()
+}
+
+/// Every candidate in [`victim`]'s order, first to evict first.
+fn ranked<K>(
+    phases: impl IntoIterator<Item = (K, Phase, bool)>,
+    now: Instant,
+    head_grace: Duration,
+) -> Vec<K> {
     // (class, since): stale heads (0), idles (1), young heads (2); older first.
-    let mut best: Option<((u8, Instant), K)> = None;
-    for (key, phase, writing) in phases {
-        let rank = match phase {
-            Phase::Head(since) if now.saturating_duration_since(since) >= head_grace => (0, since),
-            Phase::Head(since) => (2, since),
-            Phase::Idle(since) if !writing => (1, since),
-            Phase::Idle(_) | Phase::Busy(_) | Phase::Evicted => continue,
-        };
-        if best.as_ref().is_none_or(|(best, _)| rank < *best) {
-            best = Some((rank, key));
-        }
-    }
-    best.map(|(_, key)| key)
+    let mut candidates: Vec<((u8, Instant), K)> = phases
+        .into_iter()
+        .filter_map(|(key, phase, writing)| {
+            let rank = match phase {
+                Phase::Head(since) if now.saturating_duration_since(since) >= head_grace => {
+                    (0, since)
+                }
+                Phase::Head(since) => (2, since),
+                Phase::Idle(since) if !writing => (1, since),
+                Phase::Idle(_) | Phase::Busy(_) | Phase::Evicted => return None,
+            };
+            Some((rank, key))
+        })
+        .collect();
+    // Stable: equal ranks keep their order.
+    candidates.sort_by_key(|(rank, _)| *rank);
+    candidates.into_iter().map(|(_, key)| key).collect()
 }
 
 #[cfg(test)]
@@ -286,6 +333,36 @@ mod tests {
         assert_eq!(connections.len(), 2);
         drop(newer_registration);
         assert_eq!(connections.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_kept_order_skips_connections_that_changed_and_finds_new_ones() {
+        let connections = Arc::new(Connections::default());
+        let first = Arc::new(Activity::new());
+        let second = Arc::new(Activity::new());
+        let third = Arc::new(Activity::new());
+        let _registrations = [
+            connections.register(Arc::clone(&first)),
+            connections.register(Arc::clone(&second)),
+            connections.register(Arc::clone(&third)),
+        ];
+        assert!(connections.evict_one(GRACE), "builds the order");
+        assert_eq!(first.phase(), Phase::Evicted);
+        // The second starts a request and goes idle again: its entry in the
+        // kept order is stale, and is skipped rather than trusted.
+        drop(second.begin_request());
+        assert!(connections.evict_one(GRACE));
+        assert_eq!(third.phase(), Phase::Evicted, "the unchanged entry");
+        assert!(matches!(second.phase(), Phase::Idle(_)));
+        // The kept order is used up: a new scan finds the idle one, and a
+        // connection registered after the order was built.
+        let later = Arc::new(Activity::new());
+        let _later = connections.register(Arc::clone(&later));
+        assert!(connections.evict_one(GRACE));
+        assert_eq!(second.phase(), Phase::Evicted, "idle before a young head");
+        assert!(connections.evict_one(GRACE));
+        assert_eq!(later.phase(), Phase::Evicted);
+        assert!(!connections.evict_one(GRACE));
     }
 
     #[tokio::test]
