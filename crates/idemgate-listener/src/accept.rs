@@ -21,8 +21,8 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_util::task::TaskTracker;
 
 use crate::ListenerOptions;
-use crate::connection::{Activity, connection};
-use crate::evict::Connections;
+use crate::connection::{Activity, EVICTION_GRACE, connection};
+use crate::evict::{Connections, EVICTING_ALLOWANCE, head_grace};
 use crate::limits::{FD_RESERVE, fd_limit};
 
 /// How long the accept loop pauses after an error that is not one connection's
@@ -104,6 +104,7 @@ impl Listener {
         builder.http2().timer(TokioTimer::new());
         let connections = TaskTracker::new();
         let live = Arc::new(Connections::default());
+        let head_grace = head_grace(self.options.header_read_timeout);
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut accept_errors = AcceptErrors::default();
         tokio::pin!(shutdown);
@@ -122,9 +123,18 @@ impl Listener {
                     continue;
                 }
             };
-            if live.len() >= self.max_connections && !live.evict_one() {
-                shed(&stream);
-                continue;
+            // At the bound, room is made by evicting one; while too many
+            // evicted ones are still closing (their descriptors still open),
+            // the accept loop first waits for them, briefly.
+            if live.len() >= self.max_connections {
+                if live.evicting() >= EVICTING_ALLOWANCE {
+                    live.wait_for_evicting_below(EVICTING_ALLOWANCE, EVICTION_GRACE)
+                        .await;
+                }
+                if live.evicting() >= EVICTING_ALLOWANCE || !live.evict_one(head_grace) {
+                    shed(&stream);
+                    continue;
+                }
             }
             let _ = stream.set_nodelay(true);
             let activity = Arc::new(Activity::new());

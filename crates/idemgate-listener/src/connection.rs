@@ -3,6 +3,7 @@
 //! the response body that keeps the connection busy until hyper has sent it.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +48,7 @@ pub(crate) async fn connection(
     let watched = Watched {
         inner: stream,
         activity: Arc::clone(&activity),
+        closing: Closing::Open,
     };
     let Some(tls) = tls else {
         let io = TokioIo::new(watched);
@@ -114,11 +116,7 @@ async fn serve_connection<I>(
             }
             () = sleep_until(deadline) => {
                 match activity.expired(&options) {
-                    Some("evicted") => {
-                        metrics::counter!("idemgate_http_connections_evicted_total").increment(1);
-                        tracing::debug!("evicted a connection to serve a new one at the bound");
-                        return;
-                    }
+                    Some("evicted") => break,
                     Some(phase) => {
                         metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => phase).increment(1);
                         tracing::debug!(phase, "closing a connection past its timeout");
@@ -134,7 +132,31 @@ async fn serve_connection<I>(
             }
         }
     }
+    metrics::counter!("idemgate_http_connections_evicted_total").increment(1);
+    // hyper closes an idle HTTP/1 connection at once on a graceful shutdown and
+    // finishes (flushes) a response in progress first; dropping `conn` instead
+    // would cut a response whose last bytes are still buffered (the phase is
+    // Idle as soon as hyper drops the body, before it has flushed it), and the
+    // 503 of a head that completed as the connection was chosen.
+    conn.as_mut().graceful_shutdown();
+    // One more turn for hyper: a head that completed meanwhile gets its 503.
+    let ended = std::future::poll_fn(|cx| Poll::Ready(conn.as_mut().poll(cx).is_ready())).await;
+    if ended || !activity.lingers() {
+        // Waiting for (the rest of) a head, nothing to finish: closed at once.
+        tracing::debug!("evicted a connection to serve a new one at the bound");
+        return;
+    }
+    if tokio::time::timeout(EVICTION_GRACE, conn).await.is_err() {
+        tracing::debug!("evicted a connection that did not finish its response in time");
+    } else {
+        tracing::debug!("evicted a connection after finishing its response");
+    }
 }
+
+/// How long an evicted connection may take to finish the response it is
+/// sending (or the 503 of a request refused by the eviction) before it is cut.
+/// Short: eviction is there to free the connection for a new client.
+pub(crate) const EVICTION_GRACE: Duration = Duration::from_secs(1);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
@@ -217,6 +239,15 @@ pub(crate) struct Activity {
     phase: Mutex<Phase>,
     /// Woken when the phase changes in a way that moves the deadline.
     changed: Notify,
+    /// Evicted with something to finish: it was idle (its last response may
+    /// still be in hyper's buffer), or a head completed as it was evicted and
+    /// its 503 is to be written. Its close is then graceful, within
+    /// [`EVICTION_GRACE`].
+    lingers: AtomicBool,
+    /// Bytes were handed to the socket and not yet flushed: a response is still
+    /// being sent although hyper has dropped its body. Such a connection is not
+    /// evicted (a slow reader is bounded by the idle timeout, as before).
+    unflushed: AtomicBool,
 }
 
 impl Activity {
@@ -224,6 +255,8 @@ impl Activity {
         Self {
             phase: Mutex::new(Phase::Head(Instant::now())),
             changed: Notify::new(),
+            lingers: AtomicBool::new(false),
+            unflushed: AtomicBool::new(false),
         }
     }
 
@@ -251,7 +284,10 @@ impl Activity {
             *phase = match *phase {
                 Phase::Busy(requests) => Phase::Busy(requests + 1),
                 Phase::Head(_) | Phase::Idle(_) => Phase::Busy(1),
-                Phase::Evicted => Phase::Evicted,
+                Phase::Evicted => {
+                    self.lingers.store(true, Ordering::Release);
+                    Phase::Evicted
+                }
             }
         });
         RequestGuard(Arc::clone(self))
@@ -299,15 +335,33 @@ impl Activity {
         self.with_phase(|phase| *phase)
     }
 
+    /// Whether a response is still being written (see [`Activity::unflushed`]).
+    pub(crate) fn is_writing(&self) -> bool {
+        self.unflushed.load(Ordering::Acquire)
+    }
+
+    /// Whether an evicted connection has a response to finish first.
+    fn lingers(&self) -> bool {
+        self.lingers.load(Ordering::Acquire)
+    }
+
     /// Marks the connection evicted if it is still waiting for a head or idle
-    /// (not if a request began meanwhile); wakes its watchdog. Whether it was.
+    /// with nothing left to send (not if a request began meanwhile); wakes its
+    /// watchdog. Whether it was.
     pub(crate) fn evict(&self) -> bool {
+        let writing = self.is_writing();
         let evicted = self.with_phase(|phase| match *phase {
-            Phase::Head(_) | Phase::Idle(_) => {
+            Phase::Head(_) => {
                 *phase = Phase::Evicted;
                 true
             }
-            Phase::Busy(_) | Phase::Evicted => false,
+            Phase::Idle(_) if !writing => {
+                // Its last response may be flushed only just now: finish it.
+                self.lingers.store(true, Ordering::Release);
+                *phase = Phase::Evicted;
+                true
+            }
+            Phase::Idle(_) | Phase::Busy(_) | Phase::Evicted => false,
         });
         if evicted {
             self.changed.notify_one();
@@ -337,10 +391,59 @@ impl Drop for RequestGuard {
     }
 }
 
-/// The connection's socket, telling its [`Activity`] when bytes arrive.
+/// The connection's socket, telling its [`Activity`] when bytes arrive and
+/// when writes are flushed, and closing it with a lingering close.
 struct Watched {
     inner: TcpStream,
     activity: Arc<Activity>,
+    closing: Closing,
+}
+
+/// How long a lingering close reads (and discards) what the client still sends.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+/// How long a lingering close waits for the next bytes (or the client's close)
+/// before it closes: an upload in progress sends without such pauses, and a
+/// keep-alive client that does not close at once on the FIN holds the
+/// descriptor no longer than this (nginx's `lingering_timeout`).
+const LINGER_QUIET: Duration = Duration::from_millis(500);
+/// How much a lingering close reads at most before it closes anyway.
+const LINGER_BYTES: usize = 8 * 1024 * 1024;
+
+/// Where a connection's close is. A close with request bytes unread makes the
+/// kernel answer them with a reset, and a reset makes the client's kernel
+/// discard what it has not yet handed to the client: the 413 of a body refused
+/// by its `Content-Length`, unread, would never be seen and the client would
+/// retry. So, like nginx's `lingering_close`, the write side is shut down
+/// first (the answer is followed by a FIN) and whatever the client is still
+/// sending is read and discarded, within [`LINGER_TIME`] and [`LINGER_BYTES`],
+/// until the client closes or pauses for [`LINGER_QUIET`], before the socket
+/// closes. Whether input is still unread cannot be told from an empty receive
+/// buffer (the next segment may be on its way), so every graceful close
+/// lingers; a client that closes on the FIN (or had closed first) costs nothing.
+enum Closing {
+    Open,
+    /// Discarding what the client still sends: until `quiet` passes without
+    /// bytes, or `until`, or `drained` reaches [`LINGER_BYTES`].
+    Draining {
+        quiet: Pin<Box<tokio::time::Sleep>>,
+        until: Instant,
+        drained: usize,
+    },
+    Done,
+}
+
+impl Watched {
+    /// Reads and discards from the socket: `Ready` with how many bytes (0 at
+    /// the end or on an error), `Pending` when none are there now.
+    fn poll_discard(&mut self, cx: &mut Context<'_>) -> Poll<usize> {
+        let mut sink = [0_u8; 16 * 1024];
+        let mut buf = ReadBuf::new(&mut sink);
+        match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => Poll::Ready(buf.filled().len()),
+            Poll::Ready(Err(_)) => Poll::Ready(0),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl AsyncRead for Watched {
@@ -364,6 +467,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if !buf.is_empty() {
+            self.activity.unflushed.store(true, Ordering::Release);
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -372,6 +478,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if bufs.iter().any(|buf| !buf.is_empty()) {
+            self.activity.unflushed.store(true, Ordering::Release);
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -379,12 +488,63 @@ impl AsyncWrite for Watched {
         self.inner.is_write_vectored()
     }
 
+    /// hyper (and rustls) flush after writing out their buffers: only then is
+    /// nothing of a response left to send.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(result, Poll::Ready(Ok(()))) {
+            self.activity.unflushed.store(false, Ordering::Release);
+        }
+        result
     }
 
+    /// The lingering close (see [`Closing`]); without unread input (the usual
+    /// case) it ends right after the write side is shut down.
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        loop {
+            match &mut this.closing {
+                Closing::Open => {
+                    std::task::ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+                    let until = Instant::now() + LINGER_TIME;
+                    this.closing = Closing::Draining {
+                        quiet: Box::pin(tokio::time::sleep_until(
+                            (Instant::now() + LINGER_QUIET).min(until),
+                        )),
+                        until,
+                        drained: 0,
+                    };
+                }
+                Closing::Draining {
+                    quiet,
+                    until,
+                    drained,
+                } => {
+                    if *drained >= LINGER_BYTES || quiet.as_mut().poll(cx).is_ready() {
+                        this.closing = Closing::Done;
+                        continue;
+                    }
+                    let (before, until) = (*drained, *until);
+                    match this.poll_discard(cx) {
+                        Poll::Ready(0) => this.closing = Closing::Done,
+                        Poll::Ready(n) => {
+                            if before == 0 {
+                                metrics::counter!("idemgate_http_lingering_closes_total")
+                                    .increment(1);
+                            }
+                            if let Closing::Draining { quiet, drained, .. } = &mut this.closing {
+                                *drained = before + n;
+                                quiet
+                                    .as_mut()
+                                    .reset((Instant::now() + LINGER_QUIET).min(until));
+                            }
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                Closing::Done => return Poll::Ready(Ok(())),
+            }
+        }
     }
 }
 
@@ -421,5 +581,62 @@ impl http_body::Body for GuardedBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A head that completes as its connection is evicted is answered with the
+    /// 503 (nothing run), not dropped unanswered: repeated, since which of the
+    /// watchdog's branches wins the first turn is random.
+    #[tokio::test]
+    async fn a_head_completing_during_eviction_gets_its_503() {
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let router = Router::new().route(
+            "/",
+            axum::routing::get({
+                let ran = Arc::clone(&ran);
+                move || async move {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    "ran"
+                }
+            }),
+        );
+        for round in 0..32 {
+            let (mut client, server) = tokio::io::duplex(64 * 1024);
+            let activity = Arc::new(Activity::new());
+            let (_stop_tx, stop) = watch::channel(false);
+            let served = tokio::spawn(serve_connection(
+                TokioIo::new(server),
+                Arc::clone(&activity),
+                "127.0.0.1:1".parse().unwrap(),
+                auto::Builder::new(TokioExecutor::new()),
+                router.clone(),
+                ListenerOptions::default(),
+                stop,
+            ));
+            // The connection waits for its head; the head arrives as it is evicted.
+            tokio::task::yield_now().await;
+            client
+                .write_all(b"GET / HTTP/1.1\r\nhost: idemgate\r\n\r\n")
+                .await
+                .unwrap();
+            assert!(activity.evict());
+            let mut received = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut received))
+                .await
+                .expect("the evicted connection is closed within its grace");
+            let text = String::from_utf8_lossy(&received);
+            assert!(
+                text.starts_with("HTTP/1.1 503") && text.contains("problems/connection-limit"),
+                "round {round}: {text:?}"
+            );
+            served.await.unwrap();
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "nothing run");
     }
 }

@@ -17,12 +17,17 @@
 //!   never fires for a client sending one byte per second); past it the answer is
 //!   `408` `body-timeout` problem+json and the connection is closed;
 //! - **connection bound**: when a new connection arrives at it, the connection
-//!   that has waited longest without completing a request head is closed (else
-//!   the keep-alive connection idle longest) and the new one is served, so
+//!   that has waited longest without completing a request head past a grace is
+//!   closed (else the keep-alive connection idle longest, else the head waiting
+//!   longest within the grace; never one still sending a response; an evicted
+//!   one finishes a response in progress within a second) and the new one is served, so
 //!   clients holding half a head cannot keep everyone else out until the header
 //!   timeout cuts them; only when every connection is busy with a request is the
 //!   new one answered at once with a canned `503` `connection-limit` and closed,
 //!   without reading from it, so the accept loop never waits on a client;
+//! - **lingering close**: a connection closed with request bytes unread (a body
+//!   refused by its length) shuts its write side down and discards what still
+//!   arrives, within 2 s and 8 MiB (until the client closes or pauses 500 ms), so the client reads the answer, not a reset;
 //! - the accept loop survives `EMFILE`/`ENFILE` (it pauses briefly instead of
 //!   spinning or dying), and [`raise_fd_limit`] lifts the soft `RLIMIT_NOFILE` to
 //!   the hard limit at startup; the connection bound is capped below that limit

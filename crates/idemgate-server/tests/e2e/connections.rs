@@ -322,22 +322,40 @@ async fn when_every_connection_is_busy_new_ones_are_shed_and_the_busy_ones_finis
             .arg("--max-connections", bound),
     )
     .await;
-    // Each connection busy with a request whose body is half sent.
+    // Each connection busy with a request whose body is half sent. The
+    // server's `100 Continue` says the head was parsed (the request is busy)
+    // before the half body is sent: no sleep standing for "all heads parsed".
     let (head_half, rest) = ORDER.split_at(ORDER.len() / 2);
     let mut busy = Vec::new();
     for _ in 0..bound {
         let mut stream = TcpStream::connect(server.addr).await.unwrap();
         let request = format!(
             "POST /api/v1/orders HTTP/1.1\r\nhost: idemgate\r\nauthorization: Bearer token-{}\r\n\
-             content-type: application/json\r\nidempotency-key: {}\r\ncontent-length: {}\r\n\r\n{head_half}",
+             content-type: application/json\r\nidempotency-key: {}\r\ncontent-length: {}\r\n\
+             expect: 100-continue\r\n\r\n",
             new_key(),
             new_key(),
             ORDER.len()
         );
         stream.write_all(request.as_bytes()).await.unwrap();
+        let mut interim = Vec::new();
+        let mut buf = [0_u8; 256];
+        while !interim.ends_with(b"\r\n\r\n") {
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+                .await
+                .expect("a 100 Continue in time")
+                .expect("read");
+            assert!(n > 0, "closed before the 100 Continue: {interim:?}");
+            interim.extend_from_slice(&buf[..n]);
+        }
+        assert!(
+            interim.starts_with(b"HTTP/1.1 100 Continue\r\n"),
+            "{:?}",
+            String::from_utf8_lossy(&interim)
+        );
+        stream.write_all(head_half.as_bytes()).await.unwrap();
         busy.push(stream);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     for _ in 0..10 {
         let started = Instant::now();
         let stream = TcpStream::connect(server.addr).await.unwrap();
