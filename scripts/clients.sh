@@ -11,23 +11,44 @@
 # and fails loudly when it cannot. A dependency install is skipped when its lock
 # file has not changed since the last one in this checkout.
 set -euo pipefail
+# Relative IDEMGATE_BIN / IDEMGATE_RELAY_BIN are the caller's: resolved against
+# the directory the script was started from, before it moves to the checkout.
+caller=$PWD
 cd "$(dirname "$0")/.."
 root=$PWD
 
 log() { printf '[clients] %s\n' "$*" >&2; }
 die() { printf '[clients] ERROR: %s\n' "$*" >&2; exit 1; }
+# An absolute path for a path the caller gave: the suites run from clients/js and
+# clients/python, where a relative one would name something else.
+from_caller() {
+  case $1 in
+    /*) realpath -m -- "$1" ;;
+    *) realpath -m -- "$caller/$1" ;;
+  esac
+}
 
 scripts/services.sh clients
 
 if [ -n "${IDEMGATE_BIN:-}" ]; then
-  IDEMGATE_BIN=$(realpath "$IDEMGATE_BIN")
+  IDEMGATE_BIN=$(from_caller "$IDEMGATE_BIN")
   [ -x "$IDEMGATE_BIN" ] || die "IDEMGATE_BIN=$IDEMGATE_BIN is not an executable"
-  relay="${IDEMGATE_RELAY_BIN:-$(dirname "$IDEMGATE_BIN")/idemgate-relay}"
+  if [ -n "${IDEMGATE_RELAY_BIN:-}" ]; then
+    relay=$(from_caller "$IDEMGATE_RELAY_BIN")
+  else
+    relay="$(dirname "$IDEMGATE_BIN")/idemgate-relay"
+  fi
   [ -x "$relay" ] || die "$relay is missing: cargo test -p idemgate-testkit (or cargo build -p idemgate-testkit --bin idemgate-relay) builds it beside $IDEMGATE_BIN"
   export IDEMGATE_BIN IDEMGATE_RELAY_BIN="$relay"
 else
   # No binaries given: the release builds, made here, before any suite starts
   # (a test never builds: a cargo build inside a test's timeout is a flaky test).
+  # A relative CARGO_TARGET_DIR is cargo's: relative to the checkout, where cargo
+  # runs here (as scripts/test.sh reads it); made absolute for the suites.
+  if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+    CARGO_TARGET_DIR=$(realpath -m -- "$CARGO_TARGET_DIR")
+    export CARGO_TARGET_DIR
+  fi
   release="${CARGO_TARGET_DIR:-$root/target}/release"
   log "IDEMGATE_BIN unset: cargo build --release of idemgate and idemgate-relay into $release"
   cargo build --release -p idemgate-server --bin idemgate || die "cargo could not build the idemgate binary"

@@ -98,7 +98,13 @@ pub struct RouteFile {
     table: RouteTable,
     ttl: Duration,
     lease: Duration,
+    /// Only ever held to copy or assign the record, never across a file read or
+    /// a table build: the admin API reads it from the runtime's workers.
     view: Arc<RwLock<RouteFileView>>,
+    /// One reload at a time, held across the load (an async lock: it waits
+    /// without blocking a worker), so two overlapping reloads cannot leave the
+    /// older file's table or record installed over the newer one's.
+    reloading: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for RouteFile {
@@ -139,6 +145,7 @@ impl RouteFile {
                 loaded,
                 last_error: None,
             })),
+            reloading: Arc::default(),
         }
     }
 
@@ -156,18 +163,33 @@ impl RouteFile {
     /// once (requests in flight finish under the old ones); a bad one is
     /// refused and the old routes keep serving. Logged and counted either way.
     /// Without `--config` there is nothing to reload (logged, not counted).
-    pub fn reload(&self) -> Result<RouteFileInfo, ReloadError> {
+    ///
+    /// The read, the parse and the table build run on the blocking pool; the
+    /// record's lock is taken only to assign the outcome, after the new table
+    /// is in place (so a record that names the new file means its routes serve).
+    pub async fn reload(&self) -> Result<RouteFileInfo, ReloadError> {
+        let _one_at_a_time = self.reloading.lock().await;
         let Some(path) = self.view().loaded.map(|info| info.path) else {
             tracing::warn!("SIGHUP: no --config file, nothing to reload");
             return Err(ReloadError::NoFile);
         };
-        let mut view = self
-            .view
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match load(&path, self.ttl, self.lease) {
-            Ok((routes, info)) => {
-                self.table.replace(&routes);
+        let (table, ttl, lease) = (self.table.clone(), self.ttl, self.lease);
+        let file = path.clone();
+        let loaded: Result<RouteFileInfo, RoutesError> =
+            match tokio::task::spawn_blocking(move || {
+                let (routes, info) = load(&file, ttl, lease)?;
+                table.replace(&routes);
+                Ok(info)
+            })
+            .await
+            {
+                Ok(loaded) => loaded,
+                Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+                // Cancelled: the runtime is shutting down, nothing was installed.
+                Err(_) => return Err(ReloadError::Interrupted),
+            };
+        match loaded {
+            Ok(info) => {
                 metrics::counter!(RELOADS_METRIC, "result" => "ok").increment(1);
                 metrics::gauge!(LAST_RELOAD_METRIC).set(1.0);
                 tracing::info!(
@@ -176,6 +198,7 @@ impl RouteFile {
                     routes = info.routes,
                     "route file reloaded"
                 );
+                let mut view = self.write_view();
                 view.loaded = Some(info.clone());
                 view.last_error = None;
                 Ok(info)
@@ -184,13 +207,20 @@ impl RouteFile {
                 metrics::counter!(RELOADS_METRIC, "result" => "error").increment(1);
                 metrics::gauge!(LAST_RELOAD_METRIC).set(0.0);
                 tracing::error!(%error, "route file reload refused; the previous routes keep serving");
-                view.last_error = Some(RefusedReload {
+                self.write_view().last_error = Some(RefusedReload {
                     at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
                     error: error.to_string(),
                 });
                 Err(ReloadError::Refused(error))
             }
         }
+    }
+
+    fn write_view(&self) -> std::sync::RwLockWriteGuard<'_, RouteFileView> {
+        // As in `view`: what a poisoned lock holds is still whole.
+        self.view
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -204,6 +234,9 @@ pub enum ReloadError {
     /// The new file is bad; the old routes keep serving.
     #[error(transparent)]
     Refused(RoutesError),
+    /// The process shut down before the new file was loaded; nothing changed.
+    #[error("the reload was interrupted by shutdown")]
+    Interrupted,
 }
 
 #[cfg(test)]

@@ -59,7 +59,9 @@ pub enum Fault {
     Trickle(Duration),
     /// Forward the request; pass on the answer's head and the first byte of its
     /// body, then close the client's connection: an answer cut off halfway, after
-    /// the server ran the request. (An answer without a body is lost whole.)
+    /// the server ran the request. An answer without a body (`204`, `304`,
+    /// `Content-Length: 0`) has nothing to cut: it passes whole and the fault is
+    /// spent, so it never lands on the next answer of a kept-alive connection.
     CutBody,
 }
 
@@ -266,12 +268,35 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
                 }
                 if let Some(answer) = cutting.as_mut() {
                     answer.extend_from_slice(&from_server[..n]);
-                    if let Some(end) = find_head_end(answer, 0) {
-                        if answer.len() > end {
-                            let _ = client.write_all(&answer[..=end]).await;
-                            let _ = client.flush().await;
-                            return; // the head and one byte of the body, then the end
+                    let mut spent = false;
+                    while let Some(end) = find_head_end(answer, 0) {
+                        match answer_body(&answer[..end]) {
+                            AnswerBody::Interim => {
+                                // A `100 Continue` passes; the answer comes after it.
+                                if client.write_all(&answer[..end]).await.is_err() {
+                                    return;
+                                }
+                                answer.drain(..end);
+                            }
+                            AnswerBody::Empty => {
+                                // Nothing to cut: the answer (and whatever follows
+                                // it) passes, and the fault is spent.
+                                if client.write_all(answer).await.is_err() {
+                                    return;
+                                }
+                                spent = true;
+                                break;
+                            }
+                            AnswerBody::Some if answer.len() > end => {
+                                let _ = client.write_all(&answer[..=end]).await;
+                                let _ = client.flush().await;
+                                return; // the head and one byte of the body, then the end
+                            }
+                            AnswerBody::Some => break, // its first body byte is still to come
                         }
+                    }
+                    if spent {
+                        cutting = None;
                     }
                 } else if let Some(interval) = trickle {
                     for byte in from_server[..n].chunks(1) {
@@ -367,6 +392,49 @@ fn find_head_end(head: &[u8], from: usize) -> Option<usize> {
         .map(|at| from + at + 4)
 }
 
+/// What follows a response head, for [`Fault::CutBody`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerBody {
+    /// An interim `1xx` (not `101`): no body, and the real answer still to come.
+    Interim,
+    /// None (`101`, `204`, `304`, `Content-Length: 0`, RFC 9112 §6.3): nothing to cut.
+    Empty,
+    /// A body (or a head that does not parse: cut as before). The request's
+    /// method is not followed, so the answer to a `HEAD` with a length counts too.
+    Some,
+}
+
+/// What follows the complete response head `head`.
+fn answer_body(head: &[u8]) -> AnswerBody {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    let (Ok(httparse::Status::Complete(_)), Some(code)) = (response.parse(head), response.code)
+    else {
+        return AnswerBody::Some;
+    };
+    match code {
+        101 | 204 | 304 => return AnswerBody::Empty,
+        100..200 => return AnswerBody::Interim,
+        _ => {}
+    }
+    let mut length = None;
+    for header in response.headers.iter() {
+        if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            return AnswerBody::Some;
+        }
+        if header.name.eq_ignore_ascii_case("content-length") {
+            length = std::str::from_utf8(header.value)
+                .ok()
+                .and_then(|value| value.trim().parse::<u64>().ok());
+        }
+    }
+    if length == Some(0) {
+        AnswerBody::Empty
+    } else {
+        AnswerBody::Some
+    }
+}
+
 /// A complete head's method and body length (`None`: chunked, not followed).
 fn parse_head(head: &[u8]) -> Option<(String, Option<u64>)> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
@@ -450,5 +518,93 @@ mod tests {
         assert_eq!(shared.take_request_fault("GET"), None);
         assert_eq!(shared.take_request_fault("post"), Some(Fault::LoseResponse));
         assert_eq!(shared.take_request_fault("POST"), None);
+    }
+
+    /// An HTTP/1.1 upstream with kept-alive connections that answers the n-th
+    /// bodiless request it reads (on any connection) with `answers[n]`.
+    async fn scripted_upstream(answers: &'static [&'static [u8]]) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let next = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let next = Arc::clone(&next);
+                tokio::spawn(async move {
+                    let (mut buf, mut chunk) = (Vec::new(), [0; 1024]);
+                    while let Ok(n @ 1..) = stream.read(&mut chunk).await {
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = find_head_end(&buf, 0) {
+                            buf.drain(..end);
+                            let answer = answers[next.fetch_add(1, Ordering::SeqCst)];
+                            if stream.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Sends a bodiless GET on `stream`, then reads until `expected.len()` bytes
+    /// came, the connection ended, or nothing came for 10 s (a swallowed answer
+    /// fails the test rather than hanging it).
+    async fn exchange(stream: &mut TcpStream, expected: &[u8]) -> Vec<u8> {
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: relay\r\n\r\n")
+            .await
+            .unwrap();
+        let (mut answer, mut chunk) = (Vec::new(), [0; 1024]);
+        while answer.len() < expected.len() {
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk));
+            match read.await {
+                Ok(Ok(n @ 1..)) => answer.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        answer
+    }
+
+    #[tokio::test]
+    async fn cut_body_passes_a_bodyless_answer_and_is_spent_by_it() {
+        const NO_CONTENT: &[u8] = b"HTTP/1.1 204 No Content\r\nx-run: 1\r\n\r\n";
+        const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        const NOT_MODIFIED: &[u8] = b"HTTP/1.1 304 Not Modified\r\netag: \"a\"\r\n\r\n";
+        const EMPTY: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        const CONTINUED: &[u8] =
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok";
+        let upstream =
+            scripted_upstream(&[NO_CONTENT, OK, NOT_MODIFIED, EMPTY, OK, CONTINUED]).await;
+        let relay = Relay::start(upstream).await;
+        let mut stream = TcpStream::connect(relay.addr()).await.unwrap();
+
+        relay.inject_request(Fault::CutBody, None);
+        assert_eq!(
+            exchange(&mut stream, NO_CONTENT).await,
+            NO_CONTENT,
+            "passed whole"
+        );
+        assert_eq!(
+            exchange(&mut stream, OK).await,
+            OK,
+            "the next answer on the connection is not cut: the fault was spent"
+        );
+        for bodyless in [NOT_MODIFIED, EMPTY] {
+            relay.inject_request(Fault::CutBody, None);
+            assert_eq!(exchange(&mut stream, bodyless).await, bodyless);
+        }
+        // An answer with a body is still cut after its first byte, and an interim
+        // 100 before it neither spends the fault nor is cut.
+        relay.inject_request(Fault::CutBody, None);
+        assert_eq!(exchange(&mut stream, OK).await, &OK[..OK.len() - 1], "cut");
+        let mut stream = TcpStream::connect(relay.addr()).await.unwrap();
+        relay.inject_request(Fault::CutBody, None);
+        assert_eq!(
+            exchange(&mut stream, CONTINUED).await,
+            &CONTINUED[..CONTINUED.len() - 1],
+            "the 100 and the head pass, the body is cut"
+        );
+        assert_eq!(relay.requests(), 6);
     }
 }

@@ -409,7 +409,7 @@ impl Hangups {
             tokio::spawn(async move {
                 while hangups.recv().await.is_some() {
                     // Logged and counted inside; the old routes stay on an error.
-                    let _ = file.reload();
+                    let _ = file.reload().await;
                 }
             });
         }

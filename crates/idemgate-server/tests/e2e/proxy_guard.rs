@@ -51,6 +51,11 @@ struct Guarded {
     _dir: TempDir,
 }
 
+/// Half of guarded()'s 60 s `--upstream-timeout-ms`: an answer sooner than this
+/// was ended by the idle or total flag under test, not by the head timeout. Not a
+/// speed bound: the flags under test are below one second.
+const FALLBACK_BOUND: Duration = Duration::from_secs(30);
+
 /// `idemgate proxy --principal header:x-user --config ROUTES FLAGS…` in front of
 /// a new upstream of `kind`.
 async fn guarded(kind: UpstreamKind, flags: &[(&str, &str)]) -> Guarded {
@@ -61,7 +66,10 @@ async fn guarded(kind: UpstreamKind, flags: &[(&str, &str)]) -> Guarded {
     let mut options = ProxyOptions::new(upstream.url())
         .arg("--principal", format!("header:{USER}"))
         .arg("--config", routes.display())
-        .arg("--upstream-timeout-ms", 5_000);
+        // Far beyond every bound the tests set (300 ms idle, 800 ms total): a 504
+        // that arrives inside FALLBACK_BOUND can only be theirs, never this one's,
+        // without the test timing how fast the proxy is.
+        .arg("--upstream-timeout-ms", 60_000);
     for (flag, value) in flags {
         options = options.arg(flag, value);
     }
@@ -447,7 +455,7 @@ async fn a_stalled_body_is_a_504_within_the_idle_flag_and_settled_per_policy() {
     assert_eq!(first.status, 504, "{}", first.text());
     assert_eq!(first.problem().as_deref(), Some("upstream-timeout"));
     // The upstream never finishes; only the 300 ms flag can have ended it.
-    assert!(started.elapsed() < Duration::from_secs(4));
+    assert!(started.elapsed() < FALLBACK_BOUND);
     guarded.cut(1).await;
     let retry = guarded.send(&post("/stall", Some(&key))).await;
     assert_eq!(retry.status, 504);
@@ -491,7 +499,8 @@ async fn a_trickle_is_cut_by_the_total_response_flag() {
     let started = Instant::now();
     let answer = guarded.send(&post("/trickle", Some(&key))).await;
     assert_eq!(answer.status, 504, "{}", answer.text());
-    assert!(started.elapsed() < Duration::from_secs(4));
+    // Idle 2 s never fires on a byte per 100 ms; the 60 s fallback has not come.
+    assert!(started.elapsed() < FALLBACK_BOUND);
     guarded.cut(1).await;
     assert!(guarded.send(&post("/trickle", Some(&key))).await.replayed());
     assert_eq!(guarded.upstream.count(), 1);

@@ -369,12 +369,14 @@ async fn a_request_in_flight_finishes_under_the_routes_it_started_with() {
                 .status()
         }
     };
-    upstream.set_delay(Duration::from_millis(1_500));
+    // Held at the upstream until the reload is observed: in flight across it by
+    // construction, not by a delay long enough.
+    let hold = upstream.hold_next();
     upstream.answer_next(500);
     let key = new_key();
     let in_flight = tokio::spawn(post(key.clone()));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while upstream.started() == 0 {
+    while upstream.executions() == 0 {
         assert!(
             Instant::now() < deadline,
             "the request never reached the upstream"
@@ -386,8 +388,8 @@ async fn a_request_in_flight_finishes_under_the_routes_it_started_with() {
     })
     .await;
     assert!(!in_flight.is_finished(), "the reload landed mid-request");
+    hold.release();
     assert_eq!(in_flight.await.unwrap(), StatusCode::INTERNAL_SERVER_ERROR);
-    upstream.set_delay(Duration::ZERO);
     // Released under the old routes: the retry runs.
     assert_eq!(post(key).await, StatusCode::CREATED);
     assert_eq!(upstream.executions(), 2, "the old route's release applied");

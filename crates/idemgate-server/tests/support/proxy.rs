@@ -15,6 +15,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
 
 use super::server::spawn_listening;
 
@@ -36,6 +37,31 @@ struct UpstreamState {
     delay_ms: AtomicU64,
     /// Statuses the next executions answer instead of 201.
     statuses: Mutex<VecDeque<u16>>,
+    /// Gates the next executions wait on (after they are counted) before they
+    /// answer; see [`Upstream::hold_next`].
+    holds: Mutex<VecDeque<oneshot::Receiver<()>>>,
+}
+
+/// Keeps one upstream execution from answering until [`Hold::release`] (or the
+/// drop of the handle, so a failing test never leaves the request hanging). A
+/// test that needs a request in flight across some event holds it for exactly
+/// as long as it needs, instead of guessing a delay long enough.
+pub struct Hold(Option<oneshot::Sender<()>>);
+
+impl Hold {
+    pub fn release(mut self) {
+        if let Some(gate) = self.0.take() {
+            let _ = gate.send(());
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(gate) = self.0.take() {
+            let _ = gate.send(());
+        }
+    }
 }
 
 /// An API with no idempotency of its own: every request it receives is one
@@ -88,6 +114,14 @@ impl Upstream {
     pub fn answer_next(&self, status: u16) {
         self.state.statuses.lock().unwrap().push_back(status);
     }
+
+    /// The next execution (in arrival order, after the ones already held) is
+    /// counted and recorded, then waits for the returned handle before it answers.
+    pub fn hold_next(&self) -> Hold {
+        let (gate, held) = oneshot::channel();
+        self.state.holds.lock().unwrap().push_back(held);
+        Hold(Some(gate))
+    }
 }
 
 async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> Response {
@@ -103,6 +137,11 @@ async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> R
         headers: parts.headers.clone(),
         body,
     });
+    let held = state.holds.lock().unwrap().pop_front();
+    if let Some(held) = held {
+        // Released or dropped: either way the execution answers.
+        let _ = held.await;
+    }
     let delay = state.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;

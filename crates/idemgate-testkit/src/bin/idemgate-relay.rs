@@ -14,7 +14,8 @@
 //!
 //! `FAULT` is `pass`, `lose-response`, `reset`, `delay MILLISECONDS`,
 //! `trickle MILLISECONDS` (the answer one byte per interval) or `cut-body` (the
-//! answer's head and one byte of its body, then the connection closes); see
+//! answer's head and one byte of its body, then the connection closes; an answer
+//! without a body passes whole and spends it); see
 //! [`Fault`]. A line it cannot read is answered `{"error":"…"}`. It exits when its
 //! standard input closes, so it never outlives the test that started it.
 
