@@ -234,12 +234,18 @@ test("a stream body is refused before anything is sent", TIMEOUT, async (t) => {
 });
 
 test("a 503 with Retry-After is waited out, then retried", TIMEOUT, async (t) => {
-  // One connection allowed: while the test holds it, the client's connection gets
-  // an immediate 503 connection-limit, Retry-After: 1, and nothing runs.
+  // One connection allowed: while the test holds it busy with a request (its
+  // head sent, its body not), the client's connection gets an immediate 503
+  // connection-limit, Retry-After: 1, and nothing runs. (An idle or head-less
+  // holder would be evicted for the newcomer instead.)
   const s = await setup(t, { args: ["--max-connections", "1"] });
   const holder = net.connect(Number(s.server.addr.split(":")[1]), "127.0.0.1");
   await new Promise((done) => holder.once("connect", done));
-  await new Promise((done) => setTimeout(done, 100));
+  holder.write(
+    "POST /api/v1/orders HTTP/1.1\r\nhost: idemgate\r\nauthorization: Bearer holder\r\n" +
+      "content-type: application/json\r\ncontent-length: 1000\r\n\r\n{",
+  );
+  await new Promise((done) => setTimeout(done, 300));
   setTimeout(() => holder.destroy(), 500);
   const reports: Array<number | undefined> = [];
   const started = performance.now();
