@@ -14,7 +14,11 @@
 //! the upstream honours `If-Match` itself): a write that bypasses them is not
 //! serialised. Upstream `ETag`s pass through unaltered.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -31,6 +35,7 @@ use idemgate::key::IdempotencyKey;
 use idemgate::scope::{Identity, Principal, Scope};
 use idemgate::{Claim, Finality, Lease, ProblemDetails, Store};
 use tokio::time::Instant;
+use tower_service::Service;
 
 use crate::forward::Forward;
 use crate::headers::IDEMPOTENCY_KEY;
@@ -72,8 +77,48 @@ impl std::fmt::Debug for Enforce {
     }
 }
 
+/// What a route's layer wraps: the forwarder, and the route's enforcement when
+/// it has `conditional = "enforce"` (its writes then go through [`enforce`]).
+/// Kept outside [`Forward`], so forwarding never depends on this policy.
+#[derive(Clone, Debug)]
+pub(crate) struct Enforcing {
+    forward: Forward,
+    enforce: Option<Arc<Enforce>>,
+}
+
+impl Enforcing {
+    pub(crate) fn new(forward: Forward, enforce: Option<Enforce>) -> Self {
+        Self {
+            forward,
+            enforce: enforce.map(Arc::new),
+        }
+    }
+}
+
+impl Service<Request<Body>> for Enforcing {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.forward.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            Ok(match &this.enforce {
+                Some(policy) if writes(request.method()) => {
+                    enforce(this.forward, policy, request).await
+                }
+                _ => this.forward.send(request).await,
+            })
+        })
+    }
+}
+
 /// Whether `method` writes (so its preconditions are the proxy's to enforce).
-pub(crate) fn writes(method: &Method) -> bool {
+fn writes(method: &Method) -> bool {
     !matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
@@ -104,11 +149,7 @@ impl Drop for Held {
 
 /// The write under enforcement: 400/428/412 locally, or forwarded under the
 /// resource's lease.
-pub(crate) async fn enforce(
-    forward: Forward,
-    enforce: &Enforce,
-    request: Request<Body>,
-) -> Response<Body> {
+async fn enforce(forward: Forward, enforce: &Enforce, request: Request<Body>) -> Response<Body> {
     let preconditions = match Preconditions::from_headers(request.headers()) {
         Ok(preconditions) => preconditions,
         Err(error) => {

@@ -28,7 +28,6 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::{ClientBody, UpstreamBody};
-use crate::conditional::{self, Enforce};
 use crate::headers::{IDEMPOTENCY_KEY, add_forwarded, remove_hop_by_hop};
 use crate::problem;
 use crate::routes::{DEFAULT_REJECTIONS, ForwardKey};
@@ -71,8 +70,6 @@ pub struct Forward {
     idle: Duration,
     /// The whole response, from sending, head to last byte; `None`: unbounded.
     deadline: Option<Duration>,
-    /// A route's `conditional = "enforce"`.
-    conditional: Option<Arc<Enforce>>,
 }
 
 /// The `Host` header the upstream receives.
@@ -111,7 +108,6 @@ impl Forward {
             rejections: Arc::from(DEFAULT_REJECTIONS),
             idle: timeout,
             deadline: None,
-            conditional: None,
         }
     }
 
@@ -170,12 +166,6 @@ impl Forward {
         }
     }
 
-    /// This forwarder enforcing a route's preconditions (see `conditional`).
-    pub(crate) fn with_conditional(mut self, enforce: Option<Enforce>) -> Self {
-        self.conditional = enforce.map(Arc::new);
-        self
-    }
-
     /// The upstream's response-head timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
@@ -184,15 +174,6 @@ impl Forward {
     /// The upstream's `host:port`, for messages.
     pub(crate) fn upstream_authority(&self) -> &str {
         self.upstream.authority()
-    }
-
-    async fn forward(self, request: Request<Body>) -> Response<Body> {
-        if let Some(enforce) = self.conditional.clone()
-            && conditional::writes(request.method())
-        {
-            return conditional::enforce(self, &enforce, request).await;
-        }
-        self.send(request).await
     }
 
     /// One exchange with the upstream.
@@ -448,6 +429,6 @@ impl Service<Request<Body>> for Forward {
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let this = self.clone();
-        Box::pin(async move { Ok(this.forward(request).await) })
+        Box::pin(async move { Ok(this.send(request).await) })
     }
 }

@@ -351,7 +351,7 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
         service: idempotency
             .clone()
             .with_path_fold(default_fold)
-            .layer(forward.clone()),
+            .layer(conditional::Enforcing::new(forward.clone(), None)),
     };
     // The layer's problem style, for the refusals made before the layer.
     let style = idempotency.problem_style().clone();
@@ -453,11 +453,14 @@ impl RouteBuilder {
                     .with_body_timeouts(
                         policy.upstream_idle_timeout.unwrap_or(self.idle),
                         policy.upstream_response_timeout.or(self.response_timeout),
-                    )
-                    .with_conditional(policy.conditional.then(|| conditional::Enforce {
+                    );
+                let upstream = conditional::Enforcing::new(
+                    forward,
+                    policy.conditional.then(|| conditional::Enforce {
                         store: self.lock_store.as_ref().map(|store| Arc::clone(&store.0)),
                         require_if_match: policy.require_if_match,
-                    }));
+                    }),
+                );
                 DispatchRoute {
                     method: route.method.clone(),
                     pattern: route.pattern.folded(fold),
@@ -466,7 +469,7 @@ impl RouteBuilder {
                     safe_method_bodies: policy.safe_method_body.unwrap_or(self.safe_method_bodies),
                     service: policy
                         .layer(&route.method, &route.pattern, &self.idempotency, fold)
-                        .layer(forward),
+                        .layer(upstream),
                 }
             })
             .collect()
@@ -482,7 +485,7 @@ struct DispatchRoute {
     fold: PathFold,
     method_override: MethodOverride,
     safe_method_bodies: SafeMethodBodies,
-    service: Idempotency<Forward>,
+    service: Idempotency<conditional::Enforcing>,
 }
 
 /// What no route matched goes to.
@@ -490,7 +493,7 @@ struct DispatchRoute {
 struct DefaultRoute {
     method_override: MethodOverride,
     safe_method_bodies: SafeMethodBodies,
-    service: Idempotency<Forward>,
+    service: Idempotency<conditional::Enforcing>,
 }
 
 /// Brings each request to one reading (the guard), then sends it to the service
@@ -511,7 +514,7 @@ impl Dispatch {
     fn route(
         &self,
         request: &mut Request<Body>,
-    ) -> Result<Idempotency<Forward>, idemgate::ProblemDetails> {
+    ) -> Result<Idempotency<conditional::Enforcing>, idemgate::ProblemDetails> {
         let admitted = self.guard.admit(request)?;
         let method = admitted
             .overridden

@@ -14,8 +14,6 @@ use idemgate_core::Snapshot;
 use idemgate_core::estimate::{RecentDurations, retry_after};
 use idemgate_core::scope::Scope;
 
-use crate::config::Config;
-
 /// The most routes with a window of their own.
 const MAX_ROUTES: usize = 1024;
 
@@ -58,25 +56,24 @@ impl RouteDurations {
             .and_then(RecentDurations::typical)
             .or_else(|| windows.all.typical())
     }
+    /// The `Retry-After` of a 409 for `snapshot`'s running operation on `route`
+    /// (PROTOCOL §6.3): the route's typical duration less the operation's age (by
+    /// the store's clock, like the lease), bounded by `lease_left`; see
+    /// [`idemgate_core::estimate::retry_after`].
+    pub(crate) fn in_progress_hint(
+        &self,
+        route: &str,
+        snapshot: &Snapshot,
+        lease_left: Duration,
+    ) -> Duration {
+        let running_for = snapshot.now.duration_since(snapshot.record.created_at);
+        retry_after(lease_left, self.typical(route), running_for)
+    }
 }
 
 /// The key of a route's window: its method and scope path.
 pub(crate) fn route_key(scope: &Scope) -> String {
     format!("{} {}", scope.method, scope.path)
-}
-
-/// The `Retry-After` of a 409 for `snapshot`'s running operation on `route`
-/// (PROTOCOL §6.3): the route's typical duration less the operation's age (by
-/// the store's clock, like the lease), bounded by `lease_left`; see
-/// [`idemgate_core::estimate::retry_after`].
-pub(crate) fn in_progress_hint(
-    config: &Config,
-    route: &str,
-    snapshot: &Snapshot,
-    lease_left: Duration,
-) -> Duration {
-    let running_for = snapshot.now.duration_since(snapshot.record.created_at);
-    retry_after(lease_left, config.durations.typical(route), running_for)
 }
 
 #[cfg(test)]

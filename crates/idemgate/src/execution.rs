@@ -25,7 +25,6 @@ use idemgate_core::{
 
 use crate::config::Config;
 use crate::context::OperationContext;
-use crate::durations::in_progress_hint;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::Handler;
 use crate::problem::ProblemDetails;
@@ -455,7 +454,10 @@ impl Execution {
         match decide(&snapshot, &snapshot.record.fingerprint) {
             Decision::Replay(stored) => replay(stored, self.accept_encoding.as_deref()),
             Decision::InProgress { retry_after } => {
-                let hint = in_progress_hint(&self.config, &self.route, &snapshot, retry_after);
+                let hint =
+                    self.config
+                        .durations
+                        .in_progress_hint(&self.route, &snapshot, retry_after);
                 ProblemDetails::in_progress(hint).into_response()
             }
             Decision::Mismatch | Decision::Claimable => {

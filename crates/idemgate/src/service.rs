@@ -30,7 +30,7 @@ use idemgate_core::{
 };
 
 use crate::config::{Config, PathSource, StrategyMode};
-use crate::durations::{in_progress_hint, route_key};
+use crate::durations::route_key;
 use crate::execution::Execution;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::{BoxFuture, Handler};
@@ -559,8 +559,7 @@ async fn answer_from_existing(
                 return Some(replay(stored, accept_encoding));
             }
             Decision::Claimable => return None,
-            Decision::InProgress { retry_after } => in_progress_hint(
-                config,
+            Decision::InProgress { retry_after } => config.durations.in_progress_hint(
                 &route_key(request.identity.scope()),
                 &snapshot,
                 retry_after,

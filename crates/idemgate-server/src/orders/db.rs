@@ -209,7 +209,76 @@ impl OrdersDb {
                 tx.commit().await?;
             }
         }
-        crate::orders::ledger::migrate(self).await
+        self.migrate_ledger().await
+    }
+
+    /// Creates the ledger's accounts and transfers tables if missing
+    /// (idempotent); their statements live in `ledger`.
+    async fn migrate_ledger(&self) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Sqlite(pool) => {
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS accounts (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    operation_id TEXT NOT NULL UNIQUE,
+                    principal TEXT NOT NULL,
+                    balance INTEGER NOT NULL CHECK (balance >= 0),
+                    currency TEXT NOT NULL,
+                    version INTEGER NOT NULL DEFAULT 1
+                )",
+                )
+                .execute(pool)
+                .await?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS transfers (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    from_account INTEGER NOT NULL REFERENCES accounts (id),
+                    to_account INTEGER NOT NULL REFERENCES accounts (id),
+                    amount INTEGER NOT NULL CHECK (amount > 0),
+                    reference_id TEXT NOT NULL,
+                    balance_after INTEGER NOT NULL,
+                    UNIQUE (from_account, reference_id)
+                )",
+                )
+                .execute(pool)
+                .await?;
+            }
+            Self::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                // The orders migration's lock: concurrent CREATE TABLE IF NOT EXISTS
+                // can collide in the catalog.
+                sqlx::query("SELECT pg_advisory_xact_lock(7305872301)")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS accounts (
+                    id BIGSERIAL PRIMARY KEY,
+                    operation_id UUID NOT NULL UNIQUE,
+                    principal TEXT NOT NULL,
+                    balance BIGINT NOT NULL CHECK (balance >= 0),
+                    currency TEXT NOT NULL,
+                    version BIGINT NOT NULL DEFAULT 1
+                )",
+                )
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS transfers (
+                    id BIGSERIAL PRIMARY KEY,
+                    from_account BIGINT NOT NULL REFERENCES accounts (id),
+                    to_account BIGINT NOT NULL REFERENCES accounts (id),
+                    amount BIGINT NOT NULL CHECK (amount > 0),
+                    reference_id TEXT NOT NULL,
+                    balance_after BIGINT NOT NULL,
+                    UNIQUE (from_account, reference_id)
+                )",
+                )
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
     }
 
     /// Inserts an order outside any idempotency transaction. A second insert for the

@@ -5,7 +5,7 @@
 
 use sqlx::Row;
 
-use crate::orders::db::{OrdersConn, OrdersDb};
+use crate::orders::db::OrdersConn;
 
 /// An account, as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -69,74 +69,6 @@ pub enum TransferOutcome {
     PreconditionFailed(Account),
     /// Not enough funds: the current account.
     Insufficient(Account),
-}
-
-/// Creates the accounts and transfers tables if missing (idempotent).
-pub(crate) async fn migrate(db: &OrdersDb) -> Result<(), sqlx::Error> {
-    match db {
-        OrdersDb::Sqlite(pool) => {
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS accounts (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    operation_id TEXT NOT NULL UNIQUE,
-                    principal TEXT NOT NULL,
-                    balance INTEGER NOT NULL CHECK (balance >= 0),
-                    currency TEXT NOT NULL,
-                    version INTEGER NOT NULL DEFAULT 1
-                )",
-            )
-            .execute(pool)
-            .await?;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS transfers (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    from_account INTEGER NOT NULL REFERENCES accounts (id),
-                    to_account INTEGER NOT NULL REFERENCES accounts (id),
-                    amount INTEGER NOT NULL CHECK (amount > 0),
-                    reference_id TEXT NOT NULL,
-                    balance_after INTEGER NOT NULL,
-                    UNIQUE (from_account, reference_id)
-                )",
-            )
-            .execute(pool)
-            .await?;
-        }
-        OrdersDb::Postgres(pool) => {
-            let mut tx = pool.begin().await?;
-            // The orders migration's lock: concurrent CREATE TABLE IF NOT EXISTS
-            // can collide in the catalog.
-            sqlx::query("SELECT pg_advisory_xact_lock(7305872301)")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS accounts (
-                    id BIGSERIAL PRIMARY KEY,
-                    operation_id UUID NOT NULL UNIQUE,
-                    principal TEXT NOT NULL,
-                    balance BIGINT NOT NULL CHECK (balance >= 0),
-                    currency TEXT NOT NULL,
-                    version BIGINT NOT NULL DEFAULT 1
-                )",
-            )
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS transfers (
-                    id BIGSERIAL PRIMARY KEY,
-                    from_account BIGINT NOT NULL REFERENCES accounts (id),
-                    to_account BIGINT NOT NULL REFERENCES accounts (id),
-                    amount BIGINT NOT NULL CHECK (amount > 0),
-                    reference_id TEXT NOT NULL,
-                    balance_after BIGINT NOT NULL,
-                    UNIQUE (from_account, reference_id)
-                )",
-            )
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-        }
-    }
-    Ok(())
 }
 
 fn account(row: &impl AccountRow) -> Result<Account, sqlx::Error> {
