@@ -6,6 +6,9 @@ use reqwest::StatusCode;
 
 pub const ORDER: &str = r#"{"items":[{"id":42,"quantity":1}],"currency":"RUB","amount":1500}"#;
 
+/// The `Content-Type` of a JSON body.
+const JSON: (&str, &str) = ("content-type", "application/json");
+
 /// A response, read whole: the workspace's one `Answer`.
 pub use idemgate_testkit::Answer;
 
@@ -41,24 +44,8 @@ impl Client {
         key: Option<&str>,
         body: &str,
     ) -> reqwest::Result<Answer> {
-        let mut request = self
-            .http
-            .post(url)
-            .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        if let Some(key) = key {
-            request = request.header("idempotency-key", key);
-        }
-        let response = request.send().await?;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.bytes().await?;
-        Ok(Answer {
-            status,
-            headers,
-            body,
-        })
+        self.try_send(reqwest::Method::POST, url, key, &[JSON], Some(body))
+            .await
     }
 
     /// Any method, JSON body, extra headers (a key elsewhere than
@@ -71,24 +58,10 @@ impl Client {
         body: &str,
     ) -> reqwest::Result<Answer> {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
-        let mut request = self
-            .http
-            .request(method, url)
-            .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let response = request.send().await?;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.bytes().await?;
-        Ok(Answer {
-            status,
-            headers,
-            body,
-        })
+        let headers: Vec<(&str, &str)> = std::iter::once(JSON)
+            .chain(headers.iter().copied())
+            .collect();
+        self.try_send(method, url, None, &headers, Some(body)).await
     }
 
     pub async fn send_json(
@@ -108,21 +81,9 @@ impl Client {
     }
 
     pub async fn get(&self, url: &str) -> Answer {
-        let response = self
-            .http
-            .get(url)
-            .bearer_auth(&self.token)
-            .send()
+        self.try_send(reqwest::Method::GET, url, None, &[], None)
             .await
-            .expect("GET");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.bytes().await.expect("body");
-        Answer {
-            status,
-            headers,
-            body,
-        }
+            .expect("GET")
     }
 
     /// Any request: `method` to `url` with an optional key, extra headers and a
