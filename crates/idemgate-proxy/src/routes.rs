@@ -28,13 +28,13 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use http::{Method, StatusCode};
+use http::{HeaderName, Method, StatusCode};
 use idemgate::fingerprint::{BodySelection, JsonPointer};
 use idemgate::key::{ContentDedup, KeySource};
 use idemgate::path::PathFold;
 use idemgate::problem::ProblemShape;
 use idemgate::scope::normalize_path;
-use idemgate::{IdempotencyLayer, ServerErrorPolicy, StrategyMode};
+use idemgate::{IdempotencyLayer, ReplayedHeaders, ServerErrorPolicy, StrategyMode};
 
 use crate::guard::{MethodOverride, SafeMethodBodies};
 use serde::Deserialize;
@@ -118,6 +118,10 @@ pub(crate) struct RoutePolicy {
     pub(crate) conditional: bool,
     /// `require_if_match`: 428 for a write without `If-Match`.
     pub(crate) require_if_match: bool,
+    /// Response headers replays repeat beyond the proxy-wide ones.
+    replay_headers: Vec<HeaderName>,
+    /// `None`: the proxy-wide setting.
+    replay_set_cookie: Option<bool>,
 }
 
 /// A route's `conditional` setting.
@@ -332,6 +336,12 @@ impl RoutePolicy {
         }
         if let Some(mode) = self.mode {
             layer = layer.with_mode(mode);
+        }
+        if !self.replay_headers.is_empty() {
+            layer = layer.with_replayed_header_names(self.replay_headers.iter().cloned());
+        }
+        if let Some(replay) = self.replay_set_cookie {
+            layer = layer.with_replayed_set_cookie(replay);
         }
         if self.key.is_some() || self.dedup.is_some() {
             // A path key and content dedup scope by the route, not the path.
@@ -552,6 +562,9 @@ struct RouteEntry {
     upstream_response_timeout_ms: Option<NonZeroU64>,
     conditional: Option<Conditional>,
     require_if_match: Option<bool>,
+    #[serde(default)]
+    replay_headers: Vec<ReplayHeaderName>,
+    replay_set_cookie: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -666,6 +679,8 @@ impl RouteEntry {
                 conditional: self.conditional == Some(Conditional::Enforce)
                     || self.require_if_match == Some(true),
                 require_if_match: self.require_if_match == Some(true),
+                replay_headers: self.replay_headers.into_iter().map(|n| n.0).collect(),
+                replay_set_cookie: self.replay_set_cookie,
             },
         })
     }
@@ -687,6 +702,30 @@ impl TryFrom<String> for MethodName {
         Method::from_bytes(text.as_bytes())
             .map(Self)
             .map_err(|error| error.to_string())
+    }
+}
+
+/// A `replay_headers` entry: a header name that can be stored (not one never
+/// stored, and `Set-Cookie` only through `replay_set_cookie`).
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+struct ReplayHeaderName(HeaderName);
+
+impl TryFrom<String> for ReplayHeaderName {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let name = HeaderName::from_bytes(text.as_bytes())
+            .map_err(|_| format!("{text:?} is not a header name"))?;
+        if name == http::header::SET_COOKIE {
+            return Err("Set-Cookie has its own key: replay_set_cookie = true".to_owned());
+        }
+        if ReplayedHeaders::never_stored(&name) {
+            return Err(format!(
+                "{name} is never stored: hop-by-hop headers, Date, Content-Length and idemgate's own are per response"
+            ));
+        }
+        Ok(Self(name))
     }
 }
 
@@ -851,6 +890,32 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.to_string().contains("enforce"), "{error}");
+    }
+
+    #[test]
+    fn replay_headers_are_storable_header_names() {
+        let routes = parse(
+            "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nreplay_headers = [\"X-Order-Ref\"]\nreplay_set_cookie = true\n",
+        )
+        .unwrap();
+        let policy = &routes.iter().next().unwrap().policy;
+        assert_eq!(
+            policy.replay_headers,
+            [HeaderName::from_static("x-order-ref")]
+        );
+        assert_eq!(policy.replay_set_cookie, Some(true));
+        for (name, says) in [
+            ("set-cookie", "replay_set_cookie"),
+            ("Date", "never stored"),
+            ("connection", "never stored"),
+            ("bad name", "not a header name"),
+        ] {
+            let message = error(&format!(
+                "[[route]]\nmethod = \"POST\"\npath = \"/a\"\nreplay_headers = [\"{name}\"]\n"
+            ));
+            assert!(message.contains(says), "{name}: {message}");
+            assert!(message.starts_with("routes.toml:4:"), "{message}");
+        }
     }
 
     fn parse(text: &str) -> Result<Routes, RoutesError> {

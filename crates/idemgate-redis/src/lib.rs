@@ -83,13 +83,15 @@
 //! | `rs` | the response: a codec byte (0 raw, 1 zstd) + `StoredResponse::encode` |
 //! | `w` | `1` while a waiter waits for the run to end (see Wait mode); a hint, not record data |
 //!
-//! Responses whose encoding exceeds a threshold (1 KiB by default) are compressed
-//! with zstd (level 1 by default) when that makes them smaller. On the
-//! `benches/compression.rs` benchmark, a 64 KiB JSON response is stored in 11% of
-//! its size, for about 0.13 ms to compress (once, at completion) and 0.05 ms to
-//! decompress (at each replay) on the project's 2-core test machine: less than
-//! sending the other 89% over a network would take, and a ninth of the Redis
-//! memory. Bodies and header values are stored as raw bytes, so replay is
+//! Large response bodies arrive compressed: the idempotency layer keeps bodies
+//! over 1 KiB zstd-compressed on every store (`idemgate_core::compression`), and
+//! this store keeps the bytes it is given (codec byte 0). The whole-record codec
+//! (byte 1: zstd of the encoded response, headers too) is off unless
+//! [`RedisStoreBuilder::with_compression_threshold`] turns it on, and records an
+//! earlier version wrote with it still read back. On the `benches/compression.rs`
+//! benchmark, a 64 KiB JSON response is stored in 11% of its size, for about
+//! 0.13 ms to compress (once, at completion) and 0.05 ms to decompress (at each
+//! replay). Bodies and header values are stored as raw bytes, so replay is
 //! byte-exact.
 //!
 //! The `{…}` around the digest is a Redis Cluster hash tag: the slot is computed from

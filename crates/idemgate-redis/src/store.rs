@@ -117,7 +117,10 @@ impl Default for RedisStoreBuilder {
     fn default() -> Self {
         Self {
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            codec: ResponseCodec::default(),
+            // The layer compresses large bodies for every store
+            // (idemgate_core::compression); Redis adds no second codec unless
+            // asked, and reads records an earlier version compressed whole.
+            codec: ResponseCodec::new(usize::MAX),
             response_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(500),
             eviction_check: EvictionCheck::default(),
@@ -140,9 +143,12 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Compresses stored responses whose encoding is larger than `bytes` with zstd
-    /// (default 1 KiB; `usize::MAX` turns compression off). Readers decode either
-    /// form, so the threshold can change at any time.
+    /// Also compresses whole stored responses (headers and body) whose encoding
+    /// is larger than `bytes` with zstd (default: never, `usize::MAX`). The layer
+    /// already keeps bodies over 1 KiB compressed on every store
+    /// (`idemgate_core::compression`, never compressed twice), so this only pays
+    /// for records with large header sets. Readers decode either form, so the
+    /// threshold can change at any time.
     ///
     /// ```
     /// let builder = idemgate_redis::RedisStore::builder().with_compression_threshold(4096);

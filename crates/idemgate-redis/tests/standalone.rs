@@ -192,16 +192,14 @@ async fn a_lapsed_lease_keeps_the_record_and_its_operation_id() {
     assert_eq!(seen.record.operation_id, first.operation_id);
 }
 
-#[tokio::test]
-async fn large_responses_are_stored_compressed() {
-    let store = redis_store().await;
-    let request = fresh_request();
-    let lease = acquire(&store, &request).await;
-    let body = Bytes::from(br#"{"sku":"SKU-00042","qty":1,"price":"19.99"},"#.repeat(2000));
-    let response = StoredResponse {
-        body: StoredBody::Retained(body.clone()),
-        ..awkward_response()
-    };
+/// The raw `rs` field of `request`'s record after completing it with `response`
+/// on `store`.
+async fn stored_response_field(
+    store: &RedisStore,
+    request: &ClaimRequest,
+    response: &StoredResponse,
+) -> Vec<u8> {
+    let lease = acquire(store, request).await;
     let completion = Completion {
         status: FinalStatus::Completed,
         response: response.clone(),
@@ -211,12 +209,43 @@ async fn large_responses_are_stored_compressed() {
         store.complete(&lease, &completion).await.unwrap(),
         FencedWrite::Applied
     );
-
-    let stored: Vec<u8> = admin()
+    let replayed = store.get(request.identity.digest()).await.unwrap().unwrap();
+    assert_eq!(replayed.record.response(), Some(response));
+    admin()
         .await
         .hget(store.record_key(request.identity.digest()), "rs")
         .await
+        .unwrap()
+}
+
+/// By default the store keeps what the layer gives it (the layer compresses
+/// large bodies for every store, idemgate_core::compression): one codec, not
+/// two. The whole-record codec is an opt-in, and its records read back.
+#[tokio::test]
+async fn the_layers_codec_is_the_one_and_whole_record_compression_is_opt_in() {
+    let body = Bytes::from(br#"{"sku":"SKU-00042","qty":1,"price":"19.99"},"#.repeat(2000));
+    let response = StoredResponse {
+        body: StoredBody::Retained(body.clone()),
+        ..awkward_response()
+    };
+    let layered = idemgate_core::compression::compress(response.clone(), 1024);
+    let by_default = redis_store().await;
+    let stored = stored_response_field(&by_default, &fresh_request(), &layered).await;
+    assert_eq!(stored[0], 0, "raw codec tag: the store adds no codec");
+    assert!(
+        stored.len() < body.len() / 10,
+        "the layer's codec kept it small"
+    );
+    let plain = stored_response_field(&by_default, &fresh_request(), &response).await;
+    assert_eq!(plain[0], 0);
+    assert!(plain.len() > body.len());
+
+    let opted_in = RedisStore::builder()
+        .with_compression_threshold(1024)
+        .connect(&support::standalone_url())
+        .await
         .unwrap();
+    let stored = stored_response_field(&opted_in, &fresh_request(), &response).await;
     assert_eq!(stored[0], 1, "zstd codec tag");
     assert!(
         stored.len() < body.len() / 10,
@@ -224,8 +253,15 @@ async fn large_responses_are_stored_compressed() {
         stored.len(),
         body.len()
     );
-    let replayed = store.get(request.identity.digest()).await.unwrap().unwrap();
-    assert_eq!(replayed.record.response(), Some(&response));
+    // Records written whole-compressed replay on a store that writes raw.
+    let request = fresh_request();
+    let _ = stored_response_field(&opted_in, &request, &response).await;
+    let read = by_default
+        .get(request.identity.digest())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.record.response(), Some(&response));
 }
 
 #[tokio::test]

@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use axum::http::HeaderName;
 use clap::{ArgGroup, Parser, Subcommand};
+use idemgate::ReplayedHeaders;
 use idemgate::cache::ReplayCacheConfig;
 use idemgate::problem::{ProblemShape, ProblemStyle};
 use idemgate_listener::ListenerOptions;
@@ -304,6 +306,28 @@ pub struct LayerArgs {
     )]
     pub problem_shape: ProblemShapeArg,
 
+    /// A response header to store and replay beyond the default list
+    /// (docs/PROTOCOL.md §7: the representation's metadata, Location, ETag,
+    /// Link, CORS…; not Date, Server, request ids or rate-limit counters), such
+    /// as an API's own X-Order-Ref. Repeat the flag, or separate names with
+    /// commas in the variable.
+    #[arg(
+        long = "replay-header",
+        env = "IDEMGATE_REPLAY_HEADERS",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub replay_headers: Vec<String>,
+
+    /// Store and replay Set-Cookie too (off by default: a replay would hand the
+    /// first request's session cookie to whoever retries with the key).
+    #[arg(
+        long,
+        env = "IDEMGATE_REPLAY_SET_COOKIE",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub replay_set_cookie: bool,
+
     /// How many completed records this process keeps in memory to answer replays
     /// without a store round trip (0: no replay cache).
     #[arg(
@@ -394,6 +418,8 @@ impl LayerArgs {
             ProblemShapeArg::Stripe => ProblemShape::Stripe,
         };
         Ok(LayerSettings {
+            replayed_headers: replayed_headers(&self.replay_headers)?
+                .with_set_cookie(self.replay_set_cookie),
             problem_style: ProblemStyle::default()
                 .with_base(base.clone())
                 .with_link(self.problem_link)
@@ -409,6 +435,34 @@ impl LayerArgs {
             }),
         })
     }
+}
+
+/// The `--replay-header` names, checked: header names, none of those never
+/// stored, and `Set-Cookie` only through its own flag.
+fn replayed_headers(names: &[String]) -> Result<ReplayedHeaders, ConfigError> {
+    let refuse =
+        |reason: String| ConfigError::new("--replay-header", "IDEMGATE_REPLAY_HEADERS", reason);
+    let mut checked = Vec::with_capacity(names.len());
+    for text in names
+        .iter()
+        .map(|name| name.trim())
+        .filter(|name| !name.is_empty())
+    {
+        let name = HeaderName::from_bytes(text.as_bytes())
+            .map_err(|_| refuse(format!("{text:?} is not a header name")))?;
+        if name == axum::http::header::SET_COOKIE {
+            return Err(refuse(
+                "Set-Cookie has its own switch: --replay-set-cookie".to_owned(),
+            ));
+        }
+        if ReplayedHeaders::never_stored(&name) {
+            return Err(refuse(format!(
+                "{name} is never stored: hop-by-hop headers, Date, Content-Length and idemgate's own are per response"
+            )));
+        }
+        checked.push(name);
+    }
+    Ok(ReplayedHeaders::default().with_names(checked))
 }
 
 /// `--problem-shape`.

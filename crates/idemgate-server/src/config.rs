@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use idemgate::ReplayedHeaders;
 use idemgate::cache::ReplayCacheConfig;
 use idemgate::problem::ProblemStyle;
 use sha2::{Digest, Sha256};
@@ -156,6 +157,8 @@ pub struct LayerSettings {
     pub replay_cache: Option<ReplayCacheConfig>,
     /// How problems are sent: type base, `Link`, body shape.
     pub problem_style: ProblemStyle,
+    /// Which response headers replays repeat.
+    pub replayed_headers: ReplayedHeaders,
 }
 
 /// The bearer token of the admin key API, kept as its SHA-256 so that comparing a

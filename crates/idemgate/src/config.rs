@@ -18,6 +18,7 @@ use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::PrincipalExtractor;
 use crate::problem::ProblemStyle;
+use crate::response::ReplayedHeaders;
 use crate::tasks::{DetachedTasks, InFlightLimit};
 
 /// Which path names the scope and the fingerprint.
@@ -80,7 +81,8 @@ pub(crate) struct Config {
     pub(crate) path_fold: PathFold,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) fingerprint_body: BodySelection,
-    pub(crate) replay_set_cookie: bool,
+    /// Which response headers are stored for replays.
+    pub(crate) replayed_headers: ReplayedHeaders,
     /// Stored bodies larger than this are kept zstd-compressed
     /// (`idemgate_core::compression`); `usize::MAX`: never.
     pub(crate) compression_threshold: usize,

@@ -28,7 +28,7 @@ use crate::context::OperationContext;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::Handler;
 use crate::problem::ProblemDetails;
-use crate::response::{replay, storable_headers};
+use crate::response::replay;
 use crate::telemetry::{count, timed};
 
 /// One claimed operation, from spawn to settled record.
@@ -327,7 +327,7 @@ impl Execution {
             response: compress(
                 StoredResponse {
                     status: response.status(),
-                    headers: storable_headers(response.headers(), self.config.replay_set_cookie),
+                    headers: self.config.replayed_headers.storable(response.headers()),
                     body: stored_body,
                 },
                 self.config.compression_threshold,

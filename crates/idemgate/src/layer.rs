@@ -17,6 +17,7 @@ use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
 use crate::problem::{ProblemShape, ProblemStyle};
+use crate::response::ReplayedHeaders;
 use crate::service::Idempotency;
 use crate::tasks::{DetachedTasks, InFlightLimit};
 
@@ -88,7 +89,7 @@ impl IdempotencyLayer {
                 path_fold: PathFold::NONE,
                 fingerprint_headers: Vec::new(),
                 fingerprint_body: BodySelection::Whole,
-                replay_set_cookie: false,
+                replayed_headers: ReplayedHeaders::default(),
                 compression_threshold: idemgate_core::compression::DEFAULT_THRESHOLD,
                 unavailable_retry_after: Duration::from_secs(1),
                 busy_retry_after: Duration::from_secs(1),
@@ -353,7 +354,24 @@ impl IdempotencyLayer {
     /// let layer = layer.with_replayed_set_cookie(true);
     /// ```
     pub fn with_replayed_set_cookie(self, replay: bool) -> Self {
-        self.with(|c| c.replay_set_cookie = replay)
+        self.with(|c| {
+            c.replayed_headers = std::mem::take(&mut c.replayed_headers).with_set_cookie(replay)
+        })
+    }
+
+    /// Also store and replay these response headers (an application's
+    /// `X-Order-Ref`, say), beyond [`ReplayedHeaders::defaults`] — what a replay
+    /// needs; `Date`, `Server`, request ids and rate-limit counters are per
+    /// response and not stored. Adds to the names already added.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_replayed_header_names([http::HeaderName::from_static("x-order-ref")]);
+    /// ```
+    pub fn with_replayed_header_names(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.with(|c| {
+            c.replayed_headers = std::mem::take(&mut c.replayed_headers).with_names(names)
+        })
     }
 
     /// Stored response bodies larger than `bytes` (default 1 KiB) are kept

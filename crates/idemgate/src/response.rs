@@ -22,9 +22,9 @@ pub static IDEMPOTENCY_RESPONSE: HeaderName = HeaderName::from_static("idempoten
 /// an earlier request's answer.
 pub static IDEMPOTENCY_DEDUP: HeaderName = HeaderName::from_static("idempotency-dedup");
 
-/// Headers never stored: hop-by-hop ones (RFC 9110 §7.6.1), `Date` (a replay is
-/// sent now), `Content-Length` (recomputed for the replayed body, which may be
-/// empty when not retained) and our own replay marker.
+/// Headers never stored, whatever the configuration: hop-by-hop ones (RFC 9110
+/// §7.6.1), `Date` (a replay is sent now), `Content-Length` (recomputed for the
+/// replayed body, which may be empty when not retained) and our own markers.
 fn is_never_stored(name: &HeaderName) -> bool {
     [
         &header::CONNECTION,
@@ -46,17 +46,123 @@ fn is_never_stored(name: &HeaderName) -> bool {
         || name.as_str() == "proxy-connection"
 }
 
-/// The headers of a live response that a replay repeats, in order, repeats kept.
-pub(crate) fn storable_headers(
-    headers: &HeaderMap,
-    keep_set_cookie: bool,
-) -> Vec<(HeaderName, HeaderValue)> {
-    headers
-        .iter()
-        .filter(|(name, _)| !is_never_stored(name))
-        .filter(|(name, _)| keep_set_cookie || *name != header::SET_COOKIE)
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect()
+/// [`ReplayedHeaders::defaults`].
+static REPLAYED_BY_DEFAULT: [HeaderName; 26] = [
+    // The representation: what the body is and how to read it.
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::CONTENT_DISPOSITION,
+    header::CONTENT_RANGE,
+    HeaderName::from_static("content-digest"),
+    HeaderName::from_static("repr-digest"),
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::VARY,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+    // The outcome: where the created thing is, what to do next.
+    header::LOCATION,
+    header::LINK,
+    header::RETRY_AFTER,
+    header::ALLOW,
+    HeaderName::from_static("accept-patch"),
+    HeaderName::from_static("accept-post"),
+    HeaderName::from_static("preference-applied"),
+    header::WWW_AUTHENTICATE,
+    // What a browser needs to hand the replay to the page that asked.
+    header::ACCESS_CONTROL_ALLOW_ORIGIN,
+    header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+    header::ACCESS_CONTROL_EXPOSE_HEADERS,
+    header::X_CONTENT_TYPE_OPTIONS,
+    header::CONTENT_SECURITY_POLICY,
+];
+
+/// Which headers of a live response are stored for its replays (PROTOCOL §7):
+/// only what a replay needs to be the same answer — the representation's
+/// metadata, the outcome's pointers, and what a browser needs to read it — plus
+/// names the application adds. Per-response headers (`Date`, `Server`, request
+/// and trace ids, rate-limit counters) are not stored, so a replay never repeats
+/// another response's; `Set-Cookie` is stored only when asked for, since
+/// replaying a session cookie to whoever holds the key is rarely what you want.
+///
+/// ```
+/// use idemgate::ReplayedHeaders;
+/// let replayed = ReplayedHeaders::default()
+///     .with_names([http::HeaderName::from_static("x-order-ref")]);
+/// assert!(replayed.keeps(&http::header::LOCATION));
+/// assert!(replayed.keeps(&http::HeaderName::from_static("x-order-ref")));
+/// assert!(!replayed.keeps(&http::HeaderName::from_static("x-request-id")));
+/// assert!(!replayed.keeps(&http::header::SET_COOKIE));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayedHeaders {
+    added: Vec<HeaderName>,
+    set_cookie: bool,
+}
+
+impl ReplayedHeaders {
+    /// The headers every replay repeats when the response had them
+    /// (`docs/PROTOCOL.md` §7 lists them with the reason for each group).
+    pub fn defaults() -> &'static [HeaderName] {
+        &REPLAYED_BY_DEFAULT
+    }
+
+    /// Also store and replay `names` (an application's `X-Order-Ref`, say).
+    /// Hop-by-hop headers, `Date`, `Content-Length` and idemgate's own markers
+    /// are never stored, listed or not ([`ReplayedHeaders::never_stored`]).
+    pub fn with_names(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        for name in names {
+            if !self.added.contains(&name) {
+                self.added.push(name);
+            }
+        }
+        self
+    }
+
+    /// Whether `name` is never stored, whatever is listed: hop-by-hop headers,
+    /// `Date`, `Content-Length`, idemgate's own markers.
+    pub fn never_stored(name: &HeaderName) -> bool {
+        is_never_stored(name)
+    }
+
+    /// Store and replay `Set-Cookie` too (default: not).
+    pub fn with_set_cookie(mut self, replay: bool) -> Self {
+        self.set_cookie = replay;
+        self
+    }
+
+    /// The names added to [`ReplayedHeaders::DEFAULT`].
+    pub fn added(&self) -> &[HeaderName] {
+        &self.added
+    }
+
+    /// Whether `Set-Cookie` is stored.
+    pub fn replays_set_cookie(&self) -> bool {
+        self.set_cookie
+    }
+
+    /// Whether a response header named `name` is stored for replays.
+    pub fn keeps(&self, name: &HeaderName) -> bool {
+        if is_never_stored(name) {
+            return false;
+        }
+        if *name == header::SET_COOKIE {
+            return self.set_cookie;
+        }
+        REPLAYED_BY_DEFAULT.contains(name) || self.added.contains(name)
+    }
+
+    /// The headers of a live response that a replay repeats, in order, repeats
+    /// kept.
+    pub(crate) fn storable(&self, headers: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+        headers
+            .iter()
+            .filter(|(name, _)| self.keeps(name))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect()
+    }
 }
 
 /// The most bytes a stored body is decoded to for a retry that does not accept
@@ -177,10 +283,15 @@ mod tests {
     use http::StatusCode;
 
     #[test]
-    fn drops_hop_by_hop_date_and_cookies_keeps_order_and_repeats() {
+    fn stores_what_a_replay_needs_in_order_with_repeats() {
         let mut headers = HeaderMap::new();
         headers.append(header::LOCATION, HeaderValue::from_static("/orders/1"));
         headers.append("x-tag", HeaderValue::from_static("b"));
+        headers.append(header::SERVER, HeaderValue::from_static("upstream/1.0"));
+        headers.append("x-request-id", HeaderValue::from_static("req-1"));
+        headers.append("x-ratelimit-remaining", HeaderValue::from_static("99"));
+        headers.append(header::LINK, HeaderValue::from_static("</a>; rel=next"));
+        headers.append(header::LINK, HeaderValue::from_static("</b>; rel=prev"));
         headers.append("x-tag", HeaderValue::from_static("a"));
         headers.append(
             header::DATE,
@@ -190,15 +301,47 @@ mod tests {
         headers.append("keep-alive", HeaderValue::from_static("timeout=5"));
         headers.append(header::SET_COOKIE, HeaderValue::from_static("session=abc"));
         headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
-        let kept: Vec<_> = storable_headers(&headers, false)
-            .into_iter()
-            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
-            .collect();
-        assert_eq!(kept, ["location: /orders/1", "x-tag: b", "x-tag: a"]);
+        let kept = |replayed: ReplayedHeaders| -> Vec<String> {
+            replayed
+                .storable(&headers)
+                .into_iter()
+                .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+                .collect()
+        };
+        assert_eq!(
+            kept(ReplayedHeaders::default()),
+            [
+                "location: /orders/1",
+                "link: </a>; rel=next",
+                "link: </b>; rel=prev"
+            ]
+        );
+        let tagged = ReplayedHeaders::default().with_names([
+            HeaderName::from_static("x-tag"),
+            // Listed or not, never stored.
+            header::CONTENT_LENGTH,
+            header::CONNECTION,
+            header::DATE,
+        ]);
+        assert_eq!(
+            kept(tagged.clone()),
+            [
+                "location: /orders/1",
+                "x-tag: b",
+                "x-tag: a",
+                "link: </a>; rel=next",
+                "link: </b>; rel=prev"
+            ]
+        );
         assert!(
-            storable_headers(&headers, true)
+            !kept(tagged.clone())
                 .iter()
-                .any(|(n, _)| n == header::SET_COOKIE)
+                .any(|h| h.starts_with("set-cookie"))
+        );
+        assert!(
+            kept(tagged.with_set_cookie(true))
+                .iter()
+                .any(|h| h == "set-cookie: session=abc")
         );
     }
 

@@ -38,7 +38,7 @@ async fn gzipping_upstream() -> (SocketAddr, Seen) {
             seen.len()
         };
         let json = big_json(run);
-        if accept.is_some_and(|a| a.contains("gzip")) {
+        let mut response = if accept.is_some_and(|a| a.contains("gzip")) {
             let mut encoder =
                 flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
             encoder.write_all(json.as_bytes()).unwrap();
@@ -49,7 +49,23 @@ async fn gzipping_upstream() -> (SocketAddr, Seen) {
             response
         } else {
             (StatusCode::CREATED, json).into_response()
+        };
+        // What such an API sends besides the body: the outcome's headers, its
+        // own, and per-response ones a replay must not repeat.
+        for (name, value) in [
+            ("location", format!("/v1/orders/{run}")),
+            ("etag", format!("\"run-{run}\"")),
+            ("x-order-ref", format!("ref-{run}")),
+            ("x-request-id", format!("req-{run}")),
+            ("x-ratelimit-remaining", format!("{}", 100 - run)),
+            ("server", "json-server".to_owned()),
+            ("set-cookie", format!("session=run-{run}; HttpOnly")),
+        ] {
+            response
+                .headers_mut()
+                .append(name, HeaderValue::from_str(&value).unwrap());
         }
+        response
     }
     let seen = Seen::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -105,7 +121,8 @@ async fn through_the_proxy(store: &str) {
     let proxy = Proxy::start(
         ProxyOptions::new(format!("http://{upstream}"))
             .store(store)
-            .env("IDEMGATE_ADMIN_TOKEN", ADMIN_TOKEN),
+            .env("IDEMGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("IDEMGATE_REPLAY_HEADERS", "X-Order-Ref"),
     )
     .await;
     let url = proxy.url("/v1/orders");
@@ -127,6 +144,31 @@ async fn through_the_proxy(store: &str) {
     );
     let json: serde_json::Value = serde_json::from_slice(&retry.body).unwrap();
     assert_eq!(json["run"], 1);
+    // Only what a replay needs (PROTOCOL §7): the outcome's headers and the
+    // one the operator added, the first response's values; no per-response
+    // header, and no session cookie.
+    for name in ["location", "etag", "x-order-ref", "content-type"] {
+        assert_eq!(
+            retry.headers.get(name),
+            first.headers.get(name),
+            "{store}: {name} replayed: {:?}",
+            retry.headers
+        );
+    }
+    assert_eq!(retry.headers["x-order-ref"], "ref-1", "{store}");
+    assert!(first.headers.contains_key("x-request-id"), "{first:?}");
+    for name in [
+        "x-request-id",
+        "x-ratelimit-remaining",
+        "server",
+        "set-cookie",
+    ] {
+        assert!(
+            !retry.headers.contains_key(name),
+            "{store}: {name} is per response, not replayed: {:?}",
+            retry.headers
+        );
+    }
     assert_eq!(
         *seen.0.lock().unwrap(),
         [Some("identity".to_owned())],

@@ -31,7 +31,15 @@ async fn proxy_replays_a_lost_response_byte_for_byte_with_one_upstream_execution
     let upstream = Upstream::start().await;
     let dir = TempDir::new("idemgate-proxy");
     let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
-    let proxy = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
+    // The upstream's own header is replayed only because it is listed: a
+    // replay repeats what it needs (PROTOCOL §7), not every header.
+    let proxy = Proxy::start(
+        ProxyOptions::new(upstream.url())
+            .store(&store)
+            .arg("--replay-header", "X-Upstream-Run"),
+    )
+    .await;
+    let unlisted = Proxy::start(ProxyOptions::new(upstream.url())).await;
     let client = Client::new();
     let key = new_key();
     let url = proxy.url("/v1/charges?currency=RUB");
@@ -47,6 +55,17 @@ async fn proxy_replays_a_lost_response_byte_for_byte_with_one_upstream_execution
         first.headers["x-upstream-run"]
     );
     assert_eq!(upstream.executions(), 1);
+    let other = unlisted.url("/v1/charges");
+    let first_there = client.post(&other, Some(&key), ORDER).await;
+    let retry_there = client.post(&other, Some(&key), ORDER).await;
+    assert!(retry_there.replayed(), "{retry_there:?}");
+    assert_eq!(first_there.headers["x-upstream-run"], "2");
+    assert!(
+        !retry_there.headers.contains_key("x-upstream-run"),
+        "an unlisted upstream header is per response: {:?}",
+        retry_there.headers
+    );
+    assert_eq!(upstream.executions(), 2);
     let seen = &upstream.seen()[0];
     assert_eq!(seen.method, "POST");
     assert_eq!(seen.uri, "/v1/charges?currency=RUB");

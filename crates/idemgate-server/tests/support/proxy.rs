@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
-use super::server::spawn_listening;
+use super::server::{send_signal, spawn_listening};
 
 /// One request as the upstream saw it.
 #[derive(Debug, Clone)]
@@ -167,6 +167,7 @@ async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> R
 pub const SECRET: &str = "e2e-principal-secret";
 
 /// How to start the proxy.
+#[derive(Clone)]
 pub struct ProxyOptions {
     pub upstream: String,
     pub store: String,
@@ -202,7 +203,7 @@ impl ProxyOptions {
 }
 
 /// The variables of `idemgate proxy`, cleared so the flags alone decide.
-const PROXY_VARIABLES: [&str; 45] = [
+const PROXY_VARIABLES: [&str; 48] = [
     "IDEMGATE_UPSTREAM",
     "IDEMGATE_CHECK_CONFIG",
     "IDEMGATE_LISTEN",
@@ -248,6 +249,9 @@ const PROXY_VARIABLES: [&str; 45] = [
     "IDEMGATE_UNDERSCORE_HEADERS",
     "IDEMGATE_METHOD_OVERRIDE",
     "IDEMGATE_SAFE_METHOD_BODY",
+    "IDEMGATE_WORKERS",
+    "IDEMGATE_REPLAY_HEADERS",
+    "IDEMGATE_REPLAY_SET_COOKIE",
 ];
 
 pub fn proxy_command(options: &ProxyOptions) -> Command {
@@ -313,6 +317,29 @@ impl Proxy {
 
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.admin)
+    }
+
+    /// SIGTERM: a graceful shutdown.
+    pub fn terminate(&self) {
+        send_signal(&self.pid().to_string(), "TERM");
+    }
+
+    pub async fn wait_exit(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("exit in time")
+            .expect("wait")
+    }
+
+    /// The names of the process's threads (`/proc/PID/task/*/comm`).
+    pub fn thread_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+            .expect("the proxy's threads")
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_owned())
+            .collect();
+        names.sort();
+        names
     }
 
     /// `kill -9`: no shutdown, the record stays PROCESSING.

@@ -211,6 +211,8 @@ impl Server {
             "IDEMGATE_PROBLEM_TYPE_BASE",
             "IDEMGATE_PROBLEM_LINK",
             "IDEMGATE_PROBLEM_SHAPE",
+            "IDEMGATE_REPLAY_HEADERS",
+            "IDEMGATE_REPLAY_SET_COOKIE",
         ] {
             command.env_remove(variable);
         }
