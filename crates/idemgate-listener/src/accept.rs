@@ -30,41 +30,80 @@ use crate::limits::{FD_RESERVE, fd_limit};
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A bound TCP listener that serves a [`Router`] within its [`ListenerOptions`].
-#[derive(Debug)]
+///
+/// The socket is registered with a runtime only when [`Listener::serve`] runs,
+/// so a listener bound on one thread can be served by a worker's own runtime
+/// ([`crate::Workers`]): its connections then never leave that thread.
 pub struct Listener {
-    tcp: TcpListener,
+    tcp: std::net::TcpListener,
     options: ListenerOptions,
     max_connections: usize,
     /// Set: every connection speaks TLS, its handshake within the header-read
     /// timeout.
     tls: Option<Arc<ServerConfig>>,
+    /// Every open connection of this listener — and of the other listeners
+    /// of its group ([`Listener::bind_group`]), so the bound counts them all.
+    live: Arc<Connections>,
 }
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("tcp", &self.tcp)
+            .field("options", &self.options)
+            .field("max_connections", &self.max_connections)
+            .field("tls", &self.tls.is_some())
+            .field("open_connections", &self.live.len())
+            .finish()
+    }
+}
+
+/// The pending-connection queue of each listening socket (what `listen(2)`
+/// calls the backlog), as tokio's own `bind` asks for.
+const BACKLOG: i32 = 1024;
 
 impl Listener {
     /// Binds `addr`. The connection bound is capped here at the soft descriptor
     /// limit minus a reserve, so call [`raise_fd_limit`](crate::raise_fd_limit) first.
     pub async fn bind(addr: SocketAddr, options: ListenerOptions) -> std::io::Result<Self> {
-        let tcp = TcpListener::bind(addr).await?;
-        let mut max_connections = options.max_connections;
-        if let Some(limit) = fd_limit() {
-            let cap =
-                usize::try_from(limit.saturating_sub(FD_RESERVE).max(1)).unwrap_or(usize::MAX);
-            if cap < max_connections {
-                tracing::warn!(
-                    configured = max_connections,
-                    cap,
-                    open_file_limit = limit,
-                    "the connection bound is capped by the open-file limit"
-                );
-                max_connections = cap;
-            }
-        }
+        let tcp = listening_socket(addr, false)?;
         Ok(Self {
             tcp,
             options,
-            max_connections,
+            max_connections: capped(options.max_connections),
             tls: None,
+            live: Arc::new(Connections::default()),
         })
+    }
+
+    /// Binds `count` listeners (at least one) to `addr` with `SO_REUSEPORT`, so
+    /// the kernel spreads new connections over them, one per worker as nginx's
+    /// `reuseport` does. They share one connection bound: at the bound, a
+    /// connection of any of them may be evicted for a new one on another. Port
+    /// 0 picks one free port for all.
+    pub async fn bind_group(
+        addr: SocketAddr,
+        options: ListenerOptions,
+        count: usize,
+    ) -> std::io::Result<Vec<Self>> {
+        let first = listening_socket(addr, true)?;
+        let addr = first.local_addr()?;
+        let mut sockets = vec![first];
+        for _ in 1..count {
+            sockets.push(listening_socket(addr, true)?);
+        }
+        let live = Arc::new(Connections::default());
+        let max_connections = capped(options.max_connections);
+        Ok(sockets
+            .into_iter()
+            .map(|tcp| Self {
+                tcp,
+                options,
+                max_connections,
+                tls: None,
+                live: Arc::clone(&live),
+            })
+            .collect())
     }
 
     /// Serves HTTPS with `config` instead of plain HTTP.
@@ -94,6 +133,15 @@ impl Listener {
     /// Put a deadline around it: a client still sending is bounded only by the
     /// timeouts.
     pub async fn serve(self, router: Router, shutdown: impl Future<Output = ()>) {
+        let tcp = match TcpListener::from_std(self.tcp) {
+            Ok(tcp) => tcp,
+            Err(error) => {
+                // Only without a runtime's I/O driver, which `serve` is not.
+                tracing::error!(%error, "cannot register the listening socket");
+                return;
+            }
+        };
+        let live = self.live;
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // The watchdog below times the head; hyper's timer would also cut idle
         // keep-alive connections at the header timeout.
@@ -103,7 +151,6 @@ impl Listener {
             .header_read_timeout(None);
         builder.http2().timer(TokioTimer::new());
         let connections = TaskTracker::new();
-        let live = Arc::new(Connections::default());
         let head_grace = head_grace(self.options.header_read_timeout);
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut accept_errors = AcceptErrors::default();
@@ -112,7 +159,7 @@ impl Listener {
             let accepted = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                accepted = self.tcp.accept() => accepted,
+                accepted = tcp.accept() => accepted,
             };
             let (stream, peer) = match accepted {
                 Ok(accepted) => accepted,
@@ -154,11 +201,45 @@ impl Listener {
                 drop(registration);
             });
         }
-        drop(self.tcp);
+        drop(tcp);
         let _ = stop_tx.send(true);
         connections.close();
         connections.wait().await;
     }
+}
+
+/// A non-blocking listening socket on `addr`, with `SO_REUSEADDR` (a restart
+/// binds while old connections linger in `TIME_WAIT`) and, for a group,
+/// `SO_REUSEPORT`.
+fn listening_socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// `configured` capped at the soft descriptor limit minus a reserve.
+fn capped(configured: usize) -> usize {
+    let Some(limit) = fd_limit() else {
+        return configured;
+    };
+    let cap = usize::try_from(limit.saturating_sub(FD_RESERVE).max(1)).unwrap_or(usize::MAX);
+    if cap < configured {
+        tracing::warn!(
+            configured,
+            cap,
+            open_file_limit = limit,
+            "the connection bound is capped by the open-file limit"
+        );
+        return cap;
+    }
+    configured
 }
 
 /// Errors that concern one connection only: the next accept may succeed at once.

@@ -42,9 +42,11 @@
 //! watchdog here tells the two phases apart by the bytes it sees.
 //!
 //! The pieces, one module each: [`ListenerOptions`] (the limits), the accept loop
-//! and shedding ([`Listener`]), eviction at the bound, one connection and its watchdog, the request and
-//! response bodies, the descriptor limit ([`raise_fd_limit`]), and TLS loading
-//! ([`tls::server_config`]).
+//! and shedding ([`Listener`]), eviction at the bound, one connection and its
+//! watchdog, the request and response bodies, the descriptor limit
+//! ([`raise_fd_limit`]), TLS loading ([`tls::server_config`]), and the worker
+//! threads that serve one address from several `SO_REUSEPORT` listeners
+//! ([`Workers`]).
 //!
 //! ```no_run
 //! # async fn run(router: axum::Router) -> std::io::Result<()> {
@@ -64,8 +66,10 @@ mod evict;
 mod limits;
 mod options;
 pub mod tls;
+mod workers;
 
 pub use accept::Listener;
 pub use body::BodyReadTimeout;
 pub use limits::raise_fd_limit;
 pub use options::ListenerOptions;
+pub use workers::Workers;

@@ -1,12 +1,13 @@
 //! The forwarding service the idempotency layer wraps: one request to the
 //! upstream per call, over a pooled keep-alive client, headers cleaned both ways.
 
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -58,7 +59,7 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// retry replays it instead of running it again).
 #[derive(Clone, Debug)]
 pub struct Forward {
-    client: Client<HttpConnector, Body>,
+    client: UpstreamPools,
     upstream: Arc<Upstream>,
     timeout: Duration,
     host: HostHeader,
@@ -70,6 +71,55 @@ pub struct Forward {
     idle: Duration,
     /// The whole response, from sending, head to last byte; `None`: unbounded.
     deadline: Option<Duration>,
+}
+
+/// The keep-alive connections to the upstream, one pool per thread: a worker
+/// (`idemgate_listener::Workers`, one current-thread runtime per thread) sends
+/// every request over connections whose tasks run on its own thread, as an
+/// nginx worker keeps its own upstream connections — a shared pool would hand
+/// one worker's request to a connection task on another thread, a cross-thread
+/// wake-up per request. On a multi-thread runtime each of its threads has a
+/// pool, which only costs some reuse.
+#[derive(Clone, Debug)]
+struct UpstreamPools {
+    /// Which forwarder's pools these are (its clones share them).
+    id: u64,
+    connector: HttpConnector,
+}
+
+/// The ids of [`UpstreamPools`], unique in the process.
+static NEXT_POOLS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's pool of each forwarder that has used it.
+    static POOLS: RefCell<Vec<(u64, Client<HttpConnector, Body>)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl UpstreamPools {
+    fn new(connector: HttpConnector) -> Self {
+        Self {
+            id: NEXT_POOLS.fetch_add(1, Ordering::Relaxed),
+            connector,
+        }
+    }
+
+    /// Sends `request` over this thread's pool (created on first use).
+    fn request(&self, request: Request<Body>) -> hyper_util::client::legacy::ResponseFuture {
+        POOLS.with_borrow_mut(|pools| {
+            let index = match pools.iter().position(|(id, _)| *id == self.id) {
+                Some(index) => index,
+                None => {
+                    let client = Client::builder(TokioExecutor::new())
+                        .pool_timer(TokioTimer::new())
+                        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                        .build(self.connector.clone());
+                    pools.push((self.id, client));
+                    pools.len() - 1
+                }
+            };
+            pools[index].1.request(request)
+        })
+    }
 }
 
 /// The `Host` header the upstream receives.
@@ -88,18 +138,14 @@ pub enum HostHeader {
 
 impl Forward {
     /// A forwarder to `upstream` whose requests each get `timeout` from sending
-    /// until the response head arrives (connecting included). The connection pool
-    /// is created here, once, and shared by every clone.
+    /// until the response head arrives (connecting included). Every clone
+    /// shares its connection pools: one per thread ([`UpstreamPools`]).
     pub fn new(upstream: Upstream, timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
         Self {
-            client,
+            client: UpstreamPools::new(connector),
             upstream: Arc::new(upstream),
             timeout,
             host: HostHeader::Client,

@@ -652,6 +652,13 @@ pub struct ProxyArgs {
     )]
     pub upstream_timeout_ms: u64,
 
+    /// Worker threads serving the public listener (0: one per CPU). Each has
+    /// its own runtime, its own SO_REUSEPORT listener and its own upstream
+    /// connections, as nginx's worker processes; the store, the replay cache and
+    /// the connection bound are shared.
+    #[arg(long, env = "IDEMGATE_WORKERS", default_value_t = 0, value_name = "N")]
+    pub workers: usize,
+
     /// Per-route policies (TOML; see docs/proxy.md): which routes are covered and
     /// how. Without it every POST and PATCH is covered with the defaults above. A
     /// bad file stops the start, naming its line. SIGHUP reloads it: a bad new

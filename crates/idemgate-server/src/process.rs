@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use idemgate::DetachedTasks;
-use idemgate_listener::{Listener, ListenerOptions};
+use idemgate_listener::{Listener, ListenerOptions, Workers};
 
 use crate::config::{ConfigError, TelemetrySettings};
 use crate::store::OpenError;
@@ -56,37 +56,70 @@ pub async fn bind(
         .map_err(|source| StartupError::Listen { addr, source })
 }
 
-/// Serves every `(listener, router)` until SIGINT or SIGTERM, then shuts down
-/// gracefully: stop accepting, let open requests finish, wait for detached
-/// handlers to store their results, all within `shutdown_timeout`.
+/// One listener and what it serves, and where.
+#[derive(Debug)]
+pub enum Served {
+    /// On the process's runtime.
+    Here(Listener, Router),
+    /// On worker threads, one per listener of a group
+    /// (`Listener::bind_group`), each on its own runtime.
+    OnWorkers(Vec<Listener>, Router),
+}
+
+/// Serves every listener until SIGINT or SIGTERM, then shuts down gracefully:
+/// stop accepting, let open requests finish, wait for detached handlers to store
+/// their results, all within `shutdown_timeout`. Worker threads keep running
+/// until then (the handlers they spawned run on them), and stop last.
 pub async fn serve_until_signal(
-    servers: Vec<(Listener, Router)>,
+    servers: Vec<Served>,
     tasks: DetachedTasks,
     shutdown_timeout: Duration,
 ) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let servers: Vec<_> = servers
-        .into_iter()
-        .map(|(listener, router)| {
-            let mut stop_rx = stop_rx.clone();
-            tokio::spawn(async move {
-                listener
-                    .serve(router, async move {
-                        let _ = stop_rx.wait_for(|stop| *stop).await;
-                    })
-                    .await;
-            })
-        })
-        .collect();
-    shutdown_signal().await;
+    let mut here = Vec::new();
+    let mut workers = Vec::new();
+    for served in servers {
+        match served {
+            Served::Here(listener, router) => {
+                let mut stop_rx = stop_rx.clone();
+                here.push(tokio::spawn(async move {
+                    listener
+                        .serve(router, async move {
+                            let _ = stop_rx.wait_for(|stop| *stop).await;
+                        })
+                        .await;
+                }));
+            }
+            Served::OnWorkers(listeners, router) => {
+                match Workers::start(listeners, router, stop_rx.clone()) {
+                    Ok(started) => workers.push(started),
+                    Err(error) => {
+                        tracing::error!(%error, "cannot start the worker threads");
+                        let _ = stop_tx.send(true);
+                    }
+                }
+            }
+        }
+    }
+    if !*stop_rx.borrow() {
+        shutdown_signal().await;
+    }
     tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections; finishing in-flight requests");
     let _ = stop_tx.send(true);
     let deadline = tokio::time::Instant::now() + shutdown_timeout;
-    for server in servers {
+    for server in here {
         match tokio::time::timeout_at(deadline, server).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::error!(%error, "server task failed"),
             Err(_) => tracing::warn!("open connections did not finish before the deadline"),
+        }
+    }
+    for group in &mut workers {
+        if tokio::time::timeout_at(deadline, group.drained())
+            .await
+            .is_err()
+        {
+            tracing::warn!("open connections did not finish before the deadline");
         }
     }
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -97,6 +130,9 @@ pub async fn serve_until_signal(
             running = tasks.running(),
             "shutdown deadline passed with handlers still running; their records stay PROCESSING and are taken over after the lease"
         );
+    }
+    for group in workers {
+        group.release().await;
     }
 }
 

@@ -4,6 +4,7 @@
 //! file, through the same loader ([`route_file::load`]), and starts nothing.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use idemgate::path::{
     AboveRoot, ControlOrNonAscii, EncodedDotSegment, EncodedSlash, PathParameters, PathPolicy,
 };
 use idemgate_listener::tls::{self, TlsFile};
-use idemgate_listener::{ListenerOptions, raise_fd_limit};
+use idemgate_listener::{Listener, ListenerOptions, raise_fd_limit};
 use idemgate_proxy::{
     HostHeader, JwtPrincipal, MethodOverride, PrincipalSource, ProxyConfig, Routes,
     SafeMethodBodies, UnderscoreHeaders, Upstream,
@@ -32,7 +33,7 @@ use crate::config::{
 };
 use crate::idempotency::{self, with_replay_cache};
 use crate::monitoring::install_metrics;
-use crate::process::{self, EXIT_CONFIG, StartupError, bind, serve_until_signal};
+use crate::process::{self, EXIT_CONFIG, Served, StartupError, bind, serve_until_signal};
 use crate::route_file::{self, RouteFile, RouteFileInfo};
 use crate::store::{self, Opening};
 
@@ -65,6 +66,8 @@ pub struct ProxySettings {
     pub layer: LayerSettings,
     /// Graceful shutdown deadline.
     pub shutdown_timeout: Duration,
+    /// Worker threads of the public listener.
+    pub workers: NonZeroUsize,
     /// Logs and span export.
     pub telemetry: TelemetrySettings,
     /// Connection limits of both listeners.
@@ -217,6 +220,9 @@ impl ProxySettings {
             tls: tls(args)?,
             layer,
             shutdown_timeout: args.process.shutdown_timeout(),
+            workers: NonZeroUsize::new(args.workers).unwrap_or_else(|| {
+                std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
+            }),
             telemetry: args.process.telemetry(),
             connections: args.connections.options()?,
             redis: args.redis.safety(),
@@ -462,29 +468,45 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     );
 
     let open_files = raise_fd_limit();
-    let mut public_listener = bind(settings.listen, settings.connections).await?;
+    let mut workers = Listener::bind_group(
+        settings.listen,
+        settings.connections,
+        settings.workers.get(),
+    )
+    .await
+    .map_err(|source| StartupError::Listen {
+        addr: settings.listen,
+        source,
+    })?;
     if let Some(tls) = &settings.tls {
-        public_listener = public_listener.with_tls(Arc::clone(tls));
+        workers = workers
+            .into_iter()
+            .map(|listener| listener.with_tls(Arc::clone(tls)))
+            .collect();
     }
-    let scheme = if public_listener.is_tls() {
+    let scheme = if settings.tls.is_some() {
         "https"
     } else {
         "http"
     };
     let admin_listener = bind(settings.admin_listen, settings.connections).await?;
     let admin_addr = admin_listener.local_addr().map_err(StartupError::Serve)?;
-    let addr = public_listener.local_addr().map_err(StartupError::Serve)?;
+    let addr = workers[0].local_addr().map_err(StartupError::Serve)?;
     tracing::info!(%admin_addr, "admin listening on http://{admin_addr}");
     tracing::info!(
         %addr,
         upstream = settings.upstream.authority(),
         store = settings.store.kind(),
-        max_connections = public_listener.max_connections(),
+        workers = settings.workers.get(),
+        max_connections = workers[0].max_connections(),
         open_files,
         "idemgate proxy listening on {scheme}://{addr}"
     );
     serve_until_signal(
-        vec![(public_listener, public), (admin_listener, admin)],
+        vec![
+            Served::OnWorkers(workers, public),
+            Served::Here(admin_listener, admin),
+        ],
         tasks,
         settings.shutdown_timeout,
     )

@@ -20,7 +20,7 @@ use crate::monitoring::install_metrics;
 use crate::orders::db::OrdersDb;
 use crate::orders::payment::PaymentGateway;
 use crate::orders::{self, OrderWrites, OrdersState};
-use crate::process::{self, StartupError, bind, serve_until_signal};
+use crate::process::{self, Served, StartupError, bind, serve_until_signal};
 use crate::store::{self, OpenError, Opening};
 
 /// Where `serve` keeps its idempotency records.
@@ -272,7 +272,7 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
         let admin_listener = bind(admin_addr, settings.connections).await?;
         let admin_addr = admin_listener.local_addr().map_err(StartupError::Serve)?;
         tracing::info!(%admin_addr, "admin listening on http://{admin_addr}");
-        servers.push((admin_listener, admin_router));
+        servers.push(Served::Here(admin_listener, admin_router));
     }
     tracing::info!(
         %addr,
@@ -282,7 +282,7 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
         open_files,
         "idemgate listening on http://{addr}"
     );
-    servers.insert(0, (listener, router));
+    servers.insert(0, Served::Here(listener, router));
     serve_until_signal(servers, tasks, settings.shutdown_timeout).await;
     orders.close().await;
     Ok(())

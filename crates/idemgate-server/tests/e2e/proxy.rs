@@ -685,3 +685,74 @@ async fn proxy_tunnels_a_websocket_upgrade_both_ways() {
         assert_eq!(echoed, word.to_ascii_uppercase().as_bytes());
     }
 }
+
+/// The worker model (`--workers`): one thread per worker, each with its own
+/// `SO_REUSEPORT` listener, and a SIGTERM drains every worker's requests in
+/// flight — each answered, each record completed (a restarted proxy on the same
+/// store replays them all, nothing runs twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sigterm_drains_the_in_flight_requests_of_every_worker() {
+    const REQUESTS: usize = 24;
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(800));
+    let dir = TempDir::new("idemgate-proxy-workers");
+    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
+    let options = ProxyOptions::new(upstream.url())
+        .store(&store)
+        .arg("--workers", 4);
+    let proxy = Proxy::start(options.clone()).await;
+    // The workers start as the proxy says it listens (connections wait in the
+    // listening sockets' queues meanwhile).
+    let started = tokio::time::Instant::now();
+    let workers = loop {
+        let workers: Vec<_> = proxy
+            .thread_names()
+            .into_iter()
+            .filter(|name| name.starts_with("worker-"))
+            .collect();
+        if workers.len() == 4 || started.elapsed() > Duration::from_secs(5) {
+            break workers;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(workers, ["worker-0", "worker-1", "worker-2", "worker-3"]);
+    let keys: Vec<String> = (0..REQUESTS).map(|_| new_key()).collect();
+    let url = proxy.url("/orders");
+    // One principal, a client (a connection) per request, so the kernel
+    // spreads them over the workers' listeners.
+    let client = Client::new();
+    let requests: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (url, key) = (url.clone(), key.clone());
+            let client = Client::new().with_token(&client.token);
+            tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while upstream.started() < REQUESTS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {REQUESTS} reached the upstream",
+            upstream.started()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.terminate();
+    for request in requests {
+        let answer = request.await.unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    }
+    let exit = proxy.wait_exit().await;
+    assert!(exit.success(), "{exit}");
+    assert_eq!(upstream.executions(), REQUESTS);
+
+    let restarted = Proxy::start(options).await;
+    for key in &keys {
+        let retry = client
+            .post(&restarted.url("/orders"), Some(key), ORDER)
+            .await;
+        assert!(retry.replayed(), "every record was completed: {retry:?}");
+    }
+    assert_eq!(upstream.executions(), REQUESTS, "nothing ran twice");
+}
