@@ -15,7 +15,10 @@ fn memory_app() -> (axum::Router, Arc<Gateway>) {
     let gateway = Arc::new(Gateway::default());
     (
         app(
-            IdempotencyLayer::new(MemoryStore::new()),
+            // The handler's own `X-Tag` is replayed because it is listed
+            // (PROTOCOL §7: only what a replay needs, plus what is named).
+            IdempotencyLayer::new(MemoryStore::new())
+                .with_replayed_header_names([http::HeaderName::from_static("x-tag")]),
             Arc::clone(&gateway),
         ),
         gateway,
