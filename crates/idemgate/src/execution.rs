@@ -128,80 +128,86 @@ impl Execution {
         request: Request<Body>,
         slot: TransactionSlot,
     ) -> Response<Body> {
-        let renewal = self.start_renewal();
-        let limit = self.config.response_limit;
-        let style = self.config.problem_style.clone();
-        let started = Instant::now();
-        let handled = async move {
-            // The handler's problems in the layer's style before they are
-            // stored, so a replay is what the first answer was.
-            let response = style.restyle(handler.call(request).await?);
-            collect(response, limit).await
+        let renewal = self.renewal();
+        let work = async {
+            let limit = self.config.response_limit;
+            let style = self.config.problem_style.clone();
+            let started = Instant::now();
+            let handled = async move {
+                // The handler's problems in the layer's style before they are
+                // stored, so a replay is what the first answer was.
+                let response = style.restyle(handler.call(request).await?);
+                collect(response, limit).await
+            };
+            let handled = match AssertUnwindSafe(handled).catch_unwind().await {
+                Ok(Ok(handled)) if handled.parts.status.is_informational() => {
+                    // A 1xx is no final answer: a stored `101` would replay a
+                    // protocol switch with no connection behind it, and a covered
+                    // request is never tunnelled past the layer (PITFALLS 29).
+                    tracing::error!(status = %handled.parts.status, "the handler answered a covered request with an informational status; answered and settled as a failure");
+                    Err(ProblemDetails::handler_failed())
+                }
+                Ok(Ok(handled)) => {
+                    // What a duplicate's 409 estimates from: handlers that answered.
+                    self.config.durations.record(&self.route, started.elapsed());
+                    Ok(handled)
+                }
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "handler failed");
+                    // A body that broke off with a known cause (an upstream that
+                    // stalled, say) is answered with it rather than a bare 500.
+                    Err(ProblemDetails::in_chain(error.as_ref())
+                        .cloned()
+                        .unwrap_or_else(ProblemDetails::handler_failed))
+                }
+                Err(_) => {
+                    tracing::error!("handler panicked");
+                    Err(ProblemDetails::handler_failed())
+                }
+            };
+            self.record_result(handled, slot.take()).await
         };
-        let handled = match AssertUnwindSafe(handled).catch_unwind().await {
-            Ok(Ok(handled)) if handled.parts.status.is_informational() => {
-                // A 1xx is no final answer: a stored `101` would replay a
-                // protocol switch with no connection behind it, and a covered
-                // request is never tunnelled past the layer (PITFALLS 29).
-                tracing::error!(status = %handled.parts.status, "the handler answered a covered request with an informational status; answered and settled as a failure");
-                Err(ProblemDetails::handler_failed())
-            }
-            Ok(Ok(handled)) => {
-                // What a duplicate's 409 estimates from: handlers that answered.
-                self.config.durations.record(&self.route, started.elapsed());
-                Ok(handled)
-            }
-            Ok(Err(error)) => {
-                tracing::error!(%error, "handler failed");
-                // A body that broke off with a known cause (an upstream that
-                // stalled, say) is answered with it rather than a bare 500.
-                Err(ProblemDetails::in_chain(error.as_ref())
-                    .cloned()
-                    .unwrap_or_else(ProblemDetails::handler_failed))
-            }
-            Err(_) => {
-                tracing::error!("handler panicked");
-                Err(ProblemDetails::handler_failed())
-            }
-        };
-        let response = self.record_result(handled, slot.take()).await;
-        drop(renewal);
-        response
+        // The lease is renewed while the handler runs and its outcome is
+        // written, in this task (no task of its own to spawn and abort per
+        // request).
+        tokio::pin!(renewal);
+        tokio::select! {
+            biased;
+            response = work => response,
+            never = &mut renewal => match never {},
+        }
     }
 
-    /// Renews the lease every third of its length until aborted. A renewal the
-    /// store refuses means another holder took over; the handler keeps running and
-    /// its completion will be fenced.
-    fn start_renewal(&self) -> Renewal {
+    /// Renews the lease every third of its length, for as long as it is
+    /// polled (it never ends: [`Execution::run`] drops it with the work). A
+    /// renewal the store refuses means another holder took over; the handler
+    /// keeps running and its completion will be fenced.
+    fn renewal(&self) -> impl Future<Output = std::convert::Infallible> + Send + 'static {
         let store = Arc::clone(&self.config.store);
         let lease = self.lease.clone();
         let length = self.config.lease;
         let deadline = Arc::clone(&self.lease_deadline);
-        Renewal(tokio::spawn(
-            async move {
-                let period = length / 3;
-                let mut ticker =
-                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    ticker.tick().await;
-                    let started = Instant::now();
-                    match timed("renew", store.renew(&lease, length)).await {
-                        Ok(FencedWrite::Applied) => {
-                            *deadline.lock().unwrap_or_else(PoisonError::into_inner) =
-                                started + length;
-                        }
-                        Ok(FencedWrite::Refused) => {
-                            count("idemgate_renewals_lost_total");
-                            tracing::warn!("lease lost: another request took the operation over");
-                            return;
-                        }
-                        Err(error) => tracing::warn!(%error, "lease renewal failed; retrying"),
+        async move {
+            let period = length / 3;
+            let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let started = Instant::now();
+                match timed("renew", store.renew(&lease, length)).await {
+                    Ok(FencedWrite::Applied) => {
+                        *deadline.lock().unwrap_or_else(PoisonError::into_inner) = started + length;
                     }
+                    Ok(FencedWrite::Refused) => {
+                        count("idemgate_renewals_lost_total");
+                        tracing::warn!("lease lost: another request took the operation over");
+                        return std::future::pending().await;
+                    }
+                    Err(error) => tracing::warn!(%error, "lease renewal failed; retrying"),
                 }
             }
-            .in_current_span(),
-        ))
+        }
+        .in_current_span()
     }
 
     fn lease_deadline(&self) -> Instant {
@@ -464,16 +470,6 @@ impl Execution {
                 ProblemDetails::in_progress(self.config.busy_retry_after).into_response()
             }
         }
-    }
-}
-
-/// The renewal task of one execution; stops when dropped, whatever path the
-/// execution took.
-struct Renewal(tokio::task::JoinHandle<()>);
-
-impl Drop for Renewal {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -167,7 +167,7 @@ where
         content.fingerprint_body = dedup.selection();
         content.strategy = "content";
         if config.mode == StrategyMode::Observe {
-            return observe(Arc::new(content), handler, request, key, true).await;
+            return Box::pin(observe(Arc::new(content), handler, request, key, true)).await;
         }
         let span = tracing::info_span!(
             "idempotency",
@@ -176,13 +176,13 @@ where
             operation_id = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let mut response = keyed(
+        let mut response = Box::pin(keyed(
             Arc::new(content),
             handler.boxing_errors(),
             request,
             key,
             true,
-        )
+        ))
         .instrument(span)
         .await;
         if response.headers().contains_key(&IDEMPOTENT_REPLAYED) {
@@ -213,7 +213,7 @@ where
         }
     };
     if config.mode == StrategyMode::Observe {
-        return observe(config, handler, request, key, false).await;
+        return Box::pin(observe(config, handler, request, key, false)).await;
     }
     let span = tracing::info_span!(
         "idempotency",
@@ -221,9 +221,13 @@ where
         operation_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    Ok(keyed(config, handler.boxing_errors(), request, key, false)
-        .instrument(span)
-        .await)
+    // Boxed apart: the keyed path's state is large, and a request that passes
+    // through should not allocate (and copy) room for it.
+    Ok(
+        Box::pin(keyed(config, handler.boxing_errors(), request, key, false))
+            .instrument(span)
+            .await,
+    )
 }
 
 /// A covered request without a key: plain processing, no claim and no spawn. A
