@@ -61,32 +61,31 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// (the `Host` the client sent), after whatever proxies in front appended: the
 /// first entry of each is the original client's.
 pub fn add_forwarded(headers: &mut HeaderMap, client: Option<IpAddr>, proto: &'static str) {
-    if let Some(client) = client {
-        append(headers, X_FORWARDED_FOR, &client.to_string());
-    }
-    append(headers, X_FORWARDED_PROTO, proto);
-    if let Some(host) = headers
-        .get(HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+    if let Some(client) = client
+        && let Ok(client) = HeaderValue::try_from(client.to_string())
     {
-        append(headers, X_FORWARDED_HOST, &host);
+        append(headers, X_FORWARDED_FOR, client);
+    }
+    append(headers, X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    if let Some(host) = headers.get(HOST).cloned() {
+        append(headers, X_FORWARDED_HOST, host);
     }
 }
 
-/// `name: earlier, value`, one line, as proxies write these lists.
-fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    let earlier: Vec<&str> = headers
-        .get_all(&name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let joined = if earlier.is_empty() {
-        value.to_owned()
-    } else {
-        format!("{}, {value}", earlier.join(", "))
-    };
-    if let Ok(joined) = HeaderValue::try_from(joined) {
+/// `name: earlier, value`, one line, as proxies write these lists. The usual
+/// case — no earlier value — inserts `value` as it is, without a copy.
+fn append(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+    if !headers.contains_key(&name) {
+        headers.insert(name, value);
+        return;
+    }
+    let mut joined = Vec::new();
+    for earlier in headers.get_all(&name) {
+        joined.extend_from_slice(earlier.as_bytes());
+        joined.extend_from_slice(b", ");
+    }
+    joined.extend_from_slice(value.as_bytes());
+    if let Ok(joined) = HeaderValue::from_bytes(&joined) {
         headers.insert(name, joined);
     }
 }

@@ -64,14 +64,20 @@ impl Upstream {
     /// The URI a request for `original` is sent to: the upstream's origin, the
     /// base path, then the request's own path and query, unchanged.
     pub fn target(&self, original: &Uri) -> Uri {
-        let path_and_query = original.path_and_query().map_or("/", PathAndQuery::as_str);
-        let joined = format!("{}{path_and_query}", self.base);
-        // The parts were each valid; a request path that is not ("*" in an
-        // OPTIONS request) falls back to the base itself.
-        let path_and_query = PathAndQuery::try_from(joined).unwrap_or_else(|_| {
-            PathAndQuery::try_from(format!("{}/", self.base))
-                .unwrap_or(PathAndQuery::from_static("/"))
-        });
+        let path_and_query = match original.path_and_query() {
+            // No base: the request's own, shared rather than copied.
+            Some(own) if self.base.is_empty() && own.as_str().starts_with('/') => own.clone(),
+            own => {
+                let own = own.map_or("/", PathAndQuery::as_str);
+                let joined = format!("{}{own}", self.base);
+                // The parts were each valid; a request path that is not ("*"
+                // in an OPTIONS request) falls back to the base itself.
+                PathAndQuery::try_from(joined).unwrap_or_else(|_| {
+                    PathAndQuery::try_from(format!("{}/", self.base))
+                        .unwrap_or(PathAndQuery::from_static("/"))
+                })
+            }
+        };
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(Scheme::HTTP);
         parts.authority = Some(self.authority.clone());
