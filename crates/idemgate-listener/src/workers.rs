@@ -11,8 +11,6 @@
 //! turning until [`Workers::release`], so the tasks still settling records (and
 //! store connections a worker's runtime opened for others) finish first.
 
-use std::future::Future;
-
 use axum::Router;
 use tokio::sync::{oneshot, watch};
 
@@ -71,11 +69,9 @@ impl Workers {
 
     /// Resolves once every worker's listener has stopped accepting and closed
     /// its connections (after `stop`).
-    pub fn drained(&mut self) -> impl Future<Output = ()> + '_ {
-        async move {
-            for drained in &mut self.drained {
-                let _ = drained.await;
-            }
+    pub async fn drained(&mut self) {
+        for drained in &mut self.drained {
+            let _ = drained.await;
         }
     }
 
