@@ -206,7 +206,10 @@ export class Server {
 
   /** The orders of `token`, straight from the server (not through the relay). */
   async orders(token: string): Promise<Array<Record<string, unknown>>> {
-    const response = await fetch(this.url("/api/v1/orders"), { headers: { authorization: `Bearer ${token}` } });
+    const get = () => fetch(this.url("/api/v1/orders"), { headers: { authorization: `Bearer ${token}` } });
+    // A GET is safe to send again: with a short --idle-timeout-ms the server may
+    // close the kept-alive connection fetch is about to reuse ("fetch failed").
+    const response = await get().catch(() => get());
     if (response.status !== 200) throw new Error(`listing orders: ${response.status}`);
     return ((await response.json()) as { orders: Array<Record<string, unknown>> }).orders;
   }
