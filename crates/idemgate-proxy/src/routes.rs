@@ -34,7 +34,9 @@ use idemgate::key::{ContentDedup, KeySource};
 use idemgate::path::PathFold;
 use idemgate::problem::ProblemShape;
 use idemgate::scope::normalize_path;
-use idemgate::{IdempotencyLayer, ReplayedHeaders, ServerErrorPolicy, StrategyMode};
+use idemgate::{
+    IdempotencyLayer, ReplayedHeaders, ServerErrorPolicy, StrategyMode, UnlistableHeader,
+};
 
 use crate::guard::{MethodOverride, SafeMethodBodies};
 use serde::Deserialize;
@@ -715,17 +717,12 @@ impl TryFrom<String> for ReplayHeaderName {
     type Error = String;
 
     fn try_from(text: String) -> Result<Self, String> {
-        let name = HeaderName::from_bytes(text.as_bytes())
-            .map_err(|_| format!("{text:?} is not a header name"))?;
-        if name == http::header::SET_COOKIE {
-            return Err("Set-Cookie has its own key: replay_set_cookie = true".to_owned());
-        }
-        if ReplayedHeaders::never_stored(&name) {
-            return Err(format!(
-                "{name} is never stored: hop-by-hop headers, Date, Content-Length and idemgate's own are per response"
-            ));
-        }
-        Ok(Self(name))
+        ReplayedHeaders::listable(&text)
+            .map(Self)
+            .map_err(|error| match error {
+                UnlistableHeader::SetCookie => format!("{error}: replay_set_cookie = true"),
+                _ => error.to_string(),
+            })
     }
 }
 

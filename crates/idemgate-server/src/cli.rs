@@ -8,11 +8,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::http::HeaderName;
 use clap::{ArgGroup, Parser, Subcommand};
-use idemgate::ReplayedHeaders;
 use idemgate::cache::ReplayCacheConfig;
 use idemgate::problem::{ProblemShape, ProblemStyle};
+use idemgate::{ReplayedHeaders, UnlistableHeader};
 use idemgate_listener::ListenerOptions;
 
 use crate::config::{
@@ -437,31 +436,25 @@ impl LayerArgs {
     }
 }
 
-/// The `--replay-header` names, checked: header names, none of those never
-/// stored, and `Set-Cookie` only through its own flag.
+/// The `--replay-header` names, checked by [`ReplayedHeaders::listable`].
 fn replayed_headers(names: &[String]) -> Result<ReplayedHeaders, ConfigError> {
-    let refuse =
-        |reason: String| ConfigError::new("--replay-header", "IDEMGATE_REPLAY_HEADERS", reason);
-    let mut checked = Vec::with_capacity(names.len());
-    for text in names
+    let checked = names
         .iter()
-        .map(|name| name.trim())
-        .filter(|name| !name.is_empty())
-    {
-        let name = HeaderName::from_bytes(text.as_bytes())
-            .map_err(|_| refuse(format!("{text:?} is not a header name")))?;
-        if name == axum::http::header::SET_COOKIE {
-            return Err(refuse(
-                "Set-Cookie has its own switch: --replay-set-cookie".to_owned(),
-            ));
-        }
-        if ReplayedHeaders::never_stored(&name) {
-            return Err(refuse(format!(
-                "{name} is never stored: hop-by-hop headers, Date, Content-Length and idemgate's own are per response"
-            )));
-        }
-        checked.push(name);
-    }
+        .filter(|name| !name.trim().is_empty())
+        .map(|name| {
+            ReplayedHeaders::listable(name).map_err(|error| {
+                let hint = match error {
+                    UnlistableHeader::SetCookie => ": --replay-set-cookie",
+                    _ => "",
+                };
+                ConfigError::new(
+                    "--replay-header",
+                    "IDEMGATE_REPLAY_HEADERS",
+                    format!("{error}{hint}"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(ReplayedHeaders::default().with_names(checked))
 }
 

@@ -40,8 +40,7 @@ pub fn layer(store: Arc<dyn Store>, settings: &LayerSettings) -> IdempotencyLaye
         .with_problem_type_base(settings.problem_style.base())
         .with_problem_link(settings.problem_style.link())
         .with_problem_shape(settings.problem_style.shape())
-        .with_replayed_header_names(settings.replayed_headers.added().iter().cloned())
-        .with_replayed_set_cookie(settings.replayed_headers.replays_set_cookie());
+        .with_replayed_headers(settings.replayed_headers.clone());
     match settings.wait {
         Some(wait) => layer.with_wait(wait),
         None => layer,

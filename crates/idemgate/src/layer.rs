@@ -362,7 +362,23 @@ impl IdempotencyLayer {
     /// Also store and replay these response headers (an application's
     /// `X-Order-Ref`, say), beyond [`ReplayedHeaders::defaults`] — what a replay
     /// needs; `Date`, `Server`, request ids and rate-limit counters are per
-    /// response and not stored. Adds to the names already added.
+    /// response and not stored. Replaces what was configured, `Set-Cookie`
+    /// included.
+    ///
+    /// ```
+    /// use idemgate::ReplayedHeaders;
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_replayed_headers(
+    ///     ReplayedHeaders::default().with_names([http::HeaderName::from_static("x-order-ref")]),
+    /// );
+    /// ```
+    pub fn with_replayed_headers(self, replayed: ReplayedHeaders) -> Self {
+        self.with(|c| c.replayed_headers = replayed)
+    }
+
+    /// Also store and replay these response headers on top of what is
+    /// configured (a proxy route's own, say); see
+    /// [`IdempotencyLayer::with_replayed_headers`].
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());

@@ -35,6 +35,8 @@ pub use finality::{Finality, ServerErrorPolicy};
 pub use layer::IdempotencyLayer;
 pub use principal::{DefaultPrincipal, Principal, PrincipalError, PrincipalExtractor};
 pub use problem::ProblemDetails;
-pub use response::{IDEMPOTENCY_DEDUP, IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED, ReplayedHeaders};
+pub use response::{
+    IDEMPOTENCY_DEDUP, IDEMPOTENCY_RESPONSE, IDEMPOTENT_REPLAYED, ReplayedHeaders, UnlistableHeader,
+};
 pub use service::Idempotency;
 pub use tasks::DetachedTasks;

@@ -79,6 +79,25 @@ static REPLAYED_BY_DEFAULT: [HeaderName; 26] = [
     header::CONTENT_SECURITY_POLICY,
 ];
 
+/// Why a name cannot be added to the replayed headers
+/// ([`ReplayedHeaders::listable`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnlistableHeader {
+    /// Not a valid header name.
+    #[error("{0:?} is not a header name")]
+    NotAName(String),
+    /// `Set-Cookie` is switched on by itself, never by listing it.
+    #[error("Set-Cookie has its own switch")]
+    SetCookie,
+    /// A header that is never stored (hop-by-hop, `Date`, `Content-Length`,
+    /// idemgate's own markers).
+    #[error(
+        "{0} is never stored: hop-by-hop headers, Date, Content-Length and idemgate's own are per response"
+    )]
+    NeverStored(HeaderName),
+}
+
 /// Which headers of a live response are stored for its replays (PROTOCOL §7):
 /// only what a replay needs to be the same answer — the representation's
 /// metadata, the outcome's pointers, and what a browser needs to read it — plus
@@ -111,7 +130,8 @@ impl ReplayedHeaders {
 
     /// Also store and replay `names` (an application's `X-Order-Ref`, say).
     /// Hop-by-hop headers, `Date`, `Content-Length` and idemgate's own markers
-    /// are never stored, listed or not ([`ReplayedHeaders::never_stored`]).
+    /// are never stored, listed or not ([`ReplayedHeaders::listable`] checks a
+    /// name given as text).
     pub fn with_names(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         for name in names {
             if !self.added.contains(&name) {
@@ -121,26 +141,33 @@ impl ReplayedHeaders {
         self
     }
 
-    /// Whether `name` is never stored, whatever is listed: hop-by-hop headers,
-    /// `Date`, `Content-Length`, idemgate's own markers.
-    pub fn never_stored(name: &HeaderName) -> bool {
-        is_never_stored(name)
+    /// `text` as a name [`ReplayedHeaders::with_names`] can add — the one check
+    /// behind `--replay-header` and a route's `replay_headers`: a header name,
+    /// not one that is never stored, and not `Set-Cookie`, which has its own
+    /// switch.
+    ///
+    /// ```
+    /// use idemgate::ReplayedHeaders;
+    /// assert_eq!(ReplayedHeaders::listable("X-Order-Ref").unwrap(), "x-order-ref");
+    /// assert!(ReplayedHeaders::listable("Date").is_err());
+    /// assert!(ReplayedHeaders::listable("set-cookie").is_err());
+    /// ```
+    pub fn listable(text: &str) -> Result<HeaderName, UnlistableHeader> {
+        let name = HeaderName::from_bytes(text.trim().as_bytes())
+            .map_err(|_| UnlistableHeader::NotAName(text.to_owned()))?;
+        if name == header::SET_COOKIE {
+            return Err(UnlistableHeader::SetCookie);
+        }
+        if is_never_stored(&name) {
+            return Err(UnlistableHeader::NeverStored(name));
+        }
+        Ok(name)
     }
 
     /// Store and replay `Set-Cookie` too (default: not).
     pub fn with_set_cookie(mut self, replay: bool) -> Self {
         self.set_cookie = replay;
         self
-    }
-
-    /// The names added to [`ReplayedHeaders::DEFAULT`].
-    pub fn added(&self) -> &[HeaderName] {
-        &self.added
-    }
-
-    /// Whether `Set-Cookie` is stored.
-    pub fn replays_set_cookie(&self) -> bool {
-        self.set_cookie
     }
 
     /// Whether a response header named `name` is stored for replays.

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
-use super::server::{send_signal, spawn_listening};
+use super::server::{send_signal, spawn_listening, wait_exit};
 
 /// One request as the upstream saw it.
 #[derive(Debug, Clone)]
@@ -325,10 +325,7 @@ impl Proxy {
     }
 
     pub async fn wait_exit(mut self) -> std::process::ExitStatus {
-        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("exit in time")
-            .expect("wait")
+        wait_exit(&mut self.child).await
     }
 
     /// The names of the process's threads (`/proc/PID/task/*/comm`).

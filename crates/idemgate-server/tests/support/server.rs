@@ -295,11 +295,16 @@ impl Server {
     }
 
     pub async fn wait_exit(mut self) -> std::process::ExitStatus {
-        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("exit in time")
-            .expect("wait")
+        wait_exit(&mut self.child).await
     }
+}
+
+/// Waits (20 s at most) for a started binary to exit, after a signal.
+pub async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exit in time")
+        .expect("wait")
 }
 
 /// Spawns `command` (stderr piped) and waits until its log has named, for each
