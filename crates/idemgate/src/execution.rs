@@ -128,54 +128,62 @@ impl Execution {
         request: Request<Body>,
         slot: TransactionSlot,
     ) -> Response<Body> {
-        let renewal = self.renewal();
-        let work = async {
-            let limit = self.config.response_limit;
-            let style = self.config.problem_style.clone();
-            let started = Instant::now();
-            let handled = async move {
-                // The handler's problems in the layer's style before they are
-                // stored, so a replay is what the first answer was.
-                let response = style.restyle(handler.call(request).await?);
-                collect(response, limit).await
-            };
-            let handled = match AssertUnwindSafe(handled).catch_unwind().await {
-                Ok(Ok(handled)) if handled.parts.status.is_informational() => {
-                    // A 1xx is no final answer: a stored `101` would replay a
-                    // protocol switch with no connection behind it, and a covered
-                    // request is never tunnelled past the layer (PITFALLS 29).
-                    tracing::error!(status = %handled.parts.status, "the handler answered a covered request with an informational status; answered and settled as a failure");
-                    Err(ProblemDetails::handler_failed())
-                }
-                Ok(Ok(handled)) => {
-                    // What a duplicate's 409 estimates from: handlers that answered.
-                    self.config.durations.record(&self.route, started.elapsed());
-                    Ok(handled)
-                }
-                Ok(Err(error)) => {
-                    tracing::error!(%error, "handler failed");
-                    // A body that broke off with a known cause (an upstream that
-                    // stalled, say) is answered with it rather than a bare 500.
-                    Err(ProblemDetails::in_chain(error.as_ref())
-                        .cloned()
-                        .unwrap_or_else(ProblemDetails::handler_failed))
-                }
-                Err(_) => {
-                    tracing::error!("handler panicked");
-                    Err(ProblemDetails::handler_failed())
-                }
-            };
-            self.record_result(handled, slot.take()).await
-        };
         // The lease is renewed while the handler runs and its outcome is
         // written, in this task (no task of its own to spawn and abort per
         // request).
+        let renewal = self.renewal();
         tokio::pin!(renewal);
         tokio::select! {
             biased;
-            response = work => response,
+            response = self.handle_and_record(handler, request, slot) => response,
             never = &mut renewal => match never {},
         }
+    }
+
+    /// Runs the handler, reads its answer up to the stored-response limit, and
+    /// settles the record by it.
+    async fn handle_and_record(
+        &self,
+        handler: Handler,
+        request: Request<Body>,
+        slot: TransactionSlot,
+    ) -> Response<Body> {
+        let limit = self.config.response_limit;
+        let style = self.config.problem_style.clone();
+        let started = Instant::now();
+        let handled = async move {
+            // The handler's problems in the layer's style before they are
+            // stored, so a replay is what the first answer was.
+            let response = style.restyle(handler.call(request).await?);
+            collect(response, limit).await
+        };
+        let handled = match AssertUnwindSafe(handled).catch_unwind().await {
+            Ok(Ok(handled)) if handled.parts.status.is_informational() => {
+                // A 1xx is no final answer: a stored `101` would replay a
+                // protocol switch with no connection behind it, and a covered
+                // request is never tunnelled past the layer (PITFALLS 29).
+                tracing::error!(status = %handled.parts.status, "the handler answered a covered request with an informational status; answered and settled as a failure");
+                Err(ProblemDetails::handler_failed())
+            }
+            Ok(Ok(handled)) => {
+                // What a duplicate's 409 estimates from: handlers that answered.
+                self.config.durations.record(&self.route, started.elapsed());
+                Ok(handled)
+            }
+            Ok(Err(error)) => {
+                tracing::error!(%error, "handler failed");
+                // A body that broke off with a known cause (an upstream that
+                // stalled, say) is answered with it rather than a bare 500.
+                Err(ProblemDetails::in_chain(error.as_ref())
+                    .cloned()
+                    .unwrap_or_else(ProblemDetails::handler_failed))
+            }
+            Err(_) => {
+                tracing::error!("handler panicked");
+                Err(ProblemDetails::handler_failed())
+            }
+        };
+        self.record_result(handled, slot.take()).await
     }
 
     /// Renews the lease every third of its length, for as long as it is
