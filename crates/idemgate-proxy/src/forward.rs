@@ -1,13 +1,13 @@
 //! The forwarding service the idempotency layer wraps: one request to the
-//! upstream per call, over a pooled keep-alive client, headers cleaned both ways.
+//! upstream per call, over this thread's keep-alive connections (`pool`),
+//! headers cleaned both ways.
 
-use std::cell::RefCell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -20,9 +20,7 @@ use http::header::{
 };
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use idemgate::{Finality, OperationContext};
 use sha1::{Digest, Sha1};
 use tokio::time::Instant;
@@ -30,14 +28,10 @@ use tower_service::Service;
 
 use crate::body::{ClientBody, UpstreamBody};
 use crate::headers::{IDEMPOTENCY_KEY, add_forwarded, remove_hop_by_hop};
+use crate::pool::{SendError, UpstreamPools};
 use crate::problem;
 use crate::routes::{DEFAULT_REJECTIONS, ForwardKey};
 use crate::upstream::Upstream;
-
-/// How long an idle pooled connection to the upstream is kept. Below the
-/// common keep-alive timeouts of upstream servers (Node's is 5 s, most others
-/// more), so the proxy rarely reuses a connection the upstream is closing.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Sends each request to the upstream and answers with its response.
 ///
@@ -73,55 +67,6 @@ pub struct Forward {
     deadline: Option<Duration>,
 }
 
-/// The keep-alive connections to the upstream, one pool per thread: a worker
-/// (`idemgate_listener::Workers`, one current-thread runtime per thread) sends
-/// every request over connections whose tasks run on its own thread, as an
-/// nginx worker keeps its own upstream connections — a shared pool would hand
-/// one worker's request to a connection task on another thread, a cross-thread
-/// wake-up per request. On a multi-thread runtime each of its threads has a
-/// pool, which only costs some reuse.
-#[derive(Clone, Debug)]
-struct UpstreamPools {
-    /// Which forwarder's pools these are (its clones share them).
-    id: u64,
-    connector: HttpConnector,
-}
-
-/// The ids of [`UpstreamPools`], unique in the process.
-static NEXT_POOLS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    /// This thread's pool of each forwarder that has used it.
-    static POOLS: RefCell<Vec<(u64, Client<HttpConnector, Body>)>> = const { RefCell::new(Vec::new()) };
-}
-
-impl UpstreamPools {
-    fn new(connector: HttpConnector) -> Self {
-        Self {
-            id: NEXT_POOLS.fetch_add(1, Ordering::Relaxed),
-            connector,
-        }
-    }
-
-    /// Sends `request` over this thread's pool (created on first use).
-    fn request(&self, request: Request<Body>) -> hyper_util::client::legacy::ResponseFuture {
-        POOLS.with_borrow_mut(|pools| {
-            let index = match pools.iter().position(|(id, _)| *id == self.id) {
-                Some(index) => index,
-                None => {
-                    let client = Client::builder(TokioExecutor::new())
-                        .pool_timer(TokioTimer::new())
-                        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-                        .build(self.connector.clone());
-                    pools.push((self.id, client));
-                    pools.len() - 1
-                }
-            };
-            pools[index].1.request(request)
-        })
-    }
-}
-
 /// The `Host` header the upstream receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -141,11 +86,8 @@ impl Forward {
     /// until the response head arrives (connecting included). Every clone
     /// shares its connection pools: one per thread ([`UpstreamPools`]).
     pub fn new(upstream: Upstream, timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
         Self {
-            client: UpstreamPools::new(connector),
+            client: UpstreamPools::new(upstream.authority_parts()),
             upstream: Arc::new(upstream),
             timeout,
             host: HostHeader::Client,
@@ -240,7 +182,7 @@ impl Forward {
             .deadline
             .map(|length| (length, Instant::now() + length));
         let head_wait = self.deadline.map_or(self.timeout, |d| d.min(self.timeout));
-        let sent = tokio::time::timeout(head_wait, self.client.request(request)).await;
+        let sent = tokio::time::timeout(head_wait, self.client.send(request)).await;
         match sent {
             Ok(Ok(response)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
                 self.switched(upgrade, response)
@@ -259,7 +201,7 @@ impl Forward {
                 let body = UpstreamBody::new(body, self.idle, deadline);
                 Response::from_parts(parts, Body::new(body))
             }
-            Ok(Err(error)) if error.is_connect() => {
+            Ok(Err(SendError::Connect(error))) => {
                 tracing::warn!(upstream = self.upstream.authority(), error = ?error, "upstream unreachable; nothing was sent");
                 (
                     Finality::Retryable,
@@ -267,13 +209,13 @@ impl Forward {
                 )
                     .into_response()
             }
-            Ok(Err(error)) if client_failed.load(Ordering::SeqCst) => {
+            Ok(Err(SendError::Exchange(error))) if client_failed.load(Ordering::SeqCst) => {
                 // The client's body broke (bad chunked framing, an upload cut
                 // off): the client's fault, whatever it did to the exchange.
                 tracing::debug!(error = ?error, "the client's request body failed while it was forwarded");
                 problem::client_body_failed().into_response()
             }
-            Ok(Err(error)) => {
+            Ok(Err(SendError::Exchange(error))) => {
                 tracing::warn!(upstream = self.upstream.authority(), error = ?error, "upstream exchange failed after the request was sent");
                 problem::upstream_failed(self.upstream.authority()).into_response()
             }
@@ -333,7 +275,7 @@ impl Forward {
         let covered = derived_key.is_some();
         // An HTTP/2 client names the host in the URI (`:authority`), not in Host.
         let authority = request.uri().authority().cloned();
-        let target = self.upstream.target(request.uri());
+        let target = self.upstream.path_and_query(request.uri());
         let headers = request.headers_mut();
         remove_hop_by_hop(headers);
         match self.key {
@@ -364,12 +306,15 @@ impl Forward {
             headers.insert(HOST, host);
         }
         add_forwarded(headers, client_ip, self.proto);
-        if self.host == HostHeader::Upstream
+        // The upstream's own name: when asked for, or when the client named
+        // none (HTTP/1.0 without Host) — an HTTP/1.1 request must carry one.
+        if (self.host == HostHeader::Upstream || !headers.contains_key(HOST))
             && let Ok(host) = HeaderValue::try_from(self.upstream.authority())
         {
             headers.insert(HOST, host);
         }
-        *request.uri_mut() = target;
+        // Origin-form: the connection is already the upstream's.
+        *request.uri_mut() = http::Uri::from(target);
         *request.version_mut() = Version::HTTP_11;
         request
     }

@@ -50,6 +50,7 @@ mod forward;
 mod guard;
 pub mod headers;
 mod jwt;
+mod pool;
 mod principal;
 mod principal_source;
 pub mod problem;

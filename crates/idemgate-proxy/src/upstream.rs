@@ -64,7 +64,17 @@ impl Upstream {
     /// The URI a request for `original` is sent to: the upstream's origin, the
     /// base path, then the request's own path and query, unchanged.
     pub fn target(&self, original: &Uri) -> Uri {
-        let path_and_query = match original.path_and_query() {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(self.path_and_query(original));
+        Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
+    }
+
+    /// The path and query of [`Upstream::target`]: what a request line to the
+    /// upstream carries (origin-form).
+    pub fn path_and_query(&self, original: &Uri) -> PathAndQuery {
+        match original.path_and_query() {
             // No base: the request's own, shared rather than copied.
             Some(own) if self.base.is_empty() && own.as_str().starts_with('/') => own.clone(),
             own => {
@@ -77,17 +87,17 @@ impl Upstream {
                         .unwrap_or(PathAndQuery::from_static("/"))
                 })
             }
-        };
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(path_and_query);
-        Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
+        }
     }
 
     /// The upstream's `host:port`, for logs.
     pub fn authority(&self) -> &str {
         self.authority.as_str()
+    }
+
+    /// The upstream's host and port, to connect to.
+    pub(crate) fn authority_parts(&self) -> &Authority {
+        &self.authority
     }
 }
 
