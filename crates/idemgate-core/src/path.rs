@@ -242,6 +242,37 @@ impl CanonicalPath {
 /// assert_eq!(path.as_str(), "/Caf%C3%A9s/%7Bid%7D/%7Bx%7D");
 /// ```
 pub fn canonicalize(raw: &str, policy: &PathPolicy) -> Result<CanonicalPath, AmbiguousPath> {
+    match already_canonical(raw) {
+        Some(path) => Ok(path),
+        None => decode(raw, policy),
+    }
+}
+
+/// `raw` itself when it is already in canonical spelling under every policy —
+/// what nearly every request path is (`/api/v1/orders`): it starts with `/`,
+/// holds only bytes every reading keeps as they are (unreserved, sub-delims
+/// but `;`, `:`, `@`), and has no empty, `.` or `..` segment and no trailing
+/// slash. One copy instead of a decoded segment list.
+fn already_canonical(raw: &str) -> Option<CanonicalPath> {
+    let bytes = raw.as_bytes();
+    let plain = |byte: &u8| {
+        is_unreserved(*byte) || is_sub_delim(*byte) || matches!(byte, b':' | b'@' | b'/')
+    };
+    let segments_plain = raw
+        .split('/')
+        .skip(1)
+        .all(|segment| !matches!(segment, "" | "." | ".."));
+    (bytes.first() == Some(&b'/') && bytes.iter().all(plain) && segments_plain).then(|| {
+        CanonicalPath {
+            path: raw.to_owned(),
+            trailing_slash: false,
+        }
+    })
+}
+
+/// The full reading: every segment decoded, dot segments resolved, each
+/// ambiguity the policy refuses refused.
+fn decode(raw: &str, policy: &PathPolicy) -> Result<CanonicalPath, AmbiguousPath> {
     let mut kept: Vec<String> = Vec::new();
     let mut trailing_slash = false;
     for raw_segment in split_raw(raw, policy)? {
@@ -592,7 +623,35 @@ fn is_sub_delim(byte: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// The shortcut for plain paths answers what the full reading does,
+        /// under every policy.
+        #[test]
+        fn the_plain_path_shortcut_agrees_with_the_full_reading(
+            raw in prop_oneof!["[/a.%2eE;:@~\\\\!=-]{0,12}", "(/[a.E:@~!=-]{0,3}){1,4}"],
+        ) {
+            if let Some(shortcut) = already_canonical(&raw) {
+                for policy in [PathPolicy::STRICT, PathPolicy::PERMISSIVE] {
+                    prop_assert_eq!(&decode(&raw, &policy), &Ok(shortcut.clone()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_shortcut_takes_plain_paths_only() {
+        assert!(already_canonical("/api/v1/orders").is_some());
+        assert!(already_canonical("/a:b@c/d.e~f!$&'()*+,=").is_some());
+        for raw in [
+            "", "/", "api", "/a/", "//a", "/a/./b", "/a/..", "/a;b", "/a%41", "/a\\b", "/é",
+        ] {
+            assert!(already_canonical(raw).is_none(), "{raw:?}");
+        }
+    }
 
     fn strict(raw: &str) -> Result<String, AmbiguousPath> {
         canonicalize(raw, &PathPolicy::STRICT).map(CanonicalPath::into_string)
