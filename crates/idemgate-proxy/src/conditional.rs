@@ -108,8 +108,10 @@ impl Service<Request<Body>> for Enforcing {
         let this = self.clone();
         Box::pin(async move {
             Ok(match &this.enforce {
+                // Boxed apart: the enforcing path's state is large, and every
+                // other request would otherwise allocate and copy room for it.
                 Some(policy) if writes(request.method()) => {
-                    enforce(this.forward, policy, request).await
+                    Box::pin(enforce(this.forward, policy, request)).await
                 }
                 _ => this.forward.send(request).await,
             })

@@ -92,9 +92,11 @@ impl UpstreamPools {
         &self,
         request: Request<Body>,
     ) -> Result<Response<Incoming>, SendError> {
+        // Connecting (name resolution included) is boxed apart: it is rare on
+        // keep-alive connections, and its state would enlarge every request's.
         let (mut sender, reused) = match self.checkout() {
             Some(sender) => (sender, true),
-            None => (self.connect().await?, false),
+            None => (Box::pin(self.connect()).await?, false),
         };
         let request = match sender.try_send_request(request).await {
             Ok(response) => {
@@ -109,7 +111,7 @@ impl UpstreamPools {
         tracing::debug!(
             "a pooled upstream connection closed before the request went out; sending it on a new one"
         );
-        let mut sender = self.connect().await?;
+        let mut sender = Box::pin(self.connect()).await?;
         let response = sender
             .send_request(request)
             .await
