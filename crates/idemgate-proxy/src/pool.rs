@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
@@ -33,6 +33,13 @@ use tokio::time::Instant;
 /// so the proxy rarely sends on a connection the upstream is closing; when it
 /// does, the request comes back unsent and goes out on a new connection.
 const IDLE_REUSE: Duration = Duration::from_secs(4);
+
+/// Idle at least this long, a reused connection may have been closed by the
+/// upstream's keep-alive timeout just as a request is written to it (no server
+/// times an idle connection out sooner). A body-less safe request sent on such
+/// a connection is kept, to be sent once more should the connection turn out
+/// closed before any answer; a busy connection costs no copy.
+const MAY_HAVE_TIMED_OUT: Duration = Duration::from_millis(250);
 
 /// Why a request got no response from the upstream.
 #[derive(Debug)]
@@ -85,33 +92,50 @@ impl UpstreamPools {
     }
 
     /// Sends `request` (origin-form URI, `Host` set) over an idle connection of
-    /// this thread, or a new one. A reused connection that closed before the
-    /// request went out (the upstream ended its keep-alive just then) gives the
-    /// request back unsent: it goes out once more, on a new connection.
+    /// this thread, or a new one. A reused connection can turn out closed by
+    /// the upstream (its keep-alive timeout) as the request goes out; then the
+    /// request goes out once more, on a new connection, when nothing can have
+    /// run: hyper gave it back unsent, or it is a body-less safe request
+    /// (RFC 9110 §9.2.2) that got no byte of an answer. Anything else that was
+    /// sent is never sent again: the upstream may have run it.
     pub(crate) async fn send(
         &self,
         request: Request<Body>,
     ) -> Result<Response<Incoming>, SendError> {
-        // Connecting (name resolution included) is boxed apart: it is rare on
-        // keep-alive connections, and its state would enlarge every request's.
-        let (mut sender, reused) = match self.checkout() {
-            Some(sender) => (sender, true),
-            None => (Box::pin(self.connect()).await?, false),
+        let Some((mut sender, idle)) = self.checkout() else {
+            // Connecting (name resolution included) is boxed apart: it is rare
+            // on keep-alive connections, and its state would enlarge every
+            // request's.
+            let sender = Box::pin(self.connect()).await?;
+            return self.exchange(sender, request).await;
         };
-        let request = match sender.try_send_request(request).await {
+        let copy = (idle >= MAY_HAVE_TIMED_OUT)
+            .then(|| replayable_copy(&request))
+            .flatten();
+        let again = match sender.try_send_request(request).await {
             Ok(response) => {
                 self.checkin(sender);
                 return Ok(response);
             }
-            Err(mut failed) => match failed.take_message() {
-                Some(unsent) if reused => unsent,
+            Err(mut failed) => match (failed.take_message(), copy) {
+                (Some(unsent), _) => unsent,
+                (None, Some(copy)) if failed.error().is_incomplete_message() => copy,
                 _ => return Err(SendError::Exchange(failed.into_error())),
             },
         };
         tracing::debug!(
-            "a pooled upstream connection closed before the request went out; sending it on a new one"
+            "a reused upstream connection was closed as the request went out; sending it on a new one"
         );
-        let mut sender = Box::pin(self.connect()).await?;
+        let sender = Box::pin(self.connect()).await?;
+        self.exchange(sender, again).await
+    }
+
+    /// One request on `sender`, handed back to the list once answered.
+    async fn exchange(
+        &self,
+        mut sender: SendRequest<Body>,
+        request: Request<Body>,
+    ) -> Result<Response<Incoming>, SendError> {
         let response = sender
             .send_request(request)
             .await
@@ -120,9 +144,10 @@ impl UpstreamPools {
         Ok(response)
     }
 
-    /// A ready connection from this thread's list, dropping on the way the
-    /// closed ones and those idle longer than [`IDLE_REUSE`].
-    fn checkout(&self) -> Option<SendRequest<Body>> {
+    /// A ready connection from this thread's list and how long it has been
+    /// idle, dropping on the way the closed ones and those idle longer than
+    /// [`IDLE_REUSE`].
+    fn checkout(&self) -> Option<(SendRequest<Body>, Duration)> {
         let now = Instant::now();
         POOLS.with_borrow_mut(|pools| {
             let (_, list) = pools.iter_mut().find(|(id, _)| *id == self.id)?;
@@ -131,7 +156,8 @@ impl UpstreamPools {
                 !pooled.sender.is_closed() && !stale
             });
             let ready = list.iter().rposition(|pooled| pooled.sender.is_ready())?;
-            Some(list.swap_remove(ready).sender)
+            let pooled = list.swap_remove(ready);
+            Some((pooled.sender, now - pooled.since))
         })
     }
 
@@ -171,6 +197,24 @@ impl UpstreamPools {
     }
 }
 
+/// A copy of `request` to send again, if it is safe and has no body.
+fn replayable_copy(request: &Request<Body>) -> Option<Request<Body>> {
+    use http_body::Body as _;
+    let safe = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    );
+    if !safe || request.body().size_hint().exact() != Some(0) {
+        return None;
+    }
+    let mut copy = Request::new(Body::empty());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    Some(copy)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -186,8 +230,8 @@ mod tests {
     /// An upstream answering every `GET` with `200 ok` on keep-alive
     /// connections, counting the connections it accepts and the requests it
     /// answers. With `together`, it answers only once that many requests are
-    /// in (each on its own connection); with `close_after_answer`, it closes
-    /// each connection after its first answer, without saying so.
+    /// in (each on its own connection); with `close_after`, it closes each
+    /// connection that long after its first answer, without saying so.
     struct Upstream {
         pools: UpstreamPools,
         connections: Arc<AtomicUsize>,
@@ -195,7 +239,7 @@ mod tests {
     }
 
     impl Upstream {
-        async fn start(together: Option<usize>, close_after_answer: bool) -> Self {
+        async fn start(together: Option<usize>, close_after: Option<Duration>) -> Self {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
             let connections = Arc::new(AtomicUsize::new(0));
@@ -224,7 +268,11 @@ mod tests {
                             }
                             counted.fetch_add(1, Ordering::SeqCst);
                             let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                            if stream.write_all(answer).await.is_err() || close_after_answer {
+                            if stream.write_all(answer).await.is_err() {
+                                return;
+                            }
+                            if let Some(pause) = close_after {
+                                tokio::time::sleep(pause).await;
                                 return;
                             }
                         }
@@ -249,6 +297,23 @@ mod tests {
             body.to_bytes().to_vec()
         }
 
+        /// Yields until a connection of this thread's list is ready, without
+        /// turning the runtime's I/O driver more than the yields do.
+        async fn until_one_is_ready(&self) {
+            for _ in 0..1000 {
+                let ready = POOLS.with_borrow(|pools| {
+                    pools.iter().any(|(id, list)| {
+                        *id == self.pools.id && list.iter().any(|p| p.sender.is_ready())
+                    })
+                });
+                if ready {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+            panic!("no connection became ready");
+        }
+
         fn connections(&self) -> usize {
             self.connections.load(Ordering::SeqCst)
         }
@@ -262,7 +327,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_one_after_another_share_one_connection() {
-        let upstream = Upstream::start(None, false).await;
+        let upstream = Upstream::start(None, None).await;
         for _ in 0..10 {
             assert_eq!(upstream.get().await, b"ok");
         }
@@ -272,7 +337,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_requests_each_get_a_connection_then_reuse_them() {
-        let upstream = Arc::new(Upstream::start(Some(8), false).await);
+        let upstream = Arc::new(Upstream::start(Some(8), None).await);
         for round in 1..=2 {
             let requests: Vec<_> = (0..8)
                 .map(|_| {
@@ -293,7 +358,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_upstream_closed_is_not_sent_on() {
-        let upstream = Upstream::start(None, true).await;
+        let upstream = Upstream::start(None, Some(Duration::ZERO)).await;
         for _ in 0..3 {
             assert_eq!(upstream.get().await, b"ok");
             settle().await;
@@ -302,9 +367,59 @@ mod tests {
         assert_eq!(upstream.connections(), 3);
     }
 
+    #[test]
+    fn a_body_less_get_on_a_connection_the_upstream_just_closed_goes_out_again() {
+        // The upstream runs on threads of its own, so it closes the idle
+        // connection while this runtime is held still and has not seen it.
+        let upstream_runtime = tokio::runtime::Runtime::new().unwrap();
+        let upstream =
+            upstream_runtime.block_on(Upstream::start(None, Some(Duration::from_millis(50))));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            assert_eq!(upstream.get().await, b"ok");
+            // The connection task takes the end of the body in and waits for
+            // the next request: the connection is idle and ready.
+            upstream.until_one_is_ready().await;
+            std::thread::sleep(Duration::from_millis(300));
+            // Written to the closed connection, it got no answer: a GET
+            // without a body goes out once more, on a new connection.
+            assert_eq!(upstream.get().await, b"ok");
+        });
+        assert_eq!(upstream.answered.load(Ordering::SeqCst), 2);
+        assert_eq!(upstream.connections(), 2);
+    }
+
+    #[test]
+    fn a_request_with_a_body_is_never_sent_twice() {
+        let upstream_runtime = tokio::runtime::Runtime::new().unwrap();
+        let upstream =
+            upstream_runtime.block_on(Upstream::start(None, Some(Duration::from_millis(50))));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let second = runtime.block_on(async {
+            assert_eq!(upstream.get().await, b"ok");
+            upstream.until_one_is_ready().await;
+            std::thread::sleep(Duration::from_millis(300));
+            let post = Request::post("/orders")
+                .header(http::header::HOST, "upstream")
+                .body(Body::from("{}"))
+                .unwrap();
+            upstream.pools.send(post).await
+        });
+        // It may have run (as far as the proxy can tell): the failure is the
+        // answer, for the layer's policy to settle.
+        assert!(matches!(second, Err(SendError::Exchange(_))), "{second:?}");
+        assert_eq!(upstream.connections(), 1);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_connection_idle_past_the_reuse_limit_is_replaced() {
-        let upstream = Upstream::start(None, false).await;
+        let upstream = Upstream::start(None, None).await;
         assert_eq!(upstream.get().await, b"ok");
         tokio::time::advance(IDLE_REUSE - Duration::from_millis(100)).await;
         assert_eq!(upstream.get().await, b"ok");
