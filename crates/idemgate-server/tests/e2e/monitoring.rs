@@ -294,11 +294,14 @@ async fn dashboard_and_alerts_work_against_a_real_prometheus() {
     .unwrap();
     let proxy =
         Proxy::start(ProxyOptions::new(upstream.url()).arg("--config", route_file.display())).await;
-    let prometheus = Prometheus::start(&[a.addr, b.addr, c.addr, proxy.admin]).await;
-    // Every counter is at zero in a first scrape before any traffic, or its
-    // first increase would be invisible to rate(). (Prometheus hands targets to
-    // its scraper some seconds after it is ready.)
-    prometheus.wait_for("count(up == 1)", 3.0).await;
+    let targets = [a.addr, b.addr, c.addr, proxy.admin];
+    let prometheus = Prometheus::start(&targets).await;
+    // Every counter of every target is at zero in a first scrape before any
+    // traffic, or its first increase would be invisible to rate(). (Prometheus
+    // hands targets to its scraper some seconds after it is ready.)
+    prometheus
+        .wait_for("count(up == 1)", targets.len() as f64)
+        .await;
     let client = Client::new();
     let orders = |server: &Server| server.url("/api/v1/orders");
 
