@@ -23,7 +23,10 @@
 //! binary does.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 use std::time::Instant;
+
+use metrics::{Counter, Histogram};
 
 /// Histogram bucket bounds in seconds for this workload: a replay from memory
 /// takes tens of microseconds, a store round trip about a millisecond, a first
@@ -207,8 +210,37 @@ tokio::task_local! {
     static OUTCOME: Cell<Option<Outcome>>;
 }
 
+/// Each outcome's request counter and duration histogram, registered once: with
+/// a label, the macros build a key and look it up in the recorder on every
+/// call, several allocations per request. They are registered with the
+/// recorder installed when the first request arrives (an application installs
+/// its recorder before it serves).
+struct OutcomeMetrics {
+    requests: [Counter; Outcome::ALL.len()],
+    durations: [Histogram; Outcome::ALL.len()],
+}
+
+static OUTCOME_METRICS: OnceLock<OutcomeMetrics> = OnceLock::new();
+
+fn outcome_metrics() -> &'static OutcomeMetrics {
+    OUTCOME_METRICS.get_or_init(|| OutcomeMetrics {
+        requests: Outcome::ALL
+            .map(|o| metrics::counter!("idemgate_requests_total", "outcome" => o.as_str())),
+        durations: Outcome::ALL.map(
+            |o| metrics::histogram!("idemgate_request_duration_seconds", "outcome" => o.as_str()),
+        ),
+    })
+}
+
+impl Outcome {
+    /// Its place in [`Outcome::ALL`].
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
 pub(crate) fn count_outcome(outcome: Outcome) {
-    metrics::counter!("idemgate_requests_total", "outcome" => outcome.as_str()).increment(1);
+    outcome_metrics().requests[outcome.index()].increment(1);
     tracing::Span::current().record("outcome", outcome.as_str());
     // Outside `timed_request` (nothing to time) there is no slot.
     let _ = OUTCOME.try_with(|slot| slot.set(Some(outcome)));
@@ -233,8 +265,7 @@ struct RequestTimer(Instant);
 impl Drop for RequestTimer {
     fn drop(&mut self) {
         if let Ok(Some(outcome)) = OUTCOME.try_with(Cell::get) {
-            metrics::histogram!("idemgate_request_duration_seconds", "outcome" => outcome.as_str())
-                .record(self.0.elapsed().as_secs_f64());
+            outcome_metrics().durations[outcome.index()].record(self.0.elapsed().as_secs_f64());
         }
     }
 }
@@ -255,4 +286,16 @@ pub(crate) async fn timed<T, E>(
         metrics::counter!("idemgate_store_errors_total", "op" => op).increment(1);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_has_its_own_place_among_the_registered_metrics() {
+        for (place, outcome) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(outcome.index(), place, "{outcome:?}");
+        }
+    }
 }
