@@ -84,7 +84,7 @@ pub enum HostHeader {
 impl Forward {
     /// A forwarder to `upstream` whose requests each get `timeout` from sending
     /// until the response head arrives (connecting included). Every clone
-    /// shares its connection pools: one per thread ([`UpstreamPools`]).
+    /// shares its keep-alive connections to the upstream, kept per thread.
     pub fn new(upstream: Upstream, timeout: Duration) -> Self {
         Self {
             client: UpstreamPools::new(upstream.authority_parts()),

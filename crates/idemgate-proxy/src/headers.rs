@@ -51,7 +51,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok());
-    doomed.extend(listed.collect::<Vec<_>>());
+    doomed.extend(listed);
     // Rebuilt rather than removed from, which would move the last header into
     // each hole: the headers that stay keep the order they came in.
     let all = std::mem::replace(headers, HeaderMap::with_capacity(headers.len()));

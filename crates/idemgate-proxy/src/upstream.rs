@@ -10,8 +10,8 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 ///
 /// ```
 /// let upstream: idemgate_proxy::Upstream = "http://127.0.0.1:3000/api".parse().unwrap();
-/// let uri = upstream.target(&"/orders?page=2".parse().unwrap());
-/// assert_eq!(uri, "http://127.0.0.1:3000/api/orders?page=2");
+/// let target = upstream.path_and_query(&"/orders?page=2".parse().unwrap());
+/// assert_eq!(target, "/api/orders?page=2");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
@@ -61,18 +61,8 @@ impl FromStr for Upstream {
 }
 
 impl Upstream {
-    /// The URI a request for `original` is sent to: the upstream's origin, the
-    /// base path, then the request's own path and query, unchanged.
-    pub fn target(&self, original: &Uri) -> Uri {
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(self.path_and_query(original));
-        Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("/"))
-    }
-
-    /// The path and query of [`Upstream::target`]: what a request line to the
-    /// upstream carries (origin-form).
+    /// The request target (origin-form) a request for `original` is sent
+    /// with: the base path, then the request's own path and query, unchanged.
     pub fn path_and_query(&self, original: &Uri) -> PathAndQuery {
         match original.path_and_query() {
             // No base: the request's own, shared rather than copied.
@@ -107,18 +97,19 @@ mod tests {
 
     fn target(upstream: &str, path: &str) -> String {
         let upstream: Upstream = upstream.parse().unwrap();
-        upstream.target(&path.parse().unwrap()).to_string()
+        upstream.path_and_query(&path.parse().unwrap()).to_string()
     }
 
     #[test]
     fn paths_go_under_the_base() {
-        assert_eq!(target("http://h:1", "/a?b=c"), "http://h:1/a?b=c");
-        assert_eq!(target("http://h:1/", "/a"), "http://h:1/a");
-        assert_eq!(target("http://h:1/v1/", "/a/b"), "http://h:1/v1/a/b");
-        assert_eq!(target("http://h:1/v1", "/"), "http://h:1/v1/");
+        assert_eq!(target("http://h:1", "/a?b=c"), "/a?b=c");
+        assert_eq!(target("http://h:1/", "/a"), "/a");
+        assert_eq!(target("http://h:1/v1/", "/a/b"), "/v1/a/b");
+        assert_eq!(target("http://h:1/v1", "/"), "/v1/");
+        // An absolute-form request target keeps only its path and query.
         assert_eq!(
             target("http://h:1/v1", "http://client.example/x?y"),
-            "http://h:1/v1/x?y"
+            "/v1/x?y"
         );
     }
 

@@ -177,8 +177,8 @@ pub fn describe() {
         metrics::Unit::Seconds,
         "Age of this process's oldest running keyed operation (0 when none)."
     );
-    for outcome in Outcome::ALL {
-        metrics::counter!("idemgate_requests_total", "outcome" => outcome.as_str()).absolute(0);
+    for requests in &outcome_metrics().requests {
+        requests.absolute(0);
     }
     for op in STORE_OPS {
         metrics::counter!("idemgate_store_errors_total", "op" => op).absolute(0);
@@ -213,8 +213,8 @@ tokio::task_local! {
 /// Each outcome's request counter and duration histogram, registered once: with
 /// a label, the macros build a key and look it up in the recorder on every
 /// call, several allocations per request. They are registered with the
-/// recorder installed when the first request arrives (an application installs
-/// its recorder before it serves).
+/// recorder installed when [`describe`] runs or, without it, when the first
+/// request arrives (an application installs its recorder before it serves).
 struct OutcomeMetrics {
     requests: [Counter; Outcome::ALL.len()],
     durations: [Histogram; Outcome::ALL.len()],
