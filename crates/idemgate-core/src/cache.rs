@@ -53,10 +53,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::fingerprint::Fingerprint;
+use crate::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
+use crate::fingerprint::{FieldDigests, Fingerprint};
 use crate::record::{
     FencingToken, LeaseOrigin, OperationId, RECORD_FORMAT_VERSION, Record, StoredBody,
 };
+use crate::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use crate::scope::IdentityDigest;
 use crate::store::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
@@ -140,9 +142,11 @@ type Entries = quick_cache::sync::Cache<IdentityDigest, Arc<Entry>, EntryWeight>
 
 /// A new operation this cache saw claimed, kept until its completion so the record
 /// the completion writes can be cached without reading it back.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct NewClaim {
     fingerprint: Fingerprint,
+    /// The claim's per-field digests, kept in the record like the fingerprint.
+    field_digests: Option<FieldDigests>,
     operation_id: OperationId,
     token: FencingToken,
     /// The store's clock at the claim (the lease's end minus its length): the
@@ -253,6 +257,7 @@ impl ReplayCache {
         }
         let record = Record {
             fingerprint: claim.fingerprint,
+            field_digests: claim.field_digests,
             format_version: RECORD_FORMAT_VERSION,
             operation_id: claim.operation_id,
             token: claim.token,
@@ -315,8 +320,15 @@ impl ReplayCache {
 
 /// What a record costs in memory: body, headers, and a fixed overhead.
 fn entry_bytes(record: &Record) -> u64 {
+    // Each kept field: its pointer, its 8-byte digest, and the `String`.
+    let fields: usize = record
+        .field_digests
+        .iter()
+        .flat_map(FieldDigests::pointers)
+        .map(|pointer| pointer.len() + 8 + 24)
+        .sum();
     let Some(response) = record.response() else {
-        return ENTRY_OVERHEAD;
+        return ENTRY_OVERHEAD + fields as u64;
     };
     let body = match &response.body {
         StoredBody::Retained(body) => body.len(),
@@ -327,7 +339,7 @@ fn entry_bytes(record: &Record) -> u64 {
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 32)
         .sum();
-    ENTRY_OVERHEAD + (body + headers) as u64
+    ENTRY_OVERHEAD + (body + headers + fields) as u64
 }
 
 #[async_trait]
@@ -348,6 +360,7 @@ impl Store for ReplayCache {
                     Timestamp::from_millis(lease.locked_until.as_millis().saturating_sub(lease_ms));
                 let note = NewClaim {
                     fingerprint: request.fingerprint,
+                    field_digests: request.field_digests.clone(),
                     operation_id: lease.operation_id,
                     token: lease.token,
                     claimed_at,
@@ -414,8 +427,74 @@ impl Store for ReplayCache {
         Ok(found)
     }
 
+    /// Resource leases are not records: straight to the store.
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        self.inner.acquire_resource_lease(resource, ttl).await
+    }
+
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        self.inner.release_resource_lease(lease).await
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        self.inner.append_audit(records).await
+    }
+
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.read_audit(query).await
+    }
+
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        self.inner.audit_partitions().await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.trim_audit(instance, before, limit).await
+    }
+
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+        self.inner.audit_secret().await
+    }
+
+    async fn record_duration(
+        &self,
+        route: &str,
+        duration: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.record_duration(route, duration).await
+    }
+
+    async fn route_durations(&self, route: &str) -> Result<Vec<std::time::Duration>, StoreError> {
+        self.inner.route_durations(route).await
+    }
+
+    fn journal_expiries(&self, journal: crate::audit::ExpiryJournal) {
+        self.inner.journal_expiries(journal);
+    }
+
     fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
         self.fill_completed(lease, completion);
+        self.inner.completed_in_transaction(lease, completion);
+    }
+
+    fn transaction_journal_entry(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Option<crate::audit::AuditRecord> {
+        self.inner.transaction_journal_entry(lease, completion)
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {

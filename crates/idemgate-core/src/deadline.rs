@@ -17,11 +17,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
+use crate::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use crate::scope::IdentityDigest;
 use crate::store::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
     StoreError,
 };
+use crate::time::Timestamp;
 
 /// The default bound on one store operation: well under the few seconds after which
 /// clients usually give up, well above a healthy store's milliseconds.
@@ -136,8 +139,86 @@ impl Store for WithDeadline {
         self.bounded("get", self.inner.get(identity)).await
     }
 
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        self.bounded(
+            "acquire_resource_lease",
+            self.inner.acquire_resource_lease(resource, ttl),
+        )
+        .await
+    }
+
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        self.bounded(
+            "release_resource_lease",
+            self.inner.release_resource_lease(lease),
+        )
+        .await
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        self.bounded("append_audit", self.inner.append_audit(records))
+            .await
+    }
+
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        self.bounded("read_audit", self.inner.read_audit(query))
+            .await
+    }
+
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        self.bounded("audit_partitions", self.inner.audit_partitions())
+            .await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.bounded("trim_audit", self.inner.trim_audit(instance, before, limit))
+            .await
+    }
+
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+        self.bounded("audit_secret", self.inner.audit_secret())
+            .await
+    }
+
+    async fn record_duration(&self, route: &str, duration: Duration) -> Result<(), StoreError> {
+        self.bounded(
+            "record_duration",
+            self.inner.record_duration(route, duration),
+        )
+        .await
+    }
+
+    async fn route_durations(&self, route: &str) -> Result<Vec<Duration>, StoreError> {
+        self.bounded("route_durations", self.inner.route_durations(route))
+            .await
+    }
+
+    fn journal_expiries(&self, journal: crate::audit::ExpiryJournal) {
+        self.inner.journal_expiries(journal);
+    }
+
     fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
         self.inner.completed_in_transaction(lease, completion);
+    }
+
+    fn transaction_journal_entry(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Option<crate::audit::AuditRecord> {
+        self.inner.transaction_journal_entry(lease, completion)
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
@@ -182,6 +263,51 @@ mod tests {
         async fn get(&self, _: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
             std::future::pending().await
         }
+        async fn acquire_resource_lease(
+            &self,
+            _: &ResourceId,
+            _: Duration,
+        ) -> Result<LeaseAcquisition, StoreError> {
+            std::future::pending().await
+        }
+        async fn release_resource_lease(
+            &self,
+            _: &ResourceLease,
+        ) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn append_audit(&self, _: &[AuditRecord]) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+
+        async fn read_audit(&self, _: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+            std::future::pending().await
+        }
+
+        async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+            std::future::pending().await
+        }
+
+        async fn trim_audit(
+            &self,
+            _: Option<&str>,
+            _: Timestamp,
+            _: usize,
+        ) -> Result<u64, StoreError> {
+            std::future::pending().await
+        }
+
+        async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+            std::future::pending().await
+        }
+
+        async fn record_duration(&self, _: &str, _: Duration) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+
+        async fn route_durations(&self, _: &str) -> Result<Vec<Duration>, StoreError> {
+            std::future::pending().await
+        }
     }
 
     fn request() -> ClaimRequest {
@@ -194,8 +320,10 @@ mod tests {
         ClaimRequest {
             identity: Identity::new(scope, key),
             fingerprint: Fingerprint::from_bytes([7; 32]),
+            field_digests: None,
             lease: Duration::from_secs(30),
             ttl: Duration::from_secs(60),
+            route_template: None,
         }
     }
 

@@ -72,6 +72,7 @@ mod tests {
         Snapshot {
             record: Record {
                 fingerprint: fp(1),
+                field_digests: None,
                 format_version: 1,
                 operation_id: OperationId::random(),
                 token: FencingToken(1),

@@ -1,21 +1,35 @@
 //! How long a running operation has left: the `Retry-After` of a 409 (PROTOCOL
-//! §6.3). Pure: the layer feeds it the durations it measured and the record's
-//! age, and answers with the result; nothing here keeps time or state of its own
-//! beyond the window of recent durations.
+//! §6.3). Pure: the layer feeds it the route's execution history (kept in the
+//! store, [`crate::Store::route_durations`]) and the record's age, and answers
+//! with the result.
 //!
 //! The lease left is a bound, not an estimate: with a 30 s lease a duplicate of
-//! a 3 s operation was told to come back in 29 s. The estimate is a high
-//! percentile of the route's recent executions minus how long the running one
-//! has run, never more than the lease left (after it, the holder is presumed
-//! dead and a retry takes over) and never under a second.
+//! a 3 s operation was told to come back in 29 s, and SDKs that cap their sleep
+//! (at 60 s, say) gave up on a longer one. So the hint is the [`PERCENTILE`] of
+//! the route's recorded executions minus how long the running one has run — the
+//! time it plausibly still needs — and the lease left only when no instance
+//! sharing the store has recorded the route yet; always within
+//! [[`MIN_RETRY_AFTER`], [`MAX_RETRY_AFTER`]].
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
-/// How many recent executions a window keeps.
+/// How many durations the store keeps per route: a new one replaces the oldest
+/// (or, in the SQL stores, a random slot) once the route has this many.
 pub const WINDOW: usize = 32;
 
-/// The percentile of the window the estimate uses: high enough that most
+/// How many routes the store keeps history for: a route first recorded when
+/// this many already are takes the place of the least recently recorded one,
+/// so a path with ids in it cannot grow the history without bound, and routes
+/// no longer served make way. Where concurrent first records of new routes
+/// race (PostgreSQL), the count may pass it by the number of racing writers
+/// until the next new route.
+pub const MAX_ROUTES: usize = 1024;
+
+/// The longest route key the store keeps (bytes): a longer one is truncated at
+/// a character boundary.
+pub const MAX_ROUTE_LEN: usize = 512;
+
+/// The percentile of the history the estimate uses: high enough that most
 /// operations are done when the client comes back, low enough that one outlier
 /// does not set the hint.
 pub const PERCENTILE: f64 = 0.9;
@@ -24,55 +38,47 @@ pub const PERCENTILE: f64 = 0.9;
 /// would retry at once, in a loop.
 pub const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The durations of the last [`WINDOW`] executions of one route, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecentDurations {
-    samples: VecDeque<Duration>,
+/// The longest hint: SDKs cap their sleep (some ignore a longer `Retry-After`
+/// and fail at once, some sleep it whole); a client told 60 s comes back and
+/// is told again.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// `route` as the store keys it: at most [`MAX_ROUTE_LEN`] bytes.
+pub fn route_key(route: &str) -> &str {
+    if route.len() <= MAX_ROUTE_LEN {
+        return route;
+    }
+    let mut end = MAX_ROUTE_LEN;
+    while !route.is_char_boundary(end) {
+        end -= 1;
+    }
+    &route[..end]
 }
 
-impl RecentDurations {
-    /// Adds one execution's duration, forgetting the oldest past [`WINDOW`].
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let mut recent = idemgate_core::estimate::RecentDurations::default();
-    /// recent.record(Duration::from_secs(3));
-    /// assert_eq!(recent.typical(), Some(Duration::from_secs(3)));
-    /// ```
-    pub fn record(&mut self, duration: Duration) {
-        if self.samples.len() == WINDOW {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(duration);
+/// The [`PERCENTILE`] of `samples` (nearest rank); `None` when empty.
+///
+/// ```
+/// use std::time::Duration;
+/// let ms = Duration::from_millis;
+/// let samples: Vec<Duration> = (1..=10).map(|n| ms(n * 100)).collect();
+/// assert_eq!(idemgate_core::estimate::typical(&samples), Some(ms(900)));
+/// ```
+pub fn typical(samples: &[Duration]) -> Option<Duration> {
+    if samples.is_empty() {
+        return None;
     }
-
-    /// How many durations the window holds.
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-
-    /// Whether the window is empty.
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-
-    /// The [`PERCENTILE`] of the window (nearest rank); `None` when empty.
-    pub fn typical(&self) -> Option<Duration> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let mut sorted: Vec<Duration> = self.samples.iter().copied().collect();
-        sorted.sort_unstable();
-        // Nearest rank: the smallest value with at least PERCENTILE of the
-        // samples at or below it.
-        let rank = (PERCENTILE * sorted.len() as f64).ceil() as usize;
-        Some(sorted[rank.clamp(1, sorted.len()) - 1])
-    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    // Nearest rank: the smallest value with at least PERCENTILE of the samples
+    // at or below it.
+    let rank = (PERCENTILE * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
-/// The `Retry-After` of a 409: `typical` (the route's recent executions, see
-/// [`RecentDurations::typical`]) minus `running_for`, at most `lease_left`, at
-/// least [`MIN_RETRY_AFTER`]. Without history, the lease left.
+/// The `Retry-After` of a 409: with history (`typical`, see [`typical`]), the
+/// time the running attempt plausibly still needs — `typical` minus
+/// `running_for` — never the lease left; without history anywhere, the lease
+/// left. Either way within [[`MIN_RETRY_AFTER`], [`MAX_RETRY_AFTER`]].
 ///
 /// ```
 /// use std::time::Duration;
@@ -82,6 +88,8 @@ impl RecentDurations {
 /// assert_eq!(retry_after(s(29), Some(s(3)), s(1)), s(2));
 /// // No history yet: the lease is all we know.
 /// assert_eq!(retry_after(s(29), None, s(1)), s(29));
+/// // A 90 s lease: never more than a minute.
+/// assert_eq!(retry_after(s(89), None, s(1)), s(60));
 /// ```
 pub fn retry_after(
     lease_left: Duration,
@@ -89,7 +97,7 @@ pub fn retry_after(
     running_for: Duration,
 ) -> Duration {
     let estimate = typical.map_or(lease_left, |typical| typical.saturating_sub(running_for));
-    estimate.min(lease_left).max(MIN_RETRY_AFTER)
+    estimate.clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER)
 }
 
 #[cfg(test)]
@@ -101,14 +109,13 @@ mod tests {
     }
 
     #[test]
-    fn the_hint_is_the_estimate_bounded_by_the_lease_and_a_second() {
+    fn with_history_the_hint_is_what_the_attempt_still_needs() {
         assert_eq!(retry_after(s(29), Some(s(3)), Duration::ZERO), s(3));
         assert_eq!(retry_after(s(29), Some(s(3)), s(2)), s(1));
+        // Its age against the p90: a 20 s operation 5 s in needs 15 s more.
+        assert_eq!(retry_after(s(25), Some(s(20)), s(5)), s(15));
         // Running longer than usual: soon, not never.
         assert_eq!(retry_after(s(29), Some(s(3)), s(10)), MIN_RETRY_AFTER);
-        // Usually slower than the lease left: the lease bounds it.
-        assert_eq!(retry_after(s(5), Some(s(60)), s(1)), s(5));
-        assert_eq!(retry_after(Duration::ZERO, None, s(1)), MIN_RETRY_AFTER);
         assert_eq!(
             retry_after(s(29), Some(Duration::from_millis(200)), Duration::ZERO),
             MIN_RETRY_AFTER
@@ -116,22 +123,56 @@ mod tests {
     }
 
     #[test]
-    fn typical_is_the_ninetieth_percentile_of_the_last_window() {
-        let mut recent = RecentDurations::default();
-        assert_eq!(recent.typical(), None);
-        for ms in 1..=10 {
-            recent.record(Duration::from_millis(ms * 100));
+    fn with_history_the_lease_left_is_never_the_hint() {
+        // Usually slower than the lease left: the estimate, not the lease.
+        assert_eq!(retry_after(s(5), Some(s(20)), s(1)), s(19));
+        // Fast history under a long lease: the history, not the 29 s left.
+        assert_eq!(
+            retry_after(s(29), Some(Duration::from_millis(300)), s(0)),
+            s(1)
+        );
+        assert_eq!(retry_after(Duration::ZERO, Some(s(4)), s(1)), s(3));
+    }
+
+    #[test]
+    fn every_hint_is_within_one_and_sixty_seconds() {
+        // Without history: the lease left, clamped.
+        assert_eq!(retry_after(s(29), None, s(1)), s(29));
+        assert_eq!(retry_after(Duration::ZERO, None, s(1)), MIN_RETRY_AFTER);
+        assert_eq!(retry_after(s(89), None, s(1)), MAX_RETRY_AFTER);
+        // With history longer than a minute: a minute.
+        assert_eq!(retry_after(s(300), Some(s(240)), s(10)), MAX_RETRY_AFTER);
+        for lease_left in [0, 1, 30, 61, 3600] {
+            for typical in [None, Some(0), Some(2), Some(59), Some(61), Some(7200)] {
+                for running_for in [0, 1, 100] {
+                    let hint = retry_after(s(lease_left), typical.map(s), s(running_for));
+                    assert!(
+                        (MIN_RETRY_AFTER..=MAX_RETRY_AFTER).contains(&hint),
+                        "{hint:?} for {lease_left} {typical:?} {running_for}"
+                    );
+                }
+            }
         }
-        assert_eq!(recent.typical(), Some(Duration::from_millis(900)));
-        // One outlier in ten does not set it.
-        recent.record(s(60));
-        assert_eq!(recent.len(), 11);
-        assert_eq!(recent.typical(), Some(s(1)));
-        // Only the last WINDOW count.
-        for _ in 0..WINDOW {
-            recent.record(s(2));
-        }
-        assert_eq!(recent.len(), WINDOW);
-        assert_eq!(recent.typical(), Some(s(2)));
+    }
+
+    #[test]
+    fn typical_is_the_ninetieth_percentile() {
+        assert_eq!(typical(&[]), None);
+        let mut samples: Vec<Duration> =
+            (1..=10).map(|ms| Duration::from_millis(ms * 100)).collect();
+        assert_eq!(typical(&samples), Some(Duration::from_millis(900)));
+        // One outlier in eleven does not set it.
+        samples.push(s(60));
+        assert_eq!(typical(&samples), Some(s(1)));
+        assert_eq!(typical(&[s(3)]), Some(s(3)));
+    }
+
+    #[test]
+    fn route_keys_are_bounded_at_a_character_boundary() {
+        assert_eq!(route_key("POST /orders"), "POST /orders");
+        let long = format!("POST /{}", "é".repeat(400));
+        let key = route_key(&long);
+        assert!(key.len() <= MAX_ROUTE_LEN && key.len() >= MAX_ROUTE_LEN - 1);
+        assert!(long.starts_with(key));
     }
 }

@@ -3,7 +3,7 @@
 
 mod source;
 
-pub use source::{ContentDedup, KeyInput, KeySource, KeySourceError};
+pub use source::{ContentDedup, KeyInput, KeyOrigin, KeySource, KeySourceError};
 
 use std::fmt;
 

@@ -5,7 +5,9 @@
 //! scoping keys by principal, method and path
 //! ([`scope`]), fingerprinting requests ([`fingerprint`]), the record
 //! ([`record`]), the pure decision over an existing record ([`decide()`]), the
-//! [`Store`] trait every backend implements, [`MemoryStore`], and
+//! [`Store`] trait every backend implements (records, and the resource leases
+//! of [`resource_lease`] that serialise the writers of one resource),
+//! [`MemoryStore`], and
 //! [`cache::ReplayCache`], which answers replays from memory in front of any store.
 //!
 //! Applications add the `idemgate` crate (the tower layer), which re-exports this
@@ -28,18 +30,22 @@
 //!     fingerprint: Fingerprint::of(FingerprintInput {
 //!         method: "POST", path: "/orders", query: "", content_type: None, headers: &[], body: b"{}",
 //!     }),
+//!     field_digests: None,
 //!     lease: Duration::from_secs(30),
 //!     ttl: Duration::from_secs(86_400),
+//!     route_template: None,
 //! };
 //! assert!(matches!(store.try_claim(&request).await.unwrap(), Claim::Acquired(_)));
 //! assert!(matches!(store.try_claim(&request).await.unwrap(), Claim::Existing(_)));
 //! # });
 //! ```
 
+pub mod audit;
 pub mod cache;
 pub mod compression;
 pub mod deadline;
 pub mod decide;
+mod decode;
 pub mod encoding;
 pub mod estimate;
 pub mod fingerprint;
@@ -47,6 +53,7 @@ pub mod key;
 pub mod memory;
 pub mod path;
 pub mod record;
+pub mod resource_lease;
 pub mod scope;
 pub mod signals;
 pub mod store;

@@ -1,13 +1,17 @@
 //! `MemoryStore`: records in this process's memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::audit::{
+    AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ChainHash, seal_all,
+};
 use crate::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordState};
+use crate::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use crate::scope::IdentityDigest;
 use crate::signals::ChangeSignals;
 use crate::store::{
@@ -43,7 +47,53 @@ pub struct MemoryStore {
     len: AtomicUsize,
     capacity: Option<usize>,
     signals: ChangeSignals,
+    /// Resource leases: their token and end. One lock for all: a lease is taken
+    /// per conditional write, far rarer than claims, and each step is one map
+    /// operation.
+    resource_leases: Mutex<HashMap<ResourceId, (LeaseToken, Timestamp)>>,
+    /// The journal (`crate::audit`): one lock, appends are batches.
+    journal: Mutex<Journal>,
+    /// Each route's recent execution durations (`Store::record_duration`),
+    /// oldest first, with the number of the record that last added one; at
+    /// most `estimate::MAX_ROUTES` routes, the least recently recorded making
+    /// way for a new one.
+    durations: Mutex<Durations>,
 }
+
+/// The routes' execution histories, and how many durations were recorded.
+#[derive(Debug, Default)]
+struct Durations {
+    routes: HashMap<String, (u64, VecDeque<Duration>)>,
+    recorded: u64,
+}
+
+/// The memory store's journal: its entries, each partition's head and anchor,
+/// and its secret, made with the store.
+#[derive(Debug)]
+struct Journal {
+    entries: std::collections::VecDeque<AuditEntry>,
+    heads: HashMap<String, ChainHash>,
+    anchors: HashMap<String, ChainHash>,
+    next_seq: u64,
+    secret: AuditSecret,
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        Self {
+            entries: std::collections::VecDeque::new(),
+            heads: HashMap::new(),
+            anchors: HashMap::new(),
+            next_seq: 1,
+            secret: AuditSecret::random(),
+        }
+    }
+}
+
+/// Past this many resource leases held (lapsed ones included), an acquisition
+/// first drops the lapsed ones, so leases whose holders never released them do
+/// not pile up.
+const RESOURCE_LEASE_SWEEP_AT: usize = 1024;
 
 #[derive(Debug, Default)]
 struct Shard {
@@ -66,6 +116,9 @@ impl MemoryStore {
             len: AtomicUsize::new(0),
             capacity: None,
             signals: ChangeSignals::new(),
+            resource_leases: Mutex::default(),
+            journal: Mutex::default(),
+            durations: Mutex::default(),
         }
     }
 
@@ -101,6 +154,12 @@ impl MemoryStore {
 
     fn shard_of(identity: &IdentityDigest) -> usize {
         identity.as_bytes()[0] as usize % SHARDS
+    }
+
+    fn journal(&self) -> MutexGuard<'_, Journal> {
+        // Every update of the journal is a few assignments that cannot panic
+        // half-way through a chain link.
+        self.journal.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
@@ -155,6 +214,13 @@ impl MemoryStore {
         try_reserve()
     }
 
+    fn resource_leases(&self) -> MutexGuard<'_, HashMap<ResourceId, (LeaseToken, Timestamp)>> {
+        // Every update under it is a single map operation: nothing half-done to see.
+        self.resource_leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn next_token(&self) -> FencingToken {
         FencingToken(self.tokens.fetch_add(1, Ordering::Relaxed) + 1)
     }
@@ -163,12 +229,10 @@ impl MemoryStore {
     fn fenced(&self, lease: &Lease, write: impl FnOnce(&mut Shard, Timestamp)) -> FencedWrite {
         let now = Timestamp::now();
         let mut shard = self.lock(Self::shard_of(&lease.identity));
-        let holds = shard.records.get(&lease.identity).is_some_and(|record| {
-            record.expires_at > now
-                && matches!(record.state, RecordState::Processing { .. })
-                && record.operation_id == lease.operation_id
-                && record.token == lease.token
-        });
+        let holds = shard
+            .records
+            .get(&lease.identity)
+            .is_some_and(|record| record.admits_fenced_write(lease.operation_id, lease.token, now));
         if !holds {
             return FencedWrite::Refused;
         }
@@ -216,6 +280,7 @@ impl Store for MemoryStore {
         }
         let record = Record {
             fingerprint: request.fingerprint,
+            field_digests: request.field_digests.clone(),
             format_version: RECORD_FORMAT_VERSION,
             operation_id: OperationId::random(),
             token: self.next_token(),
@@ -319,6 +384,164 @@ impl Store for MemoryStore {
                 record: record.clone(),
                 now,
             }))
+    }
+
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        let now = Timestamp::now();
+        let mut leases = self.resource_leases();
+        if leases.len() >= RESOURCE_LEASE_SWEEP_AT {
+            leases.retain(|_, (_, until)| *until > now);
+        }
+        if let Some((_, until)) = leases.get(resource).filter(|(_, until)| *until > now) {
+            return Ok(LeaseAcquisition::Held { until: *until, now });
+        }
+        let lease = ResourceLease {
+            resource: *resource,
+            token: LeaseToken::random(),
+            until: now.saturating_add(ttl),
+        };
+        leases.insert(*resource, (lease.token, lease.until));
+        Ok(LeaseAcquisition::Acquired(lease))
+    }
+
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        let now = Timestamp::now();
+        let mut leases = self.resource_leases();
+        let Some((token, until)) = leases.get(&lease.resource).copied() else {
+            return Ok(FencedWrite::Refused);
+        };
+        if token != lease.token {
+            return Ok(FencedWrite::Refused);
+        }
+        // Its own, lapsed or not: gone either way; applied only while it was live.
+        leases.remove(&lease.resource);
+        Ok(if until > now {
+            FencedWrite::Applied
+        } else {
+            FencedWrite::Refused
+        })
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        let mut journal = self.journal();
+        let now = Timestamp::now();
+        let first = journal.next_seq;
+        let sealed = seal_all(&mut journal.heads, first, now, records);
+        journal.next_seq += sealed.len() as u64;
+        journal.entries.extend(sealed);
+        Ok(())
+    }
+
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        let journal = self.journal();
+        Ok(journal
+            .entries
+            .iter()
+            .filter(|entry| query.admits(entry))
+            .take(query.limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        let journal = self.journal();
+        let mut partitions: Vec<AuditPartition> = journal
+            .heads
+            .iter()
+            .map(|(instance, head)| AuditPartition {
+                instance: instance.clone(),
+                head: *head,
+                anchor: journal
+                    .anchors
+                    .get(instance)
+                    .copied()
+                    .unwrap_or(ChainHash::GENESIS),
+            })
+            .collect();
+        partitions.sort_by(|a, b| a.instance.cmp(&b.instance));
+        Ok(partitions)
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let mut journal = self.journal();
+        let mut removed = 0;
+        let mut index = 0;
+        while removed < limit && index < journal.entries.len() {
+            let entry = &journal.entries[index];
+            if entry.at >= before {
+                break;
+            }
+            if instance.is_some_and(|instance| entry.record.instance != instance) {
+                index += 1;
+                continue;
+            }
+            let Some(entry) = journal.entries.remove(index) else {
+                break;
+            };
+            journal
+                .anchors
+                .insert(entry.record.instance.clone(), entry.hash);
+            removed += 1;
+        }
+        Ok(removed as u64)
+    }
+
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+        Ok(self.journal().secret.clone())
+    }
+
+    async fn record_duration(&self, route: &str, duration: Duration) -> Result<(), StoreError> {
+        let route = crate::estimate::route_key(route);
+        let mut durations = self
+            .durations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !durations.routes.contains_key(route)
+            && durations.routes.len() >= crate::estimate::MAX_ROUTES
+        {
+            let stalest = durations
+                .routes
+                .iter()
+                .min_by_key(|(_, (last, _))| *last)
+                .map(|(stalest, _)| stalest.clone());
+            if let Some(stalest) = stalest {
+                durations.routes.remove(&stalest);
+            }
+        }
+        durations.recorded += 1;
+        let recorded = durations.recorded;
+        let (last, window) = durations.routes.entry(route.to_owned()).or_default();
+        *last = recorded;
+        if window.len() == crate::estimate::WINDOW {
+            window.pop_front();
+        }
+        window.push_back(duration);
+        Ok(())
+    }
+
+    async fn route_durations(&self, route: &str) -> Result<Vec<Duration>, StoreError> {
+        let route = crate::estimate::route_key(route);
+        let durations = self
+            .durations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(durations
+            .routes
+            .get(route)
+            .map(|(_, window)| window.iter().copied().collect())
+            .unwrap_or_default())
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {

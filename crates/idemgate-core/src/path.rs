@@ -44,6 +44,7 @@ use std::borrow::Cow;
 /// Spring's `StrictHttpFirewall` refuses all three; Envoy's
 /// `path_with_escaped_slashes_action` offers the same three choices as here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum EncodedSlash {
     /// `400` (the default; Envoy's `REJECT_REQUEST`).
     Refuse,
@@ -60,6 +61,7 @@ pub enum EncodedSlash {
 /// `%2e%2e`). RFC 3986 decodes `%2E` and then resolves the segment; an upstream
 /// that routes before decoding sees a literal segment instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum EncodedDotSegment {
     /// `400` (the default; Spring refuses encoded `.` too).
     Refuse,
@@ -71,6 +73,7 @@ pub enum EncodedDotSegment {
 /// `;params` from each segment before routing (so `/payments;x=1` and even
 /// `/..;/payments` reach `/payments`); most other routers keep `;` as a character.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum PathParameters {
     /// `400` (the default; Spring's firewall refuses `;`).
     Refuse,
@@ -87,6 +90,7 @@ pub enum PathParameters {
 /// `%FF` into one `U+FFFD`), a `%` not followed by two hex digits — and, where a
 /// path arrives from outside HTTP, raw control bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum ControlOrNonAscii {
     /// `400` (the default).
     Refuse,
@@ -97,6 +101,7 @@ pub enum ControlOrNonAscii {
 
 /// What to do with a `..` that would climb above the root (`/../admin`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum AboveRoot {
     /// `400` (the default): no client of a path-based API needs it.
     Refuse,

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Differing, FieldDigests, Fingerprint};
 use crate::time::Timestamp;
 
 /// The record layout this build writes. Readers accept this version and older ones,
@@ -145,10 +145,7 @@ pub struct StoredResponse {
     pub body: StoredBody,
 }
 
-/// A stored record that cannot be read back.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("undecodable idempotency record: {0}")]
-pub struct DecodeError(pub &'static str);
+pub use crate::decode::DecodeError;
 
 impl StoredResponse {
     /// Encodes the header list: `count:u16`, then per header `name_len:u16 name
@@ -377,6 +374,10 @@ impl RecordState {
 pub struct Record {
     /// What the first request asked for.
     pub fingerprint: Fingerprint,
+    /// The first request's per-field digests ([`FieldDigests`]): what lets a
+    /// 422 name the fields another request under the key changed. `None` for a
+    /// body that is not JSON, and for records written before they were kept.
+    pub field_digests: Option<FieldDigests>,
     /// The layout version the record was written with.
     pub format_version: u16,
     /// The operation's id.
@@ -410,6 +411,33 @@ impl Record {
     /// Whether a `Processing` record's holder may still be running it at `now`.
     pub fn lease_is_live(&self, now: Timestamp) -> bool {
         self.locked_until().is_some_and(|until| until > now)
+    }
+
+    /// Whether a write fenced by (`operation_id`, `token`) — `complete`, `release`,
+    /// `renew`, `delete` — may change this record at `now` (store clock; PROTOCOL
+    /// §8, "Fencing"): only while the record is live, still `Processing`, and still
+    /// holds that operation and that token. A holder whose lease was taken over, or
+    /// whose operation was settled, expired or deleted, is refused. The one place
+    /// this rule is written in Rust; stores whose writes run inside the database
+    /// restate it in their dialect.
+    pub fn admits_fenced_write(
+        &self,
+        operation_id: OperationId,
+        token: FencingToken,
+        now: Timestamp,
+    ) -> bool {
+        self.expires_at > now
+            && matches!(self.state, RecordState::Processing { .. })
+            && self.operation_id == operation_id
+            && self.token == token
+    }
+
+    /// The fields a request with another fingerprint under this record's key
+    /// differs in (PROTOCOL §6.3), from the two requests' [`FieldDigests`];
+    /// `None` when either has none (a body that is not JSON, a record written
+    /// before digests were kept): the 422 then names nothing.
+    pub fn differing(&self, later: Option<&FieldDigests>) -> Option<Differing> {
+        Some(self.field_digests.as_ref()?.differing(later?))
     }
 
     /// Whether a claim with `fingerprint` at `now` (store clock) may take this
@@ -494,6 +522,7 @@ mod tests {
     fn record(state: RecordState) -> Record {
         Record {
             fingerprint: Fingerprint::from_bytes([1; 32]),
+            field_digests: None,
             format_version: RECORD_FORMAT_VERSION,
             operation_id: OperationId::random(),
             token: FencingToken(1),

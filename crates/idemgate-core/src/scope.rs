@@ -79,10 +79,22 @@ pub struct Identity {
 impl Identity {
     /// Names the operation `key` within `scope`.
     pub fn new(scope: Scope, key: IdempotencyKey) -> Self {
+        Self::in_domain(b"idemgate/identity/v1", scope, key)
+    }
+
+    /// The name an operation seen in observe mode is recorded under (PROTOCOL
+    /// §16): never equal to [`Identity::new`]'s for the same scope and key, so
+    /// enforcement — after a switch from observing — never reads an observed
+    /// record, which holds no response, as an outcome to replay.
+    pub fn observed(scope: Scope, key: IdempotencyKey) -> Self {
+        Self::in_domain(b"idemgate/identity/observed/v1", scope, key)
+    }
+
+    fn in_domain(domain: &[u8], scope: Scope, key: IdempotencyKey) -> Self {
         let mut hasher = Sha256::new();
         // Length-prefixed fields: ("a", "bc") and ("ab", "c") must not collide.
         for part in [
-            b"idemgate/identity/v1".as_slice(),
+            domain,
             scope.principal.as_str().as_bytes(),
             scope.method.as_bytes(),
             scope.path.as_bytes(),
@@ -129,6 +141,15 @@ mod tests {
             },
             IdempotencyKey::parse(key.as_bytes(), 255).unwrap(),
         )
+    }
+
+    #[test]
+    fn an_observed_operation_is_never_its_enforced_namesake() {
+        let enforced = identity("alice", "POST", "/orders", "k1");
+        let observed = Identity::observed(enforced.scope().clone(), enforced.key().clone());
+        assert_ne!(enforced.digest(), observed.digest());
+        assert_eq!(observed.scope(), enforced.scope());
+        assert_eq!(observed.key(), enforced.key());
     }
 
     #[test]

@@ -12,8 +12,10 @@ use crate::scope::IdentityDigest;
 ///
 /// Stores call [`ChangeSignals::notify`] after each completion, release or delete,
 /// and implement [`crate::Store::wait_for_change`] with [`ChangeSignals::wait`].
-/// Waiters on other instances are not reached; they fall back to polling, which is
-/// why a wait is always bounded by its timeout.
+/// Waiters on other instances are not reached by it: a shared store announces its
+/// changes through the backend (Redis pub/sub, PostgreSQL `LISTEN/NOTIFY`) and its
+/// listener calls [`ChangeSignals::notify`] here. A wait is always bounded by its
+/// timeout, since every announcement is a hint.
 #[derive(Default, Debug)]
 pub struct ChangeSignals {
     waiting: Mutex<HashMap<IdentityDigest, Arc<Notify>>>,
@@ -47,6 +49,15 @@ impl ChangeSignals {
     pub fn notify(&self, identity: &IdentityDigest) {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(notify) = waiting.get(identity) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiter, on every identity: what changed is unknown (a store's
+    /// announcements may have been lost), so each looks again.
+    pub fn notify_all(&self) {
+        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        for notify in waiting.values() {
             notify.notify_waiters();
         }
     }

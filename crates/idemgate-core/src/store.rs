@@ -4,11 +4,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::fingerprint::Fingerprint;
+use crate::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
+
+use crate::fingerprint::{FieldDigests, Fingerprint};
 pub use crate::record::LeaseOrigin;
 use crate::record::{FencingToken, OperationId, Record, RecordState, RecordStatus, StoredResponse};
+use crate::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use crate::scope::{Identity, IdentityDigest};
 use crate::time::Timestamp;
+
+/// How long [`Store::wait_for_change`]'s default sleeps at most: the polling
+/// interval of a store that announces no changes.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(100);
 
 /// A boxed error cause.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -75,6 +82,72 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the record without claiming it (wait mode polls with it).
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError>;
 
+    /// Acquires the lease on `resource` for `ttl` (store clock), in one atomic
+    /// step: when no live lease holds it (none, or one past its `until`), a new
+    /// one with a fresh [`LeaseToken`](crate::resource_lease::LeaseToken) is
+    /// written and returned; otherwise nothing changes and the holder's `until`
+    /// comes back as [`LeaseAcquisition::Held`]. Never waits for the holder: the
+    /// caller decides whether and how to wait (see [`crate::resource_lease`]).
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError>;
+
+    /// Gives `lease` up, fenced by its token: [`FencedWrite::Applied`] when the
+    /// store still held this token live (the resource is free at once),
+    /// [`FencedWrite::Refused`] when the lease had lapsed or another holder's
+    /// token replaced it (nothing changes). One atomic step (a compare-and-delete).
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError>;
+
+    /// Appends `records` to the journal (`crate::audit`), in order, as one
+    /// atomic step: each gets the next `seq`, the store's clock as `at`, and is
+    /// linked after its partition's head (its `instance`), which moves to it.
+    /// Appends of one partition are serialised by the store (a locked head row,
+    /// a compare-and-set on a head key), so concurrent writers never fork a
+    /// chain. Empty `records` writes nothing.
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError>;
+
+    /// Reads journal entries in `query`'s range, oldest (lowest `seq`) first.
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError>;
+
+    /// Every journal partition's head and anchor, for [`crate::audit::Verifier`].
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError>;
+
+    /// Removes at most `limit` of the oldest entries written before `before`
+    /// (retention) — of `instance`'s partition, or of every partition when
+    /// `None` — in `seq` order, and moves each partition's anchor to the hash of
+    /// its last entry removed, in one atomic step. Returns how many went.
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError>;
+
+    /// The journal's secret, the key of [`crate::audit::key_digest`]: made at
+    /// random by the first call on a store and the same for every later one
+    /// (an insert-if-absent, never a read that decides whether to write).
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError>;
+
+    /// Adds one execution of `route` (a route template: method and scope path)
+    /// that took `duration` to the route's history, in one atomic step, for the
+    /// `Retry-After` of a 409 ([`crate::estimate`]). Bounded: at most
+    /// [`crate::estimate::WINDOW`] durations per route, a new one replacing the
+    /// oldest (or a random slot) once full; at most
+    /// [`crate::estimate::MAX_ROUTES`] routes, a new route beyond them taking
+    /// the place of the least recently recorded; a route key cut to [`crate::estimate::MAX_ROUTE_LEN`] bytes
+    /// ([`crate::estimate::route_key`]). Shared by every instance on the store
+    /// and kept across restarts, as long as the store keeps its data.
+    async fn record_duration(&self, route: &str, duration: Duration) -> Result<(), StoreError>;
+
+    /// The durations [`Store::record_duration`] keeps for `route`, in no
+    /// particular order; empty when it has none.
+    async fn route_durations(&self, route: &str) -> Result<Vec<Duration>, StoreError>;
+
     /// Told that the handler's transaction (the transactional mode,
     /// [`crate::transaction`]) committed `completion` under `lease`: the one
     /// completion that does not go through [`Store::complete`]. Not a write, and
@@ -84,12 +157,46 @@ pub trait Store: Send + Sync + 'static {
         let _ = (lease, completion);
     }
 
+    /// The journal entry a transactional completion of `lease` appends inside
+    /// the handler's transaction
+    /// ([`crate::transaction::PendingTransaction::complete_and_commit`]), so
+    /// that it commits or rolls back with the business writes; `None` (the
+    /// default) when nothing journals through this store. The journal writer
+    /// (`idemgate::journal::Journaled`) answers the run's `executed` entry and
+    /// then leaves it out of its own queue.
+    fn transaction_journal_entry(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Option<AuditRecord> {
+        let _ = (lease, completion);
+        None
+    }
+
+    /// Told that the journal is on, with what an `expired` entry needs: a
+    /// store that deletes expired records itself (the SQL stores' purge)
+    /// journals each deletion as `expired`, in the same transaction as the
+    /// delete, so the journal neither misses an expiry nor reports one that
+    /// did not happen. Nothing to do by default: the memory store forgets
+    /// expired records without a sweep, and Redis expires them by TTL, telling
+    /// no one. Wrappers pass it on.
+    fn journal_expiries(&self, journal: crate::audit::ExpiryJournal) {
+        let _ = journal;
+    }
+
     /// Returns when the record under `identity` may have changed, or after `timeout`.
-    /// A hint only: callers re-read with [`Store::get`]. The default sleeps, which
-    /// turns waiting into polling.
+    /// A hint only: callers re-read with [`Store::get`], and may be woken early
+    /// for nothing.
+    ///
+    /// A store announces the end of a run — completion, release, deletion,
+    /// eviction, on this instance or any other sharing the store — so a waiter
+    /// wakes the moment the outcome is recorded: the memory store in process,
+    /// Redis through pub/sub, PostgreSQL through `LISTEN/NOTIFY`; SQLite polls
+    /// its file. The default sleeps at most [`DEFAULT_POLL`], which turns waiting
+    /// into polling, for stores that announce nothing.
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
         let _ = identity;
-        tokio::time::sleep(timeout).await;
+        tokio::time::sleep(timeout.min(DEFAULT_POLL)).await;
     }
 }
 
@@ -100,10 +207,33 @@ pub struct ClaimRequest {
     pub identity: Identity,
     /// What the request asked for.
     pub fingerprint: Fingerprint,
+    /// The request's per-field digests ([`FieldDigests`], `None` for a body that
+    /// is not JSON): a new record keeps them beside the fingerprint, so a later
+    /// request with another body learns which fields differ. A takeover (same
+    /// fingerprint, so the same digests) leaves them as they are.
+    pub field_digests: Option<FieldDigests>,
     /// How long the claimant may run before others may take over.
     pub lease: Duration,
     /// How long the record lives; completion restarts it.
     pub ttl: Duration,
+    /// The route's template where one is known (a route of the proxy's file,
+    /// axum's `MatchedPath`), which the scope's path is not when the key is the
+    /// client's own header: `/payments/{id}/capture`, not `/payments/7/capture`.
+    /// Not part of the identity and not stored in the record: what the route's
+    /// execution history ([`Store::record_duration`]) and the journal
+    /// (`AuditRecord::route`) name the operation's route by, so every id of a
+    /// route shares one history. `None`: the scope's path.
+    pub route_template: Option<String>,
+}
+
+impl ClaimRequest {
+    /// The operation's route: its template where known, else the scope's path
+    /// (see [`ClaimRequest::route_template`]).
+    pub fn route(&self) -> &str {
+        self.route_template
+            .as_deref()
+            .unwrap_or(&self.identity.scope().path)
+    }
 }
 
 /// A record as a store saw it, with the store's clock at that moment.

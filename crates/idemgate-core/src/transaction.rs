@@ -15,18 +15,23 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
+use crate::audit::AuditRecord;
 use crate::store::{Completion, FencedWrite, Lease, StoreError};
 
 /// An open business transaction waiting for the layer to finish it.
 #[async_trait]
 pub trait PendingTransaction: Send {
-    /// Runs the fenced completion inside the transaction and commits. When the fence
-    /// refuses (zero rows), rolls back and returns [`FencedWrite::Refused`]: the
-    /// business writes vanish with it.
+    /// Runs the fenced completion inside the transaction, appends `journal` (the
+    /// run's `executed` entry, when the journal is on) to the store's journal in
+    /// the same transaction, and commits: the journal never reports an effect
+    /// that rolled back, nor misses one that committed. When the fence refuses
+    /// (zero rows), rolls back and returns [`FencedWrite::Refused`]: the
+    /// business writes and the entry vanish with it.
     async fn complete_and_commit(
         self: Box<Self>,
         lease: &Lease,
         completion: &Completion,
+        journal: Option<&AuditRecord>,
     ) -> Result<FencedWrite, StoreError>;
 
     /// Commits the business writes alone: for requests without an idempotency key,
@@ -143,6 +148,7 @@ mod tests {
             self: Box<Self>,
             _: &Lease,
             _: &Completion,
+            _: Option<&AuditRecord>,
         ) -> Result<FencedWrite, StoreError> {
             Ok(FencedWrite::Applied)
         }

@@ -91,3 +91,9 @@ async fn shards_sweep_themselves_while_in_use() {
         "expired records should have been swept by normal traffic"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_history_keeps_a_bounded_number_of_routes() {
+    idemgate_testkit::conformance::route_history_keeps_a_bounded_number_of_routes(store().await)
+        .await;
+}

@@ -8,10 +8,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::StatusCode;
+use idemgate_core::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
 use idemgate_core::cache::{ReplayCache, ReplayCacheConfig};
 use idemgate_core::fingerprint::Fingerprint;
 use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
+use idemgate_core::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
+use idemgate_core::time::Timestamp;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, FinalStatus,
     Lease, MemoryStore, Snapshot, Store, StoreError, decide,
@@ -71,6 +74,60 @@ impl Store for Counting {
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.count();
         self.inner.get(identity).await
+    }
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        self.count();
+        self.inner.acquire_resource_lease(resource, ttl).await
+    }
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        self.count();
+        self.inner.release_resource_lease(lease).await
+    }
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        self.inner.append_audit(records).await
+    }
+
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.read_audit(query).await
+    }
+
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        self.inner.audit_partitions().await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.trim_audit(instance, before, limit).await
+    }
+
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+        self.inner.audit_secret().await
+    }
+
+    async fn record_duration(
+        &self,
+        route: &str,
+        duration: std::time::Duration,
+    ) -> Result<(), idemgate_core::StoreError> {
+        self.inner.record_duration(route, duration).await
+    }
+
+    async fn route_durations(
+        &self,
+        route: &str,
+    ) -> Result<Vec<std::time::Duration>, idemgate_core::StoreError> {
+        self.inner.route_durations(route).await
     }
 }
 

@@ -1,10 +1,12 @@
 //! What a request asked for (PROTOCOL §4): same key + other fingerprint = 422.
 
 mod canonical;
+mod fields;
 #[cfg(test)]
 mod properties;
 mod select;
 
+pub use fields::{Differing, FieldDigests, MAX_DEPTH, MAX_FIELDS, MAX_NAMED, MAX_POINTER_LEN};
 use select::Selected;
 pub use select::{BodySelection, JsonPointer, PointerError};
 
@@ -57,6 +59,44 @@ impl Fingerprint {
     /// `selection` says (a route's `fingerprint` setting); see [`BodySelection`].
     /// With [`BodySelection::Whole`] it is [`Fingerprint::of`].
     pub fn of_selected(input: FingerprintInput<'_>, selection: &BodySelection) -> Self {
+        Self::compute(input, selection, None).0
+    }
+
+    /// [`Fingerprint::of_selected`], and the per-field digests of the same
+    /// selection of the body's canonical form, keyed by `key` (the record's
+    /// identity digest): what a record keeps so that a later 422 can name the
+    /// fields that differ ([`FieldDigests`]). The digests are `None` when the
+    /// body is not JSON (it is fingerprinted raw and has no fields). The body is
+    /// canonicalized once for both.
+    ///
+    /// ```
+    /// use idemgate_core::fingerprint::{BodySelection, Fingerprint, FingerprintInput};
+    ///
+    /// let input = |body: &'static str| FingerprintInput {
+    ///     method: "POST", path: "/orders", query: "",
+    ///     content_type: Some("application/json"), headers: &[], body: body.as_bytes(),
+    /// };
+    /// let key = [1u8; 32];
+    /// let (first, fields) =
+    ///     Fingerprint::with_field_digests(input(r#"{"amount":1}"#), &BodySelection::Whole, &key);
+    /// assert_eq!(first, Fingerprint::of(input(r#"{"amount":1}"#)));
+    /// let (_, later) =
+    ///     Fingerprint::with_field_digests(input(r#"{"amount":2}"#), &BodySelection::Whole, &key);
+    /// assert_eq!(fields.unwrap().differing(&later.unwrap()).pointers, ["/amount"]);
+    /// ```
+    pub fn with_field_digests(
+        input: FingerprintInput<'_>,
+        selection: &BodySelection,
+        key: &[u8],
+    ) -> (Self, Option<FieldDigests>) {
+        Self::compute(input, selection, Some(key))
+    }
+
+    fn compute(
+        input: FingerprintInput<'_>,
+        selection: &BodySelection,
+        digest_key: Option<&[u8]>,
+    ) -> (Self, Option<FieldDigests>) {
         let mut hasher = Sha256::new();
         let mut field = |bytes: &[u8]| {
             hasher.update((bytes.len() as u64).to_be_bytes());
@@ -74,7 +114,12 @@ impl Fingerprint {
             .content_type
             .filter(|ct| is_json(ct))
             .and_then(|_| canonical::canonicalize(input.body).ok());
-        match canonical.map(|json| selection.apply(json)) {
+        let selected = canonical.map(|json| selection.apply(json));
+        let digests = digest_key.and_then(|key| {
+            let selected = selected.as_ref()?;
+            Some(FieldDigests::of_selected(selection, selected, key))
+        });
+        match selected {
             Some(Selected::Document(json)) => {
                 field(b"json");
                 field(&json);
@@ -96,7 +141,7 @@ impl Fingerprint {
                 field(input.body);
             }
         }
-        Self(hasher.finalize().into())
+        (Self(hasher.finalize().into()), digests)
     }
 
     /// A fingerprint from its 32 bytes (as a store read them back).

@@ -395,3 +395,79 @@ proptest! {
         }
     }
 }
+
+/// A scalar: what a leaf changes to.
+fn scalar() -> impl Strategy<Value = Json> {
+    prop_oneof![
+        Just(Json::Null),
+        any::<bool>().prop_map(Json::Bool),
+        (any::<bool>(), 1..=u64::MAX, -5i16..=5).prop_map(|(negative, mantissa, exponent)| {
+            Json::Number {
+                negative,
+                mantissa,
+                exponent,
+            }
+        }),
+        any::<String>().prop_map(Json::String),
+    ]
+}
+
+fn field_digests(body: &str) -> super::FieldDigests {
+    super::FieldDigests::of_json(body.as_bytes(), &[9; 32]).expect("a JSON body")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The per-field digests read the canonical form: a respelling differs in
+    /// no field.
+    #[test]
+    fn a_respelled_document_differs_in_no_field(
+        value in json(),
+        (first, second) in (any::<u64>(), any::<u64>()),
+    ) {
+        let (a, b) = (spell(&value, first), spell(&value, second));
+        let (one, other) = (field_digests(&a), field_digests(&b));
+        prop_assert_eq!(&one, &other, "{} vs {}", a, b);
+        let differing = one.differing(&other);
+        prop_assert!(differing.pointers.is_empty(), "{:?}", differing);
+        prop_assert_eq!(differing.complete, one.is_complete());
+    }
+
+    /// One leaf changed, anywhere in the first levels: exactly its pointer.
+    #[test]
+    fn one_changed_leaf_is_exactly_its_pointer(
+        members in prop::collection::btree_map("[a-z~/é]{1,6}", json(), 0..5),
+        outer in "[a-z~/]{1,6}",
+        inner in "[a-z~/]{1,6}",
+        nested in any::<bool>(),
+        (a, b) in (scalar(), scalar()),
+        (first, second) in (any::<u64>(), any::<u64>()),
+    ) {
+        prop_assume!(differ(&a, &b));
+        let members: Vec<_> = members.into_iter().filter(|(name, _)| *name != outer).collect();
+        let escape = |name: &str| name.replace('~', "~0").replace('/', "~1");
+        let (pointer, with) = if nested {
+            let wrap = |leaf: &Json| Json::Object(vec![(inner.clone(), leaf.clone())]);
+            (format!("/{}/{}", escape(&outer), escape(&inner)), (wrap(&a), wrap(&b)))
+        } else {
+            (format!("/{}", escape(&outer)), (a.clone(), b.clone()))
+        };
+        let one = object_with(&members, &outer, &with.0, first);
+        let other = object_with(&members, &outer, &with.1, second);
+        let (one_fields, other_fields) = (field_digests(&one), field_digests(&other));
+        let differing = one_fields.differing(&other_fields);
+        if one_fields.is_complete() && other_fields.is_complete() {
+            prop_assert_eq!(&differing.pointers, &vec![pointer], "{} vs {}", one, other);
+            prop_assert!(differing.complete);
+        } else {
+            // Too many fields to keep them all: whatever is named is that leaf,
+            // and the answer says it may not be all.
+            prop_assert!(differing.pointers.iter().all(|p| *p == pointer), "{:?}", differing);
+            prop_assert!(!differing.complete);
+        }
+        // Digests round-trip through a store's encoding.
+        let decoded = super::FieldDigests::decode(&one_fields.encode());
+        prop_assert_eq!(decoded.as_ref(), Ok(&one_fields));
+    }
+}

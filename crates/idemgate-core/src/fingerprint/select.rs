@@ -242,10 +242,10 @@ fn write_without(
 
 /// A member of an object (with its quoted name) or an element of an array
 /// (with its index).
-struct Child {
-    name: Option<Range<usize>>,
-    index: usize,
-    value: Range<usize>,
+pub(super) struct Child {
+    pub(super) name: Option<Range<usize>>,
+    pub(super) index: usize,
+    pub(super) value: Range<usize>,
 }
 
 impl Child {
@@ -259,7 +259,7 @@ impl Child {
 }
 
 /// The members or elements of the container at `at` (none for a scalar).
-fn children(json: &[u8], at: Range<usize>) -> impl Iterator<Item = Child> + '_ {
+pub(super) fn children(json: &[u8], at: Range<usize>) -> impl Iterator<Item = Child> + '_ {
     let is_object = json[at.start] == b'{';
     let container = matches!(json[at.start], b'{' | b'[');
     let end = at.end.saturating_sub(1);

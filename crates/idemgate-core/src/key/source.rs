@@ -116,6 +116,17 @@ impl fmt::Display for KeySource {
     }
 }
 
+/// Where a request's key was found (PROTOCOL §15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOrigin {
+    /// The standard `Idempotency-Key` header: what a client sends of its own
+    /// accord, on every route.
+    StandardHeader,
+    /// The route's own source (a path or query parameter, a JSON member, another
+    /// header) — alone, or agreeing with the standard header.
+    Source,
+}
+
 /// What a key is read from: the parts of one request.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyInput<'a> {
@@ -180,15 +191,32 @@ impl KeySource {
         input: &KeyInput<'_>,
         max_len: usize,
     ) -> Result<Option<IdempotencyKey>, KeyError> {
+        Ok(self.locate(input, max_len)?.map(|(key, _)| key))
+    }
+
+    /// [`KeySource::key`], and where the key was found: a route that measures
+    /// its own source in observe mode still enforces the standard header
+    /// (PROTOCOL §16), so the layer must know which of the two named the key.
+    pub fn locate(
+        &self,
+        input: &KeyInput<'_>,
+        max_len: usize,
+    ) -> Result<Option<(IdempotencyKey, KeyOrigin)>, KeyError> {
         let standard = IdempotencyKey::from_headers(input.headers, max_len)?;
-        if matches!(self, Self::Header(name) if *name == IDEMPOTENCY_KEY) {
-            return Ok(standard);
+        if self.is_standard_header() {
+            return Ok(standard.map(|key| (key, KeyOrigin::StandardHeader)));
         }
         let own = self.own_key(input, max_len)?;
         match (standard, own) {
             (Some(standard), Some(own)) if standard != own => Err(KeyError::Ambiguous),
-            (standard, own) => Ok(own.or(standard)),
+            (_, Some(own)) => Ok(Some((own, KeyOrigin::Source))),
+            (standard, None) => Ok(standard.map(|key| (key, KeyOrigin::StandardHeader))),
         }
+    }
+
+    /// Whether this source is the standard `Idempotency-Key` header itself.
+    pub fn is_standard_header(&self) -> bool {
+        matches!(self, Self::Header(name) if *name == IDEMPOTENCY_KEY)
     }
 
     /// The key this source alone finds.
@@ -268,16 +296,24 @@ impl KeySource {
 ///
 /// ```
 /// use std::time::Duration;
+/// use idemgate_core::fingerprint::FingerprintInput;
 /// use idemgate_core::key::ContentDedup;
 ///
 /// let dedup = ContentDedup::new(Duration::from_secs(300))
 ///     .with_fields(vec!["/to".parse().unwrap(), "/amount".parse().unwrap()]);
-/// let json = Some("application/json");
+/// let message = |path, body| FingerprintInput {
+///     method: "POST", path, query: "", content_type: Some("application/json"),
+///     headers: &[], body,
+/// };
+/// let q1 = |body| dedup.key(&message("/messages/q1", body));
 /// assert_eq!(
-///     dedup.key(json, br#"{"to":"bob","amount":5,"note":"a"}"#),
-///     dedup.key(json, br#"{ "note": "b", "amount": 5, "to": "bob" }"#),
+///     q1(br#"{"to":"bob","amount":5,"note":"a"}"#),
+///     q1(br#"{ "note": "b", "amount": 5, "to": "bob" }"#),
 /// );
-/// assert_ne!(dedup.key(json, br#"{"to":"bob","amount":6}"#), dedup.key(json, br#"{"to":"bob","amount":5}"#));
+/// assert_ne!(q1(br#"{"to":"bob","amount":6}"#), q1(br#"{"to":"bob","amount":5}"#));
+/// // The same message to another queue is another operation.
+/// let body = br#"{"to":"bob","amount":5}"#;
+/// assert_ne!(dedup.key(&message("/messages/q2", body)), q1(body));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContentDedup {
@@ -317,20 +353,14 @@ impl ContentDedup {
         }
     }
 
-    /// The key of a keyless request: 64 hex digits of the SHA-256 of its
-    /// canonical selected content.
-    pub fn key(&self, content_type: Option<&str>, body: &[u8]) -> IdempotencyKey {
-        let digest = Fingerprint::of_selected(
-            FingerprintInput {
-                method: "",
-                path: "",
-                query: "",
-                content_type,
-                headers: &[],
-                body,
-            },
-            &self.selection(),
-        );
+    /// The key of a keyless request: 64 hex digits of its fingerprint over the
+    /// selected content (PROTOCOL §16) — the fingerprint the record is claimed
+    /// with, of the same method, concrete path, query and headers. Two requests
+    /// with one key therefore always have one fingerprint: a duplicate is
+    /// replayed, never a 422, and the same content sent to another path (another
+    /// queue, another account) is another operation.
+    pub fn key(&self, request: &FingerprintInput<'_>) -> IdempotencyKey {
+        let digest = Fingerprint::of_selected(*request, &self.selection());
         // Hex digits: always a valid key, whatever the configured maximum length.
         IdempotencyKey(hex::encode(digest.as_bytes()))
     }
