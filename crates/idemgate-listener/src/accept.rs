@@ -5,14 +5,12 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use idemgate::ProblemDetails;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -24,6 +22,7 @@ use crate::ListenerOptions;
 use crate::connection::{Activity, EVICTION_GRACE, connection};
 use crate::evict::{Connections, EVICTING_ALLOWANCE, head_grace};
 use crate::limits::{FD_RESERVE, fd_limit};
+use crate::refusal::Refusals;
 
 /// How long the accept loop pauses after an error that is not one connection's
 /// (out of descriptors, out of memory), so it neither spins nor dies.
@@ -44,6 +43,8 @@ pub struct Listener {
     /// Every open connection of this listener — and of the other listeners
     /// of its group ([`Listener::bind_group`]), so the bound counts them all.
     live: Arc<Connections>,
+    /// Its own answers (shed, evicted, body too slow), rendered once.
+    refusals: Arc<Refusals>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -69,8 +70,9 @@ impl Listener {
         let tcp = listening_socket(addr, false)?;
         Ok(Self {
             tcp,
-            options,
             max_connections: capped(options.max_connections),
+            refusals: Arc::new(Refusals::new(&options)),
+            options,
             tls: None,
             live: Arc::new(Connections::default()),
         })
@@ -94,14 +96,16 @@ impl Listener {
         }
         let live = Arc::new(Connections::default());
         let max_connections = capped(options.max_connections);
+        let refusals = Arc::new(Refusals::new(&options));
         Ok(sockets
             .into_iter()
             .map(|tcp| Self {
                 tcp,
-                options,
+                options: options.clone(),
                 max_connections,
                 tls: None,
                 live: Arc::clone(&live),
+                refusals: Arc::clone(&refusals),
             })
             .collect())
     }
@@ -179,7 +183,7 @@ impl Listener {
                         .await;
                 }
                 if live.evicting() >= EVICTING_ALLOWANCE || !live.evict_one(head_grace) {
-                    shed(&stream);
+                    shed(&stream, &self.refusals);
                     continue;
                 }
             }
@@ -192,7 +196,8 @@ impl Listener {
                 self.tls.clone().map(TlsAcceptor::from),
                 builder.clone(),
                 router.clone(),
-                self.options,
+                self.options.clone(),
+                Arc::clone(&self.refusals),
                 stop_rx.clone(),
                 activity,
             );
@@ -278,55 +283,14 @@ impl AcceptErrors {
 /// Over the bound with every connection busy: an immediate canned 503 and a close, without waiting on the
 /// client. Whatever the client already sent is drained (without waiting) so the
 /// close is a FIN, not a reset that could destroy the 503 before it is read.
-fn shed(stream: &TcpStream) {
+fn shed(stream: &TcpStream, refusals: &Refusals) {
     metrics::counter!("idemgate_http_connections_shed_total").increment(1);
-    let _ = stream.try_write(&SHED_RESPONSE);
+    let _ = stream.try_write(refusals.shed());
     let mut sink = [0_u8; 4096];
     for _ in 0..4 {
         match stream.try_read(&mut sink) {
             Ok(n) if n > 0 => {}
             _ => break,
         }
-    }
-}
-
-/// The answer to a connection over the bound, written raw (no HTTP parsing): the
-/// `connection-limit` problem, rendered once from [`ProblemDetails`] like every
-/// other problem, its length counted rather than written by hand.
-static SHED_RESPONSE: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let problem = ProblemDetails::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "connection-limit",
-        "Too many connections",
-        "the server has as many connections open as it accepts; retry after Retry-After",
-    );
-    let body = serde_json::to_vec(&problem).unwrap_or_default();
-    let mut response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\n\
-         content-type: application/problem+json\r\n\
-         retry-after: 1\r\n\
-         connection: close\r\n\
-         content-length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    response.extend_from_slice(&body);
-    response
-});
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_canned_503_declares_its_length() {
-        let response = std::str::from_utf8(&SHED_RESPONSE).unwrap();
-        let (head, body) = response.split_once("\r\n\r\n").unwrap();
-        assert!(
-            head.ends_with(&format!("\r\ncontent-length: {}", body.len())),
-            "{head}"
-        );
-        let problem: serde_json::Value = serde_json::from_str(body).unwrap();
-        assert_eq!(problem["status"], 503);
-        assert_eq!(problem["type"], "/problems/connection-limit");
     }
 }

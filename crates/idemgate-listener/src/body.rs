@@ -1,39 +1,17 @@
-//! The request body under its total deadline, and the 408 past it.
+//! The request body under its total deadline (the 408 past it is a
+//! refusal, rendered in `refusal`).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, Response, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::body::Bytes;
 use http_body::Frame;
 use hyper::body::Incoming;
-use idemgate::ProblemDetails;
 use tokio::time::{Instant, Sleep};
 
-/// 408 `body-timeout`, closing the connection (the rest of the body is unread).
-pub(crate) fn body_timeout_response(timeout: Duration) -> Response<Body> {
-    let mut response = ProblemDetails::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "body-timeout",
-        "Request body too slow",
-        format!(
-            "the request body did not arrive within {} ms; nothing was done",
-            timeout.as_millis()
-        ),
-    )
-    .into_response();
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
-}
-
-/// What a connection is doing, for its watchdog.
 /// The request body did not arrive within the body-read timeout.
 #[derive(Debug, thiserror::Error)]
 #[error("the request body did not arrive within the body-read timeout")]

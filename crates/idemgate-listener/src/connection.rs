@@ -14,13 +14,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
-use axum::http::{HeaderValue, Request, Response, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::{Request, Response};
 use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use idemgate::ProblemDetails;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
@@ -29,7 +27,8 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use crate::ListenerOptions;
-use crate::body::{DeadlineBody, body_timeout_response};
+use crate::body::DeadlineBody;
+use crate::refusal::Refusals;
 
 /// One connection: the TLS handshake if any (within the header-read timeout,
 /// which runs from accept), then hyper serving the router. `activity` is the
@@ -42,6 +41,7 @@ pub(crate) async fn connection(
     builder: auto::Builder<TokioExecutor>,
     router: Router,
     options: ListenerOptions,
+    refusals: Arc<Refusals>,
     stop: watch::Receiver<bool>,
     activity: Arc<Activity>,
 ) {
@@ -52,7 +52,8 @@ pub(crate) async fn connection(
     };
     let Some(tls) = tls else {
         let io = TokioIo::new(watched);
-        return serve_connection(io, activity, peer, builder, router, options, stop).await;
+        return serve_connection(io, activity, peer, builder, router, options, refusals, stop)
+            .await;
     };
     let handshake = tokio::select! {
         handshake = tokio::time::timeout(options.header_read_timeout, tls.accept(watched)) => handshake,
@@ -65,7 +66,7 @@ pub(crate) async fn connection(
     match handshake {
         Ok(Ok(stream)) => {
             let io = TokioIo::new(stream);
-            serve_connection(io, activity, peer, builder, router, options, stop).await;
+            serve_connection(io, activity, peer, builder, router, options, refusals, stop).await;
         }
         Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
         Err(_elapsed) => {
@@ -78,6 +79,7 @@ pub(crate) async fn connection(
 
 /// hyper serving the router on one connection, watched for the header and idle
 /// timeouts, told to finish when the listener stops.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection<I>(
     io: I,
     activity: Arc<Activity>,
@@ -85,6 +87,7 @@ async fn serve_connection<I>(
     builder: auto::Builder<TokioExecutor>,
     router: Router,
     options: ListenerOptions,
+    refusals: Arc<Refusals>,
     mut stop: watch::Receiver<bool>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -98,6 +101,7 @@ async fn serve_connection<I>(
                 request,
                 peer,
                 options.body_read_timeout,
+                Arc::clone(&refusals),
                 guard,
             )
         }
@@ -174,12 +178,16 @@ async fn serve_request(
     mut request: Request<Incoming>,
     peer: SocketAddr,
     body_timeout: Duration,
+    refusals: Arc<Refusals>,
     guard: RequestGuard,
 ) -> Result<Response<GuardedBody>, Infallible> {
     if guard.0.is_evicted() {
         // Its head completed as the connection was chosen for eviction: it is
-        // refused unrun, like a connection shed at the bound.
-        return Ok(evicted_response().map(|body| GuardedBody::new(body, guard)));
+        // refused unrun (`503 connection-limit`), like a connection shed at the
+        // bound.
+        return Ok(refusals
+            .connection_limit()
+            .map(|body| GuardedBody::new(body, guard)));
     }
     request.extensions_mut().insert(ConnectInfo(peer));
     let timed_out = Arc::new(AtomicBool::new(false));
@@ -196,27 +204,11 @@ async fn serve_request(
     };
     let response = if timed_out.load(Ordering::Acquire) {
         metrics::counter!("idemgate_http_body_timeouts_total").increment(1);
-        body_timeout_response(body_timeout)
+        refusals.body_timeout()
     } else {
         response
     };
     Ok(response.map(|body| GuardedBody::new(body, guard)))
-}
-
-/// The answer to a request whose connection was evicted as its head completed:
-/// `503 connection-limit`, nothing run, the connection closed.
-fn evicted_response() -> Response<Body> {
-    let mut response = ProblemDetails::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "connection-limit",
-        "Too many connections",
-        "the server has as many connections open as it accepts; retry after Retry-After",
-    )
-    .into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    response
 }
 
 /// What a connection is doing, for its watchdog and for eviction at the bound.
@@ -617,6 +609,7 @@ mod tests {
                 auto::Builder::new(TokioExecutor::new()),
                 router.clone(),
                 ListenerOptions::default(),
+                Arc::new(Refusals::new(&ListenerOptions::default())),
                 stop,
             ));
             // The connection waits for its head; the head arrives as it is evicted.

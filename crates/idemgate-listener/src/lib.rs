@@ -41,9 +41,14 @@
 //! a 60 s idle timeout the backend must keep connections longer than that). The
 //! watchdog here tells the two phases apart by the bytes it sees.
 //!
+//! The listener's own refusals (`503 connection-limit`, `408 body-timeout`) are
+//! `application/problem+json` under the operator's problem type base
+//! ([`ListenerOptions::with_problem_type_base`]), rendered here: the listener
+//! sits below any application and knows no idempotency layer.
+//!
 //! The pieces, one module each: [`ListenerOptions`] (the limits), the accept loop
 //! and shedding ([`Listener`]), eviction at the bound, one connection and its
-//! watchdog, the request and response bodies, the descriptor limit
+//! watchdog, the refusals, the request and response bodies, the descriptor limit
 //! ([`raise_fd_limit`]), TLS loading ([`tls::server_config`]), and the worker
 //! threads that serve one address from several `SO_REUSEPORT` listeners
 //! ([`Workers`]).
@@ -65,6 +70,7 @@ mod connection;
 mod evict;
 mod limits;
 mod options;
+mod refusal;
 pub mod tls;
 mod workers;
 
