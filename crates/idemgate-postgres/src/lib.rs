@@ -71,6 +71,19 @@
 //!     expires_at       TIMESTAMPTZ NOT NULL             -- past it, the record is absent
 //! );
 //! CREATE INDEX idemgate_records_expires_at_idx ON idemgate_records (expires_at);
+//! CREATE TABLE idemgate_records_resource_leases (     -- Store::acquire_resource_lease (schema version 2)
+//!     resource    BYTEA PRIMARY KEY,                   -- ResourceId: SHA-256 of the resource's name
+//!     token       BYTEA NOT NULL,                      -- the holder's LeaseToken (16 bytes)
+//!     acquired_at TIMESTAMPTZ NOT NULL,
+//!     expires_at  TIMESTAMPTZ NOT NULL                  -- past it, the next acquisition replaces the row
+//! );
+//! CREATE TABLE idemgate_records_durations (          -- Store::record_duration (schema version 6)
+//!     route       TEXT,                                -- method and scope path; at most 1024 routes
+//!     slot        SMALLINT,                            -- 0..31: at most 32 durations per route
+//!     micros      BIGINT NOT NULL,                     -- one execution's duration
+//!     recorded_at TIMESTAMPTZ NOT NULL,                -- the least recently recorded route makes way
+//!     PRIMARY KEY (route, slot)
+//! );
 //! CREATE TABLE idemgate_schema_versions (table_name TEXT PRIMARY KEY, version BIGINT, migrated_at TIMESTAMPTZ);
 //! ```
 //!
@@ -97,8 +110,11 @@
 //!   (`FOR UPDATE SKIP LOCKED`); [`PostgresStore::spawn_purge`] runs it periodically.
 //! - **Wait mode**: [`Store::wait_for_change`](idemgate_core::Store::wait_for_change)
 //!   is woken in process by completions, releases and deletes made through this store
-//!   (transactional commits included). Waiters on other instances are not woken; they
-//!   poll, which bounds how late they learn of a change. No `LISTEN/NOTIFY`.
+//!   (transactional commits included), and across instances by `LISTEN/NOTIFY`: a
+//!   waiter marks the record (`waited`), and the statement that ends a marked run
+//!   calls `pg_notify` (delivered at commit). Unmarked runs notify nothing. Each
+//!   store listens on one connection of its own (not one of its pool's), opened at
+//!   the first wait.
 //!
 //! # Errors
 //!
@@ -190,6 +206,9 @@
 //! and a tuned autovacuum (`autovacuum_vacuum_scale_factor` on the table) keeps the
 //! table at a day's worth of records.
 
+mod audit;
+mod changes;
+mod durations;
 mod error;
 mod migrate;
 mod sql;
@@ -200,5 +219,6 @@ pub use error::Error;
 pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
+pub use sql::SCHEMA_VERSION;
 pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PostgresStore};
 pub use tx::Tx;

@@ -4,6 +4,8 @@ use sqlx::{AssertSqlSafe, PgPool};
 
 use idemgate_sqlx::SchemaStep;
 
+use crate::audit;
+use crate::durations;
 use crate::error::Error;
 use crate::sql::{self, Names, SCHEMA_VERSION};
 
@@ -25,8 +27,8 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
     if idemgate_sqlx::schema_step(found, SCHEMA_VERSION)? == SchemaStep::UpToDate {
         return tx.commit().await.map_err(Error::Migrate);
     }
-    // Nothing yet (or an older version: none exists before 1). Later versions
-    // add their steps below, guarded by the version found.
+    // Nothing yet, or an older version: each version's steps below run from the
+    // one after the version found on.
     if let Some(schema) = &names.schema {
         let create = format!("CREATE SCHEMA IF NOT EXISTS {}", sql::quote(schema));
         sqlx::raw_sql(AssertSqlSafe(create))
@@ -45,11 +47,24 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
         .execute(&mut *tx)
         .await
         .map_err(Error::Migrate)?;
-    for statement in sql::schema_v1(names) {
-        sqlx::raw_sql(AssertSqlSafe(statement))
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::Migrate)?;
+    let steps = [
+        (1, sql::schema_v1(names)),
+        (2, sql::schema_v2(names)),
+        (3, sql::schema_v3(names)),
+        (4, sql::schema_v4(names)),
+        (5, audit::schema(names)),
+        (6, durations::schema(names)),
+    ];
+    for (version, statements) in steps {
+        if found.is_some_and(|found| found >= version) {
+            continue;
+        }
+        for statement in statements {
+            sqlx::raw_sql(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
     }
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {versions} (table_name, version) VALUES ($1, $2) \

@@ -38,6 +38,16 @@ impl Names {
         self.qualify(VERSION_TABLE)
     }
 
+    /// The resource lease table of the record table (`<table>_resource_leases`).
+    pub(crate) fn resource_leases(&self) -> String {
+        self.qualify(&format!("{}_resource_leases", self.table))
+    }
+
+    /// A table named after the record table (`<table>_<suffix>`).
+    pub(crate) fn suffixed(&self, suffix: &str) -> String {
+        self.qualify(&format!("{}_{suffix}", self.table))
+    }
+
     pub(crate) fn sequence(&self) -> String {
         self.qualify(&format!("{}_token_seq", self.table))
     }
@@ -68,7 +78,12 @@ pub(crate) struct Statements {
     pub(crate) renew: Arc<str>,
     pub(crate) delete: Arc<str>,
     pub(crate) evict: Arc<str>,
+    /// Marks a record in progress as waited on (`$1` identity): one row, the
+    /// count of rows marked (0: the run ended, or there is no live record).
+    pub(crate) mark_waited: Arc<str>,
     pub(crate) purge: Arc<str>,
+    pub(crate) acquire_resource_lease: Arc<str>,
+    pub(crate) release_resource_lease: Arc<str>,
 }
 
 impl Statements {
@@ -94,7 +109,8 @@ impl Statements {
         let claim = format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t), \
              blocking AS MATERIALIZED ( \
-                 SELECT r.fingerprint, r.format_version, r.operation_id, r.token, r.status, \
+                 SELECT r.fingerprint, r.field_digests, r.format_version, r.operation_id, \
+                     r.token, r.status, \
                      {locked_until} AS locked_until_ms, r.response_status, r.response_headers, \
                      r.response_body, r.body_retained, {created} AS created_ms, \
                      {expires} AS expires_ms, {now_ms} AS now_ms \
@@ -105,13 +121,14 @@ impl Statements {
              claimed AS ( \
              INSERT INTO {t} AS r (identity, principal, method, path, idempotency_key, \
                  fingerprint, format_version, operation_id, token, status, lease_origin, \
-                 locked_until, created_at, expires_at) \
+                 locked_until, created_at, expires_at, field_digests) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, nextval('{seq_literal}'), 'PROCESSING', 'NEW', \
                  now.t + $9 * interval '1 millisecond', now.t, \
-                 now.t + $10 * interval '1 millisecond' \
+                 now.t + $10 * interval '1 millisecond', $11 \
              FROM now WHERE NOT EXISTS (SELECT 1 FROM blocking) \
              ON CONFLICT (identity) DO UPDATE SET \
                  fingerprint = EXCLUDED.fingerprint, \
+                 field_digests = EXCLUDED.field_digests, \
                  format_version = CASE WHEN {expired} THEN EXCLUDED.format_version \
                      ELSE r.format_version END, \
                  operation_id = CASE WHEN {expired} THEN EXCLUDED.operation_id \
@@ -134,7 +151,8 @@ impl Statements {
              RETURNING r.operation_id, r.token, r.lease_origin, \
                  {locked_until} AS locked_until_ms) \
              SELECT 'claimed' AS outcome, c.operation_id, c.token, c.lease_origin, \
-                 c.locked_until_ms, NULL::bytea AS fingerprint, NULL::integer AS format_version, \
+                 c.locked_until_ms, NULL::bytea AS fingerprint, NULL::bytea AS field_digests, \
+                 NULL::integer AS format_version, \
                  NULL::text AS status, NULL::integer AS response_status, \
                  NULL::bytea AS response_headers, NULL::bytea AS response_body, \
                  NULL::boolean AS body_retained, NULL::bigint AS created_ms, \
@@ -142,7 +160,7 @@ impl Statements {
              FROM claimed c \
              UNION ALL \
              SELECT 'existing', b.operation_id, b.token, NULL, b.locked_until_ms, \
-                 b.fingerprint, b.format_version, b.status, b.response_status, \
+                 b.fingerprint, b.field_digests, b.format_version, b.status, b.response_status, \
                  b.response_headers, b.response_body, b.body_retained, b.created_ms, \
                  b.expires_ms, b.now_ms \
              FROM blocking b",
@@ -155,7 +173,8 @@ impl Statements {
         );
         let read = format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t) \
-             SELECT r.fingerprint, r.format_version, r.operation_id, r.token, r.status, \
+             SELECT r.fingerprint, r.field_digests, r.format_version, r.operation_id, \
+                 r.token, r.status, \
                  {locked_until} AS locked_until_ms, r.response_status, r.response_headers, \
                  r.response_body, r.body_retained, {created} AS created_ms, \
                  {expires} AS expires_ms, {now} AS now_ms \
@@ -165,19 +184,41 @@ impl Statements {
             expires = ms("r.expires_at"),
             now = ms("now.t"),
         );
-        let complete = format!(
+        // The statements that end a run announce it when someone waits for it
+        // (`crate::changes`): one row per row written, so the rows affected still
+        // say whether the fenced write applied.
+        let channel = crate::changes::channel(&t);
+        let announced = |write: &str| {
+            format!(
+                "WITH done AS ({write} RETURNING identity, waited) \
+                 SELECT CASE WHEN done.waited \
+                     THEN pg_notify('{channel}', encode(done.identity, 'hex')) END \
+                 FROM done"
+            )
+        };
+        let complete = announced(&format!(
             "UPDATE {t} SET status = $4, locked_until = NULL, response_status = $5, \
                  response_headers = $6, response_body = $7, body_retained = $8, \
                  expires_at = clock_timestamp() + $9 * interval '1 millisecond' \
              WHERE {FENCE}"
+        ));
+        let release = announced(&format!(
+            "UPDATE {t} SET status = 'RELEASED', locked_until = NULL WHERE {FENCE}"
+        ));
+        // Only while in progress: a mark that finds the run ended (it waits for a
+        // concurrent completion of the row, then re-reads it) marks nothing, and
+        // the waiter reads at once.
+        let mark_waited = format!(
+            "WITH marked AS (UPDATE {t} SET waited = true \
+                 WHERE identity = $1 AND status = 'PROCESSING' \
+                 AND expires_at > clock_timestamp() RETURNING 1) \
+             SELECT count(*) FROM marked"
         );
-        let release =
-            format!("UPDATE {t} SET status = 'RELEASED', locked_until = NULL WHERE {FENCE}");
         let renew = format!(
             "UPDATE {t} SET locked_until = clock_timestamp() + $4 * interval '1 millisecond' \
              WHERE {FENCE}"
         );
-        let delete = format!("DELETE FROM {t} WHERE {FENCE}");
+        let delete = announced(&format!("DELETE FROM {t} WHERE {FENCE}"));
         // The operator's eviction, one statement: `target` locks the live record
         // (`FOR UPDATE` re-reads a row a concurrent claim or completion just
         // changed, so `evicted` is judged on its newest version) and decides, `gone`
@@ -194,9 +235,12 @@ impl Statements {
              gone AS ( \
                  DELETE FROM {t} d USING target \
                  WHERE d.identity = target.identity AND target.evicted \
-                 RETURNING d.identity) \
+                 RETURNING d.identity, d.waited) \
              SELECT target.status, {locked_until} AS locked_until_ms, {now} AS now_ms, \
-                 EXISTS (SELECT 1 FROM gone) AS evicted \
+                 EXISTS (SELECT 1 FROM gone) AS evicted, \
+                 (SELECT count(CASE WHEN gone.waited THEN \
+                     pg_notify('{channel}', encode(gone.identity, 'hex')) END) \
+                  FROM gone) AS announced \
              FROM target, now",
             locked_until = ms("target.locked_until"),
             now = ms("now.t"),
@@ -208,7 +252,39 @@ impl Statements {
                  LIMIT $1 FOR UPDATE SKIP LOCKED) \
              AND expires_at <= clock_timestamp()"
         );
+        let leases = names.resource_leases();
+        // The resource lease's acquisition, one statement that always returns the
+        // row: the proposed token (`$2`) replaces a lapsed lease, a live one stays.
+        // `ON CONFLICT DO UPDATE` judges the newest committed version of the row
+        // (waiting for a concurrent acquisition to commit), so two acquisitions
+        // never both see it lapsed. The caller compares the returned token with
+        // its own (`idemgate_sqlx::decode_lease_acquisition`).
+        let lapsed = "l.expires_at <= EXCLUDED.acquired_at";
+        let acquire_resource_lease = format!(
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+             up AS ( \
+                 INSERT INTO {leases} AS l (resource, token, acquired_at, expires_at) \
+                 SELECT $1, $2, now.t, now.t + $3 * interval '1 millisecond' FROM now \
+                 ON CONFLICT (resource) DO UPDATE SET \
+                     token = CASE WHEN {lapsed} THEN EXCLUDED.token ELSE l.token END, \
+                     acquired_at = CASE WHEN {lapsed} THEN EXCLUDED.acquired_at \
+                         ELSE l.acquired_at END, \
+                     expires_at = CASE WHEN {lapsed} THEN EXCLUDED.expires_at \
+                         ELSE l.expires_at END \
+                 RETURNING l.token, l.expires_at) \
+             SELECT up.token, {until} AS until_ms, {now_ms} AS now_ms FROM up, now",
+            until = ms("up.expires_at"),
+            now_ms = ms("now.t"),
+        );
+        // Fenced by the token, and only while live: a lapsed row stays until the
+        // next acquisition replaces it.
+        let release_resource_lease = format!(
+            "DELETE FROM {leases} WHERE resource = $1 AND token = $2 \
+             AND expires_at > clock_timestamp()"
+        );
         Self {
+            acquire_resource_lease: acquire_resource_lease.into(),
+            release_resource_lease: release_resource_lease.into(),
             claim: claim.into(),
             read: read.into(),
             complete: complete.into(),
@@ -216,13 +292,17 @@ impl Statements {
             renew: renew.into(),
             delete: delete.into(),
             evict: evict.into(),
+            mark_waited: mark_waited.into(),
             purge: purge.into(),
         }
     }
 }
 
-/// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+/// The schema version this build writes: 1 the record table, 2 its resource
+/// lease table, 3 the record's `waited` mark, 4 its `field_digests`, 5 the
+/// journal's tables (`crate::audit`), 6 the routes' execution histories
+/// (`crate::durations`).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The statements that create schema version 1, in order.
 pub(crate) fn schema_v1(names: &Names) -> Vec<String> {
@@ -264,6 +344,43 @@ pub(crate) fn schema_v1(names: &Names) -> Vec<String> {
     ]
 }
 
+/// The statements that take schema version 1 to 2: the resource lease table
+/// (`Store::acquire_resource_lease`), one row per resource whose lease was
+/// taken; a lapsed row is replaced by the next acquisition.
+pub(crate) fn schema_v2(names: &Names) -> Vec<String> {
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ( \
+             resource    BYTEA       NOT NULL PRIMARY KEY CHECK (octet_length(resource) = 32), \
+             token       BYTEA       NOT NULL CHECK (octet_length(token) = 16), \
+             acquired_at TIMESTAMPTZ NOT NULL, \
+             expires_at  TIMESTAMPTZ NOT NULL \
+         )",
+        names.resource_leases()
+    )]
+}
+
+/// The statements that take schema version 2 to 3: `waited`, set by a waiter on
+/// a record in progress, so the statement that ends the run announces it
+/// (`crate::changes`). A column with a constant default: no table rewrite.
+pub(crate) fn schema_v3(names: &Names) -> Vec<String> {
+    vec![format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS waited BOOLEAN NOT NULL DEFAULT false",
+        names.table()
+    )]
+}
+
+/// The statements that take schema version 3 to 4: `field_digests`, the first
+/// request's per-field digests (`idemgate_core::fingerprint::FieldDigests::encode`),
+/// so a 422 can name the fields another body changed; `NULL` for a body that is
+/// not JSON and for the records of earlier builds. Nullable without a default:
+/// no table rewrite.
+pub(crate) fn schema_v4(names: &Names) -> Vec<String> {
+    vec![format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS field_digests BYTEA",
+        names.table()
+    )]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +394,7 @@ mod tests {
         };
         assert_eq!(names.table(), "\"s\".\"t\"");
         assert_eq!(names.sequence(), "\"s\".\"t_token_seq\"");
+        assert_eq!(names.resource_leases(), "\"s\".\"t_resource_leases\"");
         assert_eq!(names.expires_index(), "\"t_expires_at_idx\"");
         assert_eq!(names.versions(), "\"s\".\"idemgate_schema_versions\"");
     }

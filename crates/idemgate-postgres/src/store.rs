@@ -1,16 +1,26 @@
 //! `PostgresStore`: the [`Store`](idemgate_core::Store) on a `sqlx::PgPool`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use idemgate_core::audit::{
+    AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
+};
+use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
+use idemgate_core::time::Timestamp;
 use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
 use idemgate_sqlx::{PurgeTask, millis};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool, Row};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
 
+use crate::audit::{self, AuditNames};
+use crate::changes::{self, Announcements};
+use crate::durations::{self, DurationStatements};
 use crate::error::{ClaimContended, Error, store_error};
 use crate::sql::{self, Names, Statements};
 
@@ -59,7 +69,28 @@ struct Inner {
     pool: PgPool,
     names: Names,
     sql: Statements,
-    signals: ChangeSignals,
+    /// The journal's tables (`crate::audit`).
+    audit: AuditNames,
+    /// The routes' execution histories (`crate::durations`).
+    durations: DurationStatements,
+    signals: Arc<ChangeSignals>,
+    /// What this instance marked; see [`crate::changes`].
+    announcements: Arc<Announcements>,
+    /// Whether the listener's `LISTEN` is in effect.
+    listening: watch::Sender<bool>,
+    /// The listener, started at the first wait.
+    listener: OnceLock<AbortHandle>,
+    /// Set once the journal is on: purges journal what they delete
+    /// (`Store::journal_expiries`).
+    expiries: OnceLock<ExpiryJournal>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.listener.get() {
+            task.abort();
+        }
+    }
 }
 
 impl PostgresStore {
@@ -109,8 +140,14 @@ impl PostgresStore {
             inner: Arc::new(Inner {
                 pool,
                 sql: Statements::new(&names),
+                audit: AuditNames::new(&names),
+                durations: DurationStatements::new(&names),
                 names,
-                signals: ChangeSignals::new(),
+                signals: Arc::new(ChangeSignals::new()),
+                announcements: Arc::default(),
+                listening: watch::Sender::new(false),
+                listener: OnceLock::new(),
+                expiries: OnceLock::new(),
             }),
         }
     }
@@ -172,8 +209,18 @@ impl PostgresStore {
     /// returns how many went. Each batch is its own short statement and skips rows
     /// that a claim holds locked, so purging never blocks traffic for long.
     /// A `batch` of 0 deletes nothing.
+    ///
+    /// With the journal on ([`idemgate_core::Store::journal_expiries`]), each batch journals
+    /// what it deletes as `expired`, in the same transaction.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
-        self.purge_now(batch).await
+        let Some(journal) = self.inner.expiries.get() else {
+            return self.purge_now(batch).await;
+        };
+        let table = self.inner.names.table();
+        idemgate_sqlx::purge_in_batches(batch, |limit| {
+            audit::expire(&self.inner.pool, &self.inner.audit, &table, journal, limit)
+        })
+        .await
     }
 
     /// Runs [`PostgresStore::purge_expired`] every `every` on the current tokio
@@ -193,6 +240,63 @@ impl PostgresStore {
 }
 
 impl PostgresStore {
+    async fn audit_append(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        audit::append(&self.inner.pool, &self.inner.audit, records).await
+    }
+
+    /// Journal entries appended on `connection` (a business transaction),
+    /// without committing.
+    pub(crate) async fn append_audit_on(
+        &self,
+        connection: &mut sqlx::PgConnection,
+        records: &[AuditRecord],
+    ) -> Result<(), StoreError> {
+        audit::append_on(connection, &self.inner.audit, records)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn audit_read(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        audit::read(&self.inner.pool, &self.inner.audit, query).await
+    }
+
+    async fn audit_partitions_of(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        audit::partitions(&self.inner.pool, &self.inner.audit).await
+    }
+
+    async fn audit_trim(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        audit::trim(
+            &self.inner.pool,
+            &self.inner.audit,
+            instance,
+            before.as_millis(),
+            limit,
+        )
+        .await
+    }
+
+    /// `Store::journal_expiries`: the first journal wins.
+    fn journal_expiries_of(&self, journal: ExpiryJournal) {
+        let _ = self.inner.expiries.set(journal);
+    }
+
+    async fn audit_secret_of(&self) -> Result<AuditSecret, StoreError> {
+        audit::secret(&self.inner.pool, &self.inner.audit).await
+    }
+
+    async fn durations_record(&self, route: &str, duration: Duration) -> Result<(), StoreError> {
+        durations::record(&self.inner.pool, &self.inner.durations, route, duration).await
+    }
+
+    async fn durations_of(&self, route: &str) -> Result<Vec<Duration>, StoreError> {
+        durations::read(&self.inner.pool, &self.inner.durations, route).await
+    }
+
     /// The claim: one statement, and a read when it returned nothing; see the
     /// crate docs.
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
@@ -214,6 +318,7 @@ impl PostgresStore {
                 .bind(OperationId::random().as_uuid())
                 .bind(millis(request.lease))
                 .bind(millis(request.ttl))
+                .bind(request.field_digests.as_ref().map(FieldDigests::encode))
                 .fetch_optional(&self.inner.pool)
                 .await
                 .map_err(store_error)?;
@@ -258,6 +363,69 @@ impl PostgresStore {
             .await
             .map_err(store_error)?;
         idemgate_sqlx::decode_eviction(row.as_ref())
+    }
+}
+
+impl PostgresStore {
+    /// [`Store::wait_for_change`](idemgate_core::Store::wait_for_change): wakes on
+    /// this store's own writes at once, and on other instances' through `LISTEN`
+    /// (see [`crate::changes`]). Once listening (the first wait starts the
+    /// listener and waits for its `LISTEN` within its timeout), it marks the
+    /// record as waited on — once per run and instance — so that the statement
+    /// ending the run notifies; a record no longer in progress when marked ends
+    /// the wait at once. The timeout is the floor either way.
+    async fn wait_announced(&self, identity: &IdentityDigest, timeout: Duration) {
+        let until = tokio::time::Instant::now() + timeout;
+        self.ensure_listening();
+        let mut listening = self.inner.listening.subscribe();
+        // Not listening yet: a mark now could be announced before anyone hears.
+        let _ = tokio::time::timeout_at(until, listening.wait_for(|up| *up)).await;
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let signal = self.inner.signals.wait(identity, left);
+        tokio::pin!(signal);
+        // Its first poll registers the waiter before the mark, so an announcement
+        // right after the mark finds it.
+        if futures_util::FutureExt::now_or_never(signal.as_mut()).is_some() {
+            return;
+        }
+        let listening = *listening.borrow();
+        if listening && !self.inner.announcements.is_marked(identity) {
+            let marked = tokio::time::timeout_at(until, self.mark_waited(identity)).await;
+            match marked {
+                Ok(Ok(true)) => self.inner.announcements.marked(identity),
+                // The run ended since the caller's read: look now (and wake this
+                // instance's other waiters on it, which look too).
+                Ok(Ok(false)) => self.inner.signals.notify(identity),
+                // Unknown: the timeout stays the floor.
+                Ok(Err(_)) | Err(_) => {}
+            }
+        }
+        // Always awaited to its end, so the signal's entry is removed.
+        signal.await;
+    }
+
+    /// Marks `identity` as waited on; `false` when no live record is in progress.
+    async fn mark_waited(&self, identity: &IdentityDigest) -> Result<bool, StoreError> {
+        let marked: i64 =
+            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.mark_waited)))
+                .bind(identity.as_bytes().as_slice())
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(store_error)?;
+        Ok(marked > 0)
+    }
+
+    fn ensure_listening(&self) {
+        self.inner.listener.get_or_init(|| {
+            tokio::spawn(changes::run(
+                self.inner.pool.clone(),
+                changes::channel(&self.inner.names.table()),
+                Arc::downgrade(&self.inner.signals),
+                Arc::downgrade(&self.inner.announcements),
+                self.inner.listening.clone(),
+            ))
+            .abort_handle()
+        });
     }
 }
 

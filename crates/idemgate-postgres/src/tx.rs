@@ -1,6 +1,7 @@
 //! The transactional mode on PostgreSQL: `Tx`, and what it needs from the store.
 
 use async_trait::async_trait;
+use idemgate_core::audit::AuditRecord;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{ErrorCodes, SqlStore};
@@ -71,6 +72,17 @@ impl SqlStore for PostgresStore {
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
         self.complete_on(connection, lease, completion).await
+    }
+
+    /// Locks the instance's chain head until the commit (`crate::audit`): the
+    /// business transactions of one instance commit one after another from
+    /// this append on.
+    async fn append_audit_in(
+        &self,
+        connection: &mut PgConnection,
+        records: &[AuditRecord],
+    ) -> Result<(), StoreError> {
+        self.append_audit_on(connection, records).await
     }
 
     fn signals(&self) -> &ChangeSignals {

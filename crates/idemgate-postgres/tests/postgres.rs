@@ -63,6 +63,29 @@ mod conformance {
 
 idemgate_testkit::cached_conformance!(conformance_store);
 
+/// Two instances on one database: what one recorded, the other reads, also
+/// once the first is gone (a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_history_is_shared_between_instances() {
+    idemgate_testkit::conformance::route_history_is_shared(
+        conformance_store().await,
+        conformance_store().await,
+    )
+    .await;
+}
+
+/// On a schema of its own: the bound evicts other tests' routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_history_keeps_a_bounded_number_of_routes() {
+    let schema = TempSchema::new().await;
+    let store = schema.store();
+    store.migrate().await.expect("migrate");
+    idemgate_testkit::conformance::route_history_keeps_a_bounded_number_of_routes(Arc::new(store))
+        .await;
+    assert!(schema.count("idemgate_records_durations").await > 0);
+    schema.drop_schema().await;
+}
+
 /// A schema of its own, for tests that count or delete every row of a table.
 struct TempSchema {
     name: String,
@@ -120,6 +143,7 @@ async fn harness() -> PgHarness {
 #[async_trait]
 impl SqlHarness for PgHarness {
     type Store = PostgresStore;
+    const SCHEMA_VERSION: i64 = idemgate_postgres::SCHEMA_VERSION;
 
     async fn unmigrated(&self, max_connections: u32) -> PostgresStore {
         PostgresStore::new(pool(max_connections).await).with_schema(self.schema.name.clone())
@@ -464,6 +488,7 @@ async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
     }
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}\"; \
+         DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}_resource_leases\"; \
          DROP SEQUENCE \"{SHARED_SCHEMA}\".\"{fresh_table}_token_seq\"; \
          DELETE FROM \"{SHARED_SCHEMA}\".idemgate_schema_versions \
          WHERE table_name = '{fresh_table}'"
@@ -494,4 +519,123 @@ async fn connect_is_ready_to_use_without_migrate() {
     assert_eq!(schema.count("idemgate_records").await, 1);
     store.pool().close().await;
     schema.drop_schema().await;
+}
+
+// --- waiting across instances ---------------------------------------------------------
+
+/// Waits on `digest` through `store` for up to 10 s, from a task of its own, and
+/// returns how long it waited.
+fn waiter(store: &PostgresStore, digest: IdentityDigest) -> tokio::task::JoinHandle<Duration> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        store
+            .wait_for_change(&digest, Duration::from_secs(10))
+            .await;
+        start.elapsed()
+    })
+}
+
+/// A waiter on one instance (its own pool and listener) wakes when another
+/// instance completes, releases or deletes the record — through `LISTEN/NOTIFY`,
+/// well before its 10 s timeout and before the layer's 1 s recheck. (A completion
+/// inside a business transaction runs the same statement, so it notifies at
+/// commit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instances_end_of_run_wakes_a_waiter_through_notify() {
+    let a = shared_store(4).await;
+    let b = shared_store(4).await;
+    // The first wait starts b's listener; let it settle before measuring.
+    b.wait_for_change(
+        &IdentityDigest::from_bytes([0; 32]),
+        Duration::from_millis(300),
+    )
+    .await;
+    for end in ["complete", "release", "delete"] {
+        let request = fresh_request();
+        let digest = *request.identity.digest();
+        let lease = acquire(&a, &request).await;
+        let waited = waiter(&b, digest);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let write = match end {
+            "complete" => a.complete(&lease, &completion(awkward_response())).await,
+            "release" => a.release(&lease).await,
+            _ => a.delete(&lease).await,
+        };
+        assert_eq!(write.expect(end), FencedWrite::Applied, "{end}");
+        let waited = waited.await.expect("waiter");
+        assert!(
+            waited < Duration::from_millis(300 + 500),
+            "{end} on another instance woke the waiter only after {waited:?}"
+        );
+    }
+}
+
+/// A run that ends between the waiter's read and its wait is not missed: the
+/// waiter's mark finds the record no longer in progress and the wait ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_a_run_that_already_ended_returns_at_once() {
+    let a = shared_store(4).await;
+    let b = shared_store(4).await;
+    b.wait_for_change(
+        &IdentityDigest::from_bytes([0; 32]),
+        Duration::from_millis(300),
+    )
+    .await;
+    let request = fresh_request();
+    let lease = acquire(&a, &request).await;
+    assert_eq!(
+        a.complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
+    let waited = waiter(&b, *request.identity.digest())
+        .await
+        .expect("waiter");
+    assert!(
+        waited < Duration::from_millis(500),
+        "waited {waited:?} for a run that had ended"
+    );
+}
+
+/// Runs nobody waits for announce nothing: a listener hears no notification for
+/// them (only a waiter's mark makes the statement that ends a run notify).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwaited_runs_notify_nothing() {
+    // A table of its own: other tests' waiters mark records of the shared one.
+    let schema = TempSchema::new().await;
+    let store = schema.store();
+    store.migrate().await.expect("migrate");
+    let mut listener = sqlx::postgres::PgListener::connect(&url())
+        .await
+        .expect("listener");
+    listener
+        .listen(&idemgate_channel(&store.table_name()))
+        .await
+        .expect("listen");
+    for _ in 0..5 {
+        let request = fresh_request();
+        let lease = acquire(&store, &request).await;
+        assert_eq!(
+            store
+                .complete(&lease, &completion(awkward_response()))
+                .await
+                .expect("complete"),
+            FencedWrite::Applied
+        );
+    }
+    let heard = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(heard.is_err(), "an unwaited completion notified: {heard:?}");
+    schema.drop_schema().await;
+}
+
+/// The store's channel name for `qualified_table` (mirrors `changes::channel`).
+fn idemgate_channel(qualified_table: &str) -> String {
+    let hash = qualified_table
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("idemgate_changes_{hash:016x}")
 }

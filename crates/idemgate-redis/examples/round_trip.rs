@@ -279,8 +279,10 @@ fn main() {
                             IdempotencyKey::parse(key.as_bytes(), 255).expect("key"),
                         ),
                         fingerprint: Fingerprint::from_bytes([0; 32]),
+                        field_digests: None,
                         lease: Duration::from_secs(30),
                         ttl: Duration::from_secs(60),
+                        route_template: None,
                     };
                     store.try_claim(&request).await.expect("claim");
                 }

@@ -1,7 +1,7 @@
 //! How records and responses are laid out in Redis, and read back.
 
 use bytes::Bytes;
-use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::fingerprint::{FieldDigests, Fingerprint};
 use idemgate_core::record::{
     DecodeError, FencingToken, OperationId, RECORD_FORMAT_VERSION, Record, RecordState,
     RecordStatus, StoredResponse,
@@ -188,6 +188,7 @@ pub(crate) fn decode_record(
     }
     let mut version = None;
     let mut fingerprint = None;
+    let mut field_digests = None;
     let mut operation_id = None;
     let mut token = None;
     let mut status = None;
@@ -210,6 +211,7 @@ pub(crate) fn decode_record(
                     .map_err(|_| DecodeError("invalid fingerprint"))?;
                 fingerprint = Some(Fingerprint::from_bytes(bytes));
             }
+            b"fd" => field_digests = Some(FieldDigests::decode(&value)?),
             b"op" => {
                 let bytes = <[u8; 16]>::try_from(value.as_slice())
                     .map_err(|_| DecodeError("invalid operation id"))?;
@@ -236,6 +238,7 @@ pub(crate) fn decode_record(
     let state = RecordState::from_parts(status, locked_until, response)?;
     Ok(Some(Record {
         fingerprint: fingerprint.ok_or(missing("missing fingerprint"))?,
+        field_digests,
         format_version,
         operation_id: operation_id.ok_or(missing("missing operation id"))?,
         token: FencingToken(token.ok_or(missing("missing token"))?),

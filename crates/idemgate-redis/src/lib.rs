@@ -34,8 +34,10 @@
 //! let request = ClaimRequest {
 //!     identity: Identity::new(scope, IdempotencyKey::parse(b"order-7", 255)?),
 //!     fingerprint: Fingerprint::from_bytes([0; 32]),
+//!     field_digests: None,
 //!     lease: Duration::from_secs(30),
 //!     ttl: Duration::from_secs(86_400),
+//!     route_template: None,
 //! };
 //! match store.try_claim(&request).await? {
 //!     Claim::Acquired(lease) => println!("run operation {}", lease.operation_id),
@@ -82,6 +84,13 @@
 //! | `ca`, `ea` | created at, expires at (ms); `ea` is also the key's `PEXPIREAT` |
 //! | `rs` | the response: a codec byte (0 raw, 1 zstd) + `StoredResponse::encode` |
 //! | `w` | `1` while a waiter waits for the run to end (see Wait mode); a hint, not record data |
+//!
+//! A resource lease (`Store::acquire_resource_lease`) is a plain string under
+//! `<prefix>lease:{<resource digest, 64 hex>}` holding the holder's 16-byte
+//! token and the lease's end (decimal ms, also the key's expiry: `SET NX PXAT`);
+//! a release deletes it only
+//! while it holds the releaser's token (a compare-and-delete script). On Redis
+//! Cluster each lease, like each record, is one key in the slot of its digest.
 //!
 //! Large response bodies arrive compressed: the idempotency layer keeps bodies
 //! over 1 KiB zstd-compressed on every store (`idemgate_core::compression`), and
@@ -283,6 +292,7 @@
 //! `tokio-comp`, `connection-manager`, `cluster-async` and `script`. TLS
 //! (`rediss://`) needs one of redis-rs' TLS features enabled in the application.
 
+mod audit;
 mod codec;
 mod connection;
 mod error;

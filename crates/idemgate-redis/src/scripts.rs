@@ -7,7 +7,7 @@
 //! are doubles; `tostring` could switch to exponent notation).
 //!
 //! Only Redis 7.0 commands: `HGET HGETALL HMGET HSET HDEL HINCRBY PEXPIREAT DEL
-//! PUBLISH TIME`.
+//! PUBLISH TIME`, and for resource leases `SET NX PXAT`, `GET`.
 //!
 //! # Announcements only when someone waits
 //!
@@ -44,7 +44,9 @@ end
 ";
 
 /// `KEYS[1]` record; `ARGV`: fingerprint, new operation id (used only when creating),
-/// lease ms, ttl ms, format version.
+/// lease ms, ttl ms, format version, field digests (`FieldDigests::encode`, empty
+/// when the body has none; written only when creating, as `fd`: a take-over has
+/// the same fingerprint, so the same digests).
 ///
 /// Its take-over test restates `Record::claim_origin` (PROTOCOL §6.2) in Lua.
 /// Returns `{origin, now, op, token, locked_until}` with origin `N` (created), `R`
@@ -53,12 +55,14 @@ end
 const CLAIM: &str = r"
 local key = KEYS[1]
 local fp, op, lease, ttl, version = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local fd = ARGV[6]
 local now = now_ms()
 local fields = redis.call('HGETALL', key)
 if #fields == 0 then
   local until_ms, expires = now + lease, now + ttl
   redis.call('HSET', key, 'v', version, 'fp', fp, 'op', op, 'tk', 1, 'st', 'P',
     'lu', num(until_ms), 'ca', num(now), 'ea', num(expires))
+  if fd ~= '' then redis.call('HSET', key, 'fd', fd) end
   redis.call('PEXPIREAT', key, num(expires))
   return {'N', num(now), op, 1, num(until_ms)}
 end
@@ -162,6 +166,62 @@ const GET: &str = r"
 return {num(now_ms()), redis.call('HGETALL', KEYS[1])}
 ";
 
+/// `KEYS[1]` resource lease; `ARGV`: proposed token (16 bytes), ttl ms. The
+/// lease is a string: the holder's token followed by its end in decimal ms,
+/// which is also the key's expiry (`PXAT`), so a holder's end reads back exact.
+/// `SET NX` is the atomic step. Returns `{1, now, until}` (acquired, the proposed
+/// token stored) or `{0, now, until}` (held by another token, nothing changed).
+const ACQUIRE_RESOURCE_LEASE: &str = r"
+local now = now_ms()
+local until_ms = now + tonumber(ARGV[2])
+if redis.call('SET', KEYS[1], ARGV[1] .. num(until_ms), 'NX', 'PXAT', num(until_ms)) then
+  return {1, num(now), num(until_ms)}
+end
+local held = redis.call('GET', KEYS[1])
+return {0, num(now), string.sub(held, 17)}
+";
+
+/// `KEYS[1]` resource lease; `ARGV`: token. Compare-and-delete: deletes the
+/// lease only while it holds this token. Returns 1 when released, 0 when the
+/// lease lapsed (Redis expired the key) or another token holds it.
+const RELEASE_RESOURCE_LEASE: &str = r"
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, 16) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+";
+
+/// Adds a duration to a route's history (`Store::record_duration`): KEYS[1] the
+/// sorted set of routes with history, scored by when each was last recorded
+/// (server time, µs), KEYS[2] the route's list (newest first); ARGV the
+/// route, the duration in microseconds, the most routes, the most durations
+/// per route, the routes' list key prefix. A new route when the set is full
+/// takes the place of the least recently recorded one, whose list goes (its
+/// key carries the same hash tag, so on a cluster it is in this slot).
+const RECORD_DURATION: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  while redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) do
+    local stalest = redis.call('ZPOPMIN', KEYS[1])
+    redis.call('DEL', ARGV[5] .. stalest[1])
+  end
+end
+redis.call('ZADD', KEYS[1], string.format('%.0f', now), ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
+return 1
+";
+
+/// A route's history, as integers (microseconds).
+const ROUTE_DURATIONS: &str = r"
+local out = {}
+for i, v in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do out[i] = tonumber(v) end
+return out
+";
+
 /// The scripts, hashed once per store.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -173,6 +233,10 @@ pub(crate) struct Scripts {
     pub(crate) evict: Script,
     pub(crate) mark_waiting: Script,
     pub(crate) get: Script,
+    pub(crate) acquire_resource_lease: Script,
+    pub(crate) release_resource_lease: Script,
+    pub(crate) record_duration: Script,
+    pub(crate) route_durations: Script,
 }
 
 impl Scripts {
@@ -187,6 +251,10 @@ impl Scripts {
             evict: script(EVICT),
             mark_waiting: script(MARK_WAITING),
             get: script(GET),
+            acquire_resource_lease: script(ACQUIRE_RESOURCE_LEASE),
+            release_resource_lease: script(RELEASE_RESOURCE_LEASE),
+            record_duration: Script::new(RECORD_DURATION),
+            route_durations: Script::new(ROUTE_DURATIONS),
         }
     }
 }

@@ -4,7 +4,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idemgate_core::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
+use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION};
+use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::time::Timestamp;
@@ -16,6 +19,7 @@ use redis::{ScriptInvocation, Value};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
+use crate::audit::{Journal, Runner};
 use crate::codec::{
     ResponseCodec, array_of, bytes_of, decode_record, int_of, parse_status, status_code,
 };
@@ -49,6 +53,8 @@ pub struct RedisStore {
 struct Inner {
     connection: Connection,
     scripts: Scripts,
+    /// The journal's scripts and keys (`crate::audit`).
+    journal: Journal,
     key_prefix: String,
     channel: String,
     codec: ResponseCodec,
@@ -312,6 +318,7 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 connection,
                 scripts: Scripts::new(),
+                journal: Journal::new(&self.key_prefix),
                 channel: format!("{}changes", self.key_prefix),
                 key_prefix: self.key_prefix,
                 codec: self.codec,
@@ -326,6 +333,15 @@ impl RedisStoreBuilder {
                 connect_timeout: self.connect_timeout,
             }),
         })
+    }
+}
+
+impl Runner for RedisStore {
+    fn run<'a>(
+        &'a self,
+        invocation: &'a ScriptInvocation<'a>,
+    ) -> impl Future<Output = Result<Value, StoreError>> + Send + 'a {
+        RedisStore::run(self, invocation)
     }
 }
 
@@ -369,6 +385,36 @@ impl RedisStore {
     /// The Redis key of the record under `identity`: `<prefix>{<hex digest>}`.
     pub fn record_key(&self, identity: &IdentityDigest) -> String {
         format!("{}{{{}}}", self.inner.key_prefix, identity.to_hex())
+    }
+
+    /// The Redis key of the resource lease on `resource`:
+    /// `<prefix>lease:{<hex digest>}`, a string holding the holder's token and
+    /// the lease's end, which is also its expiry. One key per lease, its digest the hash tag,
+    /// so on Redis Cluster each lease lives in its own slot like a record.
+    pub fn resource_lease_key(&self, resource: &ResourceId) -> String {
+        format!("{}lease:{{{}}}", self.inner.key_prefix, resource.to_hex())
+    }
+
+    /// The keys of the routes' execution histories (`Store::record_duration`):
+    /// `<prefix>{<prefix>durations}:routes`, the sorted set of routes with
+    /// history by when each was last recorded (at most `estimate::MAX_ROUTES`),
+    /// and `<prefix>{<prefix>durations}:route:<route>`, a route's list of
+    /// durations in microseconds, newest first, at most `estimate::WINDOW`. One
+    /// hash tag for all, so on Redis Cluster the script that bounds the set and
+    /// pushes on a list runs in one slot.
+    pub fn duration_keys(&self, route: &str) -> (String, String) {
+        let (routes, lists) = self.duration_key_bases();
+        (
+            routes,
+            format!("{lists}{}", idemgate_core::estimate::route_key(route)),
+        )
+    }
+
+    /// The routes' set key, and the prefix of every route's list key.
+    fn duration_key_bases(&self) -> (String, String) {
+        let prefix = &self.inner.key_prefix;
+        let base = format!("{prefix}{{{prefix}durations}}");
+        (format!("{base}:routes"), format!("{base}:route:"))
     }
 
     /// The pub/sub channel completions, releases and deletions of records someone
@@ -516,6 +562,34 @@ fn token_arg(token: FencingToken) -> String {
     token.0.to_string()
 }
 
+/// Decodes the resource lease acquisition script's reply for `proposed`.
+fn decode_lease_acquisition(
+    reply: Value,
+    resource: ResourceId,
+    proposed: LeaseToken,
+) -> Result<LeaseAcquisition, RedisStoreError> {
+    let mut items = array_of(reply)?.into_iter();
+    let mut next = || {
+        items
+            .next()
+            .ok_or(RedisStoreError::UnexpectedReply(
+                "short resource lease reply",
+            ))
+            .and_then(int_of)
+    };
+    let acquired = next()?;
+    let now = Timestamp::from_millis(next()?);
+    let until = Timestamp::from_millis(next()?);
+    Ok(match acquired {
+        1 => LeaseAcquisition::Acquired(ResourceLease {
+            resource,
+            token: proposed,
+            until,
+        }),
+        _ => LeaseAcquisition::Held { until, now },
+    })
+}
+
 /// Decodes the claim script's reply.
 fn decode_claim(
     reply: Value,
@@ -593,7 +667,14 @@ impl Store for RedisStore {
             .arg(new_operation.as_bytes())
             .arg(millis(request.lease))
             .arg(millis(request.ttl))
-            .arg(RECORD_FORMAT_VERSION);
+            .arg(RECORD_FORMAT_VERSION)
+            .arg(
+                request
+                    .field_digests
+                    .as_ref()
+                    .map(FieldDigests::encode)
+                    .unwrap_or_default(),
+            );
         let (reply, acknowledged) = self.run_replicated(&invocation, &key).await?;
         let claim =
             decode_claim(reply, identity, &self.inner.codec).map_err(StoreError::corrupt)?;
@@ -727,6 +808,109 @@ impl Store for RedisStore {
             Ok(decode_record(fields, &self.inner.codec)?.map(|record| Snapshot { record, now }))
         };
         decode().map_err(StoreError::corrupt)
+    }
+
+    /// `SET NX PXAT` in one script (see `scripts.rs`). With a replication wait, an
+    /// acquisition the replicas did not get in time is released and answered
+    /// [`StoreError::Unavailable`], as a claim is: a failover could otherwise
+    /// lose it and let a second holder in.
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        let key = self.resource_lease_key(resource);
+        let token = LeaseToken::random();
+        let mut invocation = self.inner.scripts.acquire_resource_lease.key(&key);
+        invocation.arg(token.as_bytes().as_slice()).arg(millis(ttl));
+        let (reply, acknowledged) = self.run_replicated(&invocation, &key).await?;
+        let acquisition =
+            decode_lease_acquisition(reply, *resource, token).map_err(StoreError::corrupt)?;
+        match (acquisition, acknowledged) {
+            (LeaseAcquisition::Acquired(lease), Some(acknowledged)) if acknowledged.is_short() => {
+                tracing::warn!(
+                    replicas = acknowledged.replicas,
+                    wanted = acknowledged.wanted,
+                    "resource lease not replicated in time; released, answering unavailable"
+                );
+                if let Err(error) = self.release_resource_lease(&lease).await {
+                    tracing::warn!(%error, "releasing the unreplicated resource lease failed; it lapses at its TTL");
+                }
+                Err(not_replicated(acknowledged))
+            }
+            (acquisition, _) => Ok(acquisition),
+        }
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        self.inner.journal.append(self, records).await
+    }
+
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.journal.read(self, query).await
+    }
+
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        self.inner.journal.partitions(self).await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.journal.trim(self, instance, before, limit).await
+    }
+
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+        self.inner.journal.secret(self).await
+    }
+
+    async fn record_duration(&self, route: &str, duration: Duration) -> Result<(), StoreError> {
+        use idemgate_core::estimate::{MAX_ROUTES, WINDOW, route_key};
+        let (routes, list) = self.duration_keys(route);
+        let (_, lists) = self.duration_key_bases();
+        let mut invocation = self.inner.scripts.record_duration.key(&routes);
+        invocation
+            .key(&list)
+            .arg(route_key(route))
+            .arg(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX))
+            .arg(MAX_ROUTES)
+            .arg(WINDOW)
+            .arg(&lists);
+        self.run(&invocation).await.map(drop)
+    }
+
+    async fn route_durations(&self, route: &str) -> Result<Vec<Duration>, StoreError> {
+        let (_, list) = self.duration_keys(route);
+        let invocation = self.inner.scripts.route_durations.key(&list);
+        match self.run(&invocation).await? {
+            redis::Value::Array(items) => items
+                .into_iter()
+                .map(|item| match item {
+                    redis::Value::Int(micros) => {
+                        Ok(Duration::from_micros(u64::try_from(micros).unwrap_or(0)))
+                    }
+                    other => Err(StoreError::corrupt(format!(
+                        "a route duration is not an integer: {other:?}"
+                    ))),
+                })
+                .collect(),
+            other => Err(StoreError::corrupt(format!(
+                "a route's durations are not a list: {other:?}"
+            ))),
+        }
+    }
+
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        let key = self.resource_lease_key(&lease.resource);
+        let mut invocation = self.inner.scripts.release_resource_lease.key(&key);
+        invocation.arg(lease.token.as_bytes().as_slice());
+        self.fenced(&invocation).await
     }
 
     /// Wakes on this store's own completions, releases and deletions at once, and on

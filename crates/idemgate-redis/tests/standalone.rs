@@ -24,11 +24,79 @@ async fn redis_store() -> RedisStore {
     })
 }
 
+/// The conformance suite's key prefix: its own, so what other programs leave
+/// on the shared server under the default one (a benchmark's journal of
+/// millions of entries, a server's) is never read back by a test that lists
+/// the whole journal. The suite leaves its journal empty, route histories are
+/// bounded and records expire, so the prefix does not grow from run to run.
+const CONFORMANCE_PREFIX: &str = "idemgate-conformance:";
+
 async fn store() -> Arc<dyn Store> {
-    Arc::new(redis_store().await)
+    let url = support::standalone_url();
+    let store = RedisStore::builder()
+        .with_key_prefix(CONFORMANCE_PREFIX)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|err| panic!("Redis at {url} is unreachable or unusable ({err})"));
+    Arc::new(store)
 }
 
 idemgate_testkit::store_conformance!(store);
+
+/// Two connections to one Redis: what one recorded, the other reads, also once
+/// the first is gone (a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_history_is_shared_between_instances() {
+    idemgate_testkit::conformance::route_history_is_shared(
+        Arc::new(redis_store().await),
+        Arc::new(redis_store().await),
+    )
+    .await;
+}
+
+/// Under a key prefix of its own: the bound evicts other tests' routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_history_keeps_a_bounded_number_of_routes() {
+    let url = support::standalone_url();
+    let prefix = format!("idemgate-test-{}:", uuid::Uuid::new_v4().simple());
+    let store = RedisStore::builder()
+        .with_key_prefix(prefix)
+        .connect(&url)
+        .await
+        .expect("connect");
+    let (routes, _) = store.duration_keys("POST /x");
+    idemgate_testkit::conformance::route_history_keeps_a_bounded_number_of_routes(Arc::new(
+        store.clone(),
+    ))
+    .await;
+    let client = redis::Client::open(url.as_str()).expect("client");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let kept: usize = redis::cmd("ZCARD")
+        .arg(&routes)
+        .query_async(&mut connection)
+        .await
+        .expect("ZCARD");
+    assert_eq!(kept, idemgate_core::estimate::MAX_ROUTES);
+    let lists: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", routes.trim_end_matches("routes")))
+        .query_async(&mut connection)
+        .await
+        .expect("KEYS");
+    assert_eq!(
+        lists.len(),
+        idemgate_core::estimate::MAX_ROUTES + 1,
+        "the lists and the set"
+    );
+    // Its prefix is its own: leave nothing of it behind.
+    let _: () = redis::cmd("DEL")
+        .arg(&lists)
+        .query_async(&mut connection)
+        .await
+        .expect("DEL");
+}
 
 // The replay cache in front of the store: the same suite, unchanged.
 idemgate_testkit::cached_conformance!(store);

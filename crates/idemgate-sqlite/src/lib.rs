@@ -68,6 +68,19 @@
 //!     expires_at       INTEGER NOT NULL      -- past it, the record is absent
 //! ) STRICT;
 //! CREATE INDEX idemgate_records_expires_at_idx ON idemgate_records (expires_at);
+//! CREATE TABLE idemgate_records_resource_leases (     -- Store::acquire_resource_lease (schema version 2)
+//!     resource    BLOB PRIMARY KEY,                   -- ResourceId: SHA-256 of the resource's name
+//!     token       BLOB NOT NULL,                      -- the holder's LeaseToken (16 bytes)
+//!     acquired_at INTEGER NOT NULL,
+//!     expires_at  INTEGER NOT NULL                  -- past it, the next acquisition replaces the row
+//! ) STRICT;
+//! CREATE TABLE idemgate_records_durations (          -- Store::record_duration (schema version 5)
+//!     route       TEXT,                                -- method and scope path; at most 1024 routes
+//!     slot        INTEGER,                             -- 0..31: at most 32 durations per route
+//!     micros      INTEGER NOT NULL,                    -- one execution's duration
+//!     recorded_at INTEGER NOT NULL,                    -- ms; the least recently recorded route makes way
+//!     PRIMARY KEY (route, slot)
+//! ) WITHOUT ROWID;
 //! CREATE TABLE idemgate_schema_versions (table_name TEXT PRIMARY KEY, version INTEGER, migrated_at INTEGER) STRICT;
 //! ```
 //!
@@ -191,6 +204,8 @@
 //! short; its commit is shared with the writes batched around it. Outside axum,
 //! [`Tx::begin`] does what the extractor does.
 
+mod audit;
+mod durations;
 mod error;
 mod migrate;
 mod sql;
@@ -202,6 +217,7 @@ pub use error::{Error, is_busy};
 pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
+pub use sql::SCHEMA_VERSION;
 pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore};
 pub use tx::Tx;
 pub use writer::{WriterStats, WriterTransaction};

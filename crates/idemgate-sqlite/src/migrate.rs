@@ -4,6 +4,8 @@ use sqlx::{AssertSqlSafe, SqlitePool};
 
 use idemgate_sqlx::SchemaStep;
 
+use crate::audit;
+use crate::durations;
 use crate::error::Error;
 use crate::sql::{self, BEGIN_IMMEDIATE, SCHEMA_VERSION, VERSION_TABLE};
 
@@ -36,13 +38,53 @@ pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
     if idemgate_sqlx::schema_step(found, SCHEMA_VERSION)? == SchemaStep::UpToDate {
         return tx.commit().await.map_err(Error::Migrate);
     }
-    // Version 1 is the only one so far; later versions add their steps here,
-    // guarded by `found`.
-    for statement in sql::schema_v1(table) {
-        sqlx::query(AssertSqlSafe(statement))
-            .execute(&mut *tx)
-            .await
-            .map_err(Error::Migrate)?;
+    // Each version's steps, from the one after `found` on.
+    let steps = [(1, sql::schema_v1(table)), (2, sql::schema_v2(table))];
+    for (version, statements) in steps {
+        if found.is_some_and(|found| found >= version) {
+            continue;
+        }
+        for statement in statements {
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
+    }
+    // Version 3: the records' `field_digests`, added where it is missing (a
+    // table recorded at an older version may already have it).
+    if found.is_none_or(|found| found < 3) {
+        let present: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2")
+                .bind(table.to_owned())
+                .bind(sql::FIELD_DIGESTS_COLUMN)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        if present == 0 {
+            sqlx::query(AssertSqlSafe(sql::schema_v3(table)))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
+    }
+    // Version 4: the journal's tables (`crate::audit`).
+    if found.is_none_or(|found| found < 4) {
+        for statement in audit::schema(table) {
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
+    }
+    // Version 5: the routes' execution histories (`crate::durations`).
+    if found.is_none_or(|found| found < 5) {
+        for statement in durations::schema(table) {
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
     }
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {versions} (table_name, version, migrated_at) VALUES (?1, ?2, {now}) \

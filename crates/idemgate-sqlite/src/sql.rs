@@ -48,10 +48,17 @@ pub(crate) struct Statements {
     pub(crate) evict: Arc<str>,
     pub(crate) evict_refused: Arc<str>,
     pub(crate) purge: Arc<str>,
+    pub(crate) acquire_resource_lease: Arc<str>,
+    pub(crate) release_resource_lease: Arc<str>,
+}
+
+/// The resource lease table of record table `table` (`<table>_resource_leases`).
+pub(crate) fn resource_lease_table(table: &str) -> String {
+    format!("{table}_resource_leases")
 }
 
 /// What a read selects, named as `idemgate_sqlx::decode_snapshot` reads them.
-const RECORD_COLUMNS: &str = "fingerprint, format_version, operation_id, token, status, \
+const RECORD_COLUMNS: &str = "fingerprint, field_digests, format_version, operation_id, token, status, \
      locked_until AS locked_until_ms, response_status, response_headers, response_body, \
      body_retained, created_at AS created_ms, expires_at AS expires_ms";
 
@@ -66,11 +73,12 @@ impl Statements {
         let claim = format!(
             "INSERT INTO {t} AS r (identity, principal, method, path, idempotency_key, \
                  fingerprint, format_version, operation_id, token, status, lease_origin, \
-                 locked_until, created_at, expires_at) \
+                 locked_until, created_at, expires_at, field_digests) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, 'PROCESSING', 'NEW', \
-                 ?9 + ?10, ?9, ?9 + ?11) \
+                 ?9 + ?10, ?9, ?9 + ?11, ?12) \
              ON CONFLICT (identity) DO UPDATE SET \
                  fingerprint = excluded.fingerprint, \
+                 field_digests = excluded.field_digests, \
                  format_version = CASE WHEN {expired} THEN excluded.format_version \
                      ELSE r.format_version END, \
                  operation_id = CASE WHEN {expired} THEN excluded.operation_id \
@@ -127,6 +135,29 @@ impl Statements {
             "DELETE FROM {t} WHERE rowid IN ( \
                  SELECT rowid FROM {t} WHERE expires_at <= {NOW} LIMIT ?1)"
         );
+        let leases = quote(&resource_lease_table(table));
+        // The resource lease's acquisition, one statement that always returns the
+        // row: the proposed token (`?2`) replaces a lapsed lease, a live one stays
+        // (every `CASE` reads the row as it was). The caller compares the
+        // returned token with its own (`idemgate_sqlx::decode_lease_acquisition`).
+        // `NOW` has one value within the statement's one step.
+        let lapsed = "l.expires_at <= excluded.acquired_at";
+        let acquire_resource_lease = format!(
+            "INSERT INTO {leases} AS l (resource, token, acquired_at, expires_at) \
+             VALUES (?1, ?2, {NOW}, {NOW} + ?3) \
+             ON CONFLICT (resource) DO UPDATE SET \
+                 token = CASE WHEN {lapsed} THEN excluded.token ELSE l.token END, \
+                 acquired_at = CASE WHEN {lapsed} THEN excluded.acquired_at \
+                     ELSE l.acquired_at END, \
+                 expires_at = CASE WHEN {lapsed} THEN excluded.expires_at \
+                     ELSE l.expires_at END \
+             RETURNING token, expires_at AS until_ms, {NOW} AS now_ms"
+        );
+        // Fenced by the token, and only while live: a lapsed row stays until the
+        // next acquisition replaces it.
+        let release_resource_lease = format!(
+            "DELETE FROM {leases} WHERE resource = ?1 AND token = ?2 AND expires_at > {NOW}"
+        );
         Self {
             now: format!("SELECT {NOW}").into(),
             claim: claim.into(),
@@ -139,12 +170,16 @@ impl Statements {
             evict: evict.into(),
             evict_refused: evict_refused.into(),
             purge: purge.into(),
+            acquire_resource_lease: acquire_resource_lease.into(),
+            release_resource_lease: release_resource_lease.into(),
         }
     }
 }
 
-/// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+/// The schema version this build writes: 1 the record table, 2 its resource
+/// lease table, 3 the records' `field_digests`, 4 the journal's tables
+/// (`crate::audit`), 5 the routes' execution histories (`crate::durations`).
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The statements that create schema version 1, in order.
 pub(crate) fn schema_v1(table: &str) -> Vec<String> {
@@ -180,6 +215,36 @@ pub(crate) fn schema_v1(table: &str) -> Vec<String> {
         ),
         format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"),
     ]
+}
+
+/// The statements that take schema version 1 to 2: the resource lease table
+/// (`Store::acquire_resource_lease`), one row per resource whose lease was
+/// taken; a lapsed row is replaced by the next acquisition.
+pub(crate) fn schema_v2(table: &str) -> Vec<String> {
+    let leases = quote(&resource_lease_table(table));
+    vec![format!(
+        "CREATE TABLE IF NOT EXISTS {leases} ( \
+             resource    BLOB    NOT NULL PRIMARY KEY CHECK (length(resource) = 32), \
+             token       BLOB    NOT NULL CHECK (length(token) = 16), \
+             acquired_at INTEGER NOT NULL, \
+             expires_at  INTEGER NOT NULL \
+         ) STRICT"
+    )]
+}
+
+/// The column schema version 3 adds: the first request's per-field digests
+/// (`idemgate_core::fingerprint::FieldDigests::encode`), so a 422 can name the
+/// fields another body changed; `NULL` for a body that is not JSON and for the
+/// records of earlier builds. Added only where missing (SQLite has no
+/// `ADD COLUMN IF NOT EXISTS`): see `migrate::run`.
+pub(crate) const FIELD_DIGESTS_COLUMN: &str = "field_digests";
+
+/// The statement that takes schema version 2 to 3.
+pub(crate) fn schema_v3(table: &str) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN {FIELD_DIGESTS_COLUMN} BLOB",
+        quote(table)
+    )
 }
 
 #[cfg(test)]

@@ -1,12 +1,17 @@
 //! `SqliteStore`: the [`Store`](idemgate_core::Store) on a `sqlx::SqlitePool`.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idemgate_core::audit::{
+    AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
+};
+use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
+use idemgate_core::time::Timestamp;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
     StoreError,
@@ -15,13 +20,19 @@ use idemgate_sqlx::{CompletionColumns, PurgeTask, applied, millis, token_param};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
 
+use crate::audit::{self, AuditNames, AuditWrite};
+use crate::durations::{self, DurationStatements};
 use crate::error::{Error, store_error};
-use crate::sql::{self, Statements};
+use crate::sql::{self, Statements, quote};
 use crate::writer::{Op, Statement, Writer, WriterStats, WriterTransaction};
 
 /// How long a connection waits for another's write lock before answering
 /// `SQLITE_BUSY` (→ [`StoreError::Unavailable`]).
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a waiter reads the file again when no write of this process woke
+/// it: another process sharing the file announces nothing.
+const POLL: Duration = Duration::from_millis(250);
 
 /// Idempotency records in one SQLite file: the embedded default.
 ///
@@ -53,6 +64,13 @@ struct Inner {
     signals: ChangeSignals,
     /// Every write goes through it (see the crate docs, "How each operation runs").
     writer: Writer,
+    /// The journal's tables (`crate::audit`).
+    audit: AuditNames,
+    /// The routes' execution histories (`crate::durations`).
+    durations: DurationStatements,
+    /// Set once the journal is on: purges journal what they delete
+    /// (`Store::journal_expiries`).
+    expiries: OnceLock<ExpiryJournal>,
 }
 
 impl SqliteStore {
@@ -117,8 +135,11 @@ impl SqliteStore {
                 writer: Writer::new(pool.clone(), Arc::clone(&sql), DEFAULT_BUSY_TIMEOUT),
                 pool,
                 sql,
+                audit: AuditNames::new(&table),
+                durations: DurationStatements::new(&table),
                 table,
                 signals: ChangeSignals::new(),
+                expiries: OnceLock::new(),
             }),
         }
     }
@@ -171,7 +192,22 @@ impl SqliteStore {
     /// Deletes expired records, at most `batch` per statement, until none is left;
     /// returns how many went. Each batch is its own short write, so claims get the
     /// write lock in between. A `batch` of 0 deletes nothing.
+    ///
+    /// With the journal on ([`Store::journal_expiries`]), each batch journals
+    /// what it deletes as `expired`, in the same savepoint.
     pub async fn purge_expired(&self, batch: usize) -> Result<u64, StoreError> {
+        if let Some(journal) = self.inner.expiries.get() {
+            return idemgate_sqlx::purge_in_batches(batch, |limit| {
+                let write = AuditWrite::Expire {
+                    names: self.inner.audit.clone(),
+                    records: quote(&self.inner.table),
+                    journal: journal.clone(),
+                    limit,
+                };
+                self.inner.writer.run(|reply| Op::Audit { write, reply })
+            })
+            .await;
+        }
         idemgate_sqlx::purge_in_batches(batch, |limit| {
             let statement =
                 sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.purge))).bind(limit);
@@ -295,6 +331,23 @@ impl SqliteStore {
         Ok(applied(done.rows_affected()))
     }
 
+    /// Journal entries appended on `connection` (a transactional turn) at the
+    /// store's clock, without committing: an error rolls the turn back whole.
+    pub(crate) async fn append_audit_on(
+        &self,
+        connection: &mut SqliteConnection,
+        records: &[AuditRecord],
+    ) -> Result<(), StoreError> {
+        let now: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.now)))
+            .fetch_one(&mut *connection)
+            .await
+            .map_err(store_error)?;
+        audit::append(connection, &self.inner.audit, records, now)
+            .await
+            .map(drop)
+            .map_err(store_error)
+    }
+
     /// A transactional turn on the writer's connection (for [`crate::Tx`]).
     pub(crate) async fn lend_writer(&self) -> Result<WriterTransaction, StoreError> {
         self.inner.writer.run(|lend| Op::Turn { lend }).await
@@ -361,7 +414,127 @@ impl Store for SqliteStore {
         self.read(identity).await
     }
 
+    /// Through the writer, like every write: the upsert in `sql.rs` is the one
+    /// atomic step, and it answers only once its batch committed.
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        let token = LeaseToken::random();
+        let statement = sqlx::query(AssertSqlSafe(Arc::clone(
+            &self.inner.sql.acquire_resource_lease,
+        )))
+        .bind(resource.as_bytes().to_vec())
+        .bind(token.as_bytes().to_vec())
+        .bind(millis(ttl));
+        let row = self
+            .inner
+            .writer
+            .run(|reply| Op::Fetch { statement, reply })
+            .await?
+            .ok_or_else(|| idemgate_sqlx::corrupt("the resource lease upsert returned no row"))?;
+        idemgate_sqlx::decode_lease_acquisition(&row, *resource, token)
+    }
+
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        let statement = sqlx::query(AssertSqlSafe(Arc::clone(
+            &self.inner.sql.release_resource_lease,
+        )))
+        .bind(lease.resource.as_bytes().to_vec())
+        .bind(lease.token.as_bytes().to_vec());
+        let rows = self
+            .inner
+            .writer
+            .run(|reply| Op::Execute { statement, reply })
+            .await?;
+        Ok(applied(rows))
+    }
+
+    fn journal_expiries(&self, journal: ExpiryJournal) {
+        let _ = self.inner.expiries.set(journal);
+    }
+
+    /// Through the writer, in a savepoint of its batch (`crate::audit`).
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let write = AuditWrite::Append {
+            names: self.inner.audit.clone(),
+            records: records.to_vec(),
+        };
+        self.inner
+            .writer
+            .run(|reply| Op::Audit { write, reply })
+            .await
+            .map(drop)
+    }
+
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        audit::read(&self.inner.pool, &self.inner.audit, query).await
+    }
+
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        audit::partitions(&self.inner.pool, &self.inner.audit).await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let write = AuditWrite::Trim {
+            names: self.inner.audit.clone(),
+            instance: instance.map(str::to_owned),
+            before: before.as_millis(),
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+        };
+        self.inner
+            .writer
+            .run(|reply| Op::Audit { write, reply })
+            .await
+    }
+
+    /// Through the writer: one statement in its batch (`crate::durations`).
+    async fn record_duration(&self, route: &str, duration: Duration) -> Result<(), StoreError> {
+        let statement = self.inner.durations.record(route, duration);
+        self.inner
+            .writer
+            .run(|reply| Op::Execute { statement, reply })
+            .await
+            .map(drop)
+    }
+
+    async fn route_durations(&self, route: &str) -> Result<Vec<Duration>, StoreError> {
+        durations::read(&self.inner.pool, &self.inner.durations, route).await
+    }
+
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+        let statement = sqlx::query(AssertSqlSafe(self.inner.audit.secret_upsert()))
+            .bind(AuditSecret::random().as_bytes().to_vec());
+        let row = self
+            .inner
+            .writer
+            .run(|reply| Op::Fetch { statement, reply })
+            .await?
+            .ok_or_else(|| idemgate_sqlx::corrupt("the journal secret upsert returned no row"))?;
+        let bytes: Vec<u8> = sqlx::Row::try_get(&row, 0).map_err(StoreError::corrupt)?;
+        let bytes: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| idemgate_sqlx::corrupt("the journal secret is not 32 bytes"))?;
+        Ok(AuditSecret::from_bytes(bytes))
+    }
+
+    /// Wakes at once on this store's own writes (every writer of the file in
+    /// this process goes through it); another process writing the same file
+    /// announces nothing, so the wait also ends every 250 ms and the caller
+    /// reads the file again.
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
-        self.inner.signals.wait(identity, timeout).await;
+        self.inner.signals.wait(identity, timeout.min(POLL)).await;
     }
 }

@@ -3,6 +3,7 @@
 //! ([`WriterTransaction`], with the writer's lending protocol in `writer.rs`).
 
 use async_trait::async_trait;
+use idemgate_core::audit::AuditRecord;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{BusinessTransaction, ErrorCodes, SqlStore};
@@ -76,6 +77,14 @@ impl SqlStore for SqliteStore {
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
         self.complete_on(connection, lease, completion).await
+    }
+
+    async fn append_audit_in(
+        &self,
+        connection: &mut SqliteConnection,
+        records: &[AuditRecord],
+    ) -> Result<(), StoreError> {
+        self.append_audit_on(connection, records).await
     }
 
     fn signals(&self) -> &ChangeSignals {

@@ -3,7 +3,8 @@
 //!
 //! SQLite lets one connection write at a time, and with `synchronous = FULL` every
 //! commit is an `fsync`. Concurrent requests therefore queue their writes (claims,
-//! fenced writes, evictions, purge batches, and turns of the transactional mode) on
+//! fenced writes, evictions, purge batches, resource leases, and turns of the
+//! transactional mode) on
 //! a channel to one task that owns one connection. The task takes the first queued
 //! write, begins an `IMMEDIATE` transaction, runs that write and every other one
 //! already queued (up to [`MAX_BATCH`]), commits once, and only then answers each
@@ -37,6 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
@@ -45,6 +47,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::audit::AuditWrite;
 use crate::error::{ClaimContended, classify, store_error};
 use crate::sql::{BEGIN_IMMEDIATE, Statements};
 
@@ -58,6 +61,9 @@ const QUEUE: usize = 4096;
 /// The savepoint a transactional turn runs in, inside the batch's transaction.
 const TURN: &str = "idemgate_turn";
 
+/// The savepoint a journal write runs in.
+const AUDIT: &str = "idemgate_audit";
+
 /// A ready statement whose answer is how many rows it changed.
 pub(crate) type Statement = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
 
@@ -70,6 +76,12 @@ pub(crate) enum Op {
     Execute {
         statement: Statement,
         reply: Reply<u64>,
+    },
+    /// A write that returns a row (the resource lease's upsert): answered with
+    /// its first row.
+    Fetch {
+        statement: Statement,
+        reply: Reply<Option<SqliteRow>>,
     },
     /// The claim: the upsert, and if it changed nothing the record that blocked it.
     Claim {
@@ -85,6 +97,12 @@ pub(crate) enum Op {
     /// A transactional turn: the writer lends its connection, inside a savepoint
     /// of the batch, to a handler's [`crate::Tx`] until it comes back.
     Turn { lend: Reply<WriterTransaction> },
+    /// A journal write (several statements), in a savepoint of the batch so
+    /// that it stands or falls whole: answered with the rows it wrote or removed.
+    Audit {
+        write: AuditWrite,
+        reply: Reply<u64>,
+    },
 }
 
 impl Op {
@@ -92,9 +110,11 @@ impl Op {
     fn abandoned(&self) -> bool {
         match self {
             Self::Execute { reply, .. } => reply.is_closed(),
+            Self::Fetch { reply, .. } => reply.is_closed(),
             Self::Claim { reply, .. } => reply.is_closed(),
             Self::Evict { reply, .. } => reply.is_closed(),
             Self::Turn { lend } => lend.is_closed(),
+            Self::Audit { reply, .. } => reply.is_closed(),
         }
     }
 
@@ -103,9 +123,11 @@ impl Op {
         // A caller that is gone needs no answer.
         match self {
             Self::Execute { reply, .. } => drop(reply.send(Err(error))),
+            Self::Fetch { reply, .. } => drop(reply.send(Err(error))),
             Self::Claim { reply, .. } => drop(reply.send(Err(error))),
             Self::Evict { reply, .. } => drop(reply.send(Err(error))),
             Self::Turn { lend } => drop(lend.send(Err(error))),
+            Self::Audit { reply, .. } => drop(reply.send(Err(error))),
         }
     }
 }
@@ -564,6 +586,13 @@ impl Task {
                     .map_err(StepError::from);
                 settle(batch, reply, done)
             }
+            Op::Fetch { statement, reply } => {
+                let row = statement
+                    .fetch_optional(&mut *connection)
+                    .await
+                    .map_err(StepError::from);
+                settle(batch, reply, row)
+            }
             Op::Claim { request, reply } => {
                 let claim = claim(connection, &self.sql, &request, batch.now).await;
                 settle(batch, reply, claim)
@@ -575,6 +604,10 @@ impl Task {
             } => {
                 let eviction = evict(connection, &self.sql, &identity, mode, batch.now).await;
                 settle(batch, reply, eviction)
+            }
+            Op::Audit { write, reply } => {
+                let done = audit(connection, &write, batch.now).await;
+                settle(batch, reply, done)
             }
             Op::Turn { lend } => {
                 // `batch` sends turns to `turn`; never here.
@@ -691,6 +724,38 @@ async fn now(connection: &mut SqliteConnection, sql: &Statements) -> Result<i64,
         .await
 }
 
+/// A journal write inside its own savepoint: its statements all stay, or none.
+async fn audit(
+    connection: &mut SqliteConnection,
+    write: &AuditWrite,
+    now: i64,
+) -> Result<u64, StepError> {
+    sqlx::query(AssertSqlSafe(format!("SAVEPOINT {AUDIT}")))
+        .execute(&mut *connection)
+        .await?;
+    match write.run(connection, now).await {
+        Ok(rows) => {
+            sqlx::query(AssertSqlSafe(format!("RELEASE {AUDIT}")))
+                .execute(&mut *connection)
+                .await?;
+            Ok(rows)
+        }
+        Err(err) => {
+            let step = StepError::from(err);
+            if matches!(step, StepError::Own(_)) {
+                // Its own failure: undo its statements, keep the batch.
+                sqlx::query(AssertSqlSafe(format!("ROLLBACK TO {AUDIT}")))
+                    .execute(&mut *connection)
+                    .await?;
+                sqlx::query(AssertSqlSafe(format!("RELEASE {AUDIT}")))
+                    .execute(&mut *connection)
+                    .await?;
+            }
+            Err(step)
+        }
+    }
+}
+
 async fn savepoint(connection: &mut SqliteConnection, verb: &str) -> Result<(), sqlx::Error> {
     sqlx::query(AssertSqlSafe(format!("{verb} {TURN}")))
         .execute(connection)
@@ -722,6 +787,7 @@ async fn claim(
         .bind(now)
         .bind(millis(request.lease))
         .bind(millis(request.ttl))
+        .bind(request.field_digests.as_ref().map(FieldDigests::encode))
         .fetch_optional(&mut *connection)
         .await?;
     if let Some(row) = row {

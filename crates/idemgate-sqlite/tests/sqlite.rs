@@ -108,6 +108,67 @@ impl Store for TempStore {
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.store.get(identity).await
     }
+    async fn acquire_resource_lease(
+        &self,
+        resource: &idemgate_core::resource_lease::ResourceId,
+        ttl: Duration,
+    ) -> Result<idemgate_core::resource_lease::LeaseAcquisition, StoreError> {
+        self.store.acquire_resource_lease(resource, ttl).await
+    }
+    async fn release_resource_lease(
+        &self,
+        lease: &idemgate_core::resource_lease::ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        self.store.release_resource_lease(lease).await
+    }
+    async fn append_audit(
+        &self,
+        records: &[idemgate_core::audit::AuditRecord],
+    ) -> Result<(), StoreError> {
+        self.store.append_audit(records).await
+    }
+
+    async fn read_audit(
+        &self,
+        query: &idemgate_core::audit::AuditQuery,
+    ) -> Result<Vec<idemgate_core::audit::AuditEntry>, StoreError> {
+        self.store.read_audit(query).await
+    }
+
+    async fn audit_partitions(
+        &self,
+    ) -> Result<Vec<idemgate_core::audit::AuditPartition>, StoreError> {
+        self.store.audit_partitions().await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: idemgate_core::time::Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.store.trim_audit(instance, before, limit).await
+    }
+
+    async fn audit_secret(&self) -> Result<idemgate_core::audit::AuditSecret, StoreError> {
+        self.store.audit_secret().await
+    }
+
+    async fn record_duration(
+        &self,
+        route: &str,
+        duration: std::time::Duration,
+    ) -> Result<(), idemgate_core::StoreError> {
+        self.store.record_duration(route, duration).await
+    }
+
+    async fn route_durations(
+        &self,
+        route: &str,
+    ) -> Result<Vec<std::time::Duration>, idemgate_core::StoreError> {
+        self.store.route_durations(route).await
+    }
+
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
         self.store.wait_for_change(identity, timeout).await;
     }
@@ -124,6 +185,24 @@ mod conformance {
 }
 
 idemgate_testkit::cached_conformance!(conformance_store);
+
+/// Two stores on one file: what one recorded, the other reads, also once the
+/// first is gone (a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_history_is_shared_between_instances() {
+    let db = TempDb::new();
+    let first = db.store(4).await;
+    let second = db.store(4).await;
+    idemgate_testkit::conformance::route_history_is_shared(Arc::new(first), Arc::new(second)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route_history_keeps_a_bounded_number_of_routes() {
+    idemgate_testkit::conformance::route_history_keeps_a_bounded_number_of_routes(
+        conformance_store().await,
+    )
+    .await;
+}
 
 // --- the file -------------------------------------------------------------------------
 
@@ -184,6 +263,7 @@ fn quoted(name: &str) -> String {
 #[async_trait]
 impl SqlHarness for SqliteHarness {
     type Store = SqliteStore;
+    const SCHEMA_VERSION: i64 = idemgate_sqlite::SCHEMA_VERSION;
 
     async fn unmigrated(&self, max_connections: u32) -> SqliteStore {
         SqliteStore::new(self.db.pool(max_connections).await)
@@ -622,7 +702,7 @@ async fn transactional_turns_share_commits() {
                     panic!("the transaction did not come back");
                 };
                 let write = pending
-                    .complete_and_commit(&lease, &completion(awkward_response()))
+                    .complete_and_commit(&lease, &completion(awkward_response()), None)
                     .await
                     .expect("commit");
                 assert_eq!(write, FencedWrite::Applied);

@@ -31,6 +31,7 @@
 //! its [`ErrorCodes`] (how it classifies its database's error codes). Everything
 //! dialect-specific (the schema, the claim, the clock) stays in the store's own crate.
 
+mod audit;
 mod error;
 mod problem;
 mod purge;
@@ -42,15 +43,20 @@ mod tx;
 use std::ops::DerefMut;
 
 use async_trait::async_trait;
+use idemgate_core::audit::AuditRecord;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Completion, FencedWrite, Lease, Store, StoreError};
 use sqlx::{Database, Pool, Transaction};
 
+pub use audit::{
+    AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
+    decode_audit_partition, insert_audit_rows,
+};
 pub use error::{ErrorClass, ErrorCodes, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
 pub use record::{
     CompletionColumns, CorruptRecord, MAX_MILLIS, applied, corrupt, decode_eviction, decode_lease,
-    decode_snapshot, millis, token_param,
+    decode_lease_acquisition, decode_snapshot, millis, token_param,
 };
 pub use setup::{SchemaStep, SchemaTooNew, SetupError, schema_step};
 
@@ -104,6 +110,14 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError>;
+
+    /// Appends `records` to the store's journal on `connection` (the business
+    /// transaction), without committing: they commit or roll back with it.
+    async fn append_audit_in(
+        &self,
+        connection: &mut <Self::Database as Database>::Connection,
+        records: &[AuditRecord],
+    ) -> Result<(), StoreError>;
 
     /// The in-process change signals the store's waiters listen on; a transactional
     /// completion notifies them once it has committed.

@@ -2,7 +2,8 @@
 //! stores bind: the Rust half of their record I/O, written once. The SQL text that
 //! selects and writes those columns stays in each store's crate, in its dialect.
 //!
-//! Both stores select the same column names (`fingerprint`, `format_version`,
+//! Both stores select the same column names (`fingerprint`, `field_digests`
+//! (nullable: [`FieldDigests::encode`]), `format_version`,
 //! `operation_id`, `token`, `status`, `locked_until_ms`, `response_status`,
 //! `response_headers`, `response_body`, `body_retained`, `created_ms`, `expires_ms`,
 //! `now_ms`; a claim returns `operation_id`, `token`, `lease_origin`,
@@ -14,11 +15,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
-use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::fingerprint::{FieldDigests, Fingerprint};
 use idemgate_core::record::{
     FencingToken, LeaseOrigin, OperationId, Record, RecordState, RecordStatus, StoredBody,
     StoredResponse,
 };
+use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::time::Timestamp;
 use idemgate_core::{Completion, Eviction, FencedWrite, Lease, Snapshot, StoreError};
@@ -137,6 +139,40 @@ where
     })
 }
 
+/// What a resource lease's acquiring upsert returned: the row's `token` (16
+/// bytes), `until_ms` and the store's clock `now_ms`. The upsert writes
+/// the `proposed` token only over a lapsed lease, so the row holding it means
+/// this acquisition won; any other token is the live holder's.
+pub fn decode_lease_acquisition<R>(
+    row: &R,
+    resource: ResourceId,
+    proposed: LeaseToken,
+) -> Result<LeaseAcquisition, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let token: Vec<u8> = column(row, "token")?;
+    let token = LeaseToken::from_bytes(
+        token
+            .try_into()
+            .map_err(|_| corrupt("a resource lease token is not 16 bytes"))?,
+    );
+    let until = Timestamp::from_millis(column(row, "until_ms")?);
+    let now = Timestamp::from_millis(column(row, "now_ms")?);
+    Ok(if token == proposed {
+        LeaseAcquisition::Acquired(ResourceLease {
+            resource,
+            token,
+            until,
+        })
+    } else {
+        LeaseAcquisition::Held { until, now }
+    })
+}
+
 /// The record (and the store's clock, `now_ms`) a read selected. A final record
 /// without a complete response, or a running one without a lease, is
 /// [`StoreError::Corrupt`]: [`RecordState`] cannot hold either.
@@ -152,6 +188,7 @@ where
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
     let fingerprint: Vec<u8> = column(row, "fingerprint")?;
+    let field_digests: Option<Vec<u8>> = column(row, "field_digests")?;
     let format_version: i32 = column(row, "format_version")?;
     let status: String = column(row, "status")?;
     let locked_until: Option<i64> = column(row, "locked_until_ms")?;
@@ -175,6 +212,10 @@ where
     Ok(Snapshot {
         record: Record {
             fingerprint: Fingerprint::from_bytes(fingerprint),
+            field_digests: field_digests
+                .map(|bytes| FieldDigests::decode(&bytes))
+                .transpose()
+                .map_err(StoreError::corrupt)?,
             format_version: u16::try_from(format_version)
                 .map_err(|_| corrupt("format version out of range"))?,
             operation_id: OperationId::from(column::<R, uuid::Uuid>(row, "operation_id")?),

@@ -18,11 +18,23 @@
 /// `Arc<str>` statements `complete`, `release`, `renew`, `delete` (fenced on
 /// parameters 1–3: identity, operation id, token; `renew`'s 4th is the lease in
 /// milliseconds, `complete`'s 4th–9th the [`CompletionColumns`](crate::CompletionColumns)),
-/// `read` (parameter 1: identity) and `purge` (parameter 1: the batch size); an
+/// `read` (parameter 1: identity), `purge` (parameter 1: the batch size),
+/// `acquire_resource_lease` (parameters: resource, proposed token, ttl in
+/// milliseconds; one statement returning the row's `token`, `until_ms` and
+/// `now_ms`, see [`decode_lease_acquisition`](crate::decode_lease_acquisition))
+/// and `release_resource_lease` (parameters: resource, token; deletes the live
+/// lease holding that token); an
 /// inherent `async fn claim(&self, &ClaimRequest) -> Result<Claim, StoreError>`
 /// and an inherent `async fn evict_record(&self, &IdentityDigest, EvictMode) ->
 /// Result<Eviction, StoreError>` (the conditional delete, whose atomicity each
 /// dialect gets its own way);
+/// the inherent journal methods `audit_append`, `audit_read`,
+/// `audit_partitions_of`, `audit_trim` and `audit_secret_of` (the `Store`'s
+/// `append_audit`, `read_audit`, `audit_partitions`, `trim_audit` and
+/// `audit_secret`: each dialect chains and locks its own way);
+/// an inherent `async fn wait_announced(&self, &IdentityDigest, Duration)` (its
+/// [`Store::wait_for_change`](idemgate_core::Store::wait_for_change): in-process
+/// signals plus however the dialect hears other instances);
 /// and an impl of [`SqlStore`](crate::SqlStore), whose `Database` and error codes
 /// the expansion uses ([`store_error`](crate::store_error)).
 ///
@@ -160,7 +172,9 @@ macro_rules! sql_store_methods {
                 .await
             }
 
-            /// Runs [`Self::purge_now`] every `every` on the current runtime.
+            /// Runs the store's `purge_expired` (the journalled purge when the
+            /// journal is on, else [`Self::purge_now`]) every `every` on the
+            /// current runtime.
             fn spawn_purge_task(
                 &self,
                 every: ::std::time::Duration,
@@ -172,7 +186,7 @@ macro_rules! sql_store_methods {
                 let store = ::std::clone::Clone::clone(self);
                 $crate::PurgeTask::spawn(every, move || {
                     let store = ::std::clone::Clone::clone(&store);
-                    async move { store.purge_now(batch).await }
+                    async move { store.purge_expired(batch).await }
                 })
             }
 
@@ -274,12 +288,105 @@ macro_rules! sql_store_methods {
                 self.read(identity).await
             }
 
+            async fn acquire_resource_lease(
+                &self,
+                resource: &$crate::__private::idemgate_core::resource_lease::ResourceId,
+                ttl: ::std::time::Duration,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::resource_lease::LeaseAcquisition,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                let token = $crate::__private::idemgate_core::resource_lease::LeaseToken::random();
+                let row = $crate::__private::sqlx::query($crate::__private::sqlx::AssertSqlSafe(
+                    ::std::sync::Arc::clone(&self.inner.sql.acquire_resource_lease),
+                ))
+                .bind(resource.as_bytes().to_vec())
+                .bind(token.as_bytes().to_vec())
+                .bind($crate::millis(ttl))
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err($crate::store_error::<$store>)?;
+                $crate::decode_lease_acquisition(&row, *resource, token)
+            }
+
+            async fn release_resource_lease(
+                &self,
+                lease: &$crate::__private::idemgate_core::resource_lease::ResourceLease,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                let done = $crate::__private::sqlx::query($crate::__private::sqlx::AssertSqlSafe(
+                    ::std::sync::Arc::clone(&self.inner.sql.release_resource_lease),
+                ))
+                .bind(lease.resource.as_bytes().to_vec())
+                .bind(lease.token.as_bytes().to_vec())
+                .execute(&self.inner.pool)
+                .await
+                .map_err($crate::store_error::<$store>)?;
+                ::std::result::Result::Ok($crate::applied(done.rows_affected()))
+            }
+
+            fn journal_expiries(&self, journal: $crate::__private::idemgate_core::audit::ExpiryJournal) {
+                self.journal_expiries_of(journal);
+            }
+
+            async fn append_audit(
+                &self,
+                records: &[$crate::__private::idemgate_core::audit::AuditRecord],
+            ) -> ::std::result::Result<(), $crate::__private::idemgate_core::StoreError> {
+                self.audit_append(records).await
+            }
+
+            async fn read_audit(
+                &self,
+                query: &$crate::__private::idemgate_core::audit::AuditQuery,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::__private::idemgate_core::audit::AuditEntry>, $crate::__private::idemgate_core::StoreError> {
+                self.audit_read(query).await
+            }
+
+            async fn audit_partitions(
+                &self,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::__private::idemgate_core::audit::AuditPartition>, $crate::__private::idemgate_core::StoreError> {
+                self.audit_partitions_of().await
+            }
+
+            async fn trim_audit(
+                &self,
+                instance: ::std::option::Option<&str>,
+                before: $crate::__private::idemgate_core::time::Timestamp,
+                limit: usize,
+            ) -> ::std::result::Result<u64, $crate::__private::idemgate_core::StoreError> {
+                self.audit_trim(instance, before, limit).await
+            }
+
+            async fn audit_secret(
+                &self,
+            ) -> ::std::result::Result<$crate::__private::idemgate_core::audit::AuditSecret, $crate::__private::idemgate_core::StoreError> {
+                self.audit_secret_of().await
+            }
+
+            async fn record_duration(
+                &self,
+                route: &str,
+                duration: ::std::time::Duration,
+            ) -> ::std::result::Result<(), $crate::__private::idemgate_core::StoreError> {
+                self.durations_record(route, duration).await
+            }
+
+            async fn route_durations(
+                &self,
+                route: &str,
+            ) -> ::std::result::Result<::std::vec::Vec<::std::time::Duration>, $crate::__private::idemgate_core::StoreError> {
+                self.durations_of(route).await
+            }
+
             async fn wait_for_change(
                 &self,
                 identity: &$crate::__private::idemgate_core::scope::IdentityDigest,
                 timeout: ::std::time::Duration,
             ) {
-                self.inner.signals.wait(identity, timeout).await;
+                self.wait_announced(identity, timeout).await;
             }
         }
     };

@@ -8,6 +8,7 @@ use axum::extract::{FromRef, FromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
+use idemgate_core::audit::AuditRecord;
 use idemgate_core::transaction::{AlreadyLent, PendingTransaction, TransactionSlot};
 use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
 use sqlx::Database;
@@ -183,15 +184,27 @@ impl<S: SqlStore> PendingTransaction for Pending<S> {
         self: Box<Self>,
         lease: &Lease,
         completion: &Completion,
+        journal: Option<&AuditRecord>,
     ) -> Result<FencedWrite, StoreError> {
         let Self { transaction, store } = *self;
-        let Some(mut transaction) = transaction else {
-            return store.complete(lease, completion).await;
+        let mut transaction = match (transaction, journal) {
+            (Some(transaction), _) => transaction,
+            (None, None) => return store.complete(lease, completion).await,
+            // No business writes, but an entry that must not go without the
+            // completion: a transaction of their own.
+            (None, Some(_)) => store.begin().await?,
         };
         // An error drops the transaction, which rolls it back.
         let write = store
             .complete_in(&mut *transaction, lease, completion)
             .await?;
+        if write == FencedWrite::Applied
+            && let Some(entry) = journal
+        {
+            store
+                .append_audit_in(&mut *transaction, std::slice::from_ref(entry))
+                .await?;
+        }
         if write == FencedWrite::Refused {
             // The record moved on: the business writes go with the refused result.
             // A failed rollback leaves nothing committed either (the connection

@@ -1,0 +1,341 @@
+//! The journal in PostgreSQL (`idemgate_core::audit`): three tables named after
+//! the record table — `<table>_audit` (the entries, `seq` an identity column;
+//! indexed on time, operation and key digest), `<table>_audit_partitions` (each
+//! instance's head and anchor) and `<table>_audit_secret` (one row).
+//!
+//! An append locks its partition's head row (`SELECT … FOR UPDATE`) in the
+//! transaction that inserts the entries and moves the head: two writers of one
+//! instance queue on that row and never fork its chain; writers of different
+//! instances never meet. In the transactional mode the `executed` entry is
+//! appended by the same code on the handler's transaction
+//! ([`append_on`]), so it commits or rolls back with the business writes; the
+//! head row stays locked only from that append to the commit.
+
+use std::collections::HashMap;
+
+use idemgate_core::StoreError;
+use idemgate_core::audit::{
+    AuditEntry, AuditPartition, AuditQuery, AuditRecord, ChainHash, ExpiredRecord, ExpiryJournal,
+};
+use idemgate_sqlx::{
+    AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
+    decode_audit_partition, insert_audit_rows,
+};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
+
+use crate::error::store_error;
+use crate::sql::{Names, quote};
+
+/// The journal's table names, qualified and quoted.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditNames {
+    entries: String,
+    partitions: String,
+    secret: String,
+}
+
+impl AuditNames {
+    pub(crate) fn new(names: &Names) -> Self {
+        Self {
+            entries: names.suffixed("audit"),
+            partitions: names.suffixed("audit_partitions"),
+            secret: names.suffixed("audit_secret"),
+        }
+    }
+}
+
+/// The statements that take schema version 4 to 5: the journal's tables.
+pub(crate) fn schema(names: &Names) -> Vec<String> {
+    let audit = AuditNames::new(names);
+    let index = |what: &str| quote(&format!("{}_audit_{what}_idx", names.table));
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} ( \
+                 seq          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+                 at_ms        BIGINT NOT NULL, \
+                 event        TEXT   NOT NULL, \
+                 operation_id TEXT, \
+                 method       TEXT   NOT NULL, \
+                 route        TEXT   NOT NULL, \
+                 principal    TEXT   NOT NULL, \
+                 key_digest   TEXT   NOT NULL, \
+                 fingerprint  TEXT, \
+                 status       BIGINT, \
+                 duration_ms  BIGINT, \
+                 instance     TEXT   NOT NULL, \
+                 prev         BYTEA  NOT NULL CHECK (octet_length(prev) = 32), \
+                 hash         BYTEA  NOT NULL CHECK (octet_length(hash) = 32) \
+             )",
+            audit.entries
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (at_ms)",
+            index("at"),
+            audit.entries
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (operation_id)",
+            index("operation"),
+            audit.entries
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (key_digest)",
+            index("key"),
+            audit.entries
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} ( \
+                 instance TEXT  NOT NULL PRIMARY KEY, \
+                 head     BYTEA NOT NULL, \
+                 anchor   BYTEA NOT NULL \
+             )",
+            audit.partitions
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} ( \
+                 id     INTEGER NOT NULL PRIMARY KEY CHECK (id = 1), \
+                 secret BYTEA   NOT NULL \
+             )",
+            audit.secret
+        ),
+    ]
+}
+
+/// The store's clock, in milliseconds.
+const NOW_MS: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Appends `records` on `connection`, which must be inside a transaction: each
+/// partition's head row is created if missing, locked, and moved.
+pub(crate) async fn append_on(
+    connection: &mut PgConnection,
+    names: &AuditNames,
+    records: &[AuditRecord],
+) -> Result<(), sqlx::Error> {
+    let mut heads: HashMap<&str, ChainHash> = HashMap::new();
+    let genesis = ChainHash::GENESIS.as_bytes().to_vec();
+    for record in records {
+        let instance = record.instance.as_str();
+        if heads.contains_key(instance) {
+            continue;
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {} (instance, head, anchor) VALUES ($1, $2, $2) \
+             ON CONFLICT (instance) DO NOTHING",
+            names.partitions
+        )))
+        .bind(instance.to_owned())
+        .bind(genesis.clone())
+        .execute(&mut *connection)
+        .await?;
+        let head: Vec<u8> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT head FROM {} WHERE instance = $1 FOR UPDATE",
+            names.partitions
+        )))
+        .bind(instance.to_owned())
+        .fetch_one(&mut *connection)
+        .await?;
+        let head = chain_hash_of(head).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        heads.insert(instance, head);
+    }
+    // Read after the locks: an entry's `at` is never before its predecessor's.
+    let now: i64 = sqlx::query_scalar(NOW_MS)
+        .fetch_one(&mut *connection)
+        .await?;
+    let mut rows = Vec::with_capacity(records.len());
+    for record in records {
+        let instance = record.instance.as_str();
+        let prev = heads.get(instance).copied().unwrap_or(ChainHash::GENESIS);
+        let (columns, hash) = AuditColumns::seal(record, now, prev);
+        rows.push(columns);
+        heads.insert(instance, hash);
+    }
+    let mut rows = rows.into_iter().peekable();
+    while rows.peek().is_some() {
+        insert_audit_rows::<Postgres>(&names.entries, rows.by_ref().take(AUDIT_ROWS_PER_INSERT))
+            .build()
+            .execute(&mut *connection)
+            .await?;
+    }
+    for (instance, head) in heads {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET head = $2 WHERE instance = $1",
+            names.partitions
+        )))
+        .bind(instance.to_owned())
+        .bind(head.as_bytes().to_vec())
+        .execute(&mut *connection)
+        .await?;
+    }
+    Ok(())
+}
+
+/// `Store::append_audit`: [`append_on`] in a transaction of its own.
+pub(crate) async fn append(
+    pool: &PgPool,
+    names: &AuditNames,
+    records: &[AuditRecord],
+) -> Result<(), StoreError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await.map_err(store_error)?;
+    append_on(&mut tx, names, records)
+        .await
+        .map_err(store_error)?;
+    tx.commit().await.map_err(store_error)
+}
+
+/// `Store::trim_audit`: the oldest entries and the anchors, in one transaction.
+pub(crate) async fn trim(
+    pool: &PgPool,
+    names: &AuditNames,
+    instance: Option<&str>,
+    before: i64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await.map_err(store_error)?;
+    let removed = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {t} WHERE seq IN ( \
+             SELECT seq FROM {t} WHERE at_ms < $1 AND ($2::text IS NULL OR instance = $2) \
+             ORDER BY seq LIMIT $3) \
+         RETURNING seq, instance, hash",
+        t = names.entries
+    )))
+    .bind(before)
+    .bind(instance.map(str::to_owned))
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(store_error)?;
+    let mut anchors: HashMap<String, (i64, Vec<u8>)> = HashMap::new();
+    for row in &removed {
+        let seq: i64 = row.try_get(0).map_err(StoreError::corrupt)?;
+        let instance: String = row.try_get(1).map_err(StoreError::corrupt)?;
+        let hash: Vec<u8> = row.try_get(2).map_err(StoreError::corrupt)?;
+        let slot = anchors.entry(instance).or_insert((seq, hash.clone()));
+        if seq >= slot.0 {
+            *slot = (seq, hash);
+        }
+    }
+    for (instance, (_, anchor)) in anchors {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET anchor = $2 WHERE instance = $1",
+            names.partitions
+        )))
+        .bind(instance)
+        .bind(anchor)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+    }
+    tx.commit().await.map_err(store_error)?;
+    Ok(removed.len() as u64)
+}
+
+/// One purge batch with the journal on: at most `limit` of `table`'s expired
+/// records deleted (rows a claim holds locked skipped, as the plain purge
+/// does) and each journalled as `expired`, in one transaction; answers how
+/// many went.
+pub(crate) async fn expire(
+    pool: &PgPool,
+    names: &AuditNames,
+    table: &str,
+    journal: &ExpiryJournal,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await.map_err(store_error)?;
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {table} WHERE identity IN ( \
+             SELECT identity FROM {table} WHERE expires_at <= clock_timestamp() \
+             LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         AND expires_at <= clock_timestamp() \
+         RETURNING principal, method, path, idempotency_key, fingerprint, operation_id, \
+             response_status"
+    )))
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(store_error)?;
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let operation_id: uuid::Uuid = row.try_get("operation_id").map_err(store_error)?;
+        let status: Option<i32> = row.try_get("response_status").map_err(store_error)?;
+        entries.push(journal.entry(&ExpiredRecord {
+            principal: row.try_get("principal").map_err(store_error)?,
+            method: row.try_get("method").map_err(store_error)?,
+            path: row.try_get("path").map_err(store_error)?,
+            key: row.try_get("idempotency_key").map_err(store_error)?,
+            fingerprint: row.try_get("fingerprint").map_err(store_error)?,
+            operation_id: operation_id.as_bytes(),
+            status: status.and_then(|s| u16::try_from(s).ok()),
+        }));
+    }
+    if !entries.is_empty() {
+        append_on(&mut tx, names, &entries)
+            .await
+            .map_err(store_error)?;
+    }
+    tx.commit().await.map_err(store_error)?;
+    Ok(rows.len() as u64)
+}
+
+/// `Store::read_audit`.
+pub(crate) async fn read(
+    pool: &PgPool,
+    names: &AuditNames,
+    query: &AuditQuery,
+) -> Result<Vec<AuditEntry>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT {AUDIT_COLUMNS} FROM {} \
+         WHERE seq > $1 AND at_ms >= $2 AND at_ms < $3 ORDER BY seq LIMIT $4",
+        names.entries
+    )))
+    .bind(
+        query
+            .after
+            .map_or(0, |a| i64::try_from(a).unwrap_or(i64::MAX)),
+    )
+    .bind(query.since.map_or(i64::MIN, |t| t.as_millis()))
+    .bind(query.until.map_or(i64::MAX, |t| t.as_millis()))
+    .bind(i64::try_from(query.limit).unwrap_or(i64::MAX))
+    .fetch_all(pool)
+    .await
+    .map_err(store_error)?;
+    rows.iter().map(decode_audit_entry).collect()
+}
+
+/// `Store::audit_partitions`.
+pub(crate) async fn partitions(
+    pool: &PgPool,
+    names: &AuditNames,
+) -> Result<Vec<AuditPartition>, StoreError> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT instance, head, anchor FROM {} ORDER BY instance",
+        names.partitions
+    )))
+    .fetch_all(pool)
+    .await
+    .map_err(store_error)?;
+    rows.iter().map(decode_audit_partition).collect()
+}
+
+/// `Store::audit_secret`: made by the first caller, kept by every later one.
+pub(crate) async fn secret(
+    pool: &PgPool,
+    names: &AuditNames,
+) -> Result<idemgate_core::audit::AuditSecret, StoreError> {
+    let proposed = idemgate_core::audit::AuditSecret::random();
+    let bytes: Vec<u8> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "INSERT INTO {t} AS s (id, secret) VALUES (1, $1) \
+         ON CONFLICT (id) DO UPDATE SET secret = s.secret RETURNING secret",
+        t = names.secret
+    )))
+    .bind(proposed.as_bytes().to_vec())
+    .fetch_one(pool)
+    .await
+    .map_err(store_error)?;
+    let bytes: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| idemgate_sqlx::corrupt("the journal secret is not 32 bytes"))?;
+    Ok(idemgate_core::audit::AuditSecret::from_bytes(bytes))
+}

@@ -1,0 +1,523 @@
+//! The journal in Redis (`idemgate_core::audit`).
+//!
+//! # Keys
+//! Every journal key of a store carries one hash tag, `{<prefix>audit}`, so they
+//! all live in one slot on Cluster and one script may touch several:
+//!
+//! - `<prefix>{<prefix>audit}:stream:<instance>`: one stream per partition
+//!   (instance), its entries' IDs `0-<seq>`, so a stream is in `seq` order and
+//!   `XRANGE` pages by `seq`;
+//! - `…:seq`: the counter `seq` comes from (`INCR`), shared by the partitions;
+//! - `…:heads` and `…:anchors`: hashes of each partition's head and anchor (hex);
+//! - `…:secret`: the key digest's secret, set once (`SET NX`).
+//!
+//! On Cluster the journal is therefore one slot's load: every append of every
+//! instance goes to the node holding it. That is the price of one `seq` across
+//! partitions; the records themselves stay spread over all slots.
+//!
+//! # Appending
+//! SHA-256 is not in Redis' Lua, so the chain is computed here: one script reads
+//! the partitions' heads and the server's clock, the entries are sealed after
+//! them, and a second script writes them only if every head is still what was
+//! read (a compare-and-set), numbering them with `INCR`; a lost race reads again.
+//! Two round trips per batch, off the request path (the journal writer batches).
+//! One process's appends take turns (a lock), so only processes sharing an
+//! instance name ever race.
+
+use std::collections::HashMap;
+
+use idemgate_core::StoreError;
+use idemgate_core::audit::{
+    AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ChainHash,
+};
+use idemgate_core::time::Timestamp;
+use redis::{Script, Value};
+
+use crate::codec::{array_of, bytes_of, int_of};
+use crate::error::RedisStoreError;
+
+/// How often an append reads the heads again after another writer of the same
+/// partition moved one (only instances sharing a name race).
+const APPEND_ATTEMPTS: usize = 8;
+
+/// Reads the server's clock and the heads of `ARGV` (instances); an absent head
+/// is an empty string.
+const HEADS: &str = r"
+local t = redis.call('TIME')
+local out = { string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) }
+for i = 1, #ARGV do
+  out[#out + 1] = redis.call('HGET', KEYS[1], ARGV[i]) or ''
+end
+return out
+";
+
+/// `KEYS`: heads, seq, then one stream per partition. `ARGV[1]`: n partitions,
+/// then per partition (instance, expected head, new head), then the number of
+/// entries, and per entry: its partition's index (1-based), its field count k,
+/// 2k field/value strings. Writes nothing and answers 0 if a head moved.
+const APPEND: &str = r"
+local n = tonumber(ARGV[1])
+local i = 2
+for p = 1, n do
+  local current = redis.call('HGET', KEYS[1], ARGV[i]) or ''
+  if current ~= ARGV[i + 1] then return 0 end
+  i = i + 3
+end
+local m = tonumber(ARGV[i]); i = i + 1
+for e = 1, m do
+  local stream = KEYS[2 + tonumber(ARGV[i])]
+  local k = tonumber(ARGV[i + 1]); i = i + 2
+  local seq = redis.call('INCR', KEYS[2])
+  local args = { 'XADD', stream, '0-' .. string.format('%.0f', seq) }
+  for f = 1, 2 * k do args[#args + 1] = ARGV[i]; i = i + 1 end
+  redis.call(unpack(args))
+end
+i = 2
+for p = 1, n do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+  i = i + 3
+end
+return 1
+";
+
+/// `KEYS`: streams. `ARGV`: first ID, count. Each stream's `XRANGE`.
+const READ: &str = r"
+local out = {}
+for s = 1, #KEYS do
+  out[s] = redis.call('XRANGE', KEYS[s], ARGV[1], '+', 'COUNT', ARGV[2])
+end
+return out
+";
+
+/// `KEYS`: heads, anchors. Both hashes.
+const PARTITIONS: &str = r"
+return { redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]) }
+";
+
+/// `KEYS`: a partition's stream, anchors. `ARGV`: before (ms), limit, instance.
+/// Removes the stream's oldest entries written before `before`, at most `limit`,
+/// and moves the anchor to the last one's hash; a stream left empty goes too
+/// (the next append makes it again: `seq` comes from the shared counter, not
+/// from the stream's last ID).
+const TRIM: &str = r"
+local before = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local removed = 0
+local last = nil
+while removed < limit do
+  local batch = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', math.min(limit - removed, 500))
+  if #batch == 0 then break end
+  local stop = false
+  for _, entry in ipairs(batch) do
+    local fields = entry[2]
+    local at, hash = nil, nil
+    for j = 1, #fields, 2 do
+      if fields[j] == 'at' then at = tonumber(fields[j + 1])
+      elseif fields[j] == 'hash' then hash = fields[j + 1] end
+    end
+    if at == nil or at >= before then stop = true; break end
+    redis.call('XDEL', KEYS[1], entry[1])
+    last = hash
+    removed = removed + 1
+  end
+  if stop then break end
+end
+if last then redis.call('HSET', KEYS[2], ARGV[3], last) end
+if redis.call('XLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
+return removed
+";
+
+/// `KEYS`: secret. `ARGV`: a proposed secret. The secret, made once.
+const SECRET: &str = r"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+";
+
+/// The journal's scripts and key names.
+pub(crate) struct Journal {
+    heads_script: Script,
+    append_script: Script,
+    read_script: Script,
+    partitions_script: Script,
+    trim_script: Script,
+    secret_script: Script,
+    base: String,
+    /// This process's appends, one at a time: they would only lose the
+    /// compare-and-set to each other.
+    appending: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the store lends the journal: one script call, bounded and classified
+/// as every store call.
+pub(crate) trait Runner {
+    /// Runs one invocation.
+    fn run<'a>(
+        &'a self,
+        invocation: &'a redis::ScriptInvocation<'a>,
+    ) -> impl Future<Output = Result<Value, StoreError>> + Send + 'a;
+}
+
+impl Journal {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            heads_script: Script::new(HEADS),
+            append_script: Script::new(APPEND),
+            read_script: Script::new(READ),
+            partitions_script: Script::new(PARTITIONS),
+            trim_script: Script::new(TRIM),
+            secret_script: Script::new(SECRET),
+            base: format!("{prefix}{{{prefix}audit}}"),
+            appending: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn key(&self, what: &str) -> String {
+        format!("{}:{what}", self.base)
+    }
+
+    fn stream(&self, instance: &str) -> String {
+        format!("{}:stream:{instance}", self.base)
+    }
+
+    pub(crate) async fn append(
+        &self,
+        runner: &impl Runner,
+        records: &[AuditRecord],
+    ) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut instances: Vec<&str> = Vec::new();
+        for record in records {
+            if !instances.contains(&record.instance.as_str()) {
+                instances.push(&record.instance);
+            }
+        }
+        let _turn = self.appending.lock().await;
+        for _ in 0..APPEND_ATTEMPTS {
+            // The heads and the clock.
+            let mut invocation = self.heads_script.key(self.key("heads"));
+            for instance in &instances {
+                invocation.arg(*instance);
+            }
+            let reply = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+            let mut reply = reply.into_iter();
+            let now = int_of(
+                reply
+                    .next()
+                    .ok_or_else(|| short("a short journal heads reply"))?,
+            )
+            .map_err(StoreError::corrupt)?;
+            let mut read: Vec<String> = Vec::with_capacity(instances.len());
+            for value in reply {
+                read.push(text(value)?);
+            }
+            if read.len() != instances.len() {
+                return Err(short("a short journal heads reply"));
+            }
+            let mut heads: HashMap<&str, ChainHash> = HashMap::new();
+            for (instance, head) in instances.iter().zip(&read) {
+                let head = if head.is_empty() {
+                    ChainHash::GENESIS
+                } else {
+                    ChainHash::from_hex(head).ok_or_else(|| {
+                        StoreError::corrupt(RedisStoreError::UnexpectedReply(
+                            "a journal head is not a hash",
+                        ))
+                    })?
+                };
+                heads.insert(instance, head);
+            }
+            // Sealed after them.
+            let mut entries: Vec<(usize, Vec<(&'static str, String)>)> = Vec::new();
+            for record in records {
+                let index = instances
+                    .iter()
+                    .position(|i| *i == record.instance)
+                    .unwrap_or(0);
+                let prev = heads[record.instance.as_str()];
+                let entry = AuditEntry::seal(0, Timestamp::from_millis(now), record.clone(), prev);
+                heads.insert(&record.instance, entry.hash);
+                entries.push((index + 1, fields(&entry)));
+            }
+            let mut invocation = self.append_script.key(self.key("heads"));
+            invocation.key(self.key("seq"));
+            for instance in &instances {
+                invocation.key(self.stream(instance));
+            }
+            invocation.arg(instances.len());
+            for (instance, expected) in instances.iter().zip(&read) {
+                invocation
+                    .arg(*instance)
+                    .arg(expected.as_str())
+                    .arg(heads[instance].to_hex());
+            }
+            invocation.arg(entries.len());
+            for (index, fields) in &entries {
+                invocation.arg(*index).arg(fields.len());
+                for (name, value) in fields {
+                    invocation.arg(*name).arg(value.as_str());
+                }
+            }
+            let written = int_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+            if written == 1 {
+                return Ok(());
+            }
+        }
+        Err(StoreError::unavailable(RedisStoreError::UnexpectedReply(
+            "the journal's head kept moving: another process writes as the same instance",
+        )))
+    }
+
+    pub(crate) async fn partitions(
+        &self,
+        runner: &impl Runner,
+    ) -> Result<Vec<AuditPartition>, StoreError> {
+        let mut invocation = self.partitions_script.key(self.key("heads"));
+        invocation.key(self.key("anchors"));
+        let reply = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+        let mut reply = reply.into_iter();
+        let heads = pairs(reply.next().unwrap_or(Value::Nil))?;
+        let anchors: HashMap<String, String> = pairs(reply.next().unwrap_or(Value::Nil))?
+            .into_iter()
+            .collect();
+        let mut partitions = heads
+            .into_iter()
+            .map(|(instance, head)| {
+                let anchor = anchors
+                    .get(&instance)
+                    .map_or(Ok(ChainHash::GENESIS), |a| hash(a))?;
+                Ok(AuditPartition {
+                    head: hash(&head)?,
+                    anchor,
+                    instance,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        partitions.sort_by(|a, b| a.instance.cmp(&b.instance));
+        Ok(partitions)
+    }
+
+    /// Every partition's entries after `query.after`, merged by `seq`; time is
+    /// filtered here (the streams are ordered by `seq`, not by time).
+    pub(crate) async fn read(
+        &self,
+        runner: &impl Runner,
+        query: &AuditQuery,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let partitions = self.partitions(runner).await?;
+        if partitions.is_empty() || query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out: Vec<AuditEntry> = Vec::new();
+        let mut after = query.after.unwrap_or(0);
+        // Pages until `limit` entries pass the time filter or the streams end.
+        loop {
+            let page = query.limit.clamp(100, 1_000);
+            let mut invocation = self.read_script.prepare_invoke();
+            for partition in &partitions {
+                invocation.key(self.stream(&partition.instance));
+            }
+            invocation
+                .arg(format!("0-{}", after.saturating_add(1)))
+                .arg(page);
+            let streams = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+            let mut merged: Vec<AuditEntry> = Vec::new();
+            // A stream that filled its page may hold more past its last entry:
+            // the merge is complete only up to the smallest such last seq.
+            let mut complete_through = u64::MAX;
+            for stream in streams {
+                let items = array_of(stream).map_err(StoreError::corrupt)?;
+                let full = items.len() >= page;
+                let mut last = 0;
+                for item in items {
+                    let entry = decode(item)?;
+                    last = entry.seq;
+                    merged.push(entry);
+                }
+                if full {
+                    complete_through = complete_through.min(last);
+                }
+            }
+            if merged.is_empty() {
+                return Ok(out);
+            }
+            merged.retain(|e| e.seq <= complete_through);
+            merged.sort_by_key(|e| e.seq);
+            if let Some(last) = merged.last() {
+                after = last.seq;
+            }
+            for entry in merged {
+                if query.admits(&entry) {
+                    out.push(entry);
+                    if out.len() == query.limit {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn trim(
+        &self,
+        runner: &impl Runner,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let instances: Vec<String> = match instance {
+            Some(instance) => vec![instance.to_owned()],
+            None => self
+                .partitions(runner)
+                .await?
+                .into_iter()
+                .map(|p| p.instance)
+                .collect(),
+        };
+        let mut removed = 0u64;
+        for instance in instances {
+            let left = limit.saturating_sub(usize::try_from(removed).unwrap_or(usize::MAX));
+            if left == 0 {
+                break;
+            }
+            let mut invocation = self.trim_script.key(self.stream(&instance));
+            invocation
+                .key(self.key("anchors"))
+                .arg(before.as_millis())
+                .arg(left)
+                .arg(instance.as_str());
+            let n = int_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+            removed += u64::try_from(n).unwrap_or(0);
+        }
+        Ok(removed)
+    }
+
+    pub(crate) async fn secret(&self, runner: &impl Runner) -> Result<AuditSecret, StoreError> {
+        let mut invocation = self.secret_script.key(self.key("secret"));
+        invocation.arg(AuditSecret::random().as_bytes().as_slice());
+        let bytes = bytes_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+        let bytes: [u8; 32] = bytes.try_into().map_err(|_| {
+            StoreError::corrupt(RedisStoreError::UnexpectedReply(
+                "the journal secret is not 32 bytes",
+            ))
+        })?;
+        Ok(AuditSecret::from_bytes(bytes))
+    }
+}
+
+/// An entry's stream fields; absent optional fields are left out.
+fn fields(entry: &AuditEntry) -> Vec<(&'static str, String)> {
+    let r = &entry.record;
+    let mut fields = vec![
+        ("at", entry.at.as_millis().to_string()),
+        ("event", r.event().as_str().to_owned()),
+        ("method", r.method.clone()),
+        ("route", r.route.clone()),
+        ("principal", r.principal.clone()),
+        ("key_digest", r.key_digest.clone()),
+        ("instance", r.instance.clone()),
+        ("prev", entry.prev.to_hex()),
+        ("hash", entry.hash.to_hex()),
+    ];
+    if let Some(op) = &r.operation_id {
+        fields.push(("operation_id", op.clone()));
+    }
+    if let Some(fp) = &r.fingerprint {
+        fields.push(("fingerprint", fp.clone()));
+    }
+    if let Some(status) = r.status {
+        fields.push(("status", status.to_string()));
+    }
+    if let Some(duration) = r.duration_ms {
+        fields.push(("duration_ms", duration.to_string()));
+    }
+    fields
+}
+
+/// One `XRANGE` item: `[id, [field, value, …]]`.
+fn decode(item: Value) -> Result<AuditEntry, StoreError> {
+    let corrupt = |what: &'static str| StoreError::corrupt(RedisStoreError::UnexpectedReply(what));
+    let mut parts = array_of(item).map_err(StoreError::corrupt)?.into_iter();
+    let id = text(
+        parts
+            .next()
+            .ok_or_else(|| corrupt("a journal entry without an id"))?,
+    )?;
+    let seq = id
+        .strip_prefix("0-")
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| corrupt("a journal entry id is not 0-<seq>"))?;
+    let fields: HashMap<String, String> = pairs(parts.next().unwrap_or(Value::Nil))?
+        .into_iter()
+        .collect();
+    let get = |name: &str| fields.get(name).cloned();
+    let need =
+        |name: &'static str| get(name).ok_or_else(|| corrupt("a journal entry lacks a field"));
+    let number = |name: &'static str| -> Result<Option<u64>, StoreError> {
+        get(name)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| corrupt("a journal number does not parse"))
+            })
+            .transpose()
+    };
+    let at: i64 = need("at")?
+        .parse()
+        .map_err(|_| corrupt("a journal time does not parse"))?;
+    let event: AuditEvent = need("event")?.parse().map_err(StoreError::corrupt)?;
+    Ok(AuditEntry {
+        seq,
+        at: Timestamp::from_millis(at),
+        record: AuditRecord {
+            event: Some(event),
+            operation_id: get("operation_id"),
+            method: need("method")?,
+            route: need("route")?,
+            principal: need("principal")?,
+            key_digest: need("key_digest")?,
+            fingerprint: get("fingerprint"),
+            status: number("status")?
+                .map(|s| u16::try_from(s).map_err(|_| corrupt("a journal status out of range")))
+                .transpose()?,
+            duration_ms: number("duration_ms")?,
+            instance: need("instance")?,
+        },
+        prev: hash(&need("prev")?)?,
+        hash: hash(&need("hash")?)?,
+    })
+}
+
+fn hash(hex_text: &str) -> Result<ChainHash, StoreError> {
+    ChainHash::from_hex(hex_text).ok_or_else(|| {
+        StoreError::corrupt(RedisStoreError::UnexpectedReply(
+            "a journal hash is not 64 hex digits",
+        ))
+    })
+}
+
+fn text(value: Value) -> Result<String, StoreError> {
+    String::from_utf8(bytes_of(value).map_err(StoreError::corrupt)?).map_err(StoreError::corrupt)
+}
+
+/// A flat `[k, v, k, v …]` (or a RESP3 map) as pairs.
+fn pairs(value: Value) -> Result<Vec<(String, String)>, StoreError> {
+    let items = array_of(value).map_err(StoreError::corrupt)?;
+    let mut out = Vec::with_capacity(items.len() / 2);
+    let mut items = items.into_iter();
+    while let (Some(k), Some(v)) = (items.next(), items.next()) {
+        out.push((text(k)?, text(v)?));
+    }
+    Ok(out)
+}
+
+fn short(what: &'static str) -> StoreError {
+    StoreError::corrupt(RedisStoreError::UnexpectedReply(what))
+}
