@@ -6,12 +6,17 @@
 //! hundred milliseconds and wait well past them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
-use idemgate_core::fingerprint::Fingerprint;
+use idemgate_core::audit::{
+    AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, ChainHash, Verifier,
+};
+use idemgate_core::fingerprint::{FieldDigests, Fingerprint};
 use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
+use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, FinalStatus, Lease,
@@ -63,6 +68,91 @@ async fn claim_concurrently(store: &Arc<dyn Store>, request: ClaimRequest, n: us
         claims.push(task.await.expect("claim task"));
     }
     claims
+}
+
+/// The per-field digests of a JSON body, keyed by `request`'s identity as the
+/// layer keys them.
+fn field_digests(request: &ClaimRequest, body: &str) -> Option<FieldDigests> {
+    let key = request.identity.digest().as_bytes();
+    Some(FieldDigests::of_json(body.as_bytes(), key).expect("a JSON body"))
+}
+
+/// The per-field digests a claim carries come back with its record, exactly: to
+/// a claim with another body (which then learns that `/amount` differs), through
+/// a release and a takeover, after completion, and on `get`; a set the bounds cut
+/// short keeps saying so.
+pub async fn field_digests_round_trip(store: Arc<dyn Store>) {
+    let mut request = fresh_request();
+    request.field_digests = field_digests(
+        &request,
+        r#"{"amount":1500,"currency":"RUB","items":[{"sku":"BOOK-1","quantity":2}]}"#,
+    );
+    let mut other = ClaimRequest {
+        fingerprint: Fingerprint::from_bytes([2; 32]),
+        ..request.clone()
+    };
+    other.field_digests = field_digests(
+        &request,
+        r#"{"amount":1600,"currency":"RUB","items":[{"sku":"BOOK-1","quantity":2}]}"#,
+    );
+    let lease = acquire(&*store, &request).await;
+    let seen = existing(&*store, &other).await;
+    assert_eq!(
+        seen.record.field_digests, request.field_digests,
+        "while in progress"
+    );
+    let differing = seen
+        .record
+        .differing(other.field_digests.as_ref())
+        .expect("both requests have digests");
+    assert_eq!(differing.pointers, ["/amount"]);
+    assert!(differing.complete);
+    assert_eq!(
+        store.release(&lease).await.expect("release"),
+        FencedWrite::Applied
+    );
+    let lease = acquire(&*store, &request).await;
+    assert_eq!(lease.origin, LeaseOrigin::Released);
+    assert_eq!(
+        store
+            .complete(&lease, &completion(awkward_response()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
+    let seen = existing(&*store, &other).await;
+    assert_eq!(
+        seen.record.field_digests, request.field_digests,
+        "once completed"
+    );
+    let read = get(&*store, &request).await.expect("record present");
+    assert_eq!(read.record.field_digests, request.field_digests, "on get");
+
+    // More fields than a record keeps: kept cut short, and marked so.
+    let mut wide = fresh_request();
+    let members: Vec<String> = (0..40).map(|i| format!("\"f{i:02}\":{i}")).collect();
+    wide.field_digests = field_digests(&wide, &format!("{{{}}}", members.join(",")));
+    assert!(!wide.field_digests.as_ref().expect("digests").is_complete());
+    acquire(&*store, &wide).await;
+    let read = get(&*store, &wide).await.expect("record present");
+    assert_eq!(read.record.field_digests, wide.field_digests);
+}
+
+/// A record written without digests (a body that is not JSON, or a build before
+/// they were kept) reads back without them, and a request with another body
+/// learns nothing about fields from it: the 422 names none.
+pub async fn records_without_field_digests_name_nothing(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    assert_eq!(request.field_digests, None);
+    acquire(&*store, &request).await;
+    let mut other = ClaimRequest {
+        fingerprint: Fingerprint::from_bytes([2; 32]),
+        ..request.clone()
+    };
+    other.field_digests = field_digests(&request, r#"{"amount":1}"#);
+    let seen = existing(&*store, &other).await;
+    assert_eq!(seen.record.field_digests, None);
+    assert_eq!(seen.record.differing(other.field_digests.as_ref()), None);
 }
 
 /// N ≥ 64 real tasks claim one identity at once: exactly one wins, every other sees
@@ -817,6 +907,207 @@ pub async fn concurrent_evictions_remove_once(store: Arc<dyn Store>) {
     );
 }
 
+/// A resource no other test uses.
+fn fresh_resource() -> ResourceId {
+    ResourceId::new(&format!("conformance/{}", uuid::Uuid::new_v4()))
+}
+
+async fn acquire_lease(store: &dyn Store, resource: &ResourceId, ttl: Duration) -> ResourceLease {
+    match store
+        .acquire_resource_lease(resource, ttl)
+        .await
+        .expect("acquire resource lease")
+    {
+        LeaseAcquisition::Acquired(lease) => lease,
+        held => panic!("expected to acquire a free resource, got {held:?}"),
+    }
+}
+
+async fn lease_held(store: &dyn Store, resource: &ResourceId) -> bool {
+    matches!(
+        store
+            .acquire_resource_lease(resource, LONG)
+            .await
+            .expect("acquire resource lease"),
+        LeaseAcquisition::Held { .. }
+    )
+}
+
+/// N ≥ 64 real tasks acquire one free resource at once: exactly one holds it,
+/// every other is told it is held until the winner's lease ends.
+pub async fn resource_lease_has_exactly_one_holder(store: Arc<dyn Store>) {
+    let resource = fresh_resource();
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|_| {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .acquire_resource_lease(&resource, LONG)
+                    .await
+                    .expect("acquire resource lease")
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut held = Vec::new();
+    for task in tasks {
+        match task.await.expect("acquire task") {
+            LeaseAcquisition::Acquired(lease) => winners.push(lease),
+            LeaseAcquisition::Held { until, now } => held.push((until, now)),
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "{} of {RACERS} concurrent acquisitions won; exactly one may",
+        winners.len()
+    );
+    let winner = &winners[0];
+    assert_eq!(winner.resource, resource);
+    for (until, now) in held {
+        assert_eq!(until, winner.until, "a loser sees the winner's lease end");
+        assert!(until > now, "a held lease is live on the store's clock");
+        assert!(until.duration_since(now) <= LONG);
+    }
+    assert_eq!(
+        store.release_resource_lease(winner).await.expect("release"),
+        FencedWrite::Applied
+    );
+}
+
+/// Real tasks take turns on one resource, each waiting for it: never two inside
+/// at once, and every turn happens.
+pub async fn resource_lease_excludes_under_contention(store: Arc<dyn Store>) {
+    const TASKS: usize = 8;
+    const TURNS: usize = 3;
+    let resource = fresh_resource();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let turns = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            let (inside, turns) = (Arc::clone(&inside), Arc::clone(&turns));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                for _ in 0..TURNS {
+                    let lease = loop {
+                        match store
+                            .acquire_resource_lease(&resource, LONG)
+                            .await
+                            .expect("acquire resource lease")
+                        {
+                            LeaseAcquisition::Acquired(lease) => break lease,
+                            LeaseAcquisition::Held { .. } => {
+                                tokio::time::sleep(Duration::from_millis(2)).await;
+                            }
+                        }
+                    };
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders of one resource lease at once"
+                    );
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    turns.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(
+                        store.release_resource_lease(&lease).await.expect("release"),
+                        FencedWrite::Applied
+                    );
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("turn-taking task");
+    }
+    assert_eq!(turns.load(Ordering::SeqCst), TASKS * TURNS);
+}
+
+/// A lease nobody releases ends at its TTL: another holder gets in, with a new
+/// token, and the first holder's late release is refused and frees nothing.
+pub async fn resource_lease_expiry_lets_another_holder_in(store: Arc<dyn Store>) {
+    let resource = fresh_resource();
+    let first = acquire_lease(&*store, &resource, Duration::from_millis(300)).await;
+    assert!(lease_held(&*store, &resource).await, "held within its TTL");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        store.release_resource_lease(&first).await.expect("release"),
+        FencedWrite::Refused,
+        "a lapsed lease is not released by its old holder"
+    );
+    let second = acquire_lease(&*store, &resource, LONG).await;
+    assert_ne!(
+        second.token, first.token,
+        "every acquisition has its own token"
+    );
+    assert_eq!(
+        store.release_resource_lease(&first).await.expect("release"),
+        FencedWrite::Refused,
+        "the stale token cannot release the new holder's lease"
+    );
+    assert!(
+        lease_held(&*store, &resource).await,
+        "the new holder keeps it"
+    );
+    assert_eq!(
+        store
+            .release_resource_lease(&second)
+            .await
+            .expect("release"),
+        FencedWrite::Applied
+    );
+}
+
+/// Release is fenced by the token: another token releases nothing; the holder's
+/// release frees the resource at once, and only once.
+pub async fn resource_lease_release_is_fenced(store: Arc<dyn Store>) {
+    let resource = fresh_resource();
+    let other = fresh_resource();
+    let lease = acquire_lease(&*store, &resource, LONG).await;
+    // Resources are independent.
+    let beside = acquire_lease(&*store, &other, LONG).await;
+    let forged = ResourceLease {
+        token: LeaseToken::random(),
+        ..lease.clone()
+    };
+    assert_eq!(
+        store
+            .release_resource_lease(&forged)
+            .await
+            .expect("release"),
+        FencedWrite::Refused
+    );
+    assert!(
+        lease_held(&*store, &resource).await,
+        "a foreign token freed nothing"
+    );
+    assert_eq!(
+        store.release_resource_lease(&lease).await.expect("release"),
+        FencedWrite::Applied
+    );
+    assert_eq!(
+        store.release_resource_lease(&lease).await.expect("release"),
+        FencedWrite::Refused,
+        "released once"
+    );
+    let again = acquire_lease(&*store, &resource, LONG).await;
+    assert_ne!(again.token, lease.token);
+    assert!(
+        lease_held(&*store, &other).await,
+        "the other resource stayed held"
+    );
+    for held in [again, beside] {
+        assert_eq!(
+            store.release_resource_lease(&held).await.expect("release"),
+            FencedWrite::Applied
+        );
+    }
+}
+
 /// Claims `request` and completes it with [`awkward_response`], kept for `ttl`.
 async fn acquire_completed(store: &dyn Store, request: &ClaimRequest, ttl: Duration) -> Lease {
     let lease = acquire(store, request).await;
@@ -829,4 +1120,367 @@ async fn acquire_completed(store: &dyn Store, request: &ClaimRequest, ttl: Durat
         FencedWrite::Applied
     );
     lease
+}
+
+/// One journal record of `instance`, numbered `n` in its status.
+fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRecord {
+    AuditRecord {
+        event: Some(event),
+        operation_id: Some(idemgate_core::record::OperationId::random().to_string()),
+        method: "POST".into(),
+        route: "/orders/{id}".into(),
+        principal: "tenant:7/user:42".into(),
+        key_digest: "ab".repeat(32),
+        fingerprint: (n % 2 == 0).then(|| "cd".repeat(32)),
+        status: Some(200 + n),
+        duration_ms: (n % 3 == 0).then_some(u64::from(n) * 7),
+        instance: instance.into(),
+    }
+}
+
+/// `instance`'s entries in the whole journal, oldest first, read page by page.
+async fn audit_of(store: &dyn Store, instance: &str) -> Vec<AuditEntry> {
+    let mut mine = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .read_audit(&AuditQuery {
+                after,
+                ..AuditQuery::all(500)
+            })
+            .await
+            .expect("read_audit");
+        let Some(last) = page.last() else { break };
+        after = Some(last.seq);
+        mine.extend(page.into_iter().filter(|e| e.record.instance == instance));
+    }
+    mine
+}
+
+/// Verifies `instance`'s partition alone (the suite shares its journal with
+/// other tests' partitions).
+async fn verify_partition(store: &dyn Store, instance: &str, entries: &[AuditEntry]) -> u64 {
+    let partitions: Vec<AuditPartition> = store
+        .audit_partitions()
+        .await
+        .expect("audit_partitions")
+        .into_iter()
+        .filter(|p| p.instance == instance)
+        .collect();
+    assert_eq!(partitions.len(), 1, "one partition per instance");
+    let mut verifier = Verifier::new(&partitions);
+    for entry in entries {
+        verifier.push(entry).unwrap_or_else(|e| panic!("{e}"));
+    }
+    verifier.finish().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The journal: appended batches come back field for field, in order, numbered
+/// by increasing `seq`, timestamped by the store and chained per instance —
+/// also when many tasks of two instances append at once (no chain forks, none
+/// lost); ranges by `seq` and time select; the secret is made once; retention
+/// removes the oldest of a partition and leaves it verifiable from its anchor.
+pub async fn audit_journal_round_trips_and_chains(store: Arc<dyn Store>) {
+    let one = format!("conformance-{}", uuid::Uuid::new_v4());
+    let two = format!("conformance-{}", uuid::Uuid::new_v4());
+    let secret = store.audit_secret().await.expect("audit_secret");
+    assert_eq!(
+        store.audit_secret().await.expect("audit_secret").as_bytes(),
+        secret.as_bytes(),
+        "the journal's secret is made once"
+    );
+    store.append_audit(&[]).await.expect("an empty append");
+
+    // One batch, every event, read back exactly.
+    let batch: Vec<AuditRecord> = AuditEvent::ALL
+        .into_iter()
+        .zip(0..)
+        .map(|(event, n)| audit_record(&one, event, n))
+        .collect();
+    let before = idemgate_core::time::Timestamp::now();
+    store.append_audit(&batch).await.expect("append_audit");
+    let entries = audit_of(store.as_ref(), &one).await;
+    let read: Vec<AuditRecord> = entries.iter().map(|e| e.record.clone()).collect();
+    assert_eq!(read, batch, "entries come back field for field, in order");
+    assert!(entries.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.at.as_millis() >= before.as_millis() - 5_000),
+        "at is the store's clock, now"
+    );
+    assert_eq!(entries[0].prev, ChainHash::GENESIS);
+    assert_eq!(verify_partition(store.as_ref(), &one, &entries).await, 10);
+
+    // Many writers of two instances at once: each chain stays one chain.
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|i| {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            let instance = if i % 2 == 0 { one.clone() } else { two.clone() };
+            tokio::spawn(async move {
+                let records: Vec<_> = (0..3)
+                    .map(|n| audit_record(&instance, AuditEvent::Replayed, n))
+                    .collect();
+                barrier.wait().await;
+                store.append_audit(&records).await.expect("append_audit");
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("append task");
+    }
+    let ones = audit_of(store.as_ref(), &one).await;
+    let twos = audit_of(store.as_ref(), &two).await;
+    assert_eq!(ones.len(), 10 + RACERS / 2 * 3, "no entry lost");
+    assert_eq!(twos.len(), RACERS / 2 * 3, "no entry lost");
+    assert_eq!(
+        verify_partition(store.as_ref(), &one, &ones).await,
+        ones.len() as u64
+    );
+    assert_eq!(
+        verify_partition(store.as_ref(), &two, &twos).await,
+        twos.len() as u64
+    );
+
+    // Ranges: after a seq, and by time.
+    let after = store
+        .read_audit(&AuditQuery {
+            after: Some(ones[4].seq),
+            ..AuditQuery::all(3)
+        })
+        .await
+        .expect("read_audit");
+    assert_eq!(after.len(), 3, "limit holds");
+    assert!(after.iter().all(|e| e.seq > ones[4].seq));
+    let future = idemgate_core::time::Timestamp::now().saturating_add(Duration::from_secs(3_600));
+    let none = store
+        .read_audit(&AuditQuery {
+            since: Some(future),
+            ..AuditQuery::all(10)
+        })
+        .await
+        .expect("read_audit");
+    assert!(none.is_empty(), "nothing written in the future");
+    let until = store
+        .read_audit(&AuditQuery {
+            until: Some(ones[0].at),
+            after: Some(ones[0].seq - 1),
+            ..AuditQuery::all(10)
+        })
+        .await
+        .expect("read_audit");
+    assert!(until.iter().all(|e| e.at < ones[0].at), "until excludes");
+
+    // Retention, of one partition: the oldest go, the rest verifies from the
+    // anchor; the other partition is untouched.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let later = audit_record(&one, AuditEvent::Expired, 1);
+    store.append_audit(&[later]).await.expect("append_audit");
+    let cutoff = audit_of(store.as_ref(), &one)
+        .await
+        .last()
+        .expect("entries")
+        .at;
+    let trimmed = store
+        .trim_audit(Some(&one), cutoff, 7)
+        .await
+        .expect("trim_audit");
+    assert_eq!(trimmed, 7, "bounded by the limit");
+    let kept = audit_of(store.as_ref(), &one).await;
+    assert_eq!(kept.len(), ones.len() + 1 - 7);
+    assert_eq!(kept[0].seq, ones[7].seq, "the oldest went first");
+    assert_eq!(
+        verify_partition(store.as_ref(), &one, &kept).await,
+        kept.len() as u64
+    );
+    let trimmed = store
+        .trim_audit(Some(&one), cutoff, 100_000)
+        .await
+        .expect("trim_audit");
+    assert_eq!(trimmed as usize, ones.len() - 7);
+    let kept = audit_of(store.as_ref(), &one).await;
+    assert_eq!(kept.len(), 1, "only the entry at the cutoff stays");
+    assert_eq!(verify_partition(store.as_ref(), &one, &kept).await, 1);
+    assert_eq!(
+        audit_of(store.as_ref(), &two).await,
+        twos,
+        "the other partition is untouched"
+    );
+    // Leave the shared journal as small as found: both partitions emptied.
+    let later = idemgate_core::time::Timestamp::now().saturating_add(Duration::from_secs(60));
+    for instance in [&one, &two] {
+        store
+            .trim_audit(Some(instance), later, 100_000)
+            .await
+            .expect("trim_audit");
+        assert!(audit_of(store.as_ref(), instance).await.is_empty());
+    }
+}
+
+// --- route execution history (`Store::record_duration`) ----------------------------
+
+/// A route no other test records.
+fn fresh_route() -> String {
+    format!("POST /conformance/{}", uuid::Uuid::new_v4())
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn history(store: &dyn Store, route: &str) -> Vec<Duration> {
+    let mut durations = store.route_durations(route).await.expect("route_durations");
+    durations.sort_unstable();
+    durations
+}
+
+/// A route's history reads back what was recorded, to the microsecond, apart
+/// from other routes'; concurrent records (64 tasks at once) all land or
+/// replace one another, and the history never holds more than
+/// [`idemgate_core::estimate::WINDOW`] durations, each one that was recorded; a route key past
+/// [`idemgate_core::estimate::MAX_ROUTE_LEN`] bytes is kept cut at that length.
+pub async fn route_history_round_trips_bounded_per_route(store: Arc<dyn Store>) {
+    use idemgate_core::estimate::{self, WINDOW};
+    let (one, two) = (fresh_route(), fresh_route());
+    assert!(history(store.as_ref(), &one).await.is_empty());
+    store
+        .record_duration(&one, Duration::from_micros(1_234_567))
+        .await
+        .expect("record_duration");
+    store
+        .record_duration(&two, ms(7))
+        .await
+        .expect("record_duration");
+    assert_eq!(
+        history(store.as_ref(), &one).await,
+        [Duration::from_micros(1_234_567)]
+    );
+    assert_eq!(history(store.as_ref(), &two).await, [ms(7)]);
+
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS as u64)
+        .map(|n| {
+            let (store, route, barrier) = (Arc::clone(&store), one.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.record_duration(&route, ms(100 + n)).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("record task").expect("record_duration");
+    }
+    for n in 0..WINDOW as u64 {
+        store
+            .record_duration(&one, ms(1_000 + n))
+            .await
+            .expect("record_duration");
+    }
+    let kept = history(store.as_ref(), &one).await;
+    assert_eq!(kept.len(), WINDOW, "{kept:?}");
+    for duration in &kept {
+        let recorded = *duration == Duration::from_micros(1_234_567)
+            || (ms(100)..ms(100 + RACERS as u64)).contains(duration)
+            || (ms(1_000)..ms(1_000 + WINDOW as u64)).contains(duration);
+        assert!(recorded, "{duration:?} was never recorded");
+    }
+    assert_eq!(history(store.as_ref(), &two).await, [ms(7)]);
+
+    let long = format!("{}/{}", fresh_route(), "é".repeat(estimate::MAX_ROUTE_LEN));
+    store
+        .record_duration(&long, ms(3))
+        .await
+        .expect("record_duration");
+    assert_eq!(history(store.as_ref(), &long).await, [ms(3)]);
+    assert_eq!(
+        history(store.as_ref(), estimate::route_key(&long)).await,
+        [ms(3)]
+    );
+}
+
+/// The history is the store's, not an instance's: what `first` recorded,
+/// `second` (another instance on the same store, or the same store after a
+/// restart) reads, and the other way round. For stores shared between
+/// processes; not part of [`crate::store_conformance!`], whose factory may
+/// make a new store per call.
+pub async fn route_history_is_shared(first: Arc<dyn Store>, second: Arc<dyn Store>) {
+    let route = fresh_route();
+    first
+        .record_duration(&route, ms(250))
+        .await
+        .expect("record_duration");
+    drop(first);
+    assert_eq!(history(second.as_ref(), &route).await, [ms(250)]);
+    second
+        .record_duration(&route, ms(300))
+        .await
+        .expect("record_duration");
+    assert_eq!(history(second.as_ref(), &route).await, [ms(250), ms(300)]);
+}
+
+/// At most [`idemgate_core::estimate::MAX_ROUTES`] routes keep history: past that, the least
+/// recently recorded make way. Records `MAX_ROUTES + 6` fresh routes (five
+/// first, the rest from 16 tasks at once, then one more), after which the
+/// first five have no history, the last has, and no more than `MAX_ROUTES` of
+/// them do. Evicts other tests' routes on a shared store: not part of
+/// [`crate::store_conformance!`], run it on a store of its own.
+pub async fn route_history_keeps_a_bounded_number_of_routes(store: Arc<dyn Store>) {
+    use idemgate_core::estimate::MAX_ROUTES;
+    const TASKS: usize = 16;
+    let routes: Vec<String> = (0..MAX_ROUTES + 6).map(|_| fresh_route()).collect();
+    let (first, rest) = routes.split_at(5);
+    let (last, middle) = rest.split_last().expect("routes");
+    for route in first {
+        store
+            .record_duration(route, ms(1))
+            .await
+            .expect("record_duration");
+    }
+    // A store's clock may count milliseconds (SQLite's does): routes recorded
+    // in the same millisecond are equally recent, and which of them makes way
+    // first is the store's choice. The first five are strictly older.
+    tokio::time::sleep(ms(5)).await;
+    let chunks: Vec<Vec<String>> = middle
+        .chunks(middle.len().div_ceil(TASKS))
+        .map(<[String]>::to_vec)
+        .collect();
+    let tasks: Vec<_> = chunks
+        .into_iter()
+        .map(|chunk| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                for route in chunk {
+                    store.record_duration(&route, ms(2)).await?;
+                }
+                Ok::<_, idemgate_core::StoreError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("record task").expect("record_duration");
+    }
+    tokio::time::sleep(ms(5)).await;
+    store
+        .record_duration(last, ms(3))
+        .await
+        .expect("record_duration");
+    for route in first {
+        assert!(
+            history(store.as_ref(), route).await.is_empty(),
+            "the least recently recorded route {route} kept its history"
+        );
+    }
+    assert_eq!(history(store.as_ref(), last).await, [ms(3)]);
+    let mut kept = 0;
+    for route in &routes {
+        if !history(store.as_ref(), route).await.is_empty() {
+            kept += 1;
+        }
+    }
+    assert!(kept <= MAX_ROUTES, "{kept} routes kept history");
+    assert!(
+        kept >= MAX_ROUTES - TASKS,
+        "only {kept} routes kept history"
+    );
 }

@@ -44,8 +44,10 @@ pub fn request_for(principal: &str, method: &str, path: &str, key: &str, body: u
             IdempotencyKey::parse(key.as_bytes(), 255).expect("valid key"),
         ),
         fingerprint: Fingerprint::from_bytes([body; 32]),
+        field_digests: None,
         lease: LONG,
         ttl: DAY,
+        route_template: None,
     }
 }
 

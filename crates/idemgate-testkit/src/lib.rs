@@ -49,6 +49,8 @@
 pub mod cache;
 pub mod conformance;
 pub mod fixtures;
+#[cfg(feature = "upstreams")]
+pub mod guard_cases;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "upstreams")]
@@ -93,6 +95,8 @@ macro_rules! store_conformance {
             complete_then_claim_replays,
             failed_completion_is_stored,
             fingerprint_mismatch_is_visible,
+            field_digests_round_trip,
+            records_without_field_digests_name_nothing,
             release_makes_the_record_claimable,
             lapsed_lease_has_exactly_one_takeover,
             stale_lease_cannot_write,
@@ -112,6 +116,12 @@ macro_rules! store_conformance {
             evict_absent_or_expired_key,
             evict_lapsed_lease_without_force,
             concurrent_evictions_remove_once,
+            resource_lease_has_exactly_one_holder,
+            resource_lease_excludes_under_contention,
+            resource_lease_expiry_lets_another_holder_in,
+            resource_lease_release_is_fenced,
+            audit_journal_round_trips_and_chains,
+            route_history_round_trips_bounded_per_route,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {

@@ -65,6 +65,54 @@ pub enum Fault {
     CutBody,
 }
 
+impl Fault {
+    /// Reads a fault in the words the `idemgate-relay` binary and the shared case
+    /// files (`clients/scenarios.json`) write it: `pass`, `lose-response`, `reset`,
+    /// `cut-body`, `delay MILLISECONDS`, `trickle MILLISECONDS` (more than 0). It
+    /// takes only the fault's own words from `words`. The errors are fixed texts,
+    /// safe inside a JSON string.
+    pub fn from_words<'a>(words: &mut impl Iterator<Item = &'a str>) -> Result<Self, &'static str> {
+        match words.next() {
+            Some("pass") => Ok(Self::Pass),
+            Some("lose-response") => Ok(Self::LoseResponse),
+            Some("reset") => Ok(Self::Reset),
+            Some("cut-body") => Ok(Self::CutBody),
+            Some("delay") => {
+                let millis = words
+                    .next()
+                    .and_then(|ms| ms.parse().ok())
+                    .ok_or("delay takes milliseconds: delay 1500")?;
+                Ok(Self::DelayResponse(Duration::from_millis(millis)))
+            }
+            Some("trickle") => {
+                let millis = words
+                    .next()
+                    .and_then(|ms| ms.parse().ok())
+                    .filter(|&ms: &u64| ms > 0)
+                    .ok_or("trickle takes milliseconds per byte: trickle 100")?;
+                Ok(Self::Trickle(Duration::from_millis(millis)))
+            }
+            _ => Err(
+                "FAULT is one of: pass, lose-response, reset, delay MILLISECONDS, trickle MILLISECONDS, cut-body",
+            ),
+        }
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = &'static str;
+
+    /// A fault's words ([`Fault::from_words`]) and nothing after them.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut words = text.split_whitespace();
+        let fault = Self::from_words(&mut words)?;
+        match words.next() {
+            Some(_) => Err("unexpected words after the fault"),
+            None => Ok(fault),
+        }
+    }
+}
+
 /// A fault for the next request, of one method or of any.
 #[derive(Debug, Clone)]
 struct RequestFault {

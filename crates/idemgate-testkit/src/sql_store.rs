@@ -16,11 +16,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use idemgate_core::audit::{AuditEvent, AuditQuery, ExpiryJournal, Verifier, key_digest};
+use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{FencingToken, OperationId};
+use idemgate_core::resource_lease::{LeaseAcquisition, ResourceId};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::time::Timestamp;
 use idemgate_core::transaction::TransactionSlot;
-use idemgate_core::{FencedWrite, Lease, LeaseOrigin, Store, StoreError};
+use idemgate_core::{Completion, FencedWrite, Lease, LeaseOrigin, Store, StoreError};
 use idemgate_sqlx::{PurgeTask, SetupError, SqlStore, Tx, TxRejection};
 
 use crate::fixtures::{DAY, acquire, awkward_response, claim_with_ttl, completion, fresh_request};
@@ -38,6 +41,11 @@ pub const DEFAULT_TABLE: &str = "idemgate_records";
 pub trait SqlHarness: Send + Sync + 'static {
     /// The store under test.
     type Store: SqlStore;
+
+    /// The schema version the store's `migrate()` records: its crate's
+    /// `SCHEMA_VERSION` (the stores add versions of their own, so the number is
+    /// each store's).
+    const SCHEMA_VERSION: i64;
 
     /// A store on a new pool of `max_connections` over this harness's database, as
     /// the store's `new(pool)` makes it: nothing created, nothing migrated.
@@ -125,9 +133,11 @@ macro_rules! sql_store_conformance {
     ($factory:path) => {
         $crate::sql_store_conformance!(@tests $factory;
             concurrent_migrations_and_version_tracking,
+            version_1_migrates_forward,
             undecodable_record_is_corrupt,
             readable_identity_parts_are_stored,
             unreachable_database_is_unavailable,
+            a_journalled_purge_records_each_expiry,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {
@@ -138,6 +148,46 @@ macro_rules! sql_store_conformance {
             }
         )*
     };
+}
+
+/// A table a build before resource leases migrated (version 1) is taken to the
+/// current version by `migrate()` (every later step, each one safe to run again
+/// over what is already there), and its resource leases and the records' field
+/// digests then work.
+pub async fn version_1_migrates_forward<H: SqlHarness>(harness: Arc<H>) {
+    let store = harness.store(2).await;
+    harness.set_schema_version(&store, DEFAULT_TABLE, 1).await;
+    harness
+        .migrate(&store)
+        .await
+        .expect("migrate from version 1");
+    assert_eq!(
+        harness.schema_version(&store, DEFAULT_TABLE).await,
+        Some(H::SCHEMA_VERSION)
+    );
+    let resource = ResourceId::new(&format!("migrated/{}", uuid::Uuid::new_v4()));
+    let LeaseAcquisition::Acquired(lease) = store
+        .acquire_resource_lease(&resource, DAY)
+        .await
+        .expect("acquire after the migration")
+    else {
+        panic!("a fresh resource is free");
+    };
+    assert_eq!(
+        store.release_resource_lease(&lease).await.expect("release"),
+        FencedWrite::Applied
+    );
+    let mut request = fresh_request();
+    let key = *request.identity.digest().as_bytes();
+    request.field_digests = FieldDigests::of_json(br#"{"amount":1}"#, &key);
+    acquire(&store, &request).await;
+    let read = store
+        .get(request.identity.digest())
+        .await
+        .expect("get")
+        .expect("record present");
+    assert_eq!(read.record.field_digests, request.field_digests);
+    harness.finish().await;
 }
 
 /// Eight instances migrate one fresh database at once (over two pools): all
@@ -156,7 +206,10 @@ pub async fn concurrent_migrations_and_version_tracking<H: SqlHarness>(harness: 
         task.await.expect("task").expect("concurrent migrate");
     }
     let store = &pools[0];
-    assert_eq!(harness.schema_version(store, DEFAULT_TABLE).await, Some(1));
+    assert_eq!(
+        harness.schema_version(store, DEFAULT_TABLE).await,
+        Some(H::SCHEMA_VERSION)
+    );
     assert!(
         !harness.has_sqlx_migrations(store).await,
         "the store must not use sqlx's migration table"
@@ -171,7 +224,10 @@ pub async fn concurrent_migrations_and_version_tracking<H: SqlHarness>(harness: 
         .expect("migrate custom table");
     claim_with_ttl(&custom, DAY).await;
     assert_eq!(harness.records(&custom).await, 1);
-    assert_eq!(harness.schema_version(store, custom_table).await, Some(1));
+    assert_eq!(
+        harness.schema_version(store, custom_table).await,
+        Some(H::SCHEMA_VERSION)
+    );
 
     harness.set_schema_version(store, DEFAULT_TABLE, 99).await;
     let err = harness.migrate(store).await.expect_err("newer schema");
@@ -180,8 +236,8 @@ pub async fn concurrent_migrations_and_version_tracking<H: SqlHarness>(harness: 
             err,
             SetupError::SchemaTooNew {
                 found: 99,
-                supported: 1
-            }
+                supported
+            } if supported == H::SCHEMA_VERSION
         ),
         "{err:?}"
     );
@@ -274,5 +330,93 @@ pub async fn unreachable_database_is_unavailable<H: SqlHarness>(harness: Arc<H>)
     store.pool().close().await;
     let err = store.try_claim(&request).await.expect_err("closed");
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    harness.finish().await;
+}
+
+/// With the journal on (`Store::journal_expiries`), a purge journals each
+/// record it deletes as `expired` — the record's method, path, principal,
+/// operation id, fingerprint, status and the key's digest, never the key — in
+/// the purge's own transaction, chained like every other entry; a record still
+/// live is neither deleted nor journalled.
+pub async fn a_journalled_purge_records_each_expiry<H: SqlHarness>(harness: Arc<H>) {
+    let store = harness.store(2).await;
+    let secret = store.audit_secret().await.expect("audit_secret");
+    let instance = format!("purge-{}", uuid::Uuid::new_v4());
+    store.journal_expiries(ExpiryJournal {
+        instance: instance.clone(),
+        secret: secret.clone(),
+    });
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    let short = Completion {
+        ttl: Duration::from_millis(1),
+        ..completion(awkward_response())
+    };
+    assert_eq!(
+        store.complete(&lease, &short).await.expect("complete"),
+        FencedWrite::Applied
+    );
+    let live = claim_with_ttl(&store, DAY).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(harness.purge_expired(&store, 10).await.expect("purge"), 1);
+    assert!(
+        store
+            .get(request.identity.digest())
+            .await
+            .expect("get")
+            .is_none(),
+        "the expired record went"
+    );
+    assert!(
+        store.get(&live.identity).await.expect("get").is_some(),
+        "a live record stays"
+    );
+
+    let entries: Vec<_> = store
+        .read_audit(&AuditQuery::all(10_000))
+        .await
+        .expect("read_audit")
+        .into_iter()
+        .filter(|e| e.record.instance == instance)
+        .collect();
+    assert_eq!(
+        entries.len(),
+        1,
+        "one entry per expired record: {entries:?}"
+    );
+    let entry = &entries[0].record;
+    assert_eq!(entry.event(), AuditEvent::Expired);
+    assert_eq!(entry.operation_id, Some(lease.operation_id.to_string()));
+    assert_eq!(entry.method, "POST");
+    assert_eq!(entry.route, "/orders");
+    assert_eq!(entry.principal, request.identity.scope().principal.as_str());
+    assert_eq!(
+        entry.key_digest,
+        key_digest(&secret, request.identity.key().as_str()),
+        "the key's digest, never the key"
+    );
+    assert_eq!(
+        entry.fingerprint.as_deref(),
+        Some(
+            request
+                .fingerprint
+                .as_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+                .as_str()
+        )
+    );
+    assert_eq!(entry.status, Some(awkward_response().status.as_u16()));
+    let partitions: Vec<_> = store
+        .audit_partitions()
+        .await
+        .expect("audit_partitions")
+        .into_iter()
+        .filter(|p| p.instance == instance)
+        .collect();
+    let mut verifier = Verifier::new(&partitions);
+    verifier.push(&entries[0]).expect("chained");
+    verifier.finish().expect("the chain verifies");
     harness.finish().await;
 }

@@ -64,6 +64,7 @@ macro_rules! transactional_conformance {
             rollback_leaves_no_order_and_release_reclaims_the_operation,
             abandoned_transaction_rolls_back_and_the_lapsed_lease_is_taken_over,
             stale_transactional_completion_is_refused_and_rolled_back,
+            the_executed_entry_commits_with_the_business_write_or_not_at_all,
             concurrent_transactional_requests_on_two_instances_write_one_order,
             completed_records_survive_reopening,
             keyless_transactions_commit_or_roll_back,
@@ -148,7 +149,7 @@ pub async fn rollback_leaves_no_order_and_release_reclaims_the_operation<
     );
     let write = handler_writes_order(&*harness, &store, retry.operation_id)
         .await
-        .complete_and_commit(&retry, &completion(awkward_response()))
+        .complete_and_commit(&retry, &completion(awkward_response()), None)
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Applied);
@@ -218,7 +219,7 @@ pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: Transa
 
     let write = handler_writes_order(&*harness, &store, stale.operation_id)
         .await
-        .complete_and_commit(&stale, &completion(awkward_response()))
+        .complete_and_commit(&stale, &completion(awkward_response()), None)
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Refused);
@@ -237,11 +238,105 @@ pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: Transa
 
     let write = handler_writes_order(&*harness, &store, current.operation_id)
         .await
-        .complete_and_commit(&current, &completion(awkward_response()))
+        .complete_and_commit(&current, &completion(awkward_response()), None)
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Applied);
     assert_eq!(harness.orders_for(&store, current.operation_id).await, 1);
+    harness.finish().await;
+}
+
+/// The journal's `executed` entry (issue 38) is appended in the business
+/// transaction: committed with the order and the completion, chained after what
+/// the instance journalled before; absent when the fence refuses the completion
+/// (the order rolled back with it) — never an entry without its effect, never
+/// an effect without its entry.
+pub async fn the_executed_entry_commits_with_the_business_write_or_not_at_all<
+    H: TransactionalHarness,
+>(
+    harness: Arc<H>,
+) {
+    use idemgate_core::audit::{AuditEvent, AuditQuery, AuditRecord, Verifier};
+
+    let store = harness.store(4).await;
+    let instance = format!("tx-{}", uuid::Uuid::new_v4().simple());
+    let entry = |operation: OperationId, event: AuditEvent| AuditRecord {
+        event: Some(event),
+        operation_id: Some(operation.to_string()),
+        method: "POST".into(),
+        route: "/orders".into(),
+        principal: "user:42".into(),
+        key_digest: "digest".into(),
+        status: Some(201),
+        instance: instance.clone(),
+        ..AuditRecord::default()
+    };
+    let ours = |entries: Vec<idemgate_core::audit::AuditEntry>| {
+        entries
+            .into_iter()
+            .filter(|e| e.record.instance == instance)
+            .map(|e| (e.record.event(), e.record.operation_id))
+            .collect::<Vec<_>>()
+    };
+
+    // Refused: a holder whose lease was taken over; its entry goes with its order.
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    };
+    let stale = acquire(&store, &request).await;
+    store
+        .append_audit(&[entry(stale.operation_id, AuditEvent::Claimed)])
+        .await
+        .expect("append");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let current = acquire(
+        &store,
+        &ClaimRequest {
+            lease: DAY,
+            ..request.clone()
+        },
+    )
+    .await;
+    let executed = entry(stale.operation_id, AuditEvent::Executed);
+    let write = handler_writes_order(&*harness, &store, stale.operation_id)
+        .await
+        .complete_and_commit(&stale, &completion(awkward_response()), Some(&executed))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Refused);
+    assert_eq!(harness.orders_for(&store, stale.operation_id).await, 0);
+
+    // Applied: the order, the completion and the entry, one commit.
+    let executed = entry(current.operation_id, AuditEvent::Executed);
+    let write = handler_writes_order(&*harness, &store, current.operation_id)
+        .await
+        .complete_and_commit(&current, &completion(awkward_response()), Some(&executed))
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    assert_eq!(harness.orders_for(&store, current.operation_id).await, 1);
+
+    let all = store
+        .read_audit(&AuditQuery::all(100_000))
+        .await
+        .expect("read the journal");
+    let operation = Some(current.operation_id.to_string());
+    assert_eq!(
+        ours(all.clone()),
+        [
+            (AuditEvent::Claimed, operation.clone()),
+            (AuditEvent::Executed, operation),
+        ],
+        "the refused completion left no entry, the applied one exactly one"
+    );
+    // Chained after the instance's earlier entry, as the journal writer's are.
+    let partitions = store.audit_partitions().await.expect("partitions");
+    let mut verifier = Verifier::new(&partitions);
+    for entry in &all {
+        verifier.push(entry).expect("the chain holds");
+    }
+    verifier.finish().expect("the chain ends at the heads");
     harness.finish().await;
 }
 
@@ -282,7 +377,7 @@ async fn transactional_request<H: TransactionalHarness>(
                     ..awkward_response()
                 };
                 match pending
-                    .complete_and_commit(&lease, &completion(body))
+                    .complete_and_commit(&lease, &completion(body), None)
                     .await
                     .expect("complete")
                 {
@@ -384,7 +479,7 @@ pub async fn completed_records_survive_reopening<H: TransactionalHarness>(harnes
         let lease = acquire(&store, &request).await;
         let write = handler_writes_order(&*harness, &store, lease.operation_id)
             .await
-            .complete_and_commit(&lease, &completion(awkward_response()))
+            .complete_and_commit(&lease, &completion(awkward_response()), None)
             .await
             .expect("complete");
         assert_eq!(write, FencedWrite::Applied);
@@ -444,7 +539,7 @@ pub async fn transactional_commit_wakes_waiters<H: TransactionalHarness>(harness
     let slot = TransactionSlot::new();
     drop(begin(&store, &slot).await);
     let write = returned(&slot)
-        .complete_and_commit(&lease, &completion(awkward_response()))
+        .complete_and_commit(&lease, &completion(awkward_response()), None)
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Applied);

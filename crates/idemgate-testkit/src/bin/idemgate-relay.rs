@@ -21,7 +21,6 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use idemgate_testkit::relay::{Fault, Relay};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -68,9 +67,9 @@ impl Command {
         let mut words = line.split_whitespace();
         let command = match words.next() {
             Some("stats") => Self::Stats,
-            Some("connection") => Self::Connection(parse_fault(&mut words)?),
+            Some("connection") => Self::Connection(Fault::from_words(&mut words)?),
             Some("request") => {
-                let fault = parse_fault(&mut words)?;
+                let fault = Fault::from_words(&mut words)?;
                 Self::Request(fault, words.next().map(str::to_ascii_uppercase))
             }
             _ => return Err("expected: connection FAULT | request FAULT [METHOD] | stats"),
@@ -99,35 +98,10 @@ impl Command {
     }
 }
 
-fn parse_fault<'a>(words: &mut impl Iterator<Item = &'a str>) -> Result<Fault, &'static str> {
-    match words.next() {
-        Some("pass") => Ok(Fault::Pass),
-        Some("lose-response") => Ok(Fault::LoseResponse),
-        Some("reset") => Ok(Fault::Reset),
-        Some("cut-body") => Ok(Fault::CutBody),
-        Some("delay") => {
-            let millis = words
-                .next()
-                .and_then(|ms| ms.parse().ok())
-                .ok_or("delay takes milliseconds: delay 1500")?;
-            Ok(Fault::DelayResponse(Duration::from_millis(millis)))
-        }
-        Some("trickle") => {
-            let millis = words
-                .next()
-                .and_then(|ms| ms.parse().ok())
-                .filter(|&ms: &u64| ms > 0)
-                .ok_or("trickle takes milliseconds per byte: trickle 100")?;
-            Ok(Fault::Trickle(Duration::from_millis(millis)))
-        }
-        _ => Err(
-            "FAULT is one of: pass, lose-response, reset, delay MILLISECONDS, trickle MILLISECONDS, cut-body",
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
