@@ -16,10 +16,12 @@ use idemgate_core::path::PathFold;
 
 use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
+use crate::live::LiveStreams;
 use crate::principal::PrincipalExtractor;
 use crate::problem::ProblemStyle;
 use crate::response::ReplayedHeaders;
 use crate::tasks::{DetachedTasks, InFlightLimit};
+use crate::webhook::Webhook;
 
 /// Which path names the scope and the fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,7 +36,8 @@ pub enum PathSource {
 }
 
 /// Whether a key strategy decides (the default) or only measures (PROTOCOL §16).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum StrategyMode {
     /// Claim, replay, 409, 422: the protocol.
@@ -45,6 +48,25 @@ pub enum StrategyMode {
     /// `idemgate_duplicates_total{strategy, action}`, so an operator measures
     /// duplicates before enforcing.
     Observe,
+}
+
+/// What observe mode keeps of an observed first run (PROTOCOL §16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[non_exhaustive]
+pub enum ObservedResponses {
+    /// Its outcome only (status and finality), under a name of its own
+    /// ([`idemgate_core::scope::Identity::observed`]) that enforcement never
+    /// reads: after a switch to enforce, a retry of an observed operation runs
+    /// as a new one. The default: observing costs a claim and a small record
+    /// per operation, not a stored response.
+    #[default]
+    Discard,
+    /// The whole response, under the name enforcement reads, as enforcement
+    /// would store it: after a switch to enforce, a retry of an observed
+    /// operation is replayed whole. Costs what enforcing costs in the store.
+    Keep,
 }
 
 /// Settings shared by every request the layer sees.
@@ -64,7 +86,12 @@ pub(crate) struct Config {
     pub(crate) route_template: Option<String>,
     /// Content-based deduplication of keyless requests (PROTOCOL §16).
     pub(crate) dedup: Option<ContentDedup>,
+    /// A webhook receiver: the provider's signature verified before the
+    /// delivery's own id is claimed ([`crate::webhook`]).
+    pub(crate) webhook: Option<Arc<Webhook>>,
     pub(crate) mode: StrategyMode,
+    /// What observe mode keeps of a first run.
+    pub(crate) observed_responses: ObservedResponses,
     /// The `strategy` label of `idemgate_duplicates_total`: the key source's, or
     /// `content` for a content-keyed request.
     pub(crate) strategy: &'static str,
@@ -99,14 +126,20 @@ pub(crate) struct Config {
     /// Created once with the layer and never replaced: every handle from
     /// [`IdempotencyLayer::detached_tasks`] tracks the tasks the layer spawns.
     pub(crate) tasks: DetachedTasks,
-    /// The recent execution durations of each route, for the 409's
-    /// `Retry-After`; created once with the layer and shared by its clones.
+    /// What this process remembers of the routes' execution histories (kept
+    /// in the store), for the 409's `Retry-After`; created once with the layer
+    /// and shared by its clones.
     pub(crate) durations: Arc<RouteDurations>,
+    /// This process's streams in flight, for retries to join (PROTOCOL §20);
+    /// created once with the layer and shared by its clones.
+    pub(crate) live_streams: Arc<LiveStreams>,
 }
 
 /// How long a duplicate waits for the first request instead of getting 409.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WaitMode {
     pub(crate) max: Duration,
-    pub(crate) poll: Duration,
+    /// How often a waiter looks even without a notification
+    /// ([`crate::waiting::RECHECK`]).
+    pub(crate) recheck: Duration,
 }

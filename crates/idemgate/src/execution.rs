@@ -10,9 +10,9 @@ use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use http::response::Parts;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tracing::Instrument;
 
 use idemgate_core::compression::compress;
@@ -27,9 +27,10 @@ use crate::config::Config;
 use crate::context::OperationContext;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::Handler;
+use crate::live::End;
 use crate::problem::ProblemDetails;
-use crate::response::replay;
-use crate::telemetry::{count, timed};
+use crate::response::{ReplayRequest, replay};
+use crate::telemetry::{count, count_stream, timed};
 
 /// One claimed operation, from spawn to settled record.
 pub(crate) struct Execution {
@@ -39,12 +40,12 @@ pub(crate) struct Execution {
     /// successful claim or renewal plus the lease length. Store writes are retried
     /// until then.
     lease_deadline: Arc<Mutex<Instant>>,
-    /// The route's key in the layer's recent durations
-    /// (`crate::durations::route_key`): this run's duration joins them.
+    /// The route's key in the store's execution history
+    /// (`crate::durations::route_key`): this run's duration joins it.
     route: String,
-    /// The request's `Accept-Encoding`, for the winner's replay when our
+    /// What the request asks of a replay, for the winner's when our
     /// completion is fenced off.
-    accept_encoding: Option<String>,
+    wants: ReplayRequest,
 }
 
 /// The handler's answer, its body read up to the stored-response limit.
@@ -59,6 +60,37 @@ enum CollectedBody {
     /// Over the limit: the frames read, and the rest, still to stream.
     Overflow { head: Vec<Bytes>, rest: Body },
 }
+
+/// The handler's answer, as the run goes on with it.
+enum Answered {
+    /// Read up to the limit, then settled and answered.
+    Read(Handled),
+    /// A stream (PROTOCOL §20, [`is_streamed`]): answered at once, then
+    /// forwarded and kept as it flows ([`Execution::stream`]).
+    Streamed(Response<Body>),
+}
+
+/// Where the running task hands its client the answer's head: a streamed
+/// answer is handed over before it ends, and the task goes on forwarding it.
+type Answer = oneshot::Sender<Response<Body>>;
+
+/// How many frames of a streamed answer may wait for a slow client; past
+/// them, the upstream is read no faster than the client reads (its flow
+/// control holds the producer). With the kept part of the body (at most the
+/// stored-response limit), this bounds a stream's memory.
+const STREAM_FRAMES_IN_FLIGHT: usize = 16;
+
+/// The media types of answers a client reads as they come, event by event or
+/// record by record: sent without a length, they are streamed through
+/// (PROTOCOL §20). Any other answer without a length — a chunked JSON
+/// document, which a client can only use whole — is read whole (up to the
+/// limit) before it is answered, so that a body that breaks off is answered
+/// with a clean problem rather than a cut.
+const STREAMED_MEDIA_TYPES: [&str; 3] = [
+    "text/event-stream",
+    "application/x-ndjson",
+    "application/jsonl",
+];
 
 /// How a store write after the handler ended.
 enum Written {
@@ -77,7 +109,7 @@ impl Execution {
         lease: Lease,
         claimed_at: Instant,
         route: String,
-        accept_encoding: Option<String>,
+        wants: ReplayRequest,
     ) -> Self {
         let deadline = claimed_at + config.lease;
         Self {
@@ -85,7 +117,7 @@ impl Execution {
             lease,
             lease_deadline: Arc::new(Mutex::new(deadline)),
             route,
-            accept_encoding,
+            wants,
         }
     }
 
@@ -106,17 +138,23 @@ impl Execution {
             origin: self.lease.origin,
         });
         let tasks = self.config.tasks.clone();
+        let (answer, answered) = oneshot::channel();
         let task = async move {
+            // Held until the record is settled, which for a stream is when
+            // it ends, not when its head is answered.
             let _permit = permit;
             let _in_flight = self.config.tasks.enter();
-            self.run(handler, request, slot).await
+            self.run(handler, request, slot, answer).await;
         };
-        match tasks.spawn(task.in_current_span()).await {
+        let running = tasks.spawn(task.in_current_span());
+        match answered.await {
             Ok(response) => response,
-            Err(error) => {
+            Err(_task_ended_unanswered) => {
                 // Only a runtime shutdown can cancel the task: the handler's own
                 // panics are caught inside it.
-                tracing::error!(%error, "detached handler task did not finish");
+                if let Err(error) = running.await {
+                    tracing::error!(%error, "detached handler task did not finish");
+                }
                 ProblemDetails::handler_failed().into_response()
             }
         }
@@ -127,7 +165,8 @@ impl Execution {
         handler: Handler,
         request: Request<Body>,
         slot: TransactionSlot,
-    ) -> Response<Body> {
+        answer: Answer,
+    ) {
         // The lease is renewed while the handler runs and its outcome is
         // written, in this task (no task of its own to spawn and abort per
         // request).
@@ -135,19 +174,20 @@ impl Execution {
         tokio::pin!(renewal);
         tokio::select! {
             biased;
-            response = self.handle_and_record(handler, request, slot) => response,
+            () = self.handle_and_record(handler, request, slot, answer) => {}
             never = &mut renewal => match never {},
         }
     }
 
-    /// Runs the handler, reads its answer up to the stored-response limit, and
-    /// settles the record by it.
+    /// Runs the handler, reads its answer up to the stored-response limit (or
+    /// streams it through), and settles the record by it.
     async fn handle_and_record(
         &self,
         handler: Handler,
         request: Request<Body>,
         slot: TransactionSlot,
-    ) -> Response<Body> {
+        answer: Answer,
+    ) {
         let limit = self.config.response_limit;
         let style = self.config.problem_style.clone();
         let started = Instant::now();
@@ -155,19 +195,27 @@ impl Execution {
             // The handler's problems in the layer's style before they are
             // stored, so a replay is what the first answer was.
             let response = style.restyle(handler.call(request).await?);
-            collect(response, limit).await
+            if is_streamed(&response) {
+                return Ok(Answered::Streamed(response));
+            }
+            collect(response, limit).await.map(Answered::Read)
         };
         let handled = match AssertUnwindSafe(handled).catch_unwind().await {
-            Ok(Ok(handled)) if handled.parts.status.is_informational() => {
+            Ok(Ok(Answered::Read(handled))) if handled.parts.status.is_informational() => {
                 // A 1xx is no final answer: a stored `101` would replay a
                 // protocol switch with no connection behind it, and a covered
                 // request is never tunnelled past the layer (PITFALLS 29).
                 tracing::error!(status = %handled.parts.status, "the handler answered a covered request with an informational status; answered and settled as a failure");
                 Err(ProblemDetails::handler_failed())
             }
-            Ok(Ok(handled)) => {
+            Ok(Ok(Answered::Streamed(response))) => {
+                return self.stream(response, slot, started, answer).await;
+            }
+            Ok(Ok(Answered::Read(handled))) => {
                 // What a duplicate's 409 estimates from: handlers that answered.
-                self.config.durations.record(&self.route, started.elapsed());
+                self.config
+                    .durations
+                    .record(&self.config.store, &self.route, started.elapsed());
                 Ok(handled)
             }
             Ok(Err(error)) => {
@@ -183,7 +231,115 @@ impl Execution {
                 Err(ProblemDetails::handler_failed())
             }
         };
-        self.record_result(handled, slot.take()).await
+        let response = self.record_result(handled, slot.take()).await;
+        // A client that went away takes no answer; the record is settled.
+        let _ = answer.send(response);
+    }
+
+    /// Forwards a streamed answer (PROTOCOL §20) frame by frame as the handler
+    /// produces it, keeping its bytes for the record up to the stored-response
+    /// limit, and settles the record when it ends. The stream's end reaches
+    /// the client only once the record is written, so a client that saw a
+    /// clean end holds what a retry will replay; a stream that breaks off is
+    /// never a success: it is settled like a failed handler, and the client's
+    /// stream is cut (never cleanly ended). A client that leaves does not stop
+    /// the operation: the stream is read to its end and recorded.
+    async fn stream(
+        &self,
+        response: Response<Body>,
+        slot: TransactionSlot,
+        started: Instant,
+        answer: Answer,
+    ) {
+        let (parts, mut body) = response.into_parts();
+        let status = parts.status;
+        let headers = parts.headers.clone();
+        let mark = parts.extensions.get::<Finality>().copied();
+        let (frames, mut forwarded) = mpsc::channel(STREAM_FRAMES_IN_FLIGHT);
+        let forwarded = futures_util::stream::poll_fn(move |cx| forwarded.poll_recv(cx));
+        let head = Response::from_parts(parts, Body::new(StreamBody::new(forwarded)));
+        let mut client = answer.send(head).is_ok().then_some(frames);
+        let mut kept = KeptStream::new(self.config.response_limit);
+        // Joinable by retries while it flows (dropped unended: they are cut).
+        let mut live = self.config.live_streams.register(
+            self.lease.identity,
+            self.lease.operation_id,
+            status,
+            self.config.replayed_headers.storable(&headers),
+        );
+        let broke_off = loop {
+            match body.frame().await {
+                None => break None,
+                Some(Err(error)) => break Some(BoxError::from(error)),
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        kept.push(data);
+                        live.push(data, kept.is_kept());
+                    }
+                    if let Some(sender) = &client
+                        && sender.send(Ok::<_, BoxError>(frame)).await.is_err()
+                    {
+                        // The client left; the operation goes on to its end.
+                        client = None;
+                    }
+                }
+            }
+        };
+        let (transaction, kept_transaction) = lent_transaction(slot.take());
+        let written = match broke_off {
+            None => {
+                count_stream("completed");
+                self.config
+                    .durations
+                    .record(&self.config.store, &self.route, started.elapsed());
+                if kept_transaction {
+                    tracing::error!(
+                        "the handler kept its transaction past its streamed response; releasing the operation"
+                    );
+                    self.write_with_retry("release", || self.config.store.release(&self.lease))
+                        .await;
+                    Written::Refused
+                } else {
+                    let settlement = settlement_for(
+                        status,
+                        mark,
+                        self.config.server_error_policy,
+                        transaction.is_some(),
+                    );
+                    let stored_body = kept.into_body();
+                    self.settle(settlement, transaction, status, &headers, stored_body)
+                        .await
+                }
+            }
+            Some(error) => {
+                count_stream("cut");
+                tracing::error!(%error, "the streamed answer broke off; settled as a failed handler");
+                let problem = ProblemDetails::in_chain(error.as_ref())
+                    .cloned()
+                    .unwrap_or_else(ProblemDetails::handler_failed);
+                // The failure is answered to whoever retries; this client,
+                // which already has the head, gets the cut below.
+                let _ = self
+                    .record_failure(problem, transaction, kept_transaction)
+                    .await;
+                Written::Refused
+            }
+        };
+        let clean = matches!(written, Written::Applied | Written::GaveUp(_));
+        live.end(if clean { End::Recorded } else { End::Cut });
+        match (written, client) {
+            // A clean end: the sender drops here, after the record is written.
+            (Written::Applied | Written::GaveUp(_), _) | (_, None) => {}
+            (Written::Refused | Written::RolledBack(_), Some(sender)) => {
+                // What this client already received is not the operation's
+                // outcome: cut its stream so it retries and learns it.
+                let _ = sender
+                    .send(Err(
+                        "the streamed answer is not the operation's outcome".into()
+                    ))
+                    .await;
+            }
+        }
     }
 
     /// Renews the lease every third of its length, for as long as it is
@@ -232,11 +388,7 @@ impl Execution {
         handled: Result<Handled, ProblemDetails>,
         slot: SlotContents,
     ) -> Response<Body> {
-        let (transaction, kept_transaction) = match slot {
-            SlotContents::Unused => (None, false),
-            SlotContents::Returned(transaction) => (Some(transaction), false),
-            SlotContents::StillLent => (None, true),
-        };
+        let (transaction, kept_transaction) = lent_transaction(slot);
         let handled = match handled {
             Ok(handled) => handled,
             Err(problem) => {
@@ -312,49 +464,20 @@ impl Execution {
         response: Response<Body>,
         stored_body: StoredBody,
     ) -> Response<Body> {
-        let store = &self.config.store;
-        let status = match settlement {
-            Settlement::Complete(status) => status,
-            Settlement::Release | Settlement::Delete => {
-                if let Some(transaction) = transaction
-                    && let Err(error) = transaction.rollback().await
-                {
-                    tracing::warn!(%error, "rolling back the handler's transaction failed; the database rolls it back on disconnect");
-                }
-                let written = if settlement == Settlement::Release {
-                    self.write_with_retry("release", || store.release(&self.lease))
-                        .await
-                } else {
-                    self.write_with_retry("delete", || store.delete(&self.lease))
-                        .await
-                };
-                if let Written::GaveUp(error) = written {
-                    tracing::error!(%error, "could not release the record; a retry takes it over once the lease lapses");
-                }
-                return response;
-            }
-        };
-        let completion = Completion {
-            status,
-            // Stored small: a body over the threshold is kept compressed, by
-            // the one codec every store shares.
-            response: compress(
-                StoredResponse {
-                    status: response.status(),
-                    headers: self.config.replayed_headers.storable(response.headers()),
-                    body: stored_body,
-                },
-                self.config.compression_threshold,
-            ),
-            ttl: self.config.ttl,
-        };
-        let written = match transaction {
-            Some(transaction) => self.commit_with_completion(transaction, &completion).await,
-            None => {
-                self.write_with_retry("complete", || store.complete(&self.lease, &completion))
-                    .await
-            }
-        };
+        let written = self
+            .settle(
+                settlement,
+                transaction,
+                response.status(),
+                response.headers(),
+                stored_body,
+            )
+            .await;
+        if !matches!(settlement, Settlement::Complete(_)) {
+            // Released or deleted: the answer is the handler's, whatever the
+            // store said (a retry runs the operation again either way).
+            return response;
+        }
         match written {
             Written::Applied => response,
             Written::Refused => self.fenced_outcome().await,
@@ -372,6 +495,62 @@ impl Execution {
         }
     }
 
+    /// Writes `settlement` to the record: the answer (`status`, the storable
+    /// part of `headers`, `stored_body`) as its outcome, or its release or
+    /// deletion; in the handler's transaction when it lent one.
+    async fn settle(
+        &self,
+        settlement: Settlement,
+        transaction: Option<Box<dyn PendingTransaction>>,
+        status: StatusCode,
+        headers: &HeaderMap,
+        stored_body: StoredBody,
+    ) -> Written {
+        let store = &self.config.store;
+        let final_status = match settlement {
+            Settlement::Complete(final_status) => final_status,
+            Settlement::Release | Settlement::Delete => {
+                if let Some(transaction) = transaction
+                    && let Err(error) = transaction.rollback().await
+                {
+                    tracing::warn!(%error, "rolling back the handler's transaction failed; the database rolls it back on disconnect");
+                }
+                let written = if settlement == Settlement::Release {
+                    self.write_with_retry("release", || store.release(&self.lease))
+                        .await
+                } else {
+                    self.write_with_retry("delete", || store.delete(&self.lease))
+                        .await
+                };
+                if let Written::GaveUp(error) = &written {
+                    tracing::error!(%error, "could not release the record; a retry takes it over once the lease lapses");
+                }
+                return written;
+            }
+        };
+        let completion = Completion {
+            status: final_status,
+            // Stored small: a body over the threshold is kept compressed, by
+            // the one codec every store shares.
+            response: compress(
+                StoredResponse {
+                    status,
+                    headers: self.config.replayed_headers.storable(headers),
+                    body: stored_body,
+                },
+                self.config.compression_threshold,
+            ),
+            ttl: self.config.ttl,
+        };
+        match transaction {
+            Some(transaction) => self.commit_with_completion(transaction, &completion).await,
+            None => {
+                self.write_with_retry("complete", || store.complete(&self.lease, &completion))
+                    .await
+            }
+        }
+    }
+
     /// Commits the handler's transaction together with the completion. A commit
     /// error is ambiguous (did it land?), so the record decides: completed under
     /// our lease means it did.
@@ -384,11 +563,16 @@ impl Execution {
         // mid-commit must not hold the client. Timing out leaves the commit as
         // ambiguous as any commit error, and is resolved the same way below.
         let timeout = self.config.store.timeout();
+        // The journal's `executed` entry commits in the same transaction.
+        let journal = self
+            .config
+            .store
+            .transaction_journal_entry(&self.lease, completion);
         let commit = tokio::time::timeout(
             timeout,
             timed(
                 "commit",
-                transaction.complete_and_commit(&self.lease, completion),
+                transaction.complete_and_commit(&self.lease, completion, journal.as_ref()),
             ),
         );
         let committed = commit.await.unwrap_or_else(|_elapsed| {
@@ -466,16 +650,99 @@ impl Execution {
             _ => return ProblemDetails::in_progress(self.config.busy_retry_after).into_response(),
         };
         match decide(&snapshot, &snapshot.record.fingerprint) {
-            Decision::Replay(stored) => replay(stored, self.accept_encoding.as_deref()),
+            Decision::Replay(stored) => replay(stored, &self.wants),
             Decision::InProgress { retry_after } => {
-                let hint =
-                    self.config
-                        .durations
-                        .in_progress_hint(&self.route, &snapshot, retry_after);
+                let hint = self
+                    .config
+                    .durations
+                    .in_progress_hint(
+                        self.config.store.as_ref(),
+                        &self.route,
+                        &snapshot,
+                        retry_after,
+                    )
+                    .await;
                 ProblemDetails::in_progress(hint).into_response()
             }
             Decision::Mismatch | Decision::Claimable => {
                 ProblemDetails::in_progress(self.config.busy_retry_after).into_response()
+            }
+        }
+    }
+}
+
+/// What the handler lent the run, and whether it still holds it.
+fn lent_transaction(slot: SlotContents) -> (Option<Box<dyn PendingTransaction>>, bool) {
+    match slot {
+        SlotContents::Unused => (None, false),
+        SlotContents::Returned(transaction) => (Some(transaction), false),
+        SlotContents::StillLent => (None, true),
+    }
+}
+
+/// Whether an answer is streamed through (PROTOCOL §20): sent without a
+/// length, in one of [`STREAMED_MEDIA_TYPES`].
+fn is_streamed(response: &Response<Body>) -> bool {
+    use http_body::Body as _;
+    if response.status().is_informational()
+        || response.body().size_hint().exact().is_some()
+        || response
+            .headers()
+            .contains_key(http::header::CONTENT_LENGTH)
+    {
+        return false;
+    }
+    let Some(content_type) = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    STREAMED_MEDIA_TYPES
+        .iter()
+        .any(|streamed| essence.eq_ignore_ascii_case(streamed))
+}
+
+/// What a streamed answer keeps for its record: its bytes while they fit the
+/// stored-response limit; past it, nothing (the record is "not retained",
+/// §8), while the stream itself flows on.
+struct KeptStream {
+    frames: Option<Vec<Bytes>>,
+    len: usize,
+    limit: usize,
+}
+
+impl KeptStream {
+    fn new(limit: usize) -> Self {
+        Self {
+            frames: Some(Vec::new()),
+            len: 0,
+            limit,
+        }
+    }
+
+    /// Whether every byte so far is kept (the stream is within the limit).
+    fn is_kept(&self) -> bool {
+        self.frames.is_some()
+    }
+
+    fn push(&mut self, data: &Bytes) {
+        self.len = self.len.saturating_add(data.len());
+        if self.len > self.limit {
+            self.frames = None;
+        } else if let Some(frames) = &mut self.frames {
+            frames.push(data.clone());
+        }
+    }
+
+    fn into_body(self) -> StoredBody {
+        match self.frames {
+            Some(frames) => StoredBody::Retained(frames.concat().into()),
+            None => {
+                count("idemgate_not_retained_total");
+                StoredBody::NotRetained
             }
         }
     }

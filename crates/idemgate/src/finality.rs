@@ -47,7 +47,8 @@ impl IntoResponseParts for Finality {
 }
 
 /// What to do with a 5xx (or a panic) the handler did not mark.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum ServerErrorPolicy {
     /// Store it as `FAILED` and replay it: the outcome is not known to be rolled
@@ -59,9 +60,11 @@ pub enum ServerErrorPolicy {
     Release,
 }
 
-/// What the layer does with the record once the handler answered.
+/// What the layer does with the record once the handler answered (PROTOCOL §8).
+/// Exhaustive: whatever settles a record (the layer, the model of
+/// `crates/idemgate-model`) must handle every case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settlement {
+pub enum Settlement {
     /// Store the response with this status.
     Complete(FinalStatus),
     /// Release the record.
@@ -72,8 +75,20 @@ pub(crate) enum Settlement {
 
 /// The rules of PROTOCOL §8, in order: the handler's mark; 408 and 429 released;
 /// other 2xx–4xx final; 5xx released when the effects are known undone (the
-/// transaction rolled back), else by policy.
-pub(crate) fn settlement_for(
+/// transaction rolled back), else by policy. Public so the protocol's model runs
+/// this rule rather than a copy of it.
+///
+/// ```
+/// use http::StatusCode;
+/// use idemgate::finality::{Settlement, settlement_for};
+/// use idemgate::{Finality, ServerErrorPolicy};
+///
+/// let store = ServerErrorPolicy::Store;
+/// assert!(matches!(settlement_for(StatusCode::CREATED, None, store, false), Settlement::Complete(_)));
+/// assert_eq!(settlement_for(StatusCode::BAD_GATEWAY, Some(Finality::Retryable), store, false), Settlement::Release);
+/// ```
+#[must_use]
+pub fn settlement_for(
     status: StatusCode,
     mark: Option<Finality>,
     policy: ServerErrorPolicy,

@@ -12,16 +12,46 @@ use idemgate_core::fingerprint::BodySelection;
 use idemgate_core::key::{ContentDedup, DEFAULT_MAX_KEY_LENGTH, KeySource};
 use idemgate_core::path::PathFold;
 
-use crate::config::{Config, PathSource, StrategyMode, WaitMode};
+use crate::config::{Config, ObservedResponses, PathSource, StrategyMode, WaitMode};
 use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
 use crate::problem::{ProblemShape, ProblemStyle};
 use crate::response::ReplayedHeaders;
-use crate::service::Idempotency;
+use crate::service::{Idempotency, Variants};
 use crate::tasks::{DetachedTasks, InFlightLimit};
+use crate::webhook::Webhook;
 
-/// Makes retries of `POST` and `PATCH` requests with an `Idempotency-Key` run once.
+/// The largest request body a covered request may have by default (1 MiB): past
+/// it, `413` before anything is claimed.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// The largest response the layer stores by default (1 MiB).
+pub const DEFAULT_RESPONSE_LIMIT: usize = 1024 * 1024;
+
+/// How long a running request's claim lasts without renewal by default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// How long a record is kept by default: a day, longer than any client's retries.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long a duplicate of a running request waits for its outcome by default in
+/// the `idemgate` binary (`--wait-ms`, a proxy route's `wait_ms`), before `409`.
+///
+/// Ten seconds: longer than the p99 of the operations an `Idempotency-Key`
+/// usually guards (payments, orders: well under a few seconds), so the duplicate
+/// of a slow-but-normal run gets its replay instead of a `409` its SDK may
+/// surface as an error (Stripe's, Modern Treasury's and Orb's retry a 409 a
+/// couple of times at most, then raise); shorter than the gateways' own request
+/// timeouts in front of such services (AWS API Gateway 29 s, Heroku 30 s, an
+/// ALB's 60 s idle), so a waiter is answered — with an honest `Retry-After` —
+/// before a gateway cuts it. A client with a shorter timeout of its own leaves
+/// earlier; its next attempt waits again. A waiter holds no store connection
+/// (see `docs/benchmarks.md` for what 1,000 cost).
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
+
+/// Makes retries of `POST`, `PUT`, `PATCH` and `DELETE` requests with an
+/// `Idempotency-Key` run once.
 ///
 /// Add it to the routes that change things, after authentication (which puts a
 /// [`crate::Principal`] in the request extensions) and inside compression:
@@ -57,7 +87,8 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// A layer over `store` with the defaults of PROTOCOL.md: `POST` and `PATCH`,
+    /// A layer over `store` with the defaults of PROTOCOL.md: every method that
+    /// is not safe (`POST`, `PUT`, `PATCH`, `DELETE`) when it carries a key,
     /// key optional, keys up to 255 characters, 1 MiB request and stored-response
     /// limits, 30 s lease, 24 h TTL, 409 without waiting, 5xx stored as `FAILED`,
     /// principal from the request extensions, 2 s store timeout.
@@ -70,18 +101,20 @@ impl IdempotencyLayer {
         Self {
             config: Arc::new(Config {
                 store: Arc::new(WithDeadline::new(store, DEFAULT_STORE_TIMEOUT)),
-                methods: vec![Method::POST, Method::PATCH],
+                methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
                 require_key: false,
                 max_key_length: DEFAULT_MAX_KEY_LENGTH,
                 key_source: KeySource::default(),
                 route_template: None,
                 dedup: None,
+                webhook: None,
                 mode: StrategyMode::Enforce,
+                observed_responses: ObservedResponses::Discard,
                 strategy: "header",
-                body_limit: 1024 * 1024,
-                response_limit: 1024 * 1024,
-                lease: Duration::from_secs(30),
-                ttl: Duration::from_secs(24 * 60 * 60),
+                body_limit: DEFAULT_BODY_LIMIT,
+                response_limit: DEFAULT_RESPONSE_LIMIT,
+                lease: DEFAULT_LEASE,
+                ttl: DEFAULT_TTL,
                 wait: None,
                 server_error_policy: ServerErrorPolicy::Store,
                 principal: Arc::new(DefaultPrincipal::new()),
@@ -97,6 +130,7 @@ impl IdempotencyLayer {
                 problem_style: ProblemStyle::default(),
                 tasks: DetachedTasks::new(),
                 durations: Arc::new(RouteDurations::default()),
+                live_streams: Arc::default(),
             }),
         }
     }
@@ -107,7 +141,9 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The methods the layer covers; others pass through even with a key.
+    /// The methods the layer covers (by default `POST`, `PUT`, `PATCH` and
+    /// `DELETE`: a client that sends a key on any of them asks for it to be
+    /// honoured); others pass through even with a key.
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -175,6 +211,23 @@ impl IdempotencyLayer {
         self.with(|c| c.mode = mode)
     }
 
+    /// What observe mode keeps of an observed first run: its outcome only, under
+    /// a name enforcement never reads (the default: after a switch to enforce, a
+    /// retry of an observed operation runs as new), or the whole response under
+    /// the enforced name (a retry after the switch is replayed whole; the store
+    /// holds what enforcing would). A client's own `Idempotency-Key` on a route
+    /// that observes another strategy is enforced either way.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer
+    ///     .with_mode(idemgate::StrategyMode::Observe)
+    ///     .with_observed_responses(idemgate::ObservedResponses::Keep);
+    /// ```
+    pub fn with_observed_responses(self, kept: ObservedResponses) -> Self {
+        self.with(|c| c.observed_responses = kept)
+    }
+
     /// Content-based deduplication (PROTOCOL §16): a covered request without a
     /// key is keyed by the SHA-256 of its canonical content (see
     /// [`ContentDedup`]), scoped by principal, method and route (the template
@@ -191,9 +244,43 @@ impl IdempotencyLayer {
         self.with(|c| c.dedup = Some(dedup))
     }
 
-    /// The route template this layer serves (`/orders/{order_id}`), for a path
-    /// key and for [`PathSource::RouteTemplate`], when axum's `MatchedPath` is not
-    /// there to say it (a service that routes by itself, such as the proxy).
+    /// A webhook receiver (see [`crate::webhook`]): every covered request is a
+    /// delivery of `webhook`'s provider, its signature verified before anything
+    /// is claimed — a missing, bad or stale one is answered `401`
+    /// (`bad-webhook-signature`, `stale-webhook`), nothing claimed, nothing run.
+    /// A verified delivery is keyed by its own id (Stripe's event `id`,
+    /// `X-GitHub-Delivery`, `X-Shopify-Event-Id` or `X-Shopify-Webhook-Id`,
+    /// `webhook-id`), scoped by the route and the provider account (no
+    /// principal is extracted: webhooks carry no user credentials), and
+    /// fingerprinted by its raw payload; the key source and content dedup do
+    /// not apply, and it is always enforced. A redelivery of a completed
+    /// delivery gets the stored answer without running; one of a running
+    /// delivery waits ([`IdempotencyLayer::with_wait`]) or gets `409`; the same
+    /// id with another payload gets `422`. Counted in
+    /// `idemgate_webhooks_total{provider, outcome}`.
+    ///
+    /// It also sets [`ServerErrorPolicy::Release`], so a provider's redelivery
+    /// after a 5xx runs again; call [`IdempotencyLayer::with_server_error_policy`]
+    /// after it to change that.
+    ///
+    /// ```
+    /// use idemgate::webhook::{Provider, Webhook};
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_webhook(Webhook::new(Provider::Github, ["It's a Secret to Everybody"]).unwrap());
+    /// ```
+    pub fn with_webhook(self, webhook: Webhook) -> Self {
+        let webhook = Arc::new(webhook);
+        self.with(|c| {
+            c.webhook = Some(webhook);
+            c.server_error_policy = ServerErrorPolicy::Release;
+        })
+    }
+
+    /// The route template this layer serves (`/orders/{order_id}`), when axum's
+    /// `MatchedPath` is not there to say it (a service that routes by itself,
+    /// such as the proxy): the scope of a path key and of
+    /// [`PathSource::RouteTemplate`], and the name of the route's execution
+    /// history and of its journal entries for every key.
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -255,8 +342,12 @@ impl IdempotencyLayer {
 
     /// Wait mode: a duplicate of a running request waits up to `max` for it, then
     /// gets its replay (or runs, if it was released). A wait that times out answers
-    /// the usual 409. Waiters on the same instance wake on completion; across
-    /// instances they poll every 100 ms.
+    /// the usual 409; a zero `max` answers it at once. Waiters wake the moment the
+    /// outcome is recorded, on this instance or another: each store announces it
+    /// (see [`Store::wait_for_change`](idemgate_core::Store::wait_for_change)),
+    /// and a waiter looks again at least every second in case an announcement
+    /// was lost. The binary's default is [`DEFAULT_WAIT`]; the library's stays
+    /// 409 at once unless this is called.
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -266,7 +357,7 @@ impl IdempotencyLayer {
         self.with(|c| {
             c.wait = Some(WaitMode {
                 max,
-                poll: Duration::from_millis(100),
+                recheck: crate::waiting::RECHECK,
             })
         })
     }
@@ -445,8 +536,10 @@ impl IdempotencyLayer {
     /// The `Retry-After` sent when the layer is busy (default 1 s): the 503 for too
     /// many keyed requests in flight, and a 409 whose record does not say how long
     /// its lease has left. A 409 for a running request otherwise says the time the
-    /// route's recent executions suggest it has left, at most the seconds left on
-    /// its lease ([`crate::estimate::retry_after`]).
+    /// route's execution history (kept in the store, shared by every instance)
+    /// suggests it still needs, or the seconds left on its lease when no
+    /// instance has recorded the route yet, always within [1, 60] s
+    /// ([`idemgate_core::estimate::retry_after`]).
     ///
     /// ```
     /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
@@ -511,6 +604,30 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::new(inner, Arc::clone(&self.config))
+        // The settings of requests keyed otherwise than by the route's own
+        // strategy, derived once here rather than copied from the config at
+        // every such request.
+        let content = self.config.dedup.as_ref().map(|dedup| {
+            Arc::new(Config {
+                ttl: dedup.window(),
+                fingerprint_body: dedup.selection(),
+                strategy: "content",
+                ..(*self.config).clone()
+            })
+        });
+        let observes_another_strategy = self.config.mode == StrategyMode::Observe
+            && (!self.config.key_source.is_standard_header() || self.config.dedup.is_some());
+        let enforced_header = observes_another_strategy.then(|| {
+            Arc::new(Config {
+                mode: StrategyMode::Enforce,
+                strategy: "header",
+                ..(*self.config).clone()
+            })
+        });
+        let variants = Variants {
+            content,
+            enforced_header,
+        };
+        Idempotency::new(inner, Arc::clone(&self.config), Arc::new(variants))
     }
 }

@@ -7,13 +7,17 @@ mod durations;
 mod execution;
 pub mod finality;
 mod handler;
+pub mod journal;
 mod layer;
+mod live;
 pub mod principal;
 pub mod problem;
 mod response;
 mod service;
 mod tasks;
 pub mod telemetry;
+mod waiting;
+pub mod webhook;
 
 // The protocol from `idemgate-core`, so an application depends on this crate
 // alone. Listed one by one: a core item is part of this crate's API only once it
@@ -25,14 +29,17 @@ pub use idemgate_core::{
 };
 #[doc(inline)]
 pub use idemgate_core::{
-    cache, compression, deadline, decide, encoding, estimate, fingerprint, key, memory, path,
-    record, scope, signals, store, time, transaction,
+    audit, cache, compression, deadline, decide, encoding, estimate, fingerprint, key, memory,
+    path, record, resource_lease, scope, signals, store, time, transaction,
 };
 
-pub use config::{PathSource, StrategyMode};
+pub use config::{ObservedResponses, PathSource, StrategyMode};
 pub use context::OperationContext;
 pub use finality::{Finality, ServerErrorPolicy};
-pub use layer::IdempotencyLayer;
+pub use layer::{
+    DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_LIMIT, DEFAULT_TTL, DEFAULT_WAIT,
+    IdempotencyLayer,
+};
 pub use principal::{DefaultPrincipal, Principal, PrincipalError, PrincipalExtractor};
 pub use problem::ProblemDetails;
 pub use response::{

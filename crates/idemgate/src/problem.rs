@@ -18,6 +18,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use idemgate_core::StoreError;
+use idemgate_core::fingerprint::Differing;
 use idemgate_core::key::KeyError;
 
 pub use idemgate_core::wire::PROBLEM_BASE;
@@ -308,6 +309,36 @@ impl ProblemDetails {
         )
     }
 
+    /// 422 naming the body fields the request differs in from the first one
+    /// under its key (PROTOCOL §6.3, [`Differing`]): the `differing` member lists
+    /// their JSON pointers (at most [`MAX_NAMED`](idemgate_core::fingerprint::MAX_NAMED)),
+    /// `differing_complete` says whether that is every differing field, and the
+    /// detail (a Stripe-shaped `message`) says the same in words.
+    ///
+    /// ```
+    /// use idemgate::fingerprint::Differing;
+    /// let differing = Differing { pointers: vec!["/amount".into()], complete: true };
+    /// let problem = idemgate::ProblemDetails::key_reused_differing(&differing);
+    /// assert_eq!(problem.members["differing"], serde_json::json!(["/amount"]));
+    /// assert!(problem.detail.contains("/amount"));
+    /// ```
+    pub fn key_reused_differing(differing: &Differing) -> Self {
+        let fields = differing.pointers.join(", ");
+        let what = match (differing.pointers.is_empty(), differing.complete) {
+            (true, true) => "the same body, but another query string, or a header or path spelling the fingerprint covers".to_owned(),
+            (true, false) => "another body (in fields too many to name)".to_owned(),
+            (false, true) => format!("another body: it differs at {fields}"),
+            (false, false) => format!("another body: it differs at {fields}, and elsewhere"),
+        };
+        let mut problem = Self::key_reused();
+        problem.detail = format!(
+            "this Idempotency-Key was already used on this endpoint with {what}; use a new key for a new request"
+        );
+        problem
+            .with_member("differing", differing.pointers.clone())
+            .with_member("differing_complete", differing.complete)
+    }
+
     /// 409: the first request with this key is still running.
     pub fn in_progress(retry_after: Duration) -> Self {
         Self::new(
@@ -431,7 +462,9 @@ struct Rendered(ProblemDetails);
 const STRIPE_IDEMPOTENCY_ERRORS: &[&str] = &[KEY_REUSED, IN_PROGRESS, "missing-key", "invalid-key"];
 
 /// How problems look on the wire: the body's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum ProblemShape {
     /// `application/problem+json` (RFC 9457): `type`, `title`, `status`,
@@ -699,6 +732,18 @@ mod tests {
                 .unwrap()
                 .contains("different request")
         );
+        let differing = Differing {
+            pointers: vec!["/amount".into(), "/items/0/sku".into()],
+            complete: true,
+        };
+        let named = style.restyle(ProblemDetails::key_reused_differing(&differing).into_response());
+        assert_eq!(named.status(), StatusCode::BAD_REQUEST);
+        let json = body_of(named).await;
+        assert_eq!(json["error"]["code"], "key-reused");
+        assert_eq!(
+            json["error"]["message"],
+            "this Idempotency-Key was already used on this endpoint with another body: it differs at /amount, /items/0/sku; use a new key for a new request"
+        );
         let busy =
             style.restyle(ProblemDetails::in_progress(Duration::from_secs(3)).into_response());
         assert_eq!(busy.status(), StatusCode::CONFLICT);
@@ -707,6 +752,45 @@ mod tests {
         let store =
             style.restyle(ProblemDetails::store_full(Duration::from_secs(1)).into_response());
         assert_eq!(body_of(store).await["error"]["type"], "api_error");
+    }
+
+    #[tokio::test]
+    async fn a_reused_key_names_the_differing_fields() {
+        let json = |pointers: &[&str], complete: bool| {
+            let differing = Differing {
+                pointers: pointers.iter().map(|p| (*p).to_owned()).collect(),
+                complete,
+            };
+            ProblemDetails::key_reused_differing(&differing).into_response()
+        };
+        let response = json(&["/amount"], true);
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let body = body_of(response).await;
+        assert_eq!(body["type"], "/problems/key-reused");
+        assert_eq!(body["differing"], serde_json::json!(["/amount"]));
+        assert_eq!(body["differing_complete"], true);
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("differs at /amount;")
+        );
+        let more = body_of(json(&["/a"], false)).await;
+        assert_eq!(more["differing_complete"], false);
+        assert!(
+            more["detail"]
+                .as_str()
+                .unwrap()
+                .contains("differs at /a, and elsewhere")
+        );
+        let elsewhere = body_of(json(&[], true)).await;
+        assert_eq!(elsewhere["differing"], serde_json::json!([]));
+        assert!(
+            elsewhere["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the same body")
+        );
     }
 
     #[tokio::test]

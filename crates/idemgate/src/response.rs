@@ -47,7 +47,7 @@ fn is_never_stored(name: &HeaderName) -> bool {
 }
 
 /// [`ReplayedHeaders::defaults`].
-static REPLAYED_BY_DEFAULT: [HeaderName; 26] = [
+static REPLAYED_BY_DEFAULT: [HeaderName; 28] = [
     // The representation: what the body is and how to read it.
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,
@@ -71,6 +71,11 @@ static REPLAYED_BY_DEFAULT: [HeaderName; 26] = [
     HeaderName::from_static("accept-post"),
     HeaderName::from_static("preference-applied"),
     header::WWW_AUTHENTICATE,
+    // The original request's id, as Stripe replays it: a replay is that request's
+    // answer, and the id is how its caller finds it in the API's logs (an SDK's
+    // `last_response.request_id`).
+    HeaderName::from_static("request-id"),
+    HeaderName::from_static("x-request-id"),
     // What a browser needs to hand the replay to the page that asked.
     header::ACCESS_CONTROL_ALLOW_ORIGIN,
     header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
@@ -101,9 +106,10 @@ pub enum UnlistableHeader {
 /// Which headers of a live response are stored for its replays (PROTOCOL §7):
 /// only what a replay needs to be the same answer — the representation's
 /// metadata, the outcome's pointers, and what a browser needs to read it — plus
-/// names the application adds. Per-response headers (`Date`, `Server`, request
-/// and trace ids, rate-limit counters) are not stored, so a replay never repeats
-/// another response's; `Set-Cookie` is stored only when asked for, since
+/// names the application adds, and the original request's id (`Request-Id`,
+/// `X-Request-Id`, as Stripe replays it). Per-response headers (`Date`,
+/// `Server`, trace ids, rate-limit counters) are not stored, so a replay never
+/// repeats another response's; `Set-Cookie` is stored only when asked for, since
 /// replaying a session cookie to whoever holds the key is rarely what you want.
 ///
 /// ```
@@ -112,7 +118,8 @@ pub enum UnlistableHeader {
 ///     .with_names([http::HeaderName::from_static("x-order-ref")]);
 /// assert!(replayed.keeps(&http::header::LOCATION));
 /// assert!(replayed.keeps(&http::HeaderName::from_static("x-order-ref")));
-/// assert!(!replayed.keeps(&http::HeaderName::from_static("x-request-id")));
+/// assert!(replayed.keeps(&http::HeaderName::from_static("x-request-id")));
+/// assert!(!replayed.keeps(&http::header::SERVER));
 /// assert!(!replayed.keeps(&http::header::SET_COOKIE));
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -225,6 +232,95 @@ fn decode(coding: &str, body: &Bytes) -> Option<Bytes> {
     Some(bytes)
 }
 
+/// What a retry asks of the replay it may get (PROTOCOL §7, §20): the content
+/// codings it accepts, and for an event stream the id of the last event it
+/// received.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ReplayRequest {
+    /// The request's `Accept-Encoding` lines, joined; `None` when it sent none.
+    accept_encoding: Option<String>,
+    /// The request's `Last-Event-ID` (the HTML standard's reconnection header),
+    /// when it is text.
+    last_event_id: Option<String>,
+}
+
+impl ReplayRequest {
+    /// The id of the last event the client received, when it resumes a stream.
+    pub(crate) fn last_event_id(&self) -> Option<&str> {
+        self.last_event_id.as_deref()
+    }
+
+    /// Read from a request's headers.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let lines: Vec<&str> = headers
+            .get_all(header::ACCEPT_ENCODING)
+            .iter()
+            .map(|value| value.to_str().unwrap_or_default())
+            .collect();
+        Self {
+            accept_encoding: (!lines.is_empty()).then(|| lines.join(", ")),
+            last_event_id: headers
+                .get(LAST_EVENT_ID)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned),
+        }
+    }
+}
+
+/// The header an event-stream client reconnects with (HTML standard, §9.2).
+const LAST_EVENT_ID: &str = "last-event-id";
+
+/// Where a stored event stream resumes for a client whose last event id is
+/// `last_event_id`: just after the first event that set that id (its `id:`
+/// field, the last one of the event, per the HTML standard's parsing: lines end
+/// in CRLF, LF or CR; an empty line ends an event). `None` when no event set
+/// it: the whole stream is sent, a duplicate being better than a gap.
+pub(crate) fn resume_offset(stream: &[u8], last_event_id: &str) -> Option<usize> {
+    let mut at = 0;
+    let mut sets_it = false;
+    while at < stream.len() {
+        let rest = &stream[at..];
+        let (line_len, ending) = match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(i) if rest[i] == b'\r' && rest.get(i + 1) == Some(&b'\n') => (i, 2),
+            Some(i) => (i, 1),
+            None => return None, // an unfinished last line dispatches nothing
+        };
+        let line = &rest[..line_len];
+        at += line_len + ending;
+        if line.is_empty() {
+            if sets_it {
+                return Some(at);
+            }
+            continue;
+        }
+        let (name, value) = match line.iter().position(|&b| b == b':') {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
+        };
+        if name == b"id" && !value.contains(&0) {
+            sets_it = value == last_event_id.as_bytes();
+        }
+    }
+    None
+}
+
+/// Whether stored headers say the body is an event stream.
+fn is_event_stream(headers: &[(HeaderName, HeaderValue)]) -> bool {
+    headers.iter().any(|(name, value)| {
+        *name == header::CONTENT_TYPE
+            && value.to_str().is_ok_and(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .eq_ignore_ascii_case("text/event-stream")
+            })
+    })
+}
+
 /// A stored response as a replay: same status, headers and body bytes, plus
 /// `Idempotent-Replayed: true` (and `Idempotency-Response: not-retained` with an
 /// empty body when the body was not kept).
@@ -235,7 +331,11 @@ fn decode(coding: &str, body: &Bytes) -> Option<Bytes> {
 /// its `Content-Encoding`, and its strong `ETag` made weak (the bytes differ,
 /// the representation does not). A coding that cannot be decoded here is
 /// replayed as stored, with a warning.
-pub(crate) fn replay(stored: &StoredResponse, accept_encoding: Option<&str>) -> Response<Body> {
+///
+/// An event stream replayed to a retry that sent `Last-Event-ID` starts after
+/// that event (PROTOCOL §20, [`resume_offset`]).
+pub(crate) fn replay(stored: &StoredResponse, wants: &ReplayRequest) -> Response<Body> {
+    let accept_encoding = wants.accept_encoding.as_deref();
     // The body as the handler answered it, whatever the store keeps
     // (`idemgate_core::compression`).
     let stored = match decompress(stored) {
@@ -268,10 +368,20 @@ pub(crate) fn replay(stored: &StoredResponse, accept_encoding: Option<&str>) -> 
         }
         _ => None,
     };
-    let body = match (&stored.body, &decoded) {
-        (_, Some(decoded)) => Body::from(decoded.clone()),
-        (StoredBody::Retained(bytes), None) => Body::from(bytes.clone()),
-        (StoredBody::NotRetained, None) => Body::empty(),
+    let bytes = match (&stored.body, &decoded) {
+        (_, Some(decoded)) => Some(decoded.clone()),
+        (StoredBody::Retained(bytes), None) => Some(bytes.clone()),
+        (StoredBody::NotRetained, None) => None,
+    };
+    let body = match (bytes, &wants.last_event_id) {
+        (None, _) => Body::empty(),
+        (Some(bytes), Some(last_event_id))
+            if (coding.is_empty() || decoded.is_some()) && is_event_stream(&stored.headers) =>
+        {
+            let from = resume_offset(&bytes, last_event_id).unwrap_or(0);
+            Body::from(bytes.slice(from..))
+        }
+        (Some(bytes), _) => Body::from(bytes),
     };
     let mut response = Response::new(body);
     *response.status_mut() = stored.status;
@@ -310,6 +420,78 @@ mod tests {
     use http::StatusCode;
 
     #[test]
+    fn an_event_stream_resumes_after_the_event_that_set_the_id() {
+        let stream = b"id: 1\ndata: a\n\nid: 2\ndata: b\n\ndata: no id\n\nid: 3\ndata: c\n\n";
+        let after = |id: &str| resume_offset(stream, id).map(|at| &stream[at..]);
+        assert_eq!(
+            after("1"),
+            Some(&b"id: 2\ndata: b\n\ndata: no id\n\nid: 3\ndata: c\n\n"[..])
+        );
+        assert_eq!(after("2"), Some(&b"data: no id\n\nid: 3\ndata: c\n\n"[..]));
+        assert_eq!(after("3"), Some(&b""[..]), "after the last: nothing");
+        assert_eq!(after("4"), None, "an id no event set: the whole stream");
+        assert_eq!(after(""), None);
+    }
+
+    #[test]
+    fn event_stream_lines_end_in_crlf_lf_or_cr_and_the_last_id_field_counts() {
+        for (stream, rest) in [
+            (&b"id:7\r\ndata: a\r\n\r\nrest"[..], &b"rest"[..]),
+            (&b"id: 7\rdata: a\r\rrest"[..], &b"rest"[..]),
+            (&b": comment\nid: 6\nid: 7\n\nrest"[..], &b"rest"[..]),
+        ] {
+            let at = resume_offset(stream, "7").expect("found");
+            assert_eq!(&stream[at..], rest, "{:?}", String::from_utf8_lossy(stream));
+        }
+        assert_eq!(
+            resume_offset(b"id: 7\nid: 8\n\n", "7"),
+            None,
+            "the event's last id field is its id"
+        );
+        assert_eq!(
+            resume_offset(b"id: 7\ndata: unfinished", "7"),
+            None,
+            "an event never ended was never dispatched"
+        );
+    }
+
+    #[test]
+    fn a_replayed_event_stream_starts_after_last_event_id_and_others_are_whole() {
+        let stream = Bytes::from_static(b"id: 1\ndata: a\n\nid: 2\ndata: b\n\n");
+        let stored = |content_type: &'static str| StoredResponse {
+            status: StatusCode::OK,
+            headers: vec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+            body: StoredBody::Retained(stream.clone()),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("last-event-id", HeaderValue::from_static("1"));
+        let resumed = ReplayRequest::of(&headers);
+        let body = |response: Response<Body>| async move {
+            http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let sse = stored("text/event-stream; charset=utf-8");
+            assert_eq!(
+                body(replay(&sse, &resumed)).await,
+                &b"id: 2\ndata: b\n\n"[..]
+            );
+            assert_eq!(body(replay(&sse, &ReplayRequest::default())).await, stream);
+            let json = stored("application/json");
+            assert_eq!(
+                body(replay(&json, &resumed)).await,
+                stream,
+                "not a stream: whole"
+            );
+        });
+    }
+
+    #[test]
     fn stores_what_a_replay_needs_in_order_with_repeats() {
         let mut headers = HeaderMap::new();
         headers.append(header::LOCATION, HeaderValue::from_static("/orders/1"));
@@ -339,6 +521,7 @@ mod tests {
             kept(ReplayedHeaders::default()),
             [
                 "location: /orders/1",
+                "x-request-id: req-1",
                 "link: </a>; rel=next",
                 "link: </b>; rel=prev"
             ]
@@ -356,6 +539,7 @@ mod tests {
                 "location: /orders/1",
                 "x-tag: b",
                 "x-tag: a",
+                "x-request-id: req-1",
                 "link: </a>; rel=next",
                 "link: </b>; rel=prev"
             ]
@@ -388,7 +572,7 @@ mod tests {
             ],
             body: StoredBody::NotRetained,
         };
-        let response = replay(&stored, None);
+        let response = replay(&stored, &ReplayRequest::default());
         assert_eq!(response.status(), StatusCode::CREATED);
         assert_eq!(response.headers()[&IDEMPOTENT_REPLAYED], "true");
         assert_eq!(response.headers()[&IDEMPOTENCY_RESPONSE], "not-retained");

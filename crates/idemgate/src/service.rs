@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, OriginalUri};
@@ -20,7 +20,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use idemgate_core::fingerprint::{Fingerprint, FingerprintInput};
-use idemgate_core::key::{IdempotencyKey, KeyInput, KeySource};
+use idemgate_core::key::{IdempotencyKey, KeyInput, KeyOrigin, KeySource};
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::scope::{Identity, Scope, normalize_path};
 use idemgate_core::transaction::{SlotContents, TransactionSlot};
@@ -29,15 +29,19 @@ use idemgate_core::{
     decide,
 };
 
-use crate::config::{Config, PathSource, StrategyMode};
+use crate::config::{Config, ObservedResponses, PathSource, StrategyMode};
 use crate::durations::route_key;
 use crate::execution::Execution;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::{BoxFuture, Handler};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
-use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, replay};
-use crate::telemetry::{Outcome, count, count_duplicate, count_outcome, timed, timed_request};
+use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, ReplayRequest, replay};
+use crate::telemetry::{
+    Outcome, count, count_duplicate, count_outcome, count_webhook, timed, timed_request,
+};
+use crate::waiting::Waiter;
+use crate::webhook::Webhook;
 
 /// How many times a claim is retried when the record it found became claimable
 /// (released, or its lease lapsed) before it could be taken.
@@ -48,6 +52,22 @@ const MAX_CLAIM_ATTEMPTS: usize = 8;
 pub struct Idempotency<S> {
     inner: S,
     config: Arc<Config>,
+    /// The settings of requests whose key is not the route's own, made once by
+    /// the layer.
+    variants: Arc<Variants>,
+}
+
+/// The settings a request runs under when its key is not the route's own
+/// strategy (PROTOCOL §16), derived from the route's once, by the layer.
+pub(crate) struct Variants {
+    /// A content-keyed request: the dedup window's TTL and body selection, the
+    /// `content` strategy. `None` without content dedup.
+    pub(crate) content: Option<Arc<Config>>,
+    /// A request keyed by the client's own `Idempotency-Key` on a route that
+    /// observes another strategy (its own key source, or content dedup):
+    /// enforced, under the `header` strategy — measuring a new strategy never
+    /// removes the protection a client asked for. `None` on other routes.
+    pub(crate) enforced_header: Option<Arc<Config>>,
 }
 
 impl<S> std::fmt::Debug for Idempotency<S> {
@@ -57,8 +77,12 @@ impl<S> std::fmt::Debug for Idempotency<S> {
 }
 
 impl<S> Idempotency<S> {
-    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
-        Self { inner, config }
+    pub(crate) fn new(inner: S, config: Arc<Config>, variants: Arc<Variants>) -> Self {
+        Self {
+            inner,
+            config,
+            variants,
+        }
     }
 }
 
@@ -88,9 +112,11 @@ where
         // Erased once, here: the rest of the request path is not generic.
         let handler = Handler::new(inner);
         let config = Arc::clone(&self.config);
+        let variants = Arc::clone(&self.variants);
         Box::pin(async move {
             let style = config.problem_style.clone();
-            let response = timed_request(handle(config, handler, request.map(Body::new))).await?;
+            let response =
+                timed_request(handle(config, variants, handler, request.map(Body::new))).await?;
             // Every problem leaving the layer in its style: its own, and what
             // passed through it.
             Ok(style.restyle(response))
@@ -100,6 +126,7 @@ where
 
 async fn handle<E>(
     config: Arc<Config>,
+    variants: Arc<Variants>,
     handler: Handler<E>,
     request: Request<Body>,
 ) -> Result<Response<Body>, E>
@@ -109,6 +136,17 @@ where
     if !config.methods.contains(request.method()) {
         count_outcome(Outcome::PassedThrough);
         return handler.call(request).await;
+    }
+    // A webhook receiver: verified before anything else, keyed by the delivery.
+    if let Some(webhook) = &config.webhook {
+        let webhook = Arc::clone(webhook);
+        return Ok(Box::pin(webhook_delivery(
+            config,
+            webhook,
+            handler.boxing_errors(),
+            request,
+        ))
+        .await);
     }
     let (parts, body) = request.into_parts();
     // A key in the body: the body is read (within the limit) before the key.
@@ -144,30 +182,23 @@ where
                 .and_then(|v| v.to_str().ok()),
             body: buffered.as_deref().unwrap_or_default(),
         };
-        config.key_source.key(&input, config.max_key_length)
+        config.key_source.locate(&input, config.max_key_length)
     };
     // No key, and the route deduplicates by content: the content is the key
     // (PROTOCOL §16), under the window's own settings.
     let content_key = match (&found, &config.dedup) {
-        (Ok(None), Some(dedup)) => Some(
-            dedup.key(
-                parts
-                    .headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok()),
-                buffered.as_deref().unwrap_or_default(),
-            ),
-        ),
+        (Ok(None), Some(dedup)) => {
+            let (path, query) = request_path(&parts);
+            let headers = fingerprint_headers(&config, &parts);
+            let body = buffered.as_deref().unwrap_or_default();
+            Some(dedup.key(&fingerprint_input(&parts, &path, &query, &headers, body)))
+        }
         _ => None,
     };
     let request = Request::from_parts(parts, body);
-    if let (Some(key), Some(dedup)) = (content_key, &config.dedup) {
-        let mut content = (*config).clone();
-        content.ttl = dedup.window();
-        content.fingerprint_body = dedup.selection();
-        content.strategy = "content";
+    if let (Some(key), Some(content)) = (content_key, variants.content.clone()) {
         if config.mode == StrategyMode::Observe {
-            return Box::pin(observe(Arc::new(content), handler, request, key, true)).await;
+            return Box::pin(observe(content, handler, request, key, true)).await;
         }
         let span = tracing::info_span!(
             "idempotency",
@@ -176,15 +207,9 @@ where
             operation_id = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let mut response = Box::pin(keyed(
-            Arc::new(content),
-            handler.boxing_errors(),
-            request,
-            key,
-            true,
-        ))
-        .instrument(span)
-        .await;
+        let mut response = Box::pin(keyed(content, handler.boxing_errors(), request, key, true))
+            .instrument(span)
+            .await;
         if response.headers().contains_key(&IDEMPOTENT_REPLAYED) {
             response
                 .headers_mut()
@@ -192,8 +217,8 @@ where
         }
         return Ok(response);
     }
-    let key = match found {
-        Ok(Some(key)) => key,
+    let (key, origin) = match found {
+        Ok(Some(found)) => found,
         Ok(None) if config.require_key => {
             count_outcome(Outcome::MissingKey);
             let problem = if config.key_source == KeySource::default() {
@@ -211,6 +236,11 @@ where
             count_outcome(Outcome::InvalidKey);
             return Ok(ProblemDetails::invalid_key(&error).into_response());
         }
+    };
+    // The client's own key on a route observing another strategy: enforced.
+    let config = match (&variants.enforced_header, origin) {
+        (Some(enforced), KeyOrigin::StandardHeader) => Arc::clone(enforced),
+        _ => config,
     };
     if config.mode == StrategyMode::Observe {
         return Box::pin(observe(config, handler, request, key, false)).await;
@@ -278,21 +308,126 @@ async fn keyed(
         count_outcome(Outcome::Overloaded);
         return ProblemDetails::overloaded(config.busy_retry_after).into_response();
     };
-    // What the retry accepts, so a replay is sent in a coding it can read.
-    let accept_encoding = accept_encoding(&parts.headers);
-    match claim_or_answer(&config, &claim, accept_encoding.as_deref()).await {
+    // What the retry asks of a replay: a coding it can read, where its
+    // event stream resumes.
+    let wants = ReplayRequest::of(&parts.headers);
+    match claim_or_answer(&config, &claim, &wants).await {
         Claimed::Lease(lease, claimed_at) => {
             tracing::Span::current()
                 .record("operation_id", tracing::field::display(lease.operation_id));
             count_outcome(Outcome::Executed);
             let request = Request::from_parts(parts, Body::from(body));
-            let route = route_key(claim.identity.scope());
-            Execution::new(config, lease, claimed_at, route, accept_encoding)
+            let route = route_key(&claim);
+            Execution::new(config, lease, claimed_at, route, wants)
                 .spawn(handler, request, permit)
                 .await
         }
         Claimed::Answer(response) => response,
     }
+}
+
+/// A webhook delivery (`crate::webhook`): its signature verified before
+/// anything is claimed, then claimed under its own id, scoped by the route and
+/// the provider account, fingerprinted by its raw payload, and run or answered
+/// as any keyed request; each delivery counted once in `idemgate_webhooks_total`.
+async fn webhook_delivery(
+    config: Arc<Config>,
+    webhook: Arc<Webhook>,
+    handler: Handler,
+    request: Request<Body>,
+) -> Response<Body> {
+    let provider = webhook.provider();
+    let (parts, body) = request.into_parts();
+    let body = match read_body(&parts, body, config.body_limit).await {
+        Ok(body) => body,
+        Err(problem) => return problem.into_response(),
+    };
+    if let Err(refusal) = webhook.verify(&parts.headers, &body, SystemTime::now()) {
+        count_outcome(Outcome::Unauthenticated);
+        count_webhook(provider, refusal.outcome());
+        tracing::info!(%provider, %refusal, "webhook delivery refused");
+        return refusal.problem().into_response();
+    }
+    let delivery = webhook.delivery(&parts.headers, &body);
+    let key = match delivery.id.as_deref() {
+        None => {
+            count_outcome(Outcome::MissingKey);
+            return webhook.missing_id().into_response();
+        }
+        Some(id) => match IdempotencyKey::from_value(id, config.max_key_length) {
+            Ok(key) => key,
+            Err(error) => {
+                count_outcome(Outcome::InvalidKey);
+                return ProblemDetails::invalid_key(&error).into_response();
+            }
+        },
+    };
+    let (path, _) = request_path(&parts);
+    let template = route_template(&config, &parts);
+    let scope = Scope {
+        principal: delivery.principal,
+        method: parts.method.as_str().to_owned(),
+        path: template.clone().unwrap_or(path),
+    };
+    // The raw payload: what the provider signed, byte for byte.
+    let fingerprint = Fingerprint::of(FingerprintInput {
+        method: &scope.method,
+        path: &scope.path,
+        query: "",
+        content_type: None,
+        headers: &[],
+        body: &body,
+    });
+    let claim = ClaimRequest {
+        identity: Identity::new(scope, key),
+        fingerprint,
+        field_digests: None,
+        lease: config.lease,
+        ttl: config.ttl,
+        route_template: template,
+    };
+    let Some(permit) = config.in_flight_limit.try_permit() else {
+        count_outcome(Outcome::Overloaded);
+        return ProblemDetails::overloaded(config.busy_retry_after).into_response();
+    };
+    let wants = ReplayRequest::of(&parts.headers);
+    let span = tracing::info_span!(
+        "idempotency",
+        key = %claim.identity.key().digest_prefix(),
+        webhook = %provider,
+        operation_id = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    async move {
+        match claim_or_answer(&config, &claim, &wants).await {
+            Claimed::Lease(lease, claimed_at) => {
+                tracing::Span::current()
+                    .record("operation_id", tracing::field::display(lease.operation_id));
+                count_outcome(Outcome::Executed);
+                count_webhook(provider, "verified");
+                let request = Request::from_parts(parts, Body::from(body));
+                let route = route_key(&claim);
+                Execution::new(config, lease, claimed_at, route, wants)
+                    .spawn(handler, request, permit)
+                    .await
+            }
+            Claimed::Answer(response) => {
+                // What the claim found, read from its answer: a replay or a 409
+                // is a duplicate, a 422 a mismatch; a store failure is neither.
+                if response.headers().contains_key(&IDEMPOTENT_REPLAYED)
+                    || response.status() == http::StatusCode::CONFLICT
+                {
+                    count_webhook(provider, "duplicate");
+                } else if response.status() == http::StatusCode::UNPROCESSABLE_ENTITY {
+                    count_webhook(provider, "mismatch");
+                    tracing::warn!(%provider, "a webhook delivery id came again with another payload: a provider never does that");
+                }
+                response
+            }
+        }
+    }
+    .instrument(span)
+    .await
 }
 
 /// What a keyed request is claimed as: its identity and fingerprint, with the
@@ -325,7 +460,42 @@ async fn prepare(
         Err(problem) => return Err(problem.into_response()),
     };
     let (path, query) = request_path(parts);
-    let header_values: Vec<(&str, &[u8])> = config
+    let header_values = fingerprint_headers(config, parts);
+    // A key from the path names the operation within the route, not within one
+    // concrete path: the template is the scope's path (PROTOCOL §15).
+    // Content dedup scopes by route too (PROTOCOL §16).
+    let by_template = config.path_source == PathSource::RouteTemplate
+        || config.key_source.path_parameter().is_some()
+        || by_content;
+    let template = route_template(config, parts);
+    let scope_path = by_template.then(|| template.clone()).flatten();
+    let scope = Scope {
+        principal,
+        method: parts.method.as_str().to_owned(),
+        path: scope_path.unwrap_or_else(|| config.path_fold.apply(&path).into_owned()),
+    };
+    let identity = Identity::new(scope, key);
+    // The per-field digests, keyed by the identity, beside the fingerprint: what
+    // lets a 422 name the fields another body under this key changed.
+    let (fingerprint, field_digests) = Fingerprint::with_field_digests(
+        fingerprint_input(parts, &path, &query, &header_values, &body),
+        &config.fingerprint_body,
+        identity.digest().as_bytes(),
+    );
+    let claim = ClaimRequest {
+        identity,
+        fingerprint,
+        field_digests,
+        lease: config.lease,
+        ttl: config.ttl,
+        route_template: template,
+    };
+    Ok((claim, body))
+}
+
+/// The values of the headers `config` fingerprints, in its order.
+fn fingerprint_headers<'a>(config: &'a Config, parts: &'a Parts) -> Vec<(&'a str, &'a [u8])> {
+    config
         .fingerprint_headers
         .iter()
         .flat_map(|name| {
@@ -335,47 +505,38 @@ async fn prepare(
                 .iter()
                 .map(move |value| (name.as_str(), value.as_bytes()))
         })
-        .collect();
-    let fingerprint = Fingerprint::of_selected(
-        FingerprintInput {
-            method: parts.method.as_str(),
-            path: &path,
-            query: &query,
-            content_type: parts
-                .headers
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok()),
-            headers: &header_values,
-            body: &body,
-        },
-        &config.fingerprint_body,
-    );
-    // A key from the path names the operation within the route, not within one
-    // concrete path: the template is the scope's path (PROTOCOL §15).
-    // Content dedup scopes by route too (PROTOCOL §16).
-    let by_template = config.path_source == PathSource::RouteTemplate
-        || config.key_source.path_parameter().is_some()
-        || by_content;
-    let scope_path = by_template.then(|| route_template(config, parts)).flatten();
-    let scope = Scope {
-        principal,
-        method: parts.method.as_str().to_owned(),
-        path: scope_path.unwrap_or_else(|| config.path_fold.apply(&path).into_owned()),
-    };
-    let claim = ClaimRequest {
-        identity: Identity::new(scope, key),
-        fingerprint,
-        lease: config.lease,
-        ttl: config.ttl,
-    };
-    Ok((claim, body))
+        .collect()
+}
+
+/// What the fingerprint of a request reads (PROTOCOL §4): the one description
+/// both the fingerprint and a content key are computed from.
+fn fingerprint_input<'a>(
+    parts: &'a Parts,
+    path: &'a str,
+    query: &'a str,
+    headers: &'a [(&'a str, &'a [u8])],
+    body: &'a [u8],
+) -> FingerprintInput<'a> {
+    FingerprintInput {
+        method: parts.method.as_str(),
+        path,
+        query,
+        content_type: parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        headers,
+        body,
+    }
 }
 
 /// Observe mode (PROTOCOL §16): the request runs and is answered as if the
 /// strategy were off; the claim is still made, so what the strategy would have
-/// done is counted, and a first run's record is settled by the usual rules
-/// (without its body: nothing is ever replayed from it).
-async fn observe<E: Send + 'static>(
+/// done is counted, and a first run's record is settled by the usual rules —
+/// by default without its response, under the observed name enforcement never
+/// reads ([`Identity::observed`]); with [`ObservedResponses::Keep`], whole and
+/// under the enforced name, as enforcement would have run it.
+async fn observe<E: Into<BoxError> + Send + 'static>(
     config: Arc<Config>,
     handler: Handler<E>,
     request: Request<Body>,
@@ -397,13 +558,30 @@ async fn observe<E: Send + 'static>(
     // Answered as if the layer were off.
     count_outcome(Outcome::PassedThrough);
     let prepared = prepare(&config, &parts, Body::from(body.clone()), key, by_content).await;
+    let wants = ReplayRequest::of(&parts.headers);
     let request = Request::from_parts(parts, Body::from(body));
-    let Ok((claim, _)) = prepared else {
+    let Ok((mut claim, _)) = prepared else {
         return keyless(&config, handler, request).await;
     };
+    let keep = config.observed_responses == ObservedResponses::Keep;
+    if !keep {
+        let (scope, key) = (claim.identity.scope().clone(), claim.identity.key().clone());
+        claim.identity = Identity::observed(scope, key);
+    }
+    let claimed_at = Instant::now();
     match timed("claim", config.store.try_claim(&claim)).await {
         Ok(Claim::Acquired(lease)) => {
             count_duplicate(config.strategy, "observed");
+            // Kept: run as enforcement runs a first request, its response stored
+            // whole for the retries that come after a switch to enforce.
+            if keep && let Some(permit) = config.in_flight_limit.try_permit() {
+                let route = route_key(&claim);
+                let execution =
+                    Execution::new(Arc::clone(&config), lease, claimed_at, route, wants);
+                return Ok(execution
+                    .spawn(handler.boxing_errors(), request, permit)
+                    .await);
+            }
             let response = keyless(&config, handler, request).await?;
             let mark = response.extensions().get::<Finality>().copied();
             settle_observed(&config, &lease, response.status(), mark).await;
@@ -514,7 +692,7 @@ enum Claimed {
 async fn claim_or_answer(
     config: &Config,
     request: &ClaimRequest,
-    accept_encoding: Option<&str>,
+    wants: &ReplayRequest,
 ) -> Claimed {
     let wait_until = config.wait.map(|wait| Instant::now() + wait.max);
     for _ in 0..MAX_CLAIM_ATTEMPTS {
@@ -530,7 +708,7 @@ async fn claim_or_answer(
             Ok(Claim::Existing(snapshot)) => snapshot,
             Err(error) => return Claimed::Answer(store_failure(config, &error)),
         };
-        match answer_from_existing(config, request, snapshot, wait_until, accept_encoding).await {
+        match answer_from_existing(config, request, snapshot, wait_until, wants).await {
             Some(response) => return Claimed::Answer(response),
             None => continue,
         }
@@ -547,55 +725,69 @@ async fn answer_from_existing(
     request: &ClaimRequest,
     mut snapshot: Snapshot,
     wait_until: Option<Instant>,
-    accept_encoding: Option<&str>,
+    wants: &ReplayRequest,
 ) -> Option<Response<Body>> {
     let identity = request.identity.digest();
+    let store: &dyn Store = config.store.as_ref();
+    let waiter = config
+        .wait
+        .zip(wait_until)
+        .map(|(wait, until)| Waiter::new(store, identity, until, wait.recheck));
     loop {
         let retry_after = match decide(&snapshot, &request.fingerprint) {
             Decision::Mismatch => {
                 count_outcome(Outcome::Mismatch);
                 count_duplicate(config.strategy, "mismatch");
-                return Some(ProblemDetails::key_reused().into_response());
+                // Named from the two requests' field digests where both have
+                // them; a bare 422 otherwise (a body that is not JSON, a record
+                // an older build wrote).
+                let problem = match snapshot.record.differing(request.field_digests.as_ref()) {
+                    Some(differing) => ProblemDetails::key_reused_differing(&differing),
+                    None => ProblemDetails::key_reused(),
+                };
+                return Some(problem.into_response());
             }
             Decision::Replay(stored) => {
                 count_outcome(Outcome::Replayed);
                 count_duplicate(config.strategy, "replayed");
-                return Some(replay(stored, accept_encoding));
+                return Some(replay(stored, wants));
             }
             Decision::Claimable => return None,
-            Decision::InProgress { retry_after } => config.durations.in_progress_hint(
-                &route_key(request.identity.scope()),
-                &snapshot,
-                retry_after,
-            ),
+            // A stream in flight on this process: joined, from its first byte
+            // (PROTOCOL §20).
+            Decision::InProgress { .. }
+                if let Some(joined) =
+                    config
+                        .live_streams
+                        .join(identity, snapshot.record.operation_id, wants) =>
+            {
+                count_outcome(Outcome::Replayed);
+                count_duplicate(config.strategy, "replayed");
+                return Some(joined);
+            }
+            // The lease left; the hint is worked out only if a 409 is sent.
+            Decision::InProgress { retry_after } => retry_after,
         };
-        let now = Instant::now();
-        let (Some(wait), Some(until)) = (config.wait, wait_until.filter(|until| *until > now))
-        else {
+        let waited = match &waiter {
+            Some(waiter) => waiter.next(&snapshot).await,
+            None => None,
+        };
+        let Some(read) = waited else {
             count_outcome(Outcome::Conflict);
             count_duplicate(config.strategy, "conflict");
+            let route = route_key(request);
+            let retry_after = config
+                .durations
+                .in_progress_hint(store, &route, &snapshot, retry_after)
+                .await;
             return Some(ProblemDetails::in_progress(retry_after).into_response());
         };
-        config
-            .store
-            .wait_for_change(identity, wait.poll.min(until - now))
-            .await;
-        snapshot = match timed("get", config.store.get(identity)).await {
+        snapshot = match read {
             Ok(Some(snapshot)) => snapshot,
             Ok(None) => return None,
             Err(error) => return Some(store_failure(config, &error)),
         };
     }
-}
-
-/// The request's `Accept-Encoding` lines, joined; `None` when it sent none.
-fn accept_encoding(headers: &http::HeaderMap) -> Option<String> {
-    let lines: Vec<&str> = headers
-        .get_all(http::header::ACCEPT_ENCODING)
-        .iter()
-        .map(|value| value.to_str().unwrap_or_default())
-        .collect();
-    (!lines.is_empty()).then(|| lines.join(", "))
 }
 
 /// The answer to a store error before anything ran: fail closed (PROTOCOL §9).

@@ -8,6 +8,8 @@
 //! | `idemgate_store_errors_total` | counter | `op` |
 //! | `idemgate_replay_cache_total` | counter | `result`: hit, miss (claims and reads that asked the [replay cache](crate::cache); a hit made no store round trip and still counts in `idemgate_store_seconds{op="claim"}`) |
 //! | `idemgate_duplicates_total` | counter | `strategy` ([`STRATEGIES`]: where the key came from), `action` ([`DUPLICATE_ACTIONS`]: what the strategy did, or in observe mode would have done) |
+//! | `idemgate_webhooks_total` | counter | `provider` ([`crate::webhook::Provider::as_str`]), `outcome` ([`crate::webhook::WEBHOOK_OUTCOMES`]): each webhook delivery once |
+//! | `idemgate_streams_total` | counter | `result` ([`STREAM_RESULTS`]): each streamed answer (PROTOCOL §20) once, when it ends; each retry that joined one |
 //! | `idemgate_lease_takeovers_total` | counter | — |
 //! | `idemgate_fenced_completions_total` | counter | — |
 //! | `idemgate_not_retained_total` | counter | — |
@@ -121,6 +123,22 @@ pub(crate) fn count_duplicate(strategy: &'static str, action: &'static str) {
         .increment(1);
 }
 
+/// What happened to streamed answers: `completed` (one ran to its end and its
+/// record was written), `cut` (one broke off, and was settled as a failure),
+/// `joined` (a retry joined one in flight on this process).
+pub const STREAM_RESULTS: [&str; 3] = ["completed", "cut", "joined"];
+
+/// Counts one streamed answer in `idemgate_streams_total`.
+pub(crate) fn count_stream(result: &'static str) {
+    metrics::counter!("idemgate_streams_total", "result" => result).increment(1);
+}
+
+/// Counts one webhook delivery in `idemgate_webhooks_total`.
+pub(crate) fn count_webhook(provider: crate::webhook::Provider, outcome: &'static str) {
+    metrics::counter!("idemgate_webhooks_total", "provider" => provider.as_str(), "outcome" => outcome)
+        .increment(1);
+}
+
 /// Describes every metric of the table above and registers each counter (every
 /// `outcome`, every `op`) at zero.
 ///
@@ -192,6 +210,23 @@ pub fn describe() {
             metrics::counter!("idemgate_duplicates_total", "strategy" => strategy, "action" => action)
                 .absolute(0);
         }
+    }
+    describe_counter!(
+        "idemgate_webhooks_total",
+        "Webhook deliveries by provider and outcome: verified (forwarded), bad_signature, stale, duplicate (answered from its record), mismatch (its id with another payload)."
+    );
+    for provider in crate::webhook::Provider::ALL {
+        for outcome in crate::webhook::WEBHOOK_OUTCOMES {
+            metrics::counter!("idemgate_webhooks_total", "provider" => provider.as_str(), "outcome" => outcome)
+                .absolute(0);
+        }
+    }
+    describe_counter!(
+        "idemgate_streams_total",
+        "Streamed answers (SSE, NDJSON) by how they ended: completed (recorded), cut (broke off; settled as a failure); joined: retries that joined one in flight."
+    );
+    for result in STREAM_RESULTS {
+        metrics::counter!("idemgate_streams_total", "result" => result).absolute(0);
     }
     for name in [
         "idemgate_lease_takeovers_total",

@@ -15,6 +15,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json};
+use idemgate::audit::AuditRecord;
+use idemgate::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use idemgate::scope::IdentityDigest;
 use idemgate::transaction::{PendingTransaction, TransactionSlot};
 use idemgate::{
@@ -57,7 +59,7 @@ pub fn app(layer: IdempotencyLayer, gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-async fn authenticate(mut request: Request, next: Next) -> Response {
+pub async fn authenticate(mut request: Request, next: Next) -> Response {
     if let Some(user) = request
         .headers()
         .get("x-user")
@@ -213,12 +215,21 @@ impl PendingTransaction for FakeTransaction {
         self: Box<Self>,
         lease: &Lease,
         completion: &Completion,
+        journal: Option<&AuditRecord>,
     ) -> Result<FencedWrite, StoreError> {
         if self.store.commit_fails.swap(false, Ordering::SeqCst) {
             self.store.rollbacks.fetch_add(1, Ordering::SeqCst);
             return Err(outage());
         }
         let write = self.store.memory.complete(lease, completion).await?;
+        if write == FencedWrite::Applied
+            && let Some(entry) = journal
+        {
+            self.store
+                .memory
+                .append_audit(std::slice::from_ref(entry))
+                .await?;
+        }
         match write {
             FencedWrite::Applied => self.store.commits.fetch_add(1, Ordering::SeqCst),
             FencedWrite::Refused => self.store.rollbacks.fetch_add(1, Ordering::SeqCst),
@@ -269,6 +280,66 @@ impl Store for FakeTransactionalStore {
     }
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.memory.get(identity).await
+    }
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        self.memory.acquire_resource_lease(resource, ttl).await
+    }
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        self.memory.release_resource_lease(lease).await
+    }
+    async fn append_audit(
+        &self,
+        records: &[idemgate_core::audit::AuditRecord],
+    ) -> Result<(), StoreError> {
+        self.memory.append_audit(records).await
+    }
+
+    async fn read_audit(
+        &self,
+        query: &idemgate_core::audit::AuditQuery,
+    ) -> Result<Vec<idemgate_core::audit::AuditEntry>, StoreError> {
+        self.memory.read_audit(query).await
+    }
+
+    async fn audit_partitions(
+        &self,
+    ) -> Result<Vec<idemgate_core::audit::AuditPartition>, StoreError> {
+        self.memory.audit_partitions().await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: idemgate_core::time::Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.memory.trim_audit(instance, before, limit).await
+    }
+
+    async fn audit_secret(&self) -> Result<idemgate_core::audit::AuditSecret, StoreError> {
+        self.memory.audit_secret().await
+    }
+
+    async fn record_duration(
+        &self,
+        route: &str,
+        duration: std::time::Duration,
+    ) -> Result<(), idemgate_core::StoreError> {
+        self.memory.record_duration(route, duration).await
+    }
+
+    async fn route_durations(
+        &self,
+        route: &str,
+    ) -> Result<Vec<std::time::Duration>, idemgate_core::StoreError> {
+        self.memory.route_durations(route).await
     }
 }
 
@@ -342,6 +413,66 @@ impl Store for FaultyStore {
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
         self.answer_unless_frozen().await;
         self.memory.get(identity).await
+    }
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        self.memory.acquire_resource_lease(resource, ttl).await
+    }
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        self.memory.release_resource_lease(lease).await
+    }
+    async fn append_audit(
+        &self,
+        records: &[idemgate_core::audit::AuditRecord],
+    ) -> Result<(), StoreError> {
+        self.memory.append_audit(records).await
+    }
+
+    async fn read_audit(
+        &self,
+        query: &idemgate_core::audit::AuditQuery,
+    ) -> Result<Vec<idemgate_core::audit::AuditEntry>, StoreError> {
+        self.memory.read_audit(query).await
+    }
+
+    async fn audit_partitions(
+        &self,
+    ) -> Result<Vec<idemgate_core::audit::AuditPartition>, StoreError> {
+        self.memory.audit_partitions().await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: idemgate_core::time::Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.memory.trim_audit(instance, before, limit).await
+    }
+
+    async fn audit_secret(&self) -> Result<idemgate_core::audit::AuditSecret, StoreError> {
+        self.memory.audit_secret().await
+    }
+
+    async fn record_duration(
+        &self,
+        route: &str,
+        duration: std::time::Duration,
+    ) -> Result<(), idemgate_core::StoreError> {
+        self.memory.record_duration(route, duration).await
+    }
+
+    async fn route_durations(
+        &self,
+        route: &str,
+    ) -> Result<Vec<std::time::Duration>, idemgate_core::StoreError> {
+        self.memory.route_durations(route).await
     }
 }
 

@@ -1,0 +1,489 @@
+//! The journal writer: every operation's events, written to the store's journal
+//! (`idemgate_core::audit`, `docs/audit.md`).
+//!
+//! [`Journaled`] is a [`Store`] in front of the layer's store. It sees every
+//! claim and every write after it, so it knows each event as the store decided
+//! it: a new operation (`claimed`), a takeover (`taken_over`), an existing
+//! record's answer (`replayed`, `conflict`, `mismatch`, by [`decide()`] — the rule
+//! the layer answers by), the outcome stored (`executed`), a release or a
+//! deletion (`released`), a refused write (`fenced`).
+//!
+//! In the transactional mode the `executed` entry is not queued: the layer
+//! asks for it ([`Store::transaction_journal_entry`]) and the SQL store appends
+//! it inside the handler's transaction, with the completion and the business
+//! writes — so the journal never reports an effect that rolled back and never
+//! misses one that committed, even when the process dies right after the
+//! commit.
+//!
+//! Entries are queued, never awaited on the request path: a task appends them
+//! in batches, one store round trip for everything queued meanwhile (group
+//! commit), so a replay or a rejection costs no second round trip. The price: an
+//! event queued when the process dies is lost (a crash, not a drain — the drain
+//! flushes the queue, [`Journaled::flush`]). A full queue drops entries and
+//! counts them (`idemgate_audit_dropped_total`) rather than slow requests.
+//!
+//! Evictions are journalled by whoever evicts (`idemgate keys evict`, the admin
+//! API), where the key is known; [`Journaled`] passes `evict` through.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use idemgate_core::audit::{
+    AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
+    key_digest,
+};
+use idemgate_core::record::FencingToken;
+use idemgate_core::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
+use idemgate_core::scope::IdentityDigest;
+use idemgate_core::time::Timestamp;
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, Lease,
+    LeaseOrigin, Snapshot, Store, StoreError, decide,
+};
+use tokio::sync::{mpsc, oneshot};
+
+/// How many entries may wait for the writer; past it entries are dropped and
+/// counted, never waited for.
+const QUEUE: usize = 65_536;
+
+/// At most this many entries per append.
+const BATCH: usize = 512;
+
+/// How many runs the writer remembers (scope and start) between claim and
+/// outcome; past it the oldest are forgotten and their outcome is journalled
+/// without a route (a bound on memory for leases that never settle).
+const RUNS: usize = 100_000;
+
+/// What the journal writes and where.
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    /// This instance's name: its chain partition and every entry's `instance`.
+    pub instance: String,
+    /// The store's journal secret ([`Store::audit_secret`]), the key of the
+    /// entries' `key_digest`.
+    pub secret: AuditSecret,
+}
+
+/// A [`Store`] that journals what happens through it; see the module docs.
+pub struct Journaled {
+    inner: Arc<dyn Store>,
+    config: JournalConfig,
+    queue: mpsc::Sender<Message>,
+    runs: Mutex<Runs>,
+}
+
+impl std::fmt::Debug for Journaled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journaled")
+            .field("instance", &self.config.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Message {
+    Entry(AuditRecord, Instant),
+    Flush(oneshot::Sender<()>),
+}
+
+/// A run between its claim and its outcome.
+#[derive(Clone)]
+struct Run {
+    template: AuditRecord,
+    started: Instant,
+}
+
+#[derive(Default)]
+struct Runs {
+    by_lease: HashMap<(IdentityDigest, FencingToken), Run>,
+    order: std::collections::VecDeque<(IdentityDigest, FencingToken)>,
+}
+
+impl Journaled {
+    /// Journals what happens through `inner`. Starts the writer task on the
+    /// current Tokio runtime.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::sync::Arc;
+    /// use idemgate::journal::{JournalConfig, Journaled};
+    /// use idemgate::{MemoryStore, Store};
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let secret = store.audit_secret().await.unwrap();
+    /// let journaled = Journaled::new(store, JournalConfig { instance: "a".into(), secret });
+    /// # }
+    /// ```
+    pub fn new(inner: Arc<dyn Store>, config: JournalConfig) -> Self {
+        // A store that sweeps expired records journals each sweep itself, in
+        // the sweep's own transaction.
+        inner.journal_expiries(ExpiryJournal {
+            instance: config.instance.clone(),
+            secret: config.secret.clone(),
+        });
+        let (queue, receiver) = mpsc::channel(QUEUE);
+        tokio::spawn(write(Arc::clone(&inner), receiver));
+        metrics::counter!("idemgate_audit_entries_total").absolute(0);
+        metrics::counter!("idemgate_audit_dropped_total").absolute(0);
+        metrics::counter!("idemgate_audit_errors_total").absolute(0);
+        metrics::gauge!("idemgate_audit_lag_seconds").set(0.0);
+        metrics::gauge!("idemgate_audit_queue").set(0.0);
+        Self {
+            inner,
+            config,
+            queue,
+            runs: Mutex::default(),
+        }
+    }
+
+    /// Waits until every entry queued so far is written (or given up on): the
+    /// drain calls it before the process exits.
+    pub async fn flush(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.queue.send(Message::Flush(done)).await.is_ok() {
+            let _ = flushed.await;
+        }
+    }
+
+    fn queue(&self, record: AuditRecord) {
+        metrics::gauge!("idemgate_audit_queue").increment(1.0);
+        if self
+            .queue
+            .try_send(Message::Entry(record, Instant::now()))
+            .is_err()
+        {
+            metrics::gauge!("idemgate_audit_queue").decrement(1.0);
+            metrics::counter!("idemgate_audit_dropped_total").increment(1);
+        }
+    }
+
+    fn template(&self, request: &ClaimRequest, event: AuditEvent) -> AuditRecord {
+        let scope = request.identity.scope();
+        AuditRecord {
+            event: Some(event),
+            operation_id: None,
+            method: scope.method.clone(),
+            route: request.route().to_owned(),
+            principal: scope.principal.as_str().to_owned(),
+            key_digest: key_digest(&self.config.secret, request.identity.key().as_str()),
+            fingerprint: Some(hex::encode(request.fingerprint.as_bytes())),
+            status: None,
+            duration_ms: None,
+            instance: self.config.instance.clone(),
+        }
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, Runs> {
+        // Each update is a map insert or remove: nothing half-done to poison.
+        self.runs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn remember(&self, lease: &Lease, template: AuditRecord) {
+        let key = (lease.identity, lease.token);
+        let mut runs = self.runs();
+        if runs.by_lease.len() >= RUNS
+            && let Some(oldest) = runs.order.pop_front()
+        {
+            runs.by_lease.remove(&oldest);
+        }
+        runs.order.push_back(key);
+        runs.by_lease.insert(
+            key,
+            Run {
+                template,
+                started: Instant::now(),
+            },
+        );
+    }
+
+    /// The run's template, forgotten: its outcome is its last event.
+    fn settle(&self, lease: &Lease) -> Option<Run> {
+        let key = (lease.identity, lease.token);
+        let mut runs = self.runs();
+        let run = runs.by_lease.remove(&key);
+        if run.is_some()
+            && let Some(at) = runs.order.iter().position(|k| *k == key)
+        {
+            runs.order.remove(at);
+        }
+        run
+    }
+
+    /// The outcome of `lease`'s run: `event`, with `status` where one exists.
+    fn outcome(&self, lease: &Lease, event: AuditEvent, status: Option<u16>) {
+        let run = self.settle(lease);
+        self.queue(self.outcome_entry(run, lease, event, status));
+    }
+
+    /// The entry of `lease`'s outcome, from its `run` where this instance
+    /// remembers it.
+    fn outcome_entry(
+        &self,
+        run: Option<Run>,
+        lease: &Lease,
+        event: AuditEvent,
+        status: Option<u16>,
+    ) -> AuditRecord {
+        let (mut record, duration) = match run {
+            Some(run) => (run.template, Some(run.started.elapsed())),
+            // A run this instance did not claim (or forgot): its operation and
+            // instance are known, its scope is not.
+            None => (
+                AuditRecord {
+                    instance: self.config.instance.clone(),
+                    ..AuditRecord::default()
+                },
+                None,
+            ),
+        };
+        record.event = Some(event);
+        record.operation_id = Some(lease.operation_id.to_string());
+        record.status = status;
+        record.duration_ms = duration.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        record
+    }
+
+    fn written(&self, lease: &Lease, write: FencedWrite, applied: AuditEvent, status: Option<u16>) {
+        match write {
+            FencedWrite::Applied => self.outcome(lease, applied, status),
+            FencedWrite::Refused => {
+                // Fenced once per run: later refused writes of the same run
+                // (a release after a refused completion) add nothing.
+                if self
+                    .runs()
+                    .by_lease
+                    .contains_key(&(lease.identity, lease.token))
+                {
+                    self.outcome(lease, AuditEvent::Fenced, None);
+                }
+            }
+        }
+    }
+}
+
+/// The writer task: batches of whatever is queued, appended in one call each.
+async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
+    let mut batch: Vec<AuditRecord> = Vec::with_capacity(BATCH);
+    let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
+    while let Some(first) = queue.recv().await {
+        let mut oldest = None;
+        let mut take = |message: Message, batch: &mut Vec<AuditRecord>| match message {
+            Message::Entry(record, queued) => {
+                oldest.get_or_insert(queued);
+                batch.push(record);
+            }
+            Message::Flush(done) => flushes.push(done),
+        };
+        take(first, &mut batch);
+        while batch.len() < BATCH {
+            match queue.try_recv() {
+                Ok(message) => take(message, &mut batch),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() {
+            metrics::gauge!("idemgate_audit_queue").decrement(batch.len() as f64);
+            append(store.as_ref(), &batch).await;
+            if let Some(oldest) = oldest {
+                metrics::gauge!("idemgate_audit_lag_seconds").set(oldest.elapsed().as_secs_f64());
+            }
+            batch.clear();
+        }
+        for done in flushes.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Appends `batch`, retrying a failing store a few times: entries are not kept
+/// past that (the queue would grow without bound while the store is down).
+async fn append(store: &dyn Store, batch: &[AuditRecord]) {
+    let mut backoff = Duration::from_millis(50);
+    for attempt in 1..=5 {
+        match store.append_audit(batch).await {
+            Ok(()) => {
+                metrics::counter!("idemgate_audit_entries_total").increment(batch.len() as u64);
+                return;
+            }
+            Err(error) if attempt < 5 => {
+                tracing::warn!(%error, attempt, "writing the journal failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            Err(error) => {
+                tracing::error!(%error, entries = batch.len(), "writing the journal failed; these entries are lost");
+                metrics::counter!("idemgate_audit_errors_total").increment(1);
+                metrics::counter!("idemgate_audit_dropped_total").increment(batch.len() as u64);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Journaled {
+    async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        let claim = self.inner.try_claim(request).await?;
+        match &claim {
+            Claim::Acquired(lease) => {
+                let event = match lease.origin {
+                    LeaseOrigin::TakenOver => AuditEvent::TakenOver,
+                    _ => AuditEvent::Claimed,
+                };
+                let mut record = self.template(request, event);
+                record.operation_id = Some(lease.operation_id.to_string());
+                self.remember(lease, record.clone());
+                self.queue(record);
+            }
+            Claim::Existing(snapshot) => {
+                let (event, status) = match decide(snapshot, &request.fingerprint) {
+                    Decision::Replay(stored) => (AuditEvent::Replayed, stored.status.as_u16()),
+                    Decision::InProgress { .. } => (AuditEvent::Conflict, 409),
+                    Decision::Mismatch => (AuditEvent::Mismatch, 422),
+                    Decision::Claimable => return Ok(claim),
+                };
+                let mut record = self.template(request, event);
+                record.operation_id = Some(snapshot.record.operation_id.to_string());
+                record.status = Some(status);
+                self.queue(record);
+            }
+        }
+        Ok(claim)
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<FencedWrite, StoreError> {
+        let write = self.inner.complete(lease, completion).await?;
+        self.written(
+            lease,
+            write,
+            AuditEvent::Executed,
+            Some(completion.response.status.as_u16()),
+        );
+        Ok(write)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let write = self.inner.release(lease).await?;
+        self.written(lease, write, AuditEvent::Released, None);
+        Ok(write)
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
+        let write = self.inner.renew(lease, lease_for).await?;
+        if write == FencedWrite::Refused {
+            self.written(lease, write, AuditEvent::Fenced, None);
+        }
+        Ok(write)
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
+        let write = self.inner.delete(lease).await?;
+        self.written(lease, write, AuditEvent::Released, None);
+        Ok(write)
+    }
+
+    async fn evict(
+        &self,
+        identity: &IdentityDigest,
+        mode: EvictMode,
+    ) -> Result<Eviction, StoreError> {
+        self.inner.evict(identity, mode).await
+    }
+
+    async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
+        self.inner.get(identity).await
+    }
+
+    async fn acquire_resource_lease(
+        &self,
+        resource: &ResourceId,
+        ttl: Duration,
+    ) -> Result<LeaseAcquisition, StoreError> {
+        self.inner.acquire_resource_lease(resource, ttl).await
+    }
+
+    async fn release_resource_lease(
+        &self,
+        lease: &ResourceLease,
+    ) -> Result<FencedWrite, StoreError> {
+        self.inner.release_resource_lease(lease).await
+    }
+
+    async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        self.inner.append_audit(records).await
+    }
+
+    async fn read_audit(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        self.inner.read_audit(query).await
+    }
+
+    async fn audit_partitions(&self) -> Result<Vec<AuditPartition>, StoreError> {
+        self.inner.audit_partitions().await
+    }
+
+    async fn trim_audit(
+        &self,
+        instance: Option<&str>,
+        before: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.trim_audit(instance, before, limit).await
+    }
+
+    async fn audit_secret(&self) -> Result<AuditSecret, StoreError> {
+        self.inner.audit_secret().await
+    }
+
+    async fn record_duration(
+        &self,
+        route: &str,
+        duration: std::time::Duration,
+    ) -> Result<(), idemgate_core::StoreError> {
+        self.inner.record_duration(route, duration).await
+    }
+
+    async fn route_durations(
+        &self,
+        route: &str,
+    ) -> Result<Vec<std::time::Duration>, idemgate_core::StoreError> {
+        self.inner.route_durations(route).await
+    }
+
+    fn journal_expiries(&self, journal: ExpiryJournal) {
+        self.inner.journal_expiries(journal);
+    }
+
+    fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
+        self.inner.completed_in_transaction(lease, completion);
+        // Its `executed` entry committed with it
+        // (`Journaled::transaction_journal_entry`): the run is over.
+        self.settle(lease);
+    }
+
+    fn transaction_journal_entry(
+        &self,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Option<AuditRecord> {
+        // Not settled yet: a commit that fails leaves the run to be released
+        // (or fenced) like any other.
+        let run = self
+            .runs()
+            .by_lease
+            .get(&(lease.identity, lease.token))
+            .cloned();
+        Some(self.outcome_entry(
+            run,
+            lease,
+            AuditEvent::Executed,
+            Some(completion.response.status.as_u16()),
+        ))
+    }
+
+    async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
+        self.inner.wait_for_change(identity, timeout).await;
+    }
+}

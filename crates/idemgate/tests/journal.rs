@@ -1,0 +1,172 @@
+//! The journal through the layer (issue 38): every answer leaves its event, in
+//! order, with the operation's scope and a keyed digest of the key, never the
+//! key; the chain verifies.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use idemgate::audit::{AuditEntry, AuditEvent, AuditQuery, Verifier, key_digest};
+use idemgate::journal::{JournalConfig, Journaled};
+use idemgate::{IdempotencyLayer, MemoryStore, Store};
+use support::{Gateway, ORDER, app, new_key, post_json, send, send_until_charging};
+
+async fn journal(store: &dyn Store, key: &str) -> Vec<AuditEntry> {
+    let secret = store.audit_secret().await.unwrap();
+    let digest = key_digest(&secret, key);
+    store
+        .read_audit(&AuditQuery::all(10_000))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.record.key_digest == digest)
+        .collect()
+}
+
+fn events(entries: &[AuditEntry]) -> Vec<(AuditEvent, Option<u16>)> {
+    entries
+        .iter()
+        .map(|e| (e.record.event(), e.record.status))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_answer_is_journalled_in_order() {
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let secret = memory.audit_secret().await.unwrap();
+    let journaled = Arc::new(Journaled::new(
+        Arc::clone(&memory),
+        JournalConfig {
+            instance: "test-instance".into(),
+            secret,
+        },
+    ));
+    let gateway = Arc::new(Gateway::default());
+    gateway.delay_ms.store(300, Ordering::SeqCst);
+    let layer = IdempotencyLayer::from_arc(Arc::clone(&journaled) as Arc<dyn Store>);
+    let app = app(layer, Arc::clone(&gateway));
+    let key = new_key();
+
+    // A first run, a duplicate while it runs (409), its replay, another body (422).
+    let first = send_until_charging(
+        &app,
+        &gateway,
+        post_json("/orders", Some("42"), Some(&key), ORDER),
+    )
+    .await;
+    let conflict = send(&app, post_json("/orders", Some("42"), Some(&key), ORDER)).await;
+    assert_eq!(conflict.status, 409);
+    assert_eq!(first.await.unwrap().status, 201);
+    let replay = send(&app, post_json("/orders", Some("42"), Some(&key), ORDER)).await;
+    assert_eq!(replay.status, 201);
+    let other = send(&app, post_json("/orders", Some("42"), Some(&key), "{}")).await;
+    assert_eq!(other.status, 422);
+    // A run whose answer is released (a 429 is retryable).
+    let released_key = new_key();
+    let failed = send(
+        &app,
+        post_json("/status/429", Some("42"), Some(&released_key), ORDER),
+    )
+    .await;
+    assert_eq!(failed.status, 429);
+    journaled.flush().await;
+    assert_eq!(gateway.charges(), 2, "the journal changes no outcome");
+
+    let entries = journal(memory.as_ref(), &key).await;
+    assert_eq!(
+        events(&entries),
+        [
+            (AuditEvent::Claimed, None),
+            (AuditEvent::Conflict, Some(409)),
+            (AuditEvent::Executed, Some(201)),
+            (AuditEvent::Replayed, Some(201)),
+            (AuditEvent::Mismatch, Some(422)),
+        ]
+    );
+    let operation = entries[0].record.operation_id.clone().unwrap();
+    for entry in &entries {
+        let r = &entry.record;
+        assert_eq!(r.operation_id.as_deref(), Some(operation.as_str()));
+        assert_eq!((r.method.as_str(), r.route.as_str()), ("POST", "/orders"));
+        assert_eq!(r.principal, "user:42");
+        assert_eq!(r.instance, "test-instance");
+        assert!(!r.key_digest.contains(&key), "never the raw key");
+    }
+    let executed = &entries[2].record;
+    assert!(
+        executed.duration_ms.is_some_and(|ms| ms >= 250),
+        "the run's duration: {executed:?}"
+    );
+    assert_eq!(
+        events(&journal(memory.as_ref(), &released_key).await),
+        [(AuditEvent::Claimed, None), (AuditEvent::Released, None)]
+    );
+
+    // The whole journal verifies, and the store holds no key or body.
+    let partitions = memory.audit_partitions().await.unwrap();
+    let mut verifier = Verifier::new(&partitions);
+    for entry in memory.read_audit(&AuditQuery::all(10_000)).await.unwrap() {
+        let text = format!("{entry:?}");
+        assert!(!text.contains(&key) && !text.contains("RUB"), "{text}");
+        verifier.push(&entry).unwrap();
+    }
+    assert_eq!(verifier.finish().unwrap(), 7);
+}
+
+/// A holder whose lease lapsed: the next claim takes over, the old holder's
+/// completion is fenced, the new one's executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_and_the_fenced_holder_are_journalled() {
+    use idemgate::{Claim, FencedWrite};
+    use idemgate_testkit::fixtures::{awkward_response, completion, fresh_request};
+
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let secret = memory.audit_secret().await.unwrap();
+    let journaled = Journaled::new(
+        Arc::clone(&memory),
+        JournalConfig {
+            instance: "a".into(),
+            secret: secret.clone(),
+        },
+    );
+    let mut request = fresh_request();
+    request.lease = Duration::from_millis(100);
+    let Claim::Acquired(stale) = journaled.try_claim(&request).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let Claim::Acquired(taker) = journaled.try_claim(&request).await.unwrap() else {
+        panic!("a lapsed lease is taken over");
+    };
+    let done = completion(awkward_response());
+    assert_eq!(
+        journaled.complete(&stale, &done).await.unwrap(),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        journaled.release(&stale).await.unwrap(),
+        FencedWrite::Refused
+    );
+    assert_eq!(
+        journaled.complete(&taker, &done).await.unwrap(),
+        FencedWrite::Applied
+    );
+    journaled.flush().await;
+    let entries = journal(memory.as_ref(), request.identity.key().as_str()).await;
+    assert_eq!(
+        events(&entries),
+        [
+            (AuditEvent::Claimed, None),
+            (AuditEvent::TakenOver, None),
+            (AuditEvent::Fenced, None),
+            (AuditEvent::Executed, Some(201)),
+        ],
+        "one fenced entry for the stale holder, however many writes it tries"
+    );
+    assert_eq!(
+        key_digest(&secret, request.identity.key().as_str()),
+        entries[0].record.key_digest
+    );
+}
