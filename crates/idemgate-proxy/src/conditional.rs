@@ -2,17 +2,29 @@
 //! `conditional = "enforce"`, PROTOCOL §17).
 //!
 //! A write that carries preconditions (or must: `require_if_match`) runs under a
-//! lease on the resource's identity, taken with the store's claim machinery (the
-//! same atomic `try_claim` as every key, so proxies sharing one PostgreSQL or
-//! Redis serialise each other). Under the lease the proxy asks the upstream for
-//! the resource's current `ETag` (a `GET` of the same path with the client's
-//! credentials), evaluates the preconditions with `idemgate::conditional`, and
-//! either answers 412 itself — nothing forwarded — or forwards the write and
-//! gives the lease up once the upstream's response head has arrived.
+//! [resource lease](idemgate::resource_lease) on the resource's identity, taken
+//! from the store's lease capability (`Store::acquire_resource_lease`: one atomic
+//! step in every backend, so proxies sharing one PostgreSQL or Redis serialise
+//! each other). Under the lease the proxy asks the upstream for the resource's
+//! current `ETag` (a `GET` of the same path with the client's credentials),
+//! evaluates the preconditions with `idemgate::conditional`, and either answers
+//! 412 itself — nothing forwarded — or forwards the write and gives the lease up
+//! once the upstream's response head has arrived.
 //!
 //! Sound only while every writer of the resource goes through these proxies (or
 //! the upstream honours `If-Match` itself): a write that bypasses them is not
 //! serialised. Upstream `ETag`s pass through unaltered.
+//!
+//! # Waiting for the resource
+//!
+//! A writer that finds the resource held looks again after a short backoff
+//! ([`FIRST_BACKOFF`], doubling up to [`MAX_BACKOFF`], never past the holder's
+//! lease end or the writer's own deadline), for at most the upstream timeout;
+//! then it answers 503 `resource-busy` without forwarding anything. Polling,
+//! because a lease's release has no change notification in the stores (records
+//! have one, `Store::wait_for_change`; adding one for leases is a store feature
+//! of its own): the backoff keeps a waiter to at most one store round trip every
+//! 50 ms, and a holder keeps the resource for one `GET` and one write.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -30,10 +42,8 @@ use http::header::{
 };
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use idemgate::conditional::{EntityTag, Preconditions, Validators};
-use idemgate::fingerprint::Fingerprint;
-use idemgate::key::IdempotencyKey;
-use idemgate::scope::{Identity, Principal, Scope};
-use idemgate::{Claim, Finality, Lease, ProblemDetails, Store};
+use idemgate::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
+use idemgate::{Finality, ProblemDetails, Store};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -41,11 +51,10 @@ use crate::forward::Forward;
 use crate::headers::IDEMPOTENCY_KEY;
 use crate::problem;
 
-/// The principal the resource leases are scoped by: no client's, so no key of a
-/// client can meet one.
-const LOCK_PRINCIPAL: &str = "idemgate-proxy/conditional";
-/// How often a writer waiting for the resource looks again.
-const POLL: Duration = Duration::from_millis(20);
+/// A waiting writer's first wait before it looks at the resource again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+/// The longest a waiting writer sleeps between two looks.
+const MAX_BACKOFF: Duration = Duration::from_millis(50);
 
 /// The store of the resource leases, as `ProxyConfig` holds it.
 #[derive(Clone)]
@@ -132,7 +141,7 @@ fn writes(method: &Method) -> bool {
 /// longer than the exchange.
 struct Held {
     store: Arc<dyn Store>,
-    lease: Option<Lease>,
+    lease: Option<ResourceLease>,
 }
 
 impl Drop for Held {
@@ -140,7 +149,7 @@ impl Drop for Held {
         if let Some(lease) = self.lease.take() {
             let store = Arc::clone(&self.store);
             tokio::spawn(async move {
-                if let Err(error) = store.delete(&lease).await {
+                if let Err(error) = store.release_resource_lease(&lease).await {
                     // The lease runs out on its own.
                     tracing::warn!(%error, "could not give up a resource lease");
                 }
@@ -179,7 +188,11 @@ async fn enforce(forward: Forward, enforce: &Enforce, request: Request<Body>) ->
     };
     let wait = forward.timeout();
     // The resource: this upstream's path (the canonical one routes matched).
-    let resource = format!("{}{}", forward.upstream_authority(), request.uri().path());
+    let resource = ResourceId::new(&format!(
+        "{}{}",
+        forward.upstream_authority(),
+        request.uri().path()
+    ));
     let held = match acquire(&store, &resource, wait).await {
         Ok(lease) => Held {
             store,
@@ -203,39 +216,24 @@ async fn enforce(forward: Forward, enforce: &Enforce, request: Request<Body>) ->
     response
 }
 
-/// Takes the resource's lease, waiting up to `wait` for another writer's.
+/// Takes the resource's lease, waiting up to `wait` for another writer's (see
+/// the module docs, "Waiting for the resource").
 async fn acquire(
     store: &Arc<dyn Store>,
-    resource: &str,
+    resource: &ResourceId,
     wait: Duration,
-) -> Result<Lease, Response<Body>> {
-    let scope = Scope {
-        principal: Principal::new(LOCK_PRINCIPAL),
-        method: "LOCK".to_owned(),
-        path: resource.to_owned(),
-    };
-    // A constant, valid key: the scope names the resource.
-    let key = match IdempotencyKey::parse(b"resource", 255) {
-        Ok(key) => key,
-        Err(_) => return Err(ProblemDetails::handler_failed().into_response()),
-    };
-    let identity = Identity::new(scope, key);
-    let digest = *identity.digest();
-    let claim = idemgate::ClaimRequest {
-        identity,
-        fingerprint: Fingerprint::from_bytes([0; 32]),
-        // The GET and the write are each bounded by the upstream timeout; a
-        // proxy that dies holding the lease frees it when it runs out.
-        lease: wait * 2 + Duration::from_secs(5),
-        ttl: wait * 2 + Duration::from_secs(5),
-    };
+) -> Result<ResourceLease, Response<Body>> {
+    // The GET and the write are each bounded by the upstream timeout; a proxy
+    // that dies holding the lease frees it when it runs out.
+    let ttl = wait * 2 + Duration::from_secs(5);
     let deadline = Instant::now() + wait;
+    let mut backoff = FIRST_BACKOFF;
     loop {
-        match store.try_claim(&claim).await {
-            Ok(Claim::Acquired(lease)) => return Ok(lease),
-            Ok(Claim::Existing(_)) => {
-                let now = Instant::now();
-                if now >= deadline {
+        match store.acquire_resource_lease(resource, ttl).await {
+            Ok(LeaseAcquisition::Acquired(lease)) => return Ok(lease),
+            Ok(LeaseAcquisition::Held { until, now }) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
                     let problem = ProblemDetails::new(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "resource-busy",
@@ -245,9 +243,11 @@ async fn acquire(
                     .with_retry_after(Duration::from_secs(1));
                     return Err((Finality::Retryable, problem).into_response());
                 }
-                store
-                    .wait_for_change(&digest, POLL.min(deadline - now))
-                    .await;
+                // Never sleep past the holder's lease end (it is free then) nor
+                // past this writer's deadline (one last look at it).
+                let holder_left = until.duration_since(now).max(Duration::from_millis(1));
+                tokio::time::sleep(backoff.min(holder_left).min(left)).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
             }
             Err(error) => {
                 tracing::warn!(%error, "the store refused a resource lease");

@@ -22,15 +22,15 @@ use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use idemgate::{Finality, OperationContext};
+use serde::Deserialize;
 use sha1::{Digest, Sha1};
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::{ClientBody, UpstreamBody};
 use crate::headers::{IDEMPOTENCY_KEY, add_forwarded, remove_hop_by_hop};
-use crate::pool::{SendError, UpstreamPools};
+use crate::pool::{SendError, UpstreamPool};
 use crate::problem;
-use crate::routes::{DEFAULT_REJECTIONS, ForwardKey};
 use crate::upstream::Upstream;
 
 /// Sends each request to the upstream and answers with its response.
@@ -39,7 +39,10 @@ use crate::upstream::Upstream;
 /// query, headers and body, minus the hop-by-hop headers, plus `X-Forwarded-*`;
 /// `Host` as the client sent it; and, in place of the client's `Idempotency-Key`,
 /// the operation's derived key ([`OperationContext::downstream_key`]) when the
-/// idempotency layer claimed one — never the client's raw key.
+/// idempotency layer claimed one — never the client's raw key. A request the
+/// layer did not cover keeps the key it carries, as sent: it reaches the
+/// upstream as it would without the proxy. A response header that echoes the
+/// derived key back shows the client its own key instead.
 ///
 /// A route's policy changes two things here: which key the upstream gets
 /// ([`ForwardKey`]), and which upstream statuses are rejections — answers that
@@ -53,7 +56,7 @@ use crate::upstream::Upstream;
 /// retry replays it instead of running it again).
 #[derive(Clone, Debug)]
 pub struct Forward {
-    client: UpstreamPools,
+    client: UpstreamPool,
     upstream: Arc<Upstream>,
     timeout: Duration,
     host: HostHeader,
@@ -67,8 +70,40 @@ pub struct Forward {
     deadline: Option<Duration>,
 }
 
+/// The upstream statuses that mean "refused before anything happened" unless a
+/// route says otherwise: their claim is undone, so the client can correct the
+/// body and reuse the key.
+pub const DEFAULT_REJECTIONS: [StatusCode; 4] = [
+    StatusCode::BAD_REQUEST,
+    StatusCode::UNAUTHORIZED,
+    StatusCode::FORBIDDEN,
+    StatusCode::UNPROCESSABLE_ENTITY,
+];
+
+/// Which `Idempotency-Key` the upstream receives for a covered request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum ForwardKey {
+    /// A key derived from the operation id (PROTOCOL §11): stable across
+    /// takeovers and releases, distinct per principal, new after expiry. The
+    /// default. A request the layer did not cover keeps the client's key as
+    /// sent, and a response header echoing the derived key is rewritten to the
+    /// client's.
+    #[default]
+    Derived,
+    /// The client's key as it sent it (for an upstream that shares the key space
+    /// with the client, e.g. to look operations up by it). Two principals' equal
+    /// keys then reach the upstream equal. A disabled route's default: what
+    /// passes through untouched keeps the client's key.
+    Original,
+    /// No `Idempotency-Key` at all.
+    None,
+}
+
 /// The `Host` header the upstream receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum HostHeader {
     /// The client's, as it sent it (the default): the upstream sees the name its
@@ -84,10 +119,12 @@ pub enum HostHeader {
 impl Forward {
     /// A forwarder to `upstream` whose requests each get `timeout` from sending
     /// until the response head arrives (connecting included). Every clone
-    /// shares its keep-alive connections to the upstream, kept per thread.
+    /// shares its keep-alive connections to the upstream, kept per worker
+    /// thread, at most 128 per worker (see `docs/proxy.md`, "Upstream
+    /// connections"); the last clone's drop closes them.
     pub fn new(upstream: Upstream, timeout: Duration) -> Self {
         Self {
-            client: UpstreamPools::new(upstream.authority_parts()),
+            client: UpstreamPool::new(upstream.authority_parts()),
             upstream: Arc::new(upstream),
             timeout,
             host: HostHeader::Client,
@@ -166,6 +203,7 @@ impl Forward {
 
     /// One exchange with the upstream.
     pub(crate) async fn send(&self, mut request: Request<Body>) -> Response<Body> {
+        let echo = self.echo(&request);
         // Taken before the headers are cleaned: a WebSocket upgrade is the one
         // hop-by-hop exchange a proxy carries on, by tunnelling both connections.
         // A covered request never upgrades (PITFALLS 29).
@@ -198,6 +236,13 @@ impl Forward {
                 // answered in HTTP/1.1 (or HTTP/2, which ignores this field), not
                 // downgraded to an HTTP/1.0 upstream's version and its closes.
                 parts.version = Version::HTTP_11;
+                if let Some(echo) = &echo {
+                    echo.rewrite(&mut parts.headers);
+                }
+                if covered {
+                    // Asked for identity: encoded for the client on the way out.
+                    parts.extensions.insert(CoveredAnswer);
+                }
                 let body = UpstreamBody::new(body, self.idle, deadline);
                 Response::from_parts(parts, Body::new(body))
             }
@@ -262,6 +307,21 @@ impl Forward {
         Response::from_parts(parts, Body::empty())
     }
 
+    /// What an echo of the derived key is turned back into: the client's own
+    /// `Idempotency-Key`, on a covered request that carried one and is
+    /// forwarded with the derived key.
+    fn echo(&self, request: &Request<Body>) -> Option<KeyEcho> {
+        if self.key != ForwardKey::Derived {
+            return None;
+        }
+        let derived = request
+            .extensions()
+            .get::<OperationContext>()
+            .map(OperationContext::downstream_key)?;
+        let client = request.headers().get(IDEMPOTENCY_KEY)?.clone();
+        Some(KeyEcho { derived, client })
+    }
+
     /// The request as the upstream receives it.
     fn upstream_request(&self, mut request: Request<Body>) -> Request<Body> {
         let client_ip = request
@@ -279,10 +339,10 @@ impl Forward {
         let headers = request.headers_mut();
         remove_hop_by_hop(headers);
         match self.key {
-            // The client's key goes only with the operation it claimed: a request
-            // the layer did not cover carries none upstream.
+            // A covered request's key is its operation's; a request the layer did
+            // not cover keeps the key it carries, as sent: dropping it would give
+            // the upstream less than the client asked for.
             ForwardKey::Derived => {
-                headers.remove(IDEMPOTENCY_KEY);
                 if let Some(key) = derived_key.and_then(|key| HeaderValue::try_from(key).ok()) {
                     headers.insert(IDEMPOTENCY_KEY, key);
                 }
@@ -295,9 +355,10 @@ impl Forward {
         if covered {
             // What is stored is what every retry can read: the representation
             // itself, not a coding the first client happened to accept
-            // (PROTOCOL §7). The replay is then acceptable under any retry's
-            // Accept-Encoding; the layer still decodes a stored coding a retry
-            // refuses, should an upstream compress regardless.
+            // (PROTOCOL §7). The proxy's compression encodes it for each
+            // attempt, first run and replay, by its own Accept-Encoding
+            // (`covered_answer`); the layer still decodes a stored coding a
+            // retry refuses, should an upstream compress regardless.
             headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         }
         if !headers.contains_key(HOST)
@@ -317,6 +378,47 @@ impl Forward {
         *request.uri_mut() = http::Uri::from(target);
         *request.version_mut() = Version::HTTP_11;
         request
+    }
+}
+
+/// Marks the upstream's answer to a covered request: it was asked for identity
+/// (the one representation the record keeps), so the proxy encodes it — live, and
+/// every replay — by the client's own `Accept-Encoding` ([`covered_answer`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CoveredAnswer;
+
+/// Whether the proxy's compression may encode `extensions`'s and `headers`'
+/// response: an answer to a covered request (live, [`CoveredAnswer`]) or a
+/// replay (`Idempotent-Replayed`). Everything else — what streams through
+/// uncovered, in whatever coding the upstream chose for the client's own
+/// `Accept-Encoding` — is passed on untouched.
+pub(crate) fn covered_answer(
+    _: StatusCode,
+    _: Version,
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+) -> bool {
+    extensions.get::<CoveredAnswer>().is_some()
+        || headers.contains_key(&idemgate::IDEMPOTENT_REPLAYED)
+}
+
+/// The derived key a covered request was forwarded with, and the client's own
+/// key it stands for.
+struct KeyEcho {
+    derived: String,
+    client: HeaderValue,
+}
+
+impl KeyEcho {
+    /// Every response header whose value is the derived key (an upstream that
+    /// echoes `Idempotency-Key`, under that name or its own) gets the client's
+    /// key instead: the client never sees a key it did not send.
+    fn rewrite(&self, headers: &mut http::HeaderMap) {
+        for value in headers.values_mut() {
+            if value.as_bytes() == self.derived.as_bytes() {
+                *value = self.client.clone();
+            }
+        }
     }
 }
 

@@ -37,6 +37,7 @@ pub const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
 /// never forwarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum UnderscoreHeaders {
     /// Removed before the layer and the upstream see them (the default; nginx's
     /// `underscores_in_headers off`).
@@ -54,6 +55,7 @@ pub enum UnderscoreHeaders {
 /// another method than the one the proxy covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum MethodOverride {
     /// `400 ambiguous-method` (the default).
     #[default]
@@ -70,6 +72,7 @@ pub enum MethodOverride {
 /// request the layer never saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum SafeMethodBodies {
     /// `400 unexpected-body` (the default).
     #[default]

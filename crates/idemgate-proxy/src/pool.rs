@@ -1,23 +1,41 @@
-//! The keep-alive connections to the upstream: per thread, each one a hyper
-//! [`SendRequest`] over its own TCP connection, with nothing in between.
+//! The keep-alive connections to one upstream: an [`UpstreamPool`] owned by
+//! its forwarder, holding each worker thread's connections apart — each one a
+//! hyper [`SendRequest`] over its own TCP connection, with nothing in between.
 //!
 //! A worker (`idemgate_listener::Workers`, one current-thread runtime per
 //! thread) sends every request over connections whose tasks run on its own
 //! thread, as an nginx worker keeps its own upstream connections. A request
-//! takes an idle connection from its thread's list, or opens one, and hands it
+//! takes an idle connection from its worker's list, or opens one, and hands it
 //! back as soon as the response head has arrived: the connection stays in the
 //! list while its body streams and is taken again once hyper reports it ready
 //! for the next request. There is no pool task, no lock and no channel besides
 //! the one between a `SendRequest` and its own connection — what hyper-util's
 //! pooled client added per request (a checkout, a dispatch hop, a task to hand
-//! the connection back).
+//! the connection back). A worker finds its list through the pool's own
+//! per-thread slots ([`ThreadLocal`]: a lock-free lookup by thread), not a
+//! process-wide registry: the connections belong to the pool, and go (closed)
+//! with its forwarder's last clone, as when a reloaded route table replaces
+//! the forwarders (pingora's `ConnectionPool` is likewise an owned object).
+//!
+//! # Limits
+//!
+//! - Each worker keeps at most [`DEFAULT_MAX_KEPT`] connections to the upstream
+//!   (pingora's default pool size): idle ones and those still streaming a
+//!   response body. A connection handed back while its worker keeps that many is
+//!   not kept: it is closed once its response has ended. A burst wider than the
+//!   bound still gets a connection for every request; only what it leaves
+//!   behind is bounded.
+//! - An idle connection is reused for at most [`IDLE_REUSE`], then closed.
+//!
+//! `idemgate_upstream_connections_total{outcome}` counts the connections a
+//! request got: `opened` (a new TCP connection) or `reused` (a kept one).
 //!
 //! On a multi-thread runtime each of its threads has a list, which only costs
 //! some reuse.
 
 use std::cell::RefCell;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -25,14 +43,19 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use thread_local::ThreadLocal;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// How long an idle connection to the upstream is reused. Below the common
 /// keep-alive timeouts of upstream servers (Node's is 5 s, most others more),
 /// so the proxy rarely sends on a connection the upstream is closing; when it
-/// does, [`UpstreamPools::send`] says what goes out again.
+/// does, [`UpstreamPool::send`] says what goes out again.
 const IDLE_REUSE: Duration = Duration::from_secs(4);
+
+/// How many connections to one upstream each worker keeps for reuse (idle, or
+/// finishing a response body); one more handed back is closed instead.
+pub(crate) const DEFAULT_MAX_KEPT: usize = 128;
 
 /// Idle at least this long, a reused connection may have been closed by the
 /// upstream's keep-alive timeout just as a request is written to it (no server
@@ -40,6 +63,9 @@ const IDLE_REUSE: Duration = Duration::from_secs(4);
 /// a connection is kept, to be sent once more should the connection turn out
 /// closed before any answer; a busy connection costs no copy.
 const MAY_HAVE_TIMED_OUT: Duration = Duration::from_millis(250);
+
+/// The counter of the connections requests got, by `outcome`.
+const CONNECTIONS_METRIC: &str = "idemgate_upstream_connections_total";
 
 /// Why a request got no response from the upstream.
 #[derive(Debug)]
@@ -51,48 +77,95 @@ pub(crate) enum SendError {
     Exchange(hyper::Error),
 }
 
-/// One forwarder's connections to its upstream; its clones share them.
-#[derive(Clone, Debug)]
-pub(crate) struct UpstreamPools {
-    /// Which forwarder's connections these are, in every thread's list.
-    id: u64,
+/// One forwarder's connections to its upstream, each worker's apart; its
+/// clones share them, and the last clone's drop closes them.
+#[derive(Clone)]
+pub(crate) struct UpstreamPool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     /// The upstream's host (an IPv6 address without brackets) and port.
     host: String,
     port: u16,
+    /// How many connections each worker keeps.
+    max_kept: usize,
+    /// Each worker thread's connections, made at its first request.
+    workers: ThreadLocal<RefCell<Kept>>,
 }
 
-/// The ids of [`UpstreamPools`], unique in the process.
-static NEXT_POOLS: AtomicU64 = AtomicU64::new(0);
+/// One worker's connections to the upstream, and its handles on the counters.
+struct Kept {
+    list: Vec<Pooled>,
+    opened: metrics::Counter,
+    reused: metrics::Counter,
+}
 
-/// A connection in a thread's list: idle, or still reading a response body.
+impl Kept {
+    /// Taken at a worker's first request, once the process's recorder is
+    /// installed; the handles then count without a lookup.
+    fn new() -> Self {
+        Self {
+            list: Vec::new(),
+            opened: metrics::counter!(CONNECTIONS_METRIC, "outcome" => "opened"),
+            reused: metrics::counter!(CONNECTIONS_METRIC, "outcome" => "reused"),
+        }
+    }
+}
+
+/// A connection in a worker's list: idle, or still reading a response body.
 struct Pooled {
     sender: SendRequest<Body>,
     /// When its last response head arrived.
     since: Instant,
 }
 
-thread_local! {
-    /// This thread's connections of each forwarder that has used it.
-    static POOLS: RefCell<Vec<(u64, Vec<Pooled>)>> = const { RefCell::new(Vec::new()) };
+impl std::fmt::Debug for UpstreamPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamPool")
+            .field("host", &self.shared.host)
+            .field("port", &self.shared.port)
+            .field("max_kept", &self.shared.max_kept)
+            .finish_non_exhaustive()
+    }
 }
 
-impl UpstreamPools {
-    /// The connections to `authority` (`host[:port]`, port 80 when absent).
+impl UpstreamPool {
+    /// The connections to `authority` (`host[:port]`, port 80 when absent),
+    /// keeping at most [`DEFAULT_MAX_KEPT`] per worker.
     pub(crate) fn new(authority: &http::uri::Authority) -> Self {
+        Self::with_max_kept(authority, DEFAULT_MAX_KEPT)
+    }
+
+    /// The connections to `authority`, keeping at most `max_kept` per worker.
+    pub(crate) fn with_max_kept(authority: &http::uri::Authority, max_kept: usize) -> Self {
         let host = authority.host();
         let host = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
             .unwrap_or(host);
+        // Exported at 0 from the start (with a recorder installed by now):
+        // adding nothing to a counter registers it without resetting it.
+        for outcome in ["opened", "reused"] {
+            metrics::counter!(CONNECTIONS_METRIC, "outcome" => outcome).increment(0);
+        }
         Self {
-            id: NEXT_POOLS.fetch_add(1, Ordering::Relaxed),
-            host: host.to_owned(),
-            port: authority.port_u16().unwrap_or(80),
+            shared: Arc::new(Shared {
+                host: host.to_owned(),
+                port: authority.port_u16().unwrap_or(80),
+                max_kept,
+                workers: ThreadLocal::new(),
+            }),
         }
     }
 
+    /// This worker's connections.
+    fn kept(&self) -> &RefCell<Kept> {
+        self.shared.workers.get_or(|| RefCell::new(Kept::new()))
+    }
+
     /// Sends `request` (origin-form URI, `Host` set) over an idle connection of
-    /// this thread, or a new one. A reused connection can turn out closed by
+    /// this worker, or a new one. A reused connection can turn out closed by
     /// the upstream (its keep-alive timeout) as the request goes out; then the
     /// request goes out once more, on a new connection, when nothing can have
     /// run: hyper gave it back unsent, or it is a body-less safe request
@@ -144,42 +217,47 @@ impl UpstreamPools {
         Ok(response)
     }
 
-    /// A ready connection from this thread's list and how long it has been
+    /// A ready connection from this worker's list and how long it has been
     /// idle, dropping on the way the closed ones and those idle longer than
     /// [`IDLE_REUSE`].
     fn checkout(&self) -> Option<(SendRequest<Body>, Duration)> {
         let now = Instant::now();
-        POOLS.with_borrow_mut(|pools| {
-            let (_, list) = pools.iter_mut().find(|(id, _)| *id == self.id)?;
-            list.retain(|pooled| {
-                let stale = pooled.sender.is_ready() && now - pooled.since > IDLE_REUSE;
-                !pooled.sender.is_closed() && !stale
-            });
-            let ready = list.iter().rposition(|pooled| pooled.sender.is_ready())?;
-            let pooled = list.swap_remove(ready);
-            Some((pooled.sender, now - pooled.since))
-        })
+        let mut kept = self.kept().borrow_mut();
+        kept.list.retain(|pooled| {
+            let stale = pooled.sender.is_ready() && now - pooled.since > IDLE_REUSE;
+            !pooled.sender.is_closed() && !stale
+        });
+        let ready = kept
+            .list
+            .iter()
+            .rposition(|pooled| pooled.sender.is_ready())?;
+        let pooled = kept.list.swap_remove(ready);
+        kept.reused.increment(1);
+        Some((pooled.sender, now - pooled.since))
     }
 
     /// Puts a connection whose response head has arrived back in this
-    /// thread's list; it is taken again once its body is read.
+    /// worker's list, to be taken again once its body is read — unless the
+    /// worker keeps its bound already (closed ones not counted): then it is
+    /// dropped, and hyper closes it once the response has ended.
     fn checkin(&self, sender: SendRequest<Body>) {
-        let pooled = Pooled {
+        let mut kept = self.kept().borrow_mut();
+        if kept.list.len() >= self.shared.max_kept {
+            kept.list.retain(|pooled| !pooled.sender.is_closed());
+            if kept.list.len() >= self.shared.max_kept {
+                return;
+            }
+        }
+        kept.list.push(Pooled {
             sender,
             since: Instant::now(),
-        };
-        POOLS.with_borrow_mut(
-            |pools| match pools.iter_mut().find(|(id, _)| *id == self.id) {
-                Some((_, list)) => list.push(pooled),
-                None => pools.push((self.id, vec![pooled])),
-            },
-        );
+        });
     }
 
     /// A new connection, its task spawned on this thread's runtime. Upgrades
     /// are enabled: a WebSocket the upstream accepts takes the connection over.
     async fn connect(&self) -> Result<SendRequest<Body>, SendError> {
-        let stream = TcpStream::connect((self.host.as_str(), self.port))
+        let stream = TcpStream::connect((self.shared.host.as_str(), self.shared.port))
             .await
             .map_err(SendError::Connect)?;
         stream.set_nodelay(true).map_err(SendError::Connect)?;
@@ -193,6 +271,7 @@ impl UpstreamPools {
                 tracing::debug!(error = ?error, "an upstream connection ended with an error");
             }
         });
+        self.kept().borrow().opened.increment(1);
         Ok(sender)
     }
 }
@@ -216,9 +295,22 @@ fn replayable_copy(request: &Request<Body>) -> Option<Request<Body>> {
 }
 
 #[cfg(test)]
+impl UpstreamPool {
+    /// How many connections this worker keeps that `matching` accepts.
+    fn kept_here(&self, matching: impl Fn(&Pooled) -> bool) -> usize {
+        self.kept()
+            .borrow()
+            .list
+            .iter()
+            .filter(|p| matching(p))
+            .count()
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -233,13 +325,22 @@ mod tests {
     /// in (each on its own connection); with `close_after`, it closes each
     /// connection that long after its first answer, without saying so.
     struct Upstream {
-        pools: UpstreamPools,
+        pools: UpstreamPool,
         connections: Arc<AtomicUsize>,
         answered: Arc<AtomicUsize>,
     }
 
     impl Upstream {
         async fn start(together: Option<usize>, close_after: Option<Duration>) -> Self {
+            Self::keeping(DEFAULT_MAX_KEPT, together, close_after).await
+        }
+
+        /// [`Upstream::start`] behind a pool that keeps `max_kept` per worker.
+        async fn keeping(
+            max_kept: usize,
+            together: Option<usize>,
+            close_after: Option<Duration>,
+        ) -> Self {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
             let connections = Arc::new(AtomicUsize::new(0));
@@ -280,7 +381,7 @@ mod tests {
                 }
             });
             Self {
-                pools: UpstreamPools::new(&authority),
+                pools: UpstreamPool::with_max_kept(&authority, max_kept),
                 connections,
                 answered,
             }
@@ -297,16 +398,11 @@ mod tests {
             body.to_bytes().to_vec()
         }
 
-        /// Yields until a connection of this thread's list is ready, without
+        /// Yields until a connection of this worker's list is ready, without
         /// turning the runtime's I/O driver more than the yields do.
         async fn until_one_is_ready(&self) {
             for _ in 0..1000 {
-                let ready = POOLS.with_borrow(|pools| {
-                    pools.iter().any(|(id, list)| {
-                        *id == self.pools.id && list.iter().any(|p| p.sender.is_ready())
-                    })
-                });
-                if ready {
+                if self.pools.kept_here(|pooled| pooled.sender.is_ready()) > 0 {
                     return;
                 }
                 tokio::task::yield_now().await;
@@ -442,7 +538,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
         drop(listener);
-        let pools = UpstreamPools::new(&authority);
+        let pools = UpstreamPool::new(&authority);
         let request = Request::get("/")
             .header(http::header::HOST, "x")
             .body(Body::empty())
@@ -453,11 +549,72 @@ mod tests {
         ));
     }
 
+    #[tokio::test]
+    async fn a_worker_keeps_at_most_its_bound_and_closes_the_rest() {
+        let upstream = Arc::new(Upstream::keeping(3, Some(8), None).await);
+        let round = || async {
+            let requests: Vec<_> = (0..8)
+                .map(|_| {
+                    let upstream = Arc::clone(&upstream);
+                    tokio::spawn(async move { upstream.get().await })
+                })
+                .collect();
+            for request in requests {
+                assert_eq!(request.await.unwrap(), b"ok");
+            }
+            settle().await;
+        };
+        round().await;
+        // Eight in flight together needed eight connections; three were kept,
+        // and the five past the bound were closed once their responses ended.
+        assert_eq!(upstream.connections(), 8);
+        assert_eq!(upstream.pools.kept_here(|_| true), 3);
+        round().await;
+        // The next eight reused the three kept and opened five more.
+        assert_eq!(upstream.connections(), 13);
+        assert_eq!(upstream.pools.kept_here(|_| true), 3);
+    }
+
+    #[tokio::test]
+    async fn connections_opened_and_reused_are_counted() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        // This test's thread only: the worker's handles are taken here.
+        let _recording = metrics::set_default_local_recorder(&recorder);
+        let upstream = Upstream::start(None, None).await;
+        for _ in 0..3 {
+            assert_eq!(upstream.get().await, b"ok");
+        }
+        // One snapshot: taking one hands the counters' values over.
+        let snapshot = snapshotter.snapshot().into_vec();
+        let counted = |outcome: &str| {
+            snapshot
+                .iter()
+                .find(|(key, ..)| {
+                    key.key().name() == CONNECTIONS_METRIC
+                        && key.key().labels().any(|l| l.value() == outcome)
+                })
+                .map(|(.., value)| match value {
+                    DebugValue::Counter(n) => *n,
+                    other => panic!("{other:?}"),
+                })
+        };
+        assert_eq!(counted("opened"), Some(1));
+        assert_eq!(counted("reused"), Some(2));
+    }
+
     #[test]
     fn an_ipv6_upstream_is_connected_to_without_brackets() {
-        let pools = UpstreamPools::new(&"[::1]:8080".parse().unwrap());
-        assert_eq!((pools.host.as_str(), pools.port), ("::1", 8080));
-        let pools = UpstreamPools::new(&"api.internal".parse().unwrap());
-        assert_eq!((pools.host.as_str(), pools.port), ("api.internal", 80));
+        let pools = UpstreamPool::new(&"[::1]:8080".parse().unwrap());
+        assert_eq!(
+            (pools.shared.host.as_str(), pools.shared.port),
+            ("::1", 8080)
+        );
+        let pools = UpstreamPool::new(&"api.internal".parse().unwrap());
+        assert_eq!(
+            (pools.shared.host.as_str(), pools.shared.port),
+            ("api.internal", 80)
+        );
     }
 }

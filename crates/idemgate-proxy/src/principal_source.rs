@@ -26,6 +26,15 @@ pub enum PrincipalSource {
 }
 
 impl PrincipalSource {
+    /// The header the principal is read from, when it is one: the guard
+    /// protects it like the proxy's own headers.
+    pub fn header(&self) -> Option<&HeaderName> {
+        match self {
+            Self::Header(name) => Some(name),
+            Self::Authorization(_) | Self::Jwt(_) => None,
+        }
+    }
+
     /// `layer`, naming principals this way.
     pub fn apply_to(&self, layer: IdempotencyLayer) -> IdempotencyLayer {
         match self {

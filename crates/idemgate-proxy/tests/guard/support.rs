@@ -5,30 +5,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use idemgate::{IdempotencyLayer, MemoryStore};
-use idemgate_proxy::{HeaderPrincipal, ProxyConfig, Routes};
+use idemgate_proxy::{Policy, PrincipalSource, ProxyConfig, Routes};
+use idemgate_testkit::guard_cases;
 use idemgate_testkit::raw_client::{RawClient, RawRequest, RawResponse};
 use idemgate_testkit::upstreams::{Seen, TestUpstream, UpstreamKind};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-
-/// The routes most suites run behind: a payments route that requires a key, a
-/// disabled webhooks prefix, a `PUT` route that requires one too.
-pub(crate) const ROUTES: &str = r#"
-[[route]]
-method = "POST"
-path = "/payments"
-require_key = true
-
-[[route]]
-method = "POST"
-path = "/webhooks/*"
-enabled = false
-
-[[route]]
-method = "PUT"
-path = "/profiles/{id}"
-require_key = true
-"#;
 
 /// The principal header every suite authenticates with.
 pub(crate) const USER: &str = "x-user";
@@ -46,13 +28,15 @@ impl Drop for Proxy {
     }
 }
 
-/// `ROUTES` parsed, or `extra` appended to them.
+/// The guard suites' shared routes (`guard_cases::ROUTES`: payments and
+/// profiles require a key, webhooks are disabled), `extra` before them.
 pub(crate) fn routes(extra: &str) -> Routes {
-    Routes::from_toml("routes.toml".as_ref(), &format!("{extra}\n{ROUTES}")).expect("routes parse")
+    let text = format!("{extra}\n{}", guard_cases::ROUTES);
+    Routes::from_toml("routes.toml".as_ref(), &text, &Policy::default()).expect("routes parse")
 }
 
 /// The proxy in front of a new upstream of `kind`, configured by `configure`
-/// (which gets the config with `ROUTES` and the `x-user` principal header set).
+/// (which gets the config with the shared routes and the `x-user` principal header set).
 pub(crate) async fn proxy(
     kind: UpstreamKind,
     configure: impl FnOnce(ProxyConfig) -> ProxyConfig,
@@ -69,12 +53,9 @@ pub(crate) async fn proxy_with(
     let upstream = TestUpstream::start(kind).await;
     let config = ProxyConfig::new(upstream.url().parse().expect("upstream URL"))
         .with_upstream_timeout(Duration::from_secs(5))
-        .with_principal_header(http::HeaderName::from_static(USER))
+        .with_principal(PrincipalSource::Header(http::HeaderName::from_static(USER)))
         .with_routes(routes(""));
-    let layer = layer(
-        IdempotencyLayer::new(MemoryStore::new())
-            .with_principal(HeaderPrincipal::new(http::HeaderName::from_static(USER))),
-    );
+    let layer = layer(IdempotencyLayer::new(MemoryStore::new()));
     let app = idemgate_proxy::app(configure(config), layer);
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
