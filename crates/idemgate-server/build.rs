@@ -13,7 +13,9 @@
 //! 4. otherwise `unknown` — a build never fails for want of git.
 //!
 //! With git, the script reruns when `HEAD` or the branch it points at moves, so a
-//! new commit is a new version string without a clean build.
+//! new commit is a new version string without a clean build. It also reruns when
+//! `migrations/` changes: `sqlx::migrate!` embeds that directory, and a proc
+//! macro alone would not see a new migration file.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,6 +25,8 @@ const SHORT: usize = 12;
 
 fn main() {
     println!("cargo::rerun-if-env-changed=IDEMGATE_BUILD_COMMIT");
+    // `sqlx::migrate!` embeds migrations/: a new migration file is a rebuild.
+    println!("cargo::rerun-if-changed=migrations");
     let manifest_dir =
         PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let commit = from_env()

@@ -10,7 +10,11 @@
 //!   there is none, 409 `key-in-progress` for a live `PROCESSING` record unless
 //!   forced.
 //!
-//! Both need `Authorization: Bearer <IDEMGATE_ADMIN_TOKEN>` (401
+//! - `GET /v1/audit?since=&until=&limit=&after=`: journal entries as JSON Lines
+//!   ([`EntryView`], `application/jsonl`), oldest first, at most `limit` (default
+//!   and bound 1000); the next page is `after=` the last line's `seq`.
+//!
+//! All need `Authorization: Bearer <IDEMGATE_ADMIN_TOKEN>` (401
 //! `admin-unauthorized` otherwise, compared in constant time). Without a token the
 //! routes do not exist (404): the key API is never open by default.
 
@@ -30,6 +34,7 @@ use idemgate::{DetachedTasks, EvictMode, Eviction, Principal, ProblemDetails, St
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 
+use crate::audit::{EntryView, PAGE, instance_name, parse_time};
 use crate::config::AdminToken;
 use crate::idempotency::UNAVAILABLE_RETRY_AFTER;
 use crate::inspect::{EvictionView, KeyQuery, KeyView, lease_left};
@@ -102,12 +107,18 @@ pub fn router(admin: AdminState) -> Router {
     }
     match &admin.token {
         Some(token) => {
-            router = router.route(
-                "/v1/keys",
-                get(show_key)
-                    .delete(evict_key)
-                    .route_layer(middleware::from_fn_with_state(token.clone(), require_token)),
-            );
+            router = router
+                .route(
+                    "/v1/keys",
+                    get(show_key)
+                        .delete(evict_key)
+                        .route_layer(middleware::from_fn_with_state(token.clone(), require_token)),
+                )
+                .route(
+                    "/v1/audit",
+                    get(read_journal)
+                        .route_layer(middleware::from_fn_with_state(token.clone(), require_token)),
+                );
         }
         None => tracing::info!("admin key API off: set IDEMGATE_ADMIN_TOKEN to enable /v1/keys"),
     }
@@ -269,6 +280,12 @@ async fn evict_key(
         .await
         .map_err(store_failed)?;
     let view = EvictionView::of(&identity, eviction);
+    if matches!(eviction, Eviction::Evicted { .. })
+        && let Err(error) =
+            crate::audit::journal_eviction(admin.store.as_ref(), &identity, instance_name()).await
+    {
+        tracing::error!(%error, "admin eviction: the journal did not take its entry");
+    }
     match eviction {
         Eviction::Evicted { status } => {
             tracing::warn!(
@@ -291,4 +308,51 @@ async fn evict_key(
         )
         .with_retry_after(lease_left(eviction).unwrap_or_default())),
     }
+}
+
+/// The query of `GET /v1/audit`.
+#[derive(Debug, Deserialize)]
+struct AuditParams {
+    since: Option<String>,
+    until: Option<String>,
+    limit: Option<usize>,
+    after: Option<u64>,
+}
+
+/// `GET /v1/audit`: one page of the journal as JSON Lines.
+async fn read_journal(
+    State(admin): State<AdminState>,
+    params: Result<Query<AuditParams>, QueryRejection>,
+) -> Result<Response, ProblemDetails> {
+    let invalid = |detail: String| {
+        ProblemDetails::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-audit-query",
+            "Invalid journal query",
+            detail,
+        )
+    };
+    let Query(params) = params.map_err(|rejection| {
+        invalid(format!(
+            "{}; expected since, until (RFC 3339), limit, after (a seq)",
+            rejection.body_text()
+        ))
+    })?;
+    let time = |text: Option<String>| text.map(|t| parse_time(&t).map_err(invalid)).transpose();
+    let query = idemgate::audit::AuditQuery {
+        since: time(params.since)?,
+        until: time(params.until)?,
+        after: params.after,
+        limit: params.limit.unwrap_or(PAGE).clamp(1, PAGE),
+    };
+    let entries = admin.store.read_audit(&query).await.map_err(store_failed)?;
+    let body: String = entries.iter().map(EntryView::line).collect();
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/jsonl"),
+        )],
+        body,
+    )
+        .into_response())
 }

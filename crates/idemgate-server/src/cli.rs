@@ -10,13 +10,17 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Parser, Subcommand};
 use idemgate::cache::ReplayCacheConfig;
+use idemgate::path::{
+    AboveRoot, ControlOrNonAscii, EncodedDotSegment, EncodedSlash, PathParameters, PathPolicy,
+};
 use idemgate::problem::{ProblemShape, ProblemStyle};
-use idemgate::{ReplayedHeaders, UnlistableHeader};
+use idemgate::{ObservedResponses, ReplayedHeaders, UnlistableHeader};
 use idemgate_listener::ListenerOptions;
+use idemgate_proxy::{HostHeader, MethodOverride, Policy, SafeMethodBodies, UnderscoreHeaders};
 
 use crate::config::{
-    AdminToken, ConfigError, LayerSettings, LogFormat, RedisPersistence, RedisSafety,
-    TelemetrySettings,
+    AdminToken, AuditSettings, ConfigError, LayerSettings, LogFormat, RedisPersistence,
+    RedisSafety, TelemetrySettings,
 };
 
 /// idemgate: `serve` runs the orders service (POST /api/v1/orders charges a payment
@@ -42,6 +46,9 @@ pub enum Command {
     Proxy(ProxyArgs),
     /// Inspect or evict one key's record, straight on the store.
     Keys(KeysArgs),
+    /// Read the journal (every operation's events) or check that it is intact,
+    /// straight on the store.
+    Audit(AuditArgs),
     /// Print a shell completion script to stdout (e.g. `idemgate completions
     /// bash > /etc/bash_completion.d/idemgate`).
     Completions(CompletionsArgs),
@@ -191,6 +198,18 @@ pub struct ServeArgs {
     )]
     pub simulated_gateway_delay_ms: u64,
 
+    /// The payment gateway's webhook secret (Standard Webhooks, whsec_ +
+    /// base64). Set, POST /webhooks/payments marks an order's payment confirmed
+    /// exactly once per verified event, and the simulated gateway confirms
+    /// each charge there; needs --idempotency-store database. Unset: no webhook.
+    #[arg(
+        long,
+        env = "IDEMGATE_PAYMENT_WEBHOOK_SECRET",
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
+    pub payment_webhook_secret: Option<String>,
+
     /// Refuse a POST or PATCH to the orders routes without an Idempotency-Key:
     /// 400 problem+json `missing-key`, nothing charged or stored. Off by default
     /// (a keyless request then runs every time it is sent).
@@ -249,14 +268,16 @@ pub struct LayerArgs {
     pub lease: u64,
 
     /// How long a duplicate of a running request waits for its outcome before
-    /// answering 409, in milliseconds (0: answer 409 at once). A 409's
-    /// Retry-After estimates the time left from the route's recent executions;
-    /// for SDKs that retry a 409 fast without reading it (Stripe's), set this a
-    /// little above the operation's usual duration.
+    /// answering 409, in milliseconds (0: answer 409 at once). Waiters wake the
+    /// moment the outcome is recorded, on any instance. The default (10 s) is
+    /// longer than the operations keys usually guard and shorter than gateways'
+    /// request timeouts, so an SDK's retry gets the replay instead of a 409 it
+    /// may raise; a 409's Retry-After estimates the time left from the route's
+    /// recent executions.
     #[arg(
         long,
         env = "IDEMPOTENCY_WAIT_MS",
-        default_value_t = 0,
+        default_value_t = 10_000,
         value_name = "MS"
     )]
     pub wait_ms: u64,
@@ -275,7 +296,7 @@ pub struct LayerArgs {
 
     /// The base of every idemgate problem `type` URI, so types point at your own
     /// documentation of the slugs (docs/problems.md), e.g.
-    /// https://docs.example.com/errors/ (the slug is appended). The default,
+    /// `https://docs.example.com/errors/` (the slug is appended). The default,
     /// /problems/, is relative: it claims no domain.
     #[arg(
         long,
@@ -300,10 +321,10 @@ pub struct LayerArgs {
         long,
         env = "IDEMGATE_PROBLEM_SHAPE",
         value_enum,
-        default_value_t = ProblemShapeArg::Rfc9457,
+        default_value_t = ProblemShape::Rfc9457,
         value_name = "SHAPE"
     )]
-    pub problem_shape: ProblemShapeArg,
+    pub problem_shape: ProblemShape,
 
     /// A response header to store and replay beyond the default list
     /// (docs/PROTOCOL.md §7: the representation's metadata, Location, ETag,
@@ -356,6 +377,33 @@ pub struct LayerArgs {
         value_name = "MS"
     )]
     pub replay_cache_max_age_ms: u64,
+
+    /// The journal (docs/audit.md): every operation's events (claimed, executed,
+    /// replayed, conflict, mismatch, released, taken_over, fenced), kept past
+    /// the records' TTL in the store, hash-chained so that an edit or a deletion
+    /// is found (`idemgate audit verify`). Default: on for SQL and Redis stores,
+    /// off for memory.
+    #[arg(long, env = "IDEMGATE_AUDIT", value_enum, value_name = "off|on")]
+    pub audit: Option<AuditSwitch>,
+
+    /// How long journal entries are kept (`400d`, `90d`, `12h`); a periodic
+    /// task removes older ones.
+    #[arg(
+        long,
+        env = "IDEMGATE_AUDIT_RETENTION",
+        default_value = "400d",
+        value_name = "DURATION"
+    )]
+    pub audit_retention: String,
+}
+
+/// `--audit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuditSwitch {
+    /// No journal.
+    Off,
+    /// Journal every operation's events.
+    On,
 }
 
 impl LayerArgs {
@@ -412,17 +460,30 @@ impl LayerArgs {
                 format!("expected a URI (visible ASCII, no spaces, <, > or \"), got {base:?}"),
             ));
         }
-        let shape = match self.problem_shape {
-            ProblemShapeArg::Rfc9457 => ProblemShape::Rfc9457,
-            ProblemShapeArg::Stripe => ProblemShape::Stripe,
-        };
+        let retention = humantime::parse_duration(&self.audit_retention)
+            .ok()
+            .filter(|retention| !retention.is_zero())
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "--audit-retention",
+                    "IDEMGATE_AUDIT_RETENTION",
+                    format!(
+                        "expected a duration such as 400d or 12h, got {:?}",
+                        self.audit_retention
+                    ),
+                )
+            })?;
         Ok(LayerSettings {
+            audit: AuditSettings {
+                requested: self.audit.map(|switch| switch == AuditSwitch::On),
+                retention,
+            },
             replayed_headers: replayed_headers(&self.replay_headers)?
                 .with_set_cookie(self.replay_set_cookie),
             problem_style: ProblemStyle::default()
                 .with_base(base.clone())
                 .with_link(self.problem_link)
-                .with_shape(shape),
+                .with_shape(self.problem_shape),
             ttl: Duration::from_secs(self.ttl),
             lease: Duration::from_secs(self.lease),
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
@@ -456,15 +517,6 @@ fn replayed_headers(names: &[String]) -> Result<ReplayedHeaders, ConfigError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(ReplayedHeaders::default().with_names(checked))
-}
-
-/// `--problem-shape`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ProblemShapeArg {
-    /// `application/problem+json` (RFC 9457).
-    Rfc9457,
-    /// Stripe's error object.
-    Stripe,
 }
 
 /// How the process stops and logs, flattened into `serve` and `proxy`.
@@ -537,9 +589,9 @@ impl ListenAddressArgs {
 }
 
 /// `idemgate proxy` flags. Every flag can also come from the environment variable
-/// named in its help; a flag wins over its variable. Every POST and PATCH with an
-/// Idempotency-Key is covered, unless a route of --config says otherwise;
-/// everything else streams through.
+/// named in its help; a flag wins over its variable. Every POST, PUT, PATCH and
+/// DELETE with an Idempotency-Key is covered, unless a route of --config says
+/// otherwise; everything else streams through, its key as sent.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
     /// The API to put the protocol in front of: http://host:port[/base]. Request
@@ -653,7 +705,8 @@ pub struct ProxyArgs {
     pub workers: usize,
 
     /// Per-route policies (TOML; see docs/proxy.md): which routes are covered and
-    /// how. Without it every POST and PATCH is covered with the defaults above. A
+    /// how. Without it every POST, PUT, PATCH and DELETE with a key is covered
+    /// with the defaults above. A
     /// bad file stops the start, naming its line. SIGHUP reloads it: a bad new
     /// file is refused and the old routes keep serving.
     #[arg(long, env = "IDEMGATE_CONFIG", value_name = "FILE")]
@@ -665,10 +718,11 @@ pub struct ProxyArgs {
     #[arg(
         long,
         env = "IDEMGATE_UPSTREAM_HOST_HEADER",
-        default_value = "client",
+        value_enum,
+        default_value_t = HostHeader::Client,
         value_name = "WHICH"
     )]
-    pub upstream_host_header: HostHeaderArg,
+    pub upstream_host_header: HostHeader,
 
     /// A PEM file of the certificate chain the public listener presents; with
     /// --tls-key it speaks HTTPS (rustls) instead of plain HTTP. Without both, TLS
@@ -705,6 +759,20 @@ pub struct ProxyArgs {
     /// Connection limits of both listeners.
     #[command(flatten)]
     pub connections: ListenerArgs,
+
+    /// What a route in `mode = "observe"` keeps of an observed first run where
+    /// it does not say (`observe_responses`): `discard` (its outcome only, under
+    /// a name enforcement never reads: after a switch to enforce, a retry of an
+    /// observed operation runs as new) or `keep` (the whole response, as
+    /// enforcement stores it: such a retry is replayed).
+    #[arg(
+        long,
+        env = "IDEMGATE_OBSERVE_RESPONSES",
+        value_enum,
+        default_value_t = ObservedResponses::Discard,
+        value_name = "WHAT"
+    )]
+    pub observe_responses: ObservedResponses,
 
     /// How the proxy brings a request to one reading before the layer sees it.
     #[command(flatten)]
@@ -748,15 +816,6 @@ impl PrincipalSecretArgs {
             },
         )
     }
-}
-
-/// `--upstream-host-header`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum HostHeaderArg {
-    /// The client's Host, as sent.
-    Client,
-    /// The upstream URL's host:port.
-    Upstream,
 }
 
 /// The bytes of a file a flag names; an unreadable one names the flag.
@@ -818,6 +877,94 @@ pub enum KeysCommand {
         #[command(flatten)]
         whose: PrincipalArgs,
     },
+}
+
+/// `idemgate audit`.
+#[derive(Debug, clap::Args)]
+pub struct AuditArgs {
+    /// What to do with the journal.
+    #[command(subcommand)]
+    pub command: AuditCommand,
+}
+
+/// `idemgate audit` subcommands.
+#[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum AuditCommand {
+    /// Print journal entries as JSON Lines, oldest first (exit 0).
+    Export {
+        /// Where the journal lives: sqlite://PATH, postgres://… or redis://….
+        #[arg(long, value_name = "URL")]
+        store: String,
+        /// Entries written at or after this time (RFC 3339, UTC:
+        /// 2026-12-01T00:00:00Z).
+        #[arg(long, value_name = "RFC3339")]
+        since: Option<String>,
+        /// Entries written before this time (RFC 3339, UTC).
+        #[arg(long, value_name = "RFC3339")]
+        until: Option<String>,
+        /// Only one principal's entries: `--principal`, `--authorization`,
+        /// `--bearer` or `--principal-header`, as for `idemgate keys`.
+        #[command(flatten)]
+        whose: AuditPrincipalArgs,
+        /// Only the entries of this Idempotency-Key (matched by its keyed
+        /// digest; the journal never holds the key).
+        #[arg(long, value_name = "K")]
+        key: Option<String>,
+    },
+    /// Check every entry's hash and link: exit 0 and print each partition's
+    /// head (anchor it elsewhere) when the journal is intact, exit 1 naming the
+    /// first entry that is not.
+    Verify {
+        /// Where the journal lives.
+        #[arg(long, value_name = "URL")]
+        store: String,
+    },
+}
+
+/// The optional principal of `audit export`: at most one of the forms
+/// `idemgate keys` takes.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(
+    ArgGroup::new("audit_whose")
+        .multiple(false)
+        .args(["principal", "authorization", "bearer", "principal_header"])
+))]
+pub struct AuditPrincipalArgs {
+    /// The principal as the layer stored it (see `idemgate keys --help`).
+    #[arg(long, value_name = "P")]
+    pub principal: Option<String>,
+    /// The client's whole Authorization value, for a proxy with --principal
+    /// authorization.
+    #[arg(long, value_name = "VALUE")]
+    pub authorization: Option<String>,
+    /// The bearer token of a request to `idemgate serve`'s orders API.
+    #[arg(long, value_name = "TOKEN")]
+    pub bearer: Option<String>,
+    /// `NAME: VALUE` of the header a proxy with --principal header:NAME trusts.
+    #[arg(long, value_name = "NAME: VALUE")]
+    pub principal_header: Option<String>,
+    /// The proxy's principal secret, for --authorization.
+    #[command(flatten)]
+    pub secret: PrincipalSecretArgs,
+}
+
+impl AuditPrincipalArgs {
+    /// As the keys' [`PrincipalArgs`], when one form was given.
+    pub fn principal_args(&self) -> Option<PrincipalArgs> {
+        (self.principal.is_some()
+            || self.authorization.is_some()
+            || self.bearer.is_some()
+            || self.principal_header.is_some())
+        .then(|| PrincipalArgs {
+            principal: self.principal.clone(),
+            authorization: self.authorization.clone(),
+            bearer: self.bearer.clone(),
+            principal_header: self.principal_header.clone(),
+            secret: self.secret.clone(),
+        })
+    }
 }
 
 /// Whose key: exactly one of `--principal`, `--authorization`, `--bearer` or
@@ -973,6 +1120,7 @@ impl ListenerArgs {
                 "IDEMGATE_IDLE_TIMEOUT_MS",
             )?,
             max_connections: self.max_connections,
+            ..ListenerOptions::default()
         })
     }
 }
@@ -990,10 +1138,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_PATH_ENCODED_SLASH",
         value_enum,
-        default_value_t = EncodedSlashArg::Refuse,
+        default_value_t = EncodedSlash::Refuse,
         value_name = "ACTION"
     )]
-    pub path_encoded_slash: EncodedSlashArg,
+    pub path_encoded_slash: EncodedSlash,
 
     /// An encoded dot segment (`/%2e%2e/`, `/.%2E/`): `refuse` (400) or
     /// `resolve` (decoded and resolved, RFC 3986).
@@ -1001,10 +1149,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_PATH_ENCODED_DOT_SEGMENT",
         value_enum,
-        default_value_t = EncodedDotSegmentArg::Refuse,
+        default_value_t = EncodedDotSegment::Refuse,
         value_name = "ACTION"
     )]
-    pub path_encoded_dot_segment: EncodedDotSegmentArg,
+    pub path_encoded_dot_segment: EncodedDotSegment,
 
     /// `;` path parameters (`/payments;v=1`): `refuse` (400), `keep` (a
     /// character) or `strip` (removed with the rest of the segment, as Tomcat
@@ -1013,10 +1161,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_PATH_PARAMETERS",
         value_enum,
-        default_value_t = PathParametersArg::Refuse,
+        default_value_t = PathParameters::Refuse,
         value_name = "ACTION"
     )]
-    pub path_parameters: PathParametersArg,
+    pub path_parameters: PathParameters,
 
     /// Raw non-ASCII, escaped control bytes, non-UTF-8 or malformed escapes in
     /// the path: `refuse` (400) or `encode` (`é` → `%C3%A9`, escapes kept).
@@ -1024,10 +1172,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_PATH_CONTROL_OR_NON_ASCII",
         value_enum,
-        default_value_t = ControlOrNonAsciiArg::Refuse,
+        default_value_t = ControlOrNonAscii::Refuse,
         value_name = "ACTION"
     )]
-    pub path_control_or_non_ascii: ControlOrNonAsciiArg,
+    pub path_control_or_non_ascii: ControlOrNonAscii,
 
     /// A `..` that climbs above the root (`/../admin`): `refuse` (400) or
     /// `clamp` (dropped, RFC 3986).
@@ -1035,10 +1183,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_PATH_ABOVE_ROOT",
         value_enum,
-        default_value_t = AboveRootArg::Refuse,
+        default_value_t = AboveRoot::Refuse,
         value_name = "ACTION"
     )]
-    pub path_above_root: AboveRootArg,
+    pub path_above_root: AboveRoot,
 
     /// Match routes and scope keys with ASCII case folded, for an upstream
     /// router that ignores case (Express); the upstream still gets the client's
@@ -1055,9 +1203,9 @@ pub struct GuardArgs {
     )]
     pub case_insensitive_paths: bool,
 
-    /// Require an Idempotency-Key on every covered request (POST and PATCH, and
-    /// every route's method) unless a route says `require_key = false`: keyless,
-    /// 400 missing-key, nothing forwarded.
+    /// Require an Idempotency-Key on every covered request (POST, PUT, PATCH and
+    /// DELETE, and every route's method) unless a route says `require_key =
+    /// false`: keyless, 400 missing-key, nothing forwarded.
     #[arg(
         long,
         env = "IDEMGATE_REQUIRE_KEY",
@@ -1078,10 +1226,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_UNDERSCORE_HEADERS",
         value_enum,
-        default_value_t = UnderscoreHeadersArg::Drop,
+        default_value_t = UnderscoreHeaders::Drop,
         value_name = "ACTION"
     )]
-    pub underscore_headers: UnderscoreHeadersArg,
+    pub underscore_headers: UnderscoreHeaders,
 
     /// X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override where no route
     /// says: `refuse` (400 ambiguous-method) or `honour` (the request is that
@@ -1090,10 +1238,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_METHOD_OVERRIDE",
         value_enum,
-        default_value_t = MethodOverrideArg::Refuse,
+        default_value_t = MethodOverride::Refuse,
         value_name = "ACTION"
     )]
-    pub method_override: MethodOverrideArg,
+    pub method_override: MethodOverride,
 
     /// Content on GET, HEAD and OPTIONS where no route says: `refuse` (400
     /// unexpected-body; an upstream that never reads it would parse it as the
@@ -1102,10 +1250,10 @@ pub struct GuardArgs {
         long,
         env = "IDEMGATE_SAFE_METHOD_BODY",
         value_enum,
-        default_value_t = SafeMethodBodyArg::Refuse,
+        default_value_t = SafeMethodBodies::Refuse,
         value_name = "ACTION"
     )]
-    pub safe_method_body: SafeMethodBodyArg,
+    pub safe_method_body: SafeMethodBodies,
 
     /// The longest pause in the upstream's response body (and between its head
     /// and first byte), in milliseconds; past it 504 upstream-timeout, settled
@@ -1121,82 +1269,52 @@ pub struct GuardArgs {
     pub upstream_response_timeout_ms: Option<u64>,
 }
 
-/// `--path-encoded-slash`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum EncodedSlashArg {
-    /// 400 ambiguous-path.
-    Refuse,
-    /// A character of the segment.
-    Keep,
-    /// A segment boundary.
-    Decode,
+impl GuardArgs {
+    /// The path flags: which spellings are refused and how the others are read.
+    pub fn path_policy(&self) -> PathPolicy {
+        PathPolicy {
+            encoded_slash: self.path_encoded_slash,
+            encoded_dot_segment: self.path_encoded_dot_segment,
+            path_parameters: self.path_parameters,
+            control_or_non_ascii: self.path_control_or_non_ascii,
+            above_root: self.path_above_root,
+        }
+    }
 }
 
-/// `--path-encoded-dot-segment`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum EncodedDotSegmentArg {
-    /// 400 ambiguous-path.
-    Refuse,
-    /// Decoded and resolved.
-    Resolve,
-}
-
-/// `--path-parameters`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PathParametersArg {
-    /// 400 ambiguous-path.
-    Refuse,
-    /// A character of the segment.
-    Keep,
-    /// Removed with the rest of the segment.
-    Strip,
-}
-
-/// `--path-control-or-non-ascii`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ControlOrNonAsciiArg {
-    /// 400 ambiguous-path.
-    Refuse,
-    /// Escaped.
-    Encode,
-}
-
-/// `--path-above-root`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AboveRootArg {
-    /// 400 ambiguous-path.
-    Refuse,
-    /// Dropped at the root.
-    Clamp,
-}
-
-/// `--underscore-headers`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnderscoreHeadersArg {
-    /// Removed.
-    Drop,
-    /// 400 underscore-header.
-    Reject,
-    /// Forwarded, unless a look-alike of ours.
-    Forward,
-}
-
-/// `--method-override`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum MethodOverrideArg {
-    /// 400 ambiguous-method.
-    Refuse,
-    /// The request is the named method.
-    Honour,
-}
-
-/// `--safe-method-body`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SafeMethodBodyArg {
-    /// 400 unexpected-body.
-    Refuse,
-    /// Forwarded.
-    Forward,
+impl ProxyArgs {
+    /// The default route: every route-overridable setting as the flags set it
+    /// (`layer`, the record flags checked), which a route file's tables lay
+    /// their overrides over. A timeout given must be at least 1 ms.
+    pub fn policy(&self, layer: &LayerSettings) -> Result<Policy, ConfigError> {
+        let millis = |value: Option<u64>, flag, env| match value {
+            Some(0) => Err(ConfigError::new(flag, env, "must be at least 1")),
+            other => Ok(other.map(Duration::from_millis)),
+        };
+        let guard = &self.guard;
+        let mut policy = Policy::default();
+        policy.require_key = guard.require_key;
+        policy.ttl = layer.ttl;
+        policy.lease = layer.lease;
+        policy.wait = layer.wait.unwrap_or_default();
+        policy.problem_shape = layer.problem_style.shape();
+        policy.replay_set_cookie = self.layer.replay_set_cookie;
+        policy.observe_responses = self.observe_responses;
+        policy.case_insensitive = guard.case_insensitive_paths;
+        policy.method_override = guard.method_override;
+        policy.safe_method_bodies = guard.safe_method_body;
+        policy.upstream_idle_timeout = millis(
+            guard.upstream_idle_timeout_ms,
+            "--upstream-idle-timeout-ms",
+            "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
+        )?;
+        policy.upstream_response_timeout = millis(
+            guard.upstream_response_timeout_ms,
+            "--upstream-response-timeout-ms",
+            "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
+        )?;
+        Ok(policy)
+    }
 }
 
 #[cfg(test)]

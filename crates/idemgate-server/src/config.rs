@@ -159,6 +159,25 @@ pub struct LayerSettings {
     pub problem_style: ProblemStyle,
     /// Which response headers replays repeat.
     pub replayed_headers: ReplayedHeaders,
+    /// The journal (`--audit`, `--audit-retention`).
+    pub audit: AuditSettings,
+}
+
+/// The journal's settings (`docs/audit.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditSettings {
+    /// `--audit`; `None`: the store's default.
+    pub requested: Option<bool>,
+    /// `--audit-retention`.
+    pub retention: Duration,
+}
+
+impl AuditSettings {
+    /// Whether the journal is on: as `--audit` says, else on for every store
+    /// but memory (whose journal would die with the process).
+    pub fn enabled(&self, memory_store: bool) -> bool {
+        self.requested.unwrap_or(!memory_store)
+    }
 }
 
 /// The bearer token of the admin key API, kept as its SHA-256 so that comparing a

@@ -24,6 +24,7 @@
 pub struct ReadmeDoctests;
 
 pub mod admin;
+pub mod audit;
 pub mod cli;
 pub mod cmd;
 pub mod config;

@@ -13,6 +13,7 @@ async fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::main(&args).await,
         Command::Proxy(args) => cmd::proxy::main(&args).await,
         Command::Keys(args) => cmd::keys::main(args).await,
+        Command::Audit(args) => cmd::audit::main(args).await,
         Command::Completions(args) => cmd::completions::main(args),
         Command::Man => cmd::man::main(),
     }

@@ -44,6 +44,10 @@ pub enum StartupError {
     /// The HTTP server failed.
     #[error("server: {0}")]
     Serve(std::io::Error),
+    /// The journal (`--audit on`) could not read its store's secret: the store
+    /// lacks the journal's tables (migrate it) or does not answer.
+    #[error("the journal (--audit): {0}")]
+    Journal(#[source] idemgate::StoreError),
 }
 
 /// Binds a listener, naming the address when it cannot.

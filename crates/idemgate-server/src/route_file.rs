@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use idemgate_proxy::{RouteTable, Routes, RoutesError};
+use idemgate_proxy::{Policy, RouteTable, Routes, RoutesError};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -35,16 +35,12 @@ pub struct RouteFileInfo {
     pub routes: usize,
 }
 
-/// Reads and checks the route file at `path` exactly as the proxy follows it:
-/// TOML and every key (`Routes::from_toml`), then each route's TTL against the
-/// lease it inherits from `ttl` and `lease` (the command line's). Every caller —
+/// Reads the route file at `path` and checks it exactly as the proxy follows
+/// it: every key, and each route resolved over `defaults` (the command line's
+/// default route) — `Routes::from_toml`, the one loader. Every caller —
 /// startup, `--check-config`, a reload — goes through here, so a file this
 /// accepts is one the proxy starts with.
-pub fn load(
-    path: &Path,
-    ttl: Duration,
-    lease: Duration,
-) -> Result<(Routes, RouteFileInfo), RoutesError> {
+pub fn load(path: &Path, defaults: &Policy) -> Result<(Routes, RouteFileInfo), RoutesError> {
     let bytes = std::fs::read(path).map_err(|source| read_error(path, source))?;
     let text = std::str::from_utf8(&bytes).map_err(|error| {
         read_error(
@@ -52,8 +48,7 @@ pub fn load(
             std::io::Error::new(std::io::ErrorKind::InvalidData, error),
         )
     })?;
-    let routes = Routes::from_toml(path, text)?;
-    routes.check_timing(ttl, lease)?;
+    let routes = Routes::from_toml(path, text, defaults)?;
     let info = RouteFileInfo {
         path: path.to_owned(),
         sha256: hex::encode(Sha256::digest(&bytes)),
@@ -90,14 +85,12 @@ pub struct RouteFileView {
 }
 
 /// The file the running proxy follows and how to reload it: the table its
-/// dispatcher reads, the record the admin API shows, and the record timing
-/// each reload is checked against. Cloned into the `SIGHUP` task and the admin
+/// dispatcher reads (and whose default route each reload is checked over), and
+/// the record the admin API shows. Cloned into the `SIGHUP` task and the admin
 /// state.
 #[derive(Clone)]
 pub struct RouteFile {
     table: RouteTable,
-    ttl: Duration,
-    lease: Duration,
     /// Only ever held to copy or assign the record, never across a file read or
     /// a table build: the admin API reads it from the runtime's workers.
     view: Arc<RwLock<RouteFileView>>,
@@ -117,14 +110,9 @@ impl std::fmt::Debug for RouteFile {
 
 impl RouteFile {
     /// The route file `loaded` (if any) that `table` was built from; reloads are
-    /// checked against `ttl` and `lease`, as at startup. Registers the reload
-    /// counter at zero, so `increase()` sees the first reload.
-    pub fn new(
-        table: RouteTable,
-        loaded: Option<RouteFileInfo>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> Self {
+    /// checked over the table's default route, as at startup. Registers the
+    /// reload counter at zero, so `increase()` sees the first reload.
+    pub fn new(table: RouteTable, loaded: Option<RouteFileInfo>) -> Self {
         metrics::describe_counter!(
             RELOADS_METRIC,
             "Route file reloads (SIGHUP), by result: ok (the new routes serve) or error (refused, the old routes kept)."
@@ -139,8 +127,6 @@ impl RouteFile {
         metrics::gauge!(LAST_RELOAD_METRIC).set(1.0);
         Self {
             table,
-            ttl,
-            lease,
             view: Arc::new(RwLock::new(RouteFileView {
                 loaded,
                 last_error: None,
@@ -173,11 +159,11 @@ impl RouteFile {
             tracing::warn!("SIGHUP: no --config file, nothing to reload");
             return Err(ReloadError::NoFile);
         };
-        let (table, ttl, lease) = (self.table.clone(), self.ttl, self.lease);
+        let table = self.table.clone();
         let file = path.clone();
         let loaded: Result<RouteFileInfo, RoutesError> =
             match tokio::task::spawn_blocking(move || {
-                let (routes, info) = load(&file, ttl, lease)?;
+                let (routes, info) = load(&file, table.defaults())?;
                 table.replace(&routes);
                 Ok(info)
             })
@@ -241,6 +227,8 @@ pub enum ReloadError {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -250,19 +238,23 @@ mod tests {
         let path = dir.join("routes.toml");
         let text = "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\n";
         std::fs::write(&path, text).unwrap();
-        let (routes, info) = load(&path, Duration::from_secs(60), Duration::from_secs(5)).unwrap();
+        let timed = |ttl, lease| {
+            let mut defaults = Policy::default();
+            defaults.ttl = Duration::from_secs(ttl);
+            defaults.lease = Duration::from_secs(lease);
+            defaults
+        };
+        let (routes, info) = load(&path, &timed(60, 5)).unwrap();
         assert_eq!(routes.len(), 1);
         assert_eq!(info.routes, 1);
         assert_eq!(info.sha256, hex::encode(Sha256::digest(text.as_bytes())));
-        let error = load(&path, Duration::from_secs(5), Duration::from_secs(5))
-            .unwrap_err()
-            .to_string();
+        let error = load(&path, &timed(5, 5)).unwrap_err().to_string();
         assert!(
             error.starts_with(&format!("{}:1:1: ", path.display())),
             "{error}"
         );
         std::fs::write(&path, [0xff, 0xfe]).unwrap();
-        let error = load(&path, Duration::from_secs(60), Duration::from_secs(5)).unwrap_err();
+        let error = load(&path, &timed(60, 5)).unwrap_err();
         assert!(matches!(error, RoutesError::Read { .. }), "{error}");
         let _ = std::fs::remove_dir_all(&dir);
     }

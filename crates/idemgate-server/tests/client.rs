@@ -3,6 +3,13 @@
 //! delays and deadlines, with the orders (through the API) and the charges (the
 //! counting mock gateway) asserted after each.
 //!
+//! The scenarios one request and the relay's faults make are the cases of
+//! `clients/scenarios.json`, which clients/js and clients/python run too
+//! (`every_scenario_of_clients_scenarios_json`); the tests written here are the
+//! ones that need more than that file says (a second request, in flight or after
+//! the first, a locked store, a stream body, the middleware, a proxy in front of
+//! an upstream).
+//!
 //! The harness (server process, mock gateway, orders client) is `tests/support`,
 //! shared by every test binary of the crate.
 
@@ -10,13 +17,15 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use idemgate_client::case_files::PolicySettings;
 use idemgate_client::{Client, Error, Operation, RetryMiddleware, RetryPolicy};
 use idemgate_testkit::relay::{Fault, Relay};
 use reqwest::StatusCode;
+use serde::Deserialize;
 use support::gateway::{Fault as GatewayFault, MockGateway};
 use support::server::{Options, Server, sqlite_url};
 
@@ -99,67 +108,288 @@ fn quick() -> RetryPolicy {
     RetryPolicy::default().backoff(Duration::from_millis(20), Duration::from_millis(200))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lost_response_is_retried_and_replayed_with_one_order_and_one_charge() {
-    let setup = Setup::start().await;
-    setup.relay.inject(Fault::LoseResponse);
-    let pay = Operation::new();
-    let response = setup
-        .post(&setup.client(quick()), ORDER)
-        .operation(&pay)
-        .send()
-        .await
-        .expect("the retry gets the outcome");
-    assert_eq!(response.status(), StatusCode::CREATED);
-    assert!(
-        response.replayed(),
-        "the second attempt is the first's replay"
-    );
-    assert_eq!(response.attempts(), 2);
-    assert_eq!(setup.relay.connections(), 2);
-    assert_eq!(
-        setup.relay.forwarded(),
-        2,
-        "both attempts reached the server"
-    );
-    let orders = setup.orders().await;
-    assert_eq!(orders.len(), 1, "one order for two attempts: {orders:?}");
-    let order: serde_json::Value = response.json().unwrap();
-    assert_eq!(
-        order["order_id"], orders[0]["order_id"],
-        "the replay names the first attempt's order"
-    );
-    assert_eq!(setup.gateway.calls().len(), 1);
-    assert_eq!(setup.gateway.distinct_charges(), 1);
+/// The fault scenarios every client's suite runs: one case a scenario. The file's
+/// `$comment` says what a case holds.
+const SCENARIOS: &str = include_str!("../../../clients/scenarios.json");
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioFile {
+    #[serde(rename = "$comment")]
+    _comment: Vec<String>,
+    base_policy: PolicySettings,
+    scenarios: Vec<Scenario>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn resets_and_slow_answers_are_retried_to_one_order() {
+/// One case. A field this suite does not know fails the file's loading, so a
+/// new expectation cannot be skipped here unnoticed.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scenario {
+    name: String,
+    /// `[words, count]`: the next `count` requests get the relay's fault `words`.
+    #[serde(default)]
+    faults: Vec<(String, usize)>,
+    /// The statuses the mock gateway answers after charging, in turn.
+    #[serde(default)]
+    gateway_failures: Vec<u16>,
+    /// Laid over the file's `base_policy`.
+    #[serde(default)]
+    policy: PolicySettings,
+    /// `false`: the POST goes without a key.
+    #[serde(default = "keyed")]
+    operation: bool,
+    /// The order; `ORDER` when absent.
+    body: Option<serde_json::Value>,
+    /// The wait before the server's orders and the gateway's calls are counted.
+    settle_ms: Option<u64>,
+    expect: Expect,
+}
+
+fn keyed() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Expect {
+    status: Option<u16>,
+    replayed: Option<bool>,
+    attempts: Option<u32>,
+    error: Option<Failure>,
+    may_have_run: Option<bool>,
+    problem_type: Option<String>,
+    /// Each attempt's status as reported; `None`: no answer.
+    statuses: Option<Vec<Option<u16>>>,
+    relay_requests: Option<usize>,
+    relay_requests_between: Option<(usize, usize)>,
+    /// The send, every attempt and wait, ended sooner than this.
+    elapsed_below_ms: Option<u64>,
+    orders: Option<usize>,
+    gateway_calls: Option<usize>,
+    distinct_charges: Option<usize>,
+}
+
+/// The error a scenario ends in.
+#[derive(Debug, Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum Failure {
+    /// `Error::Transport`: no answer.
+    Transport,
+    /// `Error::Rejected`: a final answer that is not a success.
+    Rejected,
+}
+
+/// Notes each attempt's status as the client hears it, with the body read whole,
+/// so a body cut off halfway is no answer (`None`), as the other clients report
+/// it. It runs inside the client's retries: once per attempt.
+#[derive(Debug, Clone, Default)]
+struct Statuses(Arc<Mutex<Vec<Option<u16>>>>);
+
+impl Statuses {
+    fn noted(&self) -> Vec<Option<u16>> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Statuses {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut axum::http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let answer = match next.run(request, extensions).await {
+            Ok(response) => read_whole(response).await,
+            Err(error) => Err(error),
+        };
+        let status = answer
+            .as_ref()
+            .ok()
+            .map(|response| response.status().as_u16());
+        self.0.lock().unwrap().push(status);
+        answer
+    }
+}
+
+/// `response` with its body read: the same answer, or the error reading it.
+async fn read_whole(response: reqwest::Response) -> reqwest_middleware::Result<reqwest::Response> {
+    let mut head = axum::http::Response::builder()
+        .status(response.status())
+        .version(response.version());
+    *head.headers_mut().unwrap() = response.headers().clone();
+    let body = response.bytes().await?;
+    Ok(head.body(body).unwrap().into())
+}
+
+/// Runs one scenario on its own server, gateway and relay, asserting what it
+/// expects as clients/js `test/scenarios.test.ts` and clients/python
+/// `tests/test_scenarios.py` do; a failed expectation panics.
+async fn run_scenario(base: &PolicySettings, scenario: &Scenario) {
     let setup = Setup::start().await;
-    setup.relay.inject(Fault::Reset);
-    setup
-        .relay
-        .inject(Fault::DelayResponse(Duration::from_millis(1_500)));
-    setup.relay.inject(Fault::LoseResponse);
-    let policy = quick().attempt_timeout(Duration::from_millis(500));
-    let response = setup
-        .post(&setup.client(policy), ORDER)
-        .operation(&Operation::new())
-        .send()
-        .await
-        .expect("the fourth attempt is answered");
-    assert_eq!(response.status(), StatusCode::CREATED);
-    assert!(response.replayed());
-    assert_eq!(response.attempts(), 4);
-    assert_eq!(setup.relay.connections(), 4);
-    assert_eq!(
-        setup.relay.forwarded(),
-        3,
-        "the reset one never reached the server"
+    for (words, count) in &scenario.faults {
+        let fault: Fault = words
+            .parse()
+            .unwrap_or_else(|error| panic!("the fault {words:?}: {error}"));
+        for _ in 0..*count {
+            setup.relay.inject_request(fault, None);
+        }
+    }
+    for &status in &scenario.gateway_failures {
+        setup
+            .gateway
+            .inject(GatewayFault::FailAfterCharging(status));
+    }
+    let settings = base.overlaid(&scenario.policy);
+    let policy = settings
+        .policy()
+        .unwrap_or_else(|| panic!("settings a RetryPolicy cannot hold: {settings:?}"));
+    let statuses = Statuses::default();
+    let http = reqwest_middleware::ClientBuilder::new(no_reuse())
+        .with(statuses.clone())
+        .build();
+    let body = match &scenario.body {
+        Some(body) => body.clone(),
+        None => serde_json::from_str(ORDER).unwrap(),
+    };
+    let mut request = Client::new(http)
+        .with_policy(policy)
+        .post(setup.orders_url())
+        .bearer_auth(&setup.orders.token)
+        .json(&body);
+    if scenario.operation {
+        request = request.operation(&Operation::new());
+    }
+    let started = Instant::now();
+    let sent = request.send().await;
+    let took = started.elapsed();
+    let expect = &scenario.expect;
+    match (expect.error, sent) {
+        (None, Ok(reply)) => {
+            assert_eq!(Some(reply.status().as_u16()), expect.status, "status");
+            if let Some(replayed) = expect.replayed {
+                assert_eq!(reply.replayed(), replayed, "replayed");
+            }
+            if let Some(attempts) = expect.attempts {
+                assert_eq!(reply.attempts(), attempts, "attempts");
+            }
+        }
+        (None, Err(error)) => panic!("expected a reply, got {error:?}"),
+        (Some(failure), Ok(reply)) => {
+            panic!(
+                "expected a {failure:?} error, got {} {:?}",
+                reply.status(),
+                reply.body()
+            )
+        }
+        (Some(Failure::Transport), Err(error)) => {
+            assert!(matches!(error, Error::Transport { .. }), "{error:?}");
+            assert_eq!(
+                Some(error.may_have_run()),
+                expect.may_have_run,
+                "may_have_run"
+            );
+        }
+        (Some(Failure::Rejected), Err(error)) => {
+            let (problem, replayed) = rejected(&error);
+            assert_eq!(Some(problem.status.as_u16()), expect.status, "status");
+            assert_eq!(
+                Some(&problem.type_uri),
+                expect.problem_type.as_ref(),
+                "problem type"
+            );
+            assert!(
+                problem.title.is_some() && problem.detail.is_some(),
+                "{problem:?}"
+            );
+            assert_eq!(Some(replayed), expect.replayed, "replayed");
+            assert_eq!(
+                Some(error.may_have_run()),
+                expect.may_have_run,
+                "may_have_run"
+            );
+        }
+    }
+    if let Some(expected) = &expect.statuses {
+        assert_eq!(&statuses.noted(), expected, "each attempt's status");
+    }
+    let requests = setup.relay.requests();
+    if let Some(expected) = expect.relay_requests {
+        assert_eq!(requests, expected, "attempts that reached the relay");
+    }
+    if let Some((low, high)) = expect.relay_requests_between {
+        assert!(
+            (low..=high).contains(&requests),
+            "attempts that reached the relay: {requests}"
+        );
+    }
+    if let Some(below) = expect.elapsed_below_ms {
+        assert!(
+            took < Duration::from_millis(below),
+            "the send took {took:?}"
+        );
+    }
+    if let Some(settle) = scenario.settle_ms {
+        tokio::time::sleep(Duration::from_millis(settle)).await;
+    }
+    if let Some(expected) = expect.orders {
+        assert_eq!(setup.orders().await.len(), expected, "orders");
+    }
+    if let Some(expected) = expect.gateway_calls {
+        assert_eq!(setup.gateway.calls().len(), expected, "gateway calls");
+    }
+    if let Some(expected) = expect.distinct_charges {
+        assert_eq!(setup.gateway.distinct_charges(), expected, "charges");
+    }
+}
+
+/// Every case of `clients/scenarios.json`, all at once (each on its own server,
+/// gateway and relay); a failure names its scenario.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_scenario_of_clients_scenarios_json() {
+    let file: ScenarioFile = serde_json::from_str(SCENARIOS).expect("clients/scenarios.json");
+    assert!(
+        !file.scenarios.is_empty(),
+        "clients/scenarios.json has no scenario"
     );
-    assert_eq!(setup.orders().await.len(), 1);
-    assert_eq!(setup.gateway.distinct_charges(), 1);
-    assert_eq!(setup.gateway.calls().len(), 1);
+    let base = Arc::new(file.base_policy);
+    let runs: Vec<_> = file
+        .scenarios
+        .into_iter()
+        .map(|scenario| {
+            let base = Arc::clone(&base);
+            let name = scenario.name.clone();
+            let run = async move { run_scenario(&base, &scenario).await };
+            (
+                name,
+                tokio::spawn(tokio::time::timeout(Duration::from_secs(60), run)),
+            )
+        })
+        .collect();
+    let total = runs.len();
+    let mut failures = Vec::new();
+    for (name, run) in runs {
+        match run.await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => failures.push(format!("{name}: no outcome within 60 s")),
+            Err(error) => {
+                let panic = error.into_panic();
+                let message = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(a panic without a message)");
+                failures.push(format!("{name}: {message}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {total} scenarios of clients/scenarios.json failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -340,104 +570,6 @@ async fn max_retries_zero_is_exactly_one_attempt_and_the_operation_resumes_later
     );
     assert_eq!(setup.orders().await.len(), 1);
     assert_eq!(setup.gateway.distinct_charges(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_unkeyed_post_is_sent_once_whatever_the_policy() {
-    let setup = Setup::start().await;
-    setup.relay.inject_n(Fault::LoseResponse, 3);
-    let error = setup
-        .post(&setup.client(quick().max_retries(10)), ORDER)
-        .send()
-        .await
-        .expect_err("its answer was lost, and it must not be retried");
-    assert!(
-        matches!(error, Error::Transport { .. }) && error.may_have_run(),
-        "{error:?}"
-    );
-    assert_eq!(setup.relay.connections(), 1, "no key, no retry");
-    assert_eq!(
-        setup.orders().await.len(),
-        1,
-        "it ran: a retry would have been a second order"
-    );
-    assert_eq!(setup.gateway.distinct_charges(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_deadline_bounds_all_attempts_and_waits() {
-    let setup = Setup::start().await;
-    setup
-        .relay
-        .inject_n(Fault::DelayResponse(Duration::from_secs(3)), 20);
-    let policy = quick()
-        .attempt_timeout(Duration::from_millis(300))
-        .deadline(Duration::from_millis(1_000))
-        .max_retries(100);
-    let started = Instant::now();
-    let error = setup
-        .post(&setup.client(policy), ORDER)
-        .operation(&Operation::new())
-        .send()
-        .await
-        .expect_err("every answer comes too late");
-    let took = started.elapsed();
-    assert!(
-        matches!(error, Error::Transport { .. }) && error.may_have_run(),
-        "{error:?}"
-    );
-    assert!(
-        took < Duration::from_millis(1_300),
-        "the deadline held: {took:?}"
-    );
-    let attempts = setup.relay.connections();
-    assert!(
-        (2..=6).contains(&attempts),
-        "retried within the deadline: {attempts}"
-    );
-    // Every attempt reached the server, which ran one of them.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(setup.orders().await.len(), 1);
-    assert_eq!(setup.gateway.distinct_charges(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_gateway_failure_5xx_is_retried_to_one_order_and_one_charge() {
-    let setup = Setup::start().await;
-    setup.gateway.inject(GatewayFault::FailAfterCharging(503));
-    let response = setup
-        .post(&setup.client(quick()), ORDER)
-        .operation(&Operation::new())
-        .send()
-        .await
-        .expect("the 502 was not a replay, so it was retried");
-    assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(response.attempts(), 2);
-    assert_eq!(setup.orders().await.len(), 1);
-    assert_eq!(setup.gateway.calls().len(), 2);
-    assert_eq!(setup.gateway.distinct_charges(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_refused_order_is_rejected_with_its_problem_and_not_retried() {
-    let setup = Setup::start().await;
-    let error = setup
-        .post(
-            &setup.client(quick()),
-            r#"{"items":[],"currency":"RUB","amount":1500}"#,
-        )
-        .operation(&Operation::new())
-        .send()
-        .await
-        .expect_err("an empty order is refused");
-    let (problem, replayed) = rejected(&error);
-    assert_eq!(problem.status, StatusCode::BAD_REQUEST);
-    assert_eq!(problem.type_uri, "/problems/invalid-order");
-    assert!(problem.title.is_some() && problem.detail.is_some());
-    assert!(!replayed);
-    assert!(!error.may_have_run());
-    assert_eq!(setup.relay.connections(), 1);
-    assert!(setup.gateway.calls().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -8,8 +8,10 @@ mod support;
 
 /// The scenarios beyond the seed ones, a file each under `tests/e2e/`.
 mod e2e {
+    mod audit;
     mod conditional;
     mod connections;
+    mod differing_fields;
     mod encodings;
     mod eviction;
     mod keys;
@@ -17,18 +19,23 @@ mod e2e {
     mod monitoring;
     mod natural_keys;
     mod otlp;
+    mod payment_webhook;
     mod problem_types;
     mod proxy;
     mod proxy_conditional;
     mod proxy_guard;
     mod proxy_key_sources;
+    mod proxy_keys;
     mod proxy_policies;
     mod reload;
     mod replay_cache;
     mod require_key;
     mod retry_after;
+    mod strategies;
+    mod streams;
     mod strict_input;
     mod transfers;
+    mod webhooks;
 }
 
 use std::sync::Arc;

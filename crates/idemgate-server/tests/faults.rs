@@ -2,7 +2,9 @@
 //! gateway holds its charge, two instances on one store with one frozen past its
 //! lease, and a PostgreSQL or Redis process of the test's own killed or frozen under
 //! load. Every scenario asserts effects, per idempotency key: the orders in the
-//! database and the distinct charges the counting mock gateway made.
+//! database and the distinct charges the counting mock gateway made. And an edit
+//! killed between its commit and its record's completion: its retry answers the
+//! edit's original 200, never a 412 (`edits`).
 //!
 //! Small counts by default (part of `scripts/test.sh`); `IDEMGATE_FAULTS_FULL=1` runs
 //! the counts `docs/reliability.md` publishes, and `IDEMGATE_FAULTS_SEED` replays a
@@ -25,6 +27,7 @@ mod faults {
 
     mod batch_crash;
     mod crash;
+    mod edits;
     mod outage;
     mod takeover;
 }

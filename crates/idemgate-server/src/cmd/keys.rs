@@ -195,6 +195,18 @@ async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
                 EvictMode::UnlessRunning
             };
             let eviction = store.evict(identity.digest(), mode).await?;
+            if matches!(eviction, Eviction::Evicted { .. }) {
+                // The eviction is itself journalled (docs/audit.md), in the
+                // operator tool's own partition.
+                let instance = format!("keys@{}", crate::audit::instance_name());
+                if let Err(error) =
+                    crate::audit::journal_eviction(&store, &identity, instance).await
+                {
+                    eprintln!(
+                        "idemgate keys: the key was evicted, but the journal did not take its entry: {error}"
+                    );
+                }
+            }
             print_json(&EvictionView::of(&identity, eviction));
             if eviction == Eviction::Absent {
                 eprintln!(

@@ -10,24 +10,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderName;
-use idemgate::path::{
-    AboveRoot, ControlOrNonAscii, EncodedDotSegment, EncodedSlash, PathParameters, PathPolicy,
-};
+use idemgate::path::PathPolicy;
 use idemgate_listener::tls::{self, TlsFile};
 use idemgate_listener::{Listener, ListenerOptions, raise_fd_limit};
 use idemgate_proxy::{
-    HostHeader, JwtPrincipal, MethodOverride, PrincipalSource, ProxyConfig, Routes,
-    SafeMethodBodies, UnderscoreHeaders, Upstream,
+    HostHeader, JwtPrincipal, Policy, PrincipalSource, ProxyConfig, Routes, UnderscoreHeaders,
+    Upstream,
 };
 use std::path::Path;
 use tokio_rustls::rustls::ServerConfig;
 
 use crate::admin::{self, AdminState};
-use crate::cli::{
-    AboveRootArg, ControlOrNonAsciiArg, EncodedDotSegmentArg, EncodedSlashArg, GuardArgs,
-    HostHeaderArg, MethodOverrideArg, PathParametersArg, ProxyArgs, SafeMethodBodyArg,
-    UnderscoreHeadersArg, read_file,
-};
+use crate::cli::{ProxyArgs, read_file};
 use crate::config::{
     AdminToken, ConfigError, LayerSettings, RedisSafety, StoreUrl, TelemetrySettings,
 };
@@ -56,7 +50,9 @@ pub struct ProxySettings {
     pub upstream_timeout: Duration,
     /// The Host the upstream receives.
     pub host_header: HostHeader,
-    /// Per-route policies (empty without --config).
+    /// The default route: every route-overridable setting as the flags set it.
+    pub policy: Policy,
+    /// Per-route policies (empty without --config), checked over `policy`.
     pub routes: Routes,
     /// The --config file they came from (`None` without one), reloaded on SIGHUP.
     pub route_file: Option<RouteFileInfo>,
@@ -74,91 +70,10 @@ pub struct ProxySettings {
     pub connections: ListenerOptions,
     /// Redis safety checks: persistence policy, replicas to wait for.
     pub redis: RedisSafety,
-    /// How a request is brought to one reading, and how long an upstream
-    /// response body may take.
-    pub guard: GuardSettings,
-}
-
-/// The guard's flags, checked: what `ProxyConfig`'s builders get.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GuardSettings {
     /// Which path spellings are refused and how the others are read.
     pub path_policy: PathPolicy,
-    /// Routes matched and keys scoped with ASCII case folded.
-    pub case_insensitive_paths: bool,
-    /// A key required on every covered request unless a route says otherwise.
-    pub require_key: bool,
     /// Request headers whose names hold `_`.
     pub underscore_headers: UnderscoreHeaders,
-    /// Method-override headers where no route says.
-    pub method_override: MethodOverride,
-    /// Content on GET/HEAD/OPTIONS where no route says.
-    pub safe_method_bodies: SafeMethodBodies,
-    /// The longest pause in an upstream response body; `None`: the upstream timeout.
-    pub upstream_idle_timeout: Option<Duration>,
-    /// The longest a whole upstream response may take; `None`: unbounded.
-    pub upstream_response_timeout: Option<Duration>,
-}
-
-impl GuardSettings {
-    /// Checks the flags: a timeout given must be at least 1 ms.
-    fn from_args(args: &GuardArgs) -> Result<Self, ConfigError> {
-        let millis = |value: Option<u64>, flag, env| match value {
-            Some(0) => Err(ConfigError::new(flag, env, "must be at least 1")),
-            other => Ok(other.map(Duration::from_millis)),
-        };
-        Ok(Self {
-            path_policy: PathPolicy {
-                encoded_slash: match args.path_encoded_slash {
-                    EncodedSlashArg::Refuse => EncodedSlash::Refuse,
-                    EncodedSlashArg::Keep => EncodedSlash::Keep,
-                    EncodedSlashArg::Decode => EncodedSlash::Decode,
-                },
-                encoded_dot_segment: match args.path_encoded_dot_segment {
-                    EncodedDotSegmentArg::Refuse => EncodedDotSegment::Refuse,
-                    EncodedDotSegmentArg::Resolve => EncodedDotSegment::Resolve,
-                },
-                path_parameters: match args.path_parameters {
-                    PathParametersArg::Refuse => PathParameters::Refuse,
-                    PathParametersArg::Keep => PathParameters::Keep,
-                    PathParametersArg::Strip => PathParameters::Strip,
-                },
-                control_or_non_ascii: match args.path_control_or_non_ascii {
-                    ControlOrNonAsciiArg::Refuse => ControlOrNonAscii::Refuse,
-                    ControlOrNonAsciiArg::Encode => ControlOrNonAscii::Encode,
-                },
-                above_root: match args.path_above_root {
-                    AboveRootArg::Refuse => AboveRoot::Refuse,
-                    AboveRootArg::Clamp => AboveRoot::Clamp,
-                },
-            },
-            case_insensitive_paths: args.case_insensitive_paths,
-            require_key: args.require_key,
-            underscore_headers: match args.underscore_headers {
-                UnderscoreHeadersArg::Drop => UnderscoreHeaders::Drop,
-                UnderscoreHeadersArg::Reject => UnderscoreHeaders::Reject,
-                UnderscoreHeadersArg::Forward => UnderscoreHeaders::Forward,
-            },
-            method_override: match args.method_override {
-                MethodOverrideArg::Refuse => MethodOverride::Refuse,
-                MethodOverrideArg::Honour => MethodOverride::Honour,
-            },
-            safe_method_bodies: match args.safe_method_body {
-                SafeMethodBodyArg::Refuse => SafeMethodBodies::Refuse,
-                SafeMethodBodyArg::Forward => SafeMethodBodies::Forward,
-            },
-            upstream_idle_timeout: millis(
-                args.upstream_idle_timeout_ms,
-                "--upstream-idle-timeout-ms",
-                "IDEMGATE_UPSTREAM_IDLE_TIMEOUT_MS",
-            )?,
-            upstream_response_timeout: millis(
-                args.upstream_response_timeout_ms,
-                "--upstream-response-timeout-ms",
-                "IDEMGATE_UPSTREAM_RESPONSE_TIMEOUT_MS",
-            )?,
-        })
-    }
 }
 
 impl ProxySettings {
@@ -193,12 +108,17 @@ impl ProxySettings {
                 ConfigError::new("--idempotency-store", "IDEMGATE_IDEMPOTENCY_STORE", reason)
             })?;
         let layer = args.layer.settings()?;
+        let policy = args.policy(&layer)?;
+        // The listener's own refusals carry the operator's problem type base too.
+        let connections = args
+            .connections
+            .options()?
+            .with_problem_type_base(layer.problem_style.base());
         let (routes, route_file) = match &args.config {
             Some(path) => {
-                let (routes, info) =
-                    route_file::load(path, layer.ttl, layer.lease).map_err(|error| {
-                        ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
-                    })?;
+                let (routes, info) = route_file::load(path, &policy).map_err(|error| {
+                    ConfigError::new("--config", "IDEMGATE_CONFIG", error.to_string())
+                })?;
                 (routes, Some(info))
             }
             None => (Routes::default(), None),
@@ -211,10 +131,8 @@ impl ProxySettings {
             store,
             principal: principal_source(args)?,
             upstream_timeout: Duration::from_millis(args.upstream_timeout_ms),
-            host_header: match args.upstream_host_header {
-                HostHeaderArg::Client => HostHeader::Client,
-                HostHeaderArg::Upstream => HostHeader::Upstream,
-            },
+            host_header: args.upstream_host_header,
+            policy,
             routes,
             route_file,
             tls: tls(args)?,
@@ -224,40 +142,26 @@ impl ProxySettings {
                 std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
             }),
             telemetry: args.process.telemetry(),
-            connections: args.connections.options()?,
+            connections,
             redis: args.redis.safety(),
-            guard: GuardSettings::from_args(&args.guard)?,
+            path_policy: args.guard.path_policy(),
+            underscore_headers: args.guard.underscore_headers,
         })
     }
 
-    /// The forwarding service's configuration: every flag of the guard applied,
-    /// and the principal header (with `--principal header:NAME`) named, so no
-    /// underscored look-alike of it reaches the upstream.
+    /// The forwarding service's configuration: the upstream, the guard, the
+    /// principal (for the layer and the guard alike), the default route and
+    /// the route file's routes.
     pub fn proxy_config(&self) -> ProxyConfig {
-        let guard = &self.guard;
-        let mut config = ProxyConfig::new(self.upstream.clone())
+        ProxyConfig::new(self.upstream.clone())
             .with_upstream_timeout(self.upstream_timeout)
             .with_host_header(self.host_header)
             .with_https_clients(self.tls.is_some())
+            .with_path_policy(self.path_policy)
+            .with_underscore_headers(self.underscore_headers)
+            .with_principal(self.principal.clone())
+            .with_defaults(self.policy.clone())
             .with_routes(self.routes.clone())
-            .with_path_policy(guard.path_policy)
-            .with_case_insensitive_paths(guard.case_insensitive_paths)
-            .with_underscore_headers(guard.underscore_headers)
-            .with_method_override(guard.method_override)
-            .with_safe_method_bodies(guard.safe_method_bodies);
-        if guard.require_key {
-            config = config.with_require_key(true);
-        }
-        if let Some(idle) = guard.upstream_idle_timeout {
-            config = config.with_upstream_idle_timeout(idle);
-        }
-        if let Some(total) = guard.upstream_response_timeout {
-            config = config.with_upstream_response_timeout(total);
-        }
-        if let PrincipalSource::Header(name) = &self.principal {
-            config = config.with_principal_header(name.clone());
-        }
-        config
     }
 }
 
@@ -366,11 +270,11 @@ pub async fn main(args: &ProxyArgs) -> ExitCode {
 /// summary on stdout, or the problem on stderr (`FILE:LINE:COL: problem`) and
 /// exit 2. Needs neither --upstream nor a store: it opens nothing.
 fn check_config(args: &ProxyArgs, path: &Path) -> ExitCode {
-    let layer = match args.layer.settings() {
-        Ok(layer) => layer,
+    let policy = match args.layer.settings().and_then(|layer| args.policy(&layer)) {
+        Ok(policy) => policy,
         Err(error) => return process::config_error(&error),
     };
-    match route_file::load(path, layer.ttl, layer.lease) {
+    match route_file::load(path, &policy) {
         Ok((_, info)) => {
             println!(
                 "{}: OK: {} route{}, sha256 {}",
@@ -443,18 +347,19 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         settings.layer.store_timeout,
     ));
     let store = with_replay_cache(opened.store, settings.layer.replay_cache);
-    let layer = settings
-        .principal
-        .apply_to(idempotency::layer(Arc::clone(&store), &settings.layer));
+    let memory = settings.store == crate::config::StoreUrl::Memory;
+    let journal = crate::audit::journal(Arc::clone(&store), &settings.layer.audit, memory)
+        .await
+        .map_err(StartupError::Journal)?;
+    let store: Arc<dyn idemgate::Store> = match &journal {
+        Some(journal) => Arc::clone(journal) as Arc<dyn idemgate::Store>,
+        None => store,
+    };
+    let layer = idempotency::layer(Arc::clone(&store), &settings.layer);
     let tasks = layer.detached_tasks();
     let (public, table) =
         idemgate_proxy::reloadable_app(settings.proxy_config().with_lock_store(lock_store), layer);
-    let route_file = RouteFile::new(
-        table,
-        settings.route_file.clone(),
-        settings.layer.ttl,
-        settings.layer.lease,
-    );
+    let route_file = RouteFile::new(table, settings.route_file.clone());
     hangups.reload(route_file.clone());
     let admin = admin::router(
         AdminState::new(
@@ -470,7 +375,7 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
     let open_files = raise_fd_limit();
     let mut workers = Listener::bind_group(
         settings.listen,
-        settings.connections,
+        settings.connections.clone(),
         settings.workers.get(),
     )
     .await
@@ -511,12 +416,19 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         settings.shutdown_timeout,
     )
     .await;
+    if let Some(journal) = journal {
+        journal.flush().await;
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use idemgate::path::{
+        AboveRoot, ControlOrNonAscii, EncodedDotSegment, EncodedSlash, PathParameters,
+    };
+    use idemgate_proxy::{MethodOverride, SafeMethodBodies};
 
     use super::*;
     use crate::cli::{Cli, Command};
@@ -552,7 +464,8 @@ mod tests {
         assert!(matches!(s.principal, PrincipalSource::Authorization(_)));
         assert_eq!(s.layer.ttl, Duration::from_secs(86_400));
         assert_eq!(s.layer.lease, Duration::from_secs(30));
-        assert_eq!(s.layer.wait, None);
+        // Issue 36: a duplicate in flight waits for the outcome by default.
+        assert_eq!(s.layer.wait, Some(idemgate::DEFAULT_WAIT));
         assert_eq!(s.layer.store_timeout, Duration::from_secs(2));
         assert_eq!(s.redis.persistence, RedisPersistence::Warn);
         assert_eq!(s.redis.wait_replicas, 0);
@@ -715,13 +628,13 @@ mod tests {
     fn guard_flags_default_to_the_safe_choices_and_each_parses() {
         let p = ["--principal", "header:x-user"];
         let s = settings(&p).unwrap();
-        assert_eq!(s.guard.path_policy, PathPolicy::STRICT);
-        assert!(!s.guard.case_insensitive_paths && !s.guard.require_key);
-        assert_eq!(s.guard.underscore_headers, UnderscoreHeaders::Drop);
-        assert_eq!(s.guard.method_override, MethodOverride::Refuse);
-        assert_eq!(s.guard.safe_method_bodies, SafeMethodBodies::Refuse);
-        assert_eq!(s.guard.upstream_idle_timeout, None);
-        assert_eq!(s.guard.upstream_response_timeout, None);
+        assert_eq!(s.path_policy, PathPolicy::STRICT);
+        assert!(!s.policy.case_insensitive && !s.policy.require_key);
+        assert_eq!(s.underscore_headers, UnderscoreHeaders::Drop);
+        assert_eq!(s.policy.method_override, MethodOverride::Refuse);
+        assert_eq!(s.policy.safe_method_bodies, SafeMethodBodies::Refuse);
+        assert_eq!(s.policy.upstream_idle_timeout, None);
+        assert_eq!(s.policy.upstream_response_timeout, None);
         let s = settings(&[
             p[0],
             p[1],
@@ -751,7 +664,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            s.guard.path_policy,
+            s.path_policy,
             PathPolicy {
                 encoded_slash: EncodedSlash::Decode,
                 encoded_dot_segment: EncodedDotSegment::Resolve,
@@ -760,16 +673,16 @@ mod tests {
                 above_root: AboveRoot::Clamp,
             }
         );
-        assert!(s.guard.case_insensitive_paths && s.guard.require_key);
-        assert_eq!(s.guard.underscore_headers, UnderscoreHeaders::Reject);
-        assert_eq!(s.guard.method_override, MethodOverride::Honour);
-        assert_eq!(s.guard.safe_method_bodies, SafeMethodBodies::Forward);
+        assert!(s.policy.case_insensitive && s.policy.require_key);
+        assert_eq!(s.underscore_headers, UnderscoreHeaders::Reject);
+        assert_eq!(s.policy.method_override, MethodOverride::Honour);
+        assert_eq!(s.policy.safe_method_bodies, SafeMethodBodies::Forward);
         assert_eq!(
-            s.guard.upstream_idle_timeout,
+            s.policy.upstream_idle_timeout,
             Some(Duration::from_millis(250))
         );
         assert_eq!(
-            s.guard.upstream_response_timeout,
+            s.policy.upstream_response_timeout,
             Some(Duration::from_millis(900))
         );
         for (flag, env) in [

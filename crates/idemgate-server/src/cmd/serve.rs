@@ -67,12 +67,21 @@ pub struct ServeSettings {
     pub no_idempotency: bool,
     /// Keyless POST/PATCH on the orders routes answer 400 `missing-key`.
     pub require_key: bool,
+    /// Tests only: `IDEMGATE_TEST_FAULT_AFTER_EDIT` (`orders::fault`).
+    pub edit_fault: Option<orders::fault::EditFault>,
+    /// The payment webhook (`--payment-webhook-secret`, `orders::webhook`).
+    pub payment_webhook: Option<orders::webhook::PaymentWebhook>,
 }
 
 impl ServeSettings {
     /// Checks the flags and resolves the defaults.
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
         let layer = args.layer.settings()?;
+        // The listener's own refusals carry the operator's problem type base too.
+        let connections = args
+            .connections
+            .options()?
+            .with_problem_type_base(layer.problem_style.base());
         let database = if args.database.starts_with("sqlite:") {
             DatabaseUrl::Sqlite(args.database.clone())
         } else if args.database.starts_with("postgres://")
@@ -124,6 +133,30 @@ impl ServeSettings {
                 "must be at least 1",
             ));
         }
+        let payment_webhook = match &args.payment_webhook_secret {
+            None => None,
+            Some(secret) => {
+                let secret = orders::webhook::WebhookSecret::parse(secret).map_err(|error| {
+                    ConfigError::new(
+                        "--payment-webhook-secret",
+                        orders::webhook::SECRET_VARIABLE,
+                        error.to_string(),
+                    )
+                })?;
+                // The event id and the order's change commit in one transaction.
+                if idempotency_store != RecordStore::OrdersDatabase {
+                    return Err(ConfigError::new(
+                        "--payment-webhook-secret",
+                        orders::webhook::SECRET_VARIABLE,
+                        "needs --idempotency-store database: the event's record and the order's confirmation commit in one transaction",
+                    ));
+                }
+                let fault = orders::webhook::WebhookFault::from_env().map_err(|reason| {
+                    ConfigError::new("(test only)", orders::webhook::FAULT_VARIABLE, reason)
+                })?;
+                Some(orders::webhook::PaymentWebhook { secret, fault })
+            }
+        };
         Ok(Self {
             listen: args.address.address(),
             admin_listen: args.admin_listen,
@@ -137,9 +170,13 @@ impl ServeSettings {
             redis: args.redis.safety(),
             shutdown_timeout: args.process.shutdown_timeout(),
             telemetry: args.process.telemetry(),
-            connections: args.connections.options()?,
+            connections,
             no_idempotency: args.no_idempotency,
             require_key: args.require_key,
+            edit_fault: orders::fault::EditFault::from_env().map_err(|reason| {
+                ConfigError::new("(test only)", orders::fault::VARIABLE, reason)
+            })?,
+            payment_webhook,
         })
     }
 
@@ -205,6 +242,7 @@ async fn idempotency_store(
 pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
     let metrics = install_metrics();
     let orders = OrdersDb::open(&settings.database, settings.layer.store_timeout).await?;
+    let mut journal_handle = None;
     let (store, writes, _purge) = if settings.no_idempotency {
         // The benchmark baseline: the layer below is built (for its task handle)
         // but never installed, so its unused in-memory store sees no request.
@@ -215,11 +253,29 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
         (store, OrderWrites::Direct, None)
     } else {
         let (store, writes, purge) = idempotency_store(&settings, &orders).await?;
-        (
-            with_replay_cache(store, settings.layer.replay_cache),
-            writes,
-            purge,
-        )
+        let store = with_replay_cache(store, settings.layer.replay_cache);
+        let memory = matches!(
+            &settings.idempotency_store,
+            RecordStore::Separate(StoreUrl::Memory)
+        );
+        let store = match crate::audit::journal(Arc::clone(&store), &settings.layer.audit, memory)
+            .await
+            .map_err(StartupError::Journal)?
+        {
+            Some(journal) => {
+                journal_handle = Some(Arc::clone(&journal));
+                journal as Arc<dyn Store>
+            }
+            None => store,
+        };
+        (store, writes, purge)
+    };
+    // The simulated gateway confirms its charges to the payment webhook.
+    let confirmations = match &settings.payment_webhook {
+        Some(webhook) if settings.gateway_url.is_none() && !settings.no_idempotency => {
+            Some(orders::webhook::Confirmations::new(&webhook.secret)?)
+        }
+        _ => None,
     };
     let gateway = match &settings.gateway_url {
         Some(url) => PaymentGateway::http(url, settings.gateway_timeout)?,
@@ -229,6 +285,7 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
             );
             PaymentGateway::Simulated {
                 delay: settings.simulated_gateway_delay,
+                confirmations: confirmations.clone(),
             }
         }
     };
@@ -257,6 +314,9 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
         metrics,
         tasks: tasks.clone(),
         unavailable_retry_after: UNAVAILABLE_RETRY_AFTER,
+        outcome_retention: settings.layer.ttl,
+        edit_fault: settings.edit_fault,
+        payment_webhook: settings.payment_webhook.clone(),
     };
     let router = if settings.no_idempotency {
         orders::router_without_idempotency(state)
@@ -265,11 +325,26 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
     };
 
     let open_files = raise_fd_limit();
-    let listener = bind(settings.listen, settings.connections).await?;
+    let listener = bind(settings.listen, settings.connections.clone()).await?;
     let addr = listener.local_addr().map_err(StartupError::Serve)?;
+    if let Some(confirmations) = &confirmations {
+        // Its own endpoint, over loopback when it listens on every address.
+        let own = match addr.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+                SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+            }
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+                SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+            }
+            _ => addr,
+        };
+        if let Ok(url) = format!("http://{own}{}", orders::webhook::PATH).parse() {
+            confirmations.deliver_to(url);
+        }
+    }
     let mut servers = Vec::new();
     if let Some((admin_addr, admin_router)) = admin {
-        let admin_listener = bind(admin_addr, settings.connections).await?;
+        let admin_listener = bind(admin_addr, settings.connections.clone()).await?;
         let admin_addr = admin_listener.local_addr().map_err(StartupError::Serve)?;
         tracing::info!(%admin_addr, "admin listening on http://{admin_addr}");
         servers.push(Served::Here(admin_listener, admin_router));
@@ -284,6 +359,9 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
     );
     servers.insert(0, Served::Here(listener, router));
     serve_until_signal(servers, tasks, settings.shutdown_timeout).await;
+    if let Some(journal) = journal_handle {
+        journal.flush().await;
+    }
     orders.close().await;
     Ok(())
 }
@@ -319,7 +397,8 @@ mod tests {
         assert_eq!(s.layer.ttl, Duration::from_secs(86_400));
         assert_eq!(s.layer.lease, Duration::from_secs(30));
         assert_eq!(s.idempotency_store, RecordStore::OrdersDatabase);
-        assert!(s.layer.wait.is_none());
+        // Issue 36: a duplicate in flight waits for the outcome by default.
+        assert_eq!(s.layer.wait, Some(idemgate::DEFAULT_WAIT));
         assert!(!s.no_idempotency);
         assert_eq!(s.layer.store_timeout, Duration::from_secs(2));
         assert_eq!(s.redis.persistence, RedisPersistence::Warn);

@@ -1,6 +1,8 @@
 //! Accounts and compare-and-set transfers (PROTOCOL §18): `POST
 //! /api/v1/accounts`, `GET /api/v1/accounts/{id}`, `POST
-//! /api/v1/accounts/{id}/transfers`.
+//! /api/v1/accounts/{id}/transfers`, and what moved: `GET
+//! /api/v1/accounts/{id}/transfers` (newest first, by pages) and `GET
+//! /api/v1/transfers/{id}`.
 //!
 //! Order of work for a transfer: the idempotency layer claims or replays first;
 //! then, in the same database transaction as the transfer (the layer's, when
@@ -21,7 +23,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -31,7 +33,8 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::orders::db::{OrdersConn, OrdersDb};
-use crate::orders::ledger::{self, Account, TransferOutcome, TransferRequest};
+use crate::orders::ledger::{self, TransferOutcome, TransferRequest};
+use crate::orders::outcome::{self, Outcome};
 use crate::orders::{OrderWrites, OrdersState};
 
 /// Why an account or transfer request was refused (400/422, before anything).
@@ -40,6 +43,9 @@ pub enum InvalidRequest {
     /// Not JSON of the expected shape.
     #[error("the body is not a valid request: {0}")]
     Malformed(String),
+    /// A query parameter the route does not take.
+    #[error("{0}")]
+    Query(String),
     /// A field's value is out of range.
     #[error("{field} {why}")]
     Field {
@@ -120,7 +126,7 @@ fn invalid(error: &InvalidRequest) -> Response {
     );
     let problem = match error {
         InvalidRequest::Field { field, .. } => problem.with_member("field", *field),
-        InvalidRequest::Malformed(_) => problem,
+        InvalidRequest::Malformed(_) | InvalidRequest::Query(_) => problem,
     };
     // Nothing happened: free the key so the client can fix the body.
     (Finality::Rejected, problem).into_response()
@@ -224,7 +230,9 @@ fn account_not_found(id: i64) -> ProblemDetails {
 }
 
 /// `POST /api/v1/accounts {"balance": 500, "currency": "RUB"}`: 201 with the
-/// account at version 1.
+/// account at version 1. The answer is recorded by operation id with the
+/// account ([`outcome`]), so a run of the same operation after a crash answers
+/// the account as it was opened, not as transfers have left it since.
 pub(crate) async fn open_account(
     State(app): State<Arc<OrdersState>>,
     Extension(principal): Extension<Principal>,
@@ -236,29 +244,92 @@ pub(crate) async fn open_account(
         Ok(account) => account,
         Err(error) => return invalid(&error),
     };
-    let operation_id =
-        operation.map_or_else(Uuid::new_v4, |Extension(op)| op.operation_id.as_uuid());
+    let operation = operation.map(|Extension(op)| op);
+    if outcome::may_follow_a_run(operation.as_ref())
+        && let Some(op) = &operation
+    {
+        let operation_id = op.operation_id.as_uuid();
+        let earlier = app
+            .orders
+            .on_connection(async |conn| outcome::find(conn, operation_id, principal.as_str()).await)
+            .await;
+        match earlier {
+            Ok(Some(earlier)) => return opened(&earlier),
+            Ok(None) => {}
+            Err(error) => return database_failure(&error),
+        }
+    }
+    let keyed = operation.is_some();
+    let operation_id = operation.map_or_else(Uuid::new_v4, |op| op.operation_id.as_uuid());
     let slot = slot.as_ref().map(|Extension(slot)| slot);
-    let opened = in_transaction!(
+    let retention = app.outcome_retention;
+    let opened_now = in_transaction!(
         &app,
         slot,
-        |conn| ledger::open(conn, principal.as_str(), operation_id, balance, &currency),
-        |_: &Account| true
+        |conn| open_recorded(
+            conn,
+            principal.as_str(),
+            operation_id,
+            keyed,
+            (balance, &currency),
+            retention
+        ),
+        |_: &Outcome| true
     );
-    match opened {
-        Ok(account) => {
-            let location =
-                HeaderValue::from_str(&format!("/api/v1/accounts/{}", account.account_id))
-                    .unwrap_or_else(|_| HeaderValue::from_static("/api/v1/accounts"));
-            (
-                StatusCode::CREATED,
-                [(header::LOCATION, location)],
-                Json(account),
-            )
-                .into_response()
-        }
+    match opened_now {
+        Ok(answer) => opened(&answer),
         Err(response) => response,
     }
+}
+
+/// Opens the account and, for a keyed request, records the answer in the
+/// same transaction; a second run of the operation answers the recorded one.
+async fn open_recorded(
+    conn: &mut OrdersConn<'_>,
+    principal: &str,
+    operation_id: Uuid,
+    keyed: bool,
+    (balance, currency): (i64, &str),
+    retention: std::time::Duration,
+) -> Result<Outcome, sqlx::Error> {
+    let (account, inserted) =
+        ledger::open(conn, principal, operation_id, balance, currency).await?;
+    if !inserted && let Some(earlier) = outcome::find(conn, operation_id, principal).await? {
+        return Ok(earlier);
+    }
+    let answer = Outcome {
+        status: StatusCode::CREATED,
+        body: serde_json::to_string(&account)
+            .map_err(|error| sqlx::Error::Encode(Box::new(error)))?,
+    };
+    if keyed && inserted {
+        outcome::record(conn, operation_id, principal, &answer, retention).await?;
+    }
+    Ok(answer)
+}
+
+/// The answer of an account's opening: its status and body as recorded, with
+/// the account's `Location`.
+fn opened(answer: &Outcome) -> Response {
+    let id = answer
+        .json()
+        .ok()
+        .and_then(|account| account["account_id"].as_i64());
+    let location = id
+        .and_then(|id| HeaderValue::from_str(&format!("/api/v1/accounts/{id}")).ok())
+        .unwrap_or_else(|| HeaderValue::from_static("/api/v1/accounts"));
+    (
+        answer.status,
+        [
+            (header::LOCATION, location),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+        ],
+        answer.body.clone(),
+    )
+        .into_response()
 }
 
 /// `GET /api/v1/accounts/{id}`: one of the principal's accounts.
@@ -267,33 +338,118 @@ pub(crate) async fn get_account(
     Extension(principal): Extension<Principal>,
     Path(id): Path<i64>,
 ) -> Response {
-    let read = match &app.orders {
-        OrdersDb::Sqlite(pool) => match pool.acquire().await {
-            Ok(mut conn) => {
-                ledger::get(
-                    &mut OrdersConn::Sqlite(&mut conn),
-                    Some(principal.as_str()),
-                    id,
-                )
-                .await
-            }
-            Err(error) => Err(error),
-        },
-        OrdersDb::Postgres(pool) => match pool.acquire().await {
-            Ok(mut conn) => {
-                ledger::get(
-                    &mut OrdersConn::Postgres(&mut conn),
-                    Some(principal.as_str()),
-                    id,
-                )
-                .await
-            }
-            Err(error) => Err(error),
-        },
-    };
+    let read = app
+        .orders
+        .on_connection(async |conn| ledger::get(conn, Some(principal.as_str()), id).await)
+        .await;
     match read {
         Ok(Some(account)) => Json(account).into_response(),
         Ok(None) => account_not_found(id).into_response(),
+        Err(error) => database_failure(&error),
+    }
+}
+
+/// How many transfers a page holds when the request does not say.
+pub const DEFAULT_PAGE: i64 = 50;
+/// The most transfers one page holds (`limit`).
+pub const MAX_PAGE: i64 = 100;
+
+/// A page of an account's transfers, as the query asks: `limit` (1 to
+/// [`MAX_PAGE`], default [`DEFAULT_PAGE`]) and `before` (a transfer id: only
+/// older ones). Any other parameter, or one given twice, is refused.
+fn parse_page(pairs: &[(String, String)]) -> Result<(i64, Option<i64>), InvalidRequest> {
+    let (mut limit, mut before) = (None, None);
+    for (name, value) in pairs {
+        let (slot, field, why) = match name.as_str() {
+            "limit" => (&mut limit, "limit", "must be an integer from 1 to 100"),
+            "before" => (&mut before, "before", "must be a transfer id"),
+            _ => {
+                return Err(InvalidRequest::Query(format!(
+                    "unknown query parameter {name:?}; expected limit and before"
+                )));
+            }
+        };
+        if slot.is_some() {
+            return Err(InvalidRequest::Field {
+                field,
+                why: "must be given once",
+            });
+        }
+        *slot = Some(
+            value
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 1 && (field != "limit" || *n <= MAX_PAGE))
+                .ok_or(InvalidRequest::Field { field, why })?,
+        );
+    }
+    Ok((limit.unwrap_or(DEFAULT_PAGE), before))
+}
+
+/// `GET /api/v1/accounts/{id}/transfers?limit=50&before=ID`: the transfers
+/// from and to one of the principal's accounts, newest first, `{"transfers":
+/// [...], "next_before": ID | null}` — pass `next_before` as `before` for the
+/// next page (keyset paging: transfers made meanwhile never shift a page). Each
+/// transfer is `{transfer_id, from, to, amount}`, with the debited account's
+/// `balance` after it and its `reference_id` when the principal holds that
+/// account. Another principal's account is 404, as `GET /api/v1/accounts/{id}`.
+pub(crate) async fn list_transfers(
+    State(app): State<Arc<OrdersState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Response {
+    let (limit, before) = match parse_page(&query) {
+        Ok(page) => page,
+        Err(error) => return invalid(&error),
+    };
+    let principal = principal.as_str();
+    let read = app
+        .orders
+        .on_connection(async |conn| {
+            if ledger::get(conn, Some(principal), id).await?.is_none() {
+                return Ok(None);
+            }
+            // One more than the page: whether there is a next one.
+            let mut page =
+                ledger::account_transfers(conn, principal, id, before, limit + 1).await?;
+            let more = page.len() > limit as usize;
+            page.truncate(limit as usize);
+            Ok(Some((page, more)))
+        })
+        .await;
+    match read {
+        Ok(Some((page, more))) => {
+            let next_before = page.last().filter(|_| more).map(|last| last.transfer_id);
+            Json(serde_json::json!({ "transfers": page, "next_before": next_before }))
+                .into_response()
+        }
+        Ok(None) => account_not_found(id).into_response(),
+        Err(error) => database_failure(&error),
+    }
+}
+
+/// `GET /api/v1/transfers/{id}`: one transfer, in the shape of the list's, if
+/// the principal holds its debited or its credited account; else 404
+/// `transfer-not-found` (another principal's transfer is never revealed).
+pub(crate) async fn get_transfer(
+    State(app): State<Arc<OrdersState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+) -> Response {
+    let read = app
+        .orders
+        .on_connection(async |conn| ledger::transfer_by_id(conn, principal.as_str(), id).await)
+        .await;
+    match read {
+        Ok(Some(transfer)) => Json(transfer).into_response(),
+        Ok(None) => ProblemDetails::new(
+            StatusCode::NOT_FOUND,
+            "transfer-not-found",
+            "Transfer not found",
+            format!("no transfer {id}"),
+        )
+        .into_response(),
         Err(error) => database_failure(&error),
     }
 }

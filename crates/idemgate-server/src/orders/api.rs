@@ -7,16 +7,19 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use idemgate::conditional::{Preconditions, Refusal, Validators};
+use idemgate::conditional::{EntityTag, Preconditions, Refusal, Validators};
 use idemgate::transaction::TransactionSlot;
 use idemgate::{Finality, OperationContext, Principal, ProblemDetails};
 use uuid::Uuid;
 
 use crate::orders::db::{OrdersConn, OrdersDb, Placement, insert_postgres, insert_sqlite};
+use crate::orders::failure::{database_failure, tx_failure};
+use crate::orders::fault::EditFault;
 use crate::orders::order::{
     CANCELLED, InvalidOrder, InvalidPatch, NewOrder, Order, OrderChange, OrderPatch,
     check_client_order_id,
 };
+use crate::orders::outcome::{self, Outcome};
 use crate::orders::payment::{ChargeOutcome, ChargeRequest};
 use crate::orders::{OrderWrites, OrdersState};
 
@@ -64,6 +67,12 @@ pub(crate) async fn put_order(
         Ok(order) => order,
         Err(error) => return (Finality::Rejected, invalid_order(&error)).into_response(),
     };
+    // A run after a crash or a release: the order this operation created, as
+    // created — never the preconditions evaluated against it (an `If-None-Match:
+    // *` would now be false).
+    if let Some(answer) = earlier_create(&app, operation.as_ref().map(|Extension(op)| op)).await {
+        return answer;
+    }
     match app
         .orders
         .get_by_client_id(principal.as_str(), &order_id)
@@ -117,6 +126,11 @@ async fn place_order(
     client_order_id: Option<&str>,
 ) -> Response {
     let operation = operation.map(|Extension(op)| op);
+    // A run after a crash or a release whose first run stored the order: its
+    // answer, with no second charge.
+    if let Some(answer) = earlier_create(app, operation.as_ref()).await {
+        return answer;
+    }
     let operation_id = operation
         .as_ref()
         .map_or_else(Uuid::new_v4, |op| op.operation_id.as_uuid());
@@ -208,6 +222,29 @@ async fn store_order(
             Ok(insert_postgres(&mut tx, placement, order).await?)
         }
         _ => Ok(app.orders.insert(placement, order).await?),
+    }
+}
+
+/// When this run may follow an earlier run of its operation (a takeover or a
+/// release): the order that run created, answered as its create answered it
+/// (`None`: there is none, or this is the operation's first run). A failed read
+/// is `None` too: the run goes on, and its insert, keyed by the operation id,
+/// finds that order again.
+async fn earlier_create(
+    app: &OrdersState,
+    operation: Option<&OperationContext>,
+) -> Option<Response> {
+    let operation = operation.filter(|op| outcome::may_follow_a_run(Some(op)))?;
+    match app
+        .orders
+        .by_operation(operation.operation_id.as_uuid())
+        .await
+    {
+        Ok(order) => order.map(|order| created(order.as_created())),
+        Err(error) => {
+            tracing::warn!(%error, "reading the order of an earlier run failed; running again");
+            None
+        }
     }
 }
 
@@ -336,11 +373,13 @@ enum Edit {
 /// `shipping_address`, `If-Match` required (PROTOCOL §17). Behind the
 /// idempotency layer, so a retry of a patch that succeeded replays its 200
 /// before its now-stale `If-Match` is looked at.
+#[allow(clippy::too_many_arguments)] // axum extractors, one per argument
 pub(crate) async fn patch_order(
     State(app): State<Arc<OrdersState>>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     preconditions: Result<Preconditions, ProblemDetails>,
+    operation: Option<Extension<OperationContext>>,
     slot: Option<Extension<TransactionSlot>>,
     headers: HeaderMap,
     body: Bytes,
@@ -371,6 +410,7 @@ pub(crate) async fn patch_order(
         &principal,
         &id,
         preconditions,
+        operation.map(|Extension(op)| op),
         slot,
         Method::PATCH,
         Edit::Patch(patch),
@@ -385,6 +425,7 @@ pub(crate) async fn cancel_order(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     preconditions: Result<Preconditions, ProblemDetails>,
+    operation: Option<Extension<OperationContext>>,
     slot: Option<Extension<TransactionSlot>>,
 ) -> Response {
     edit(
@@ -392,6 +433,7 @@ pub(crate) async fn cancel_order(
         &principal,
         &id,
         preconditions,
+        operation.map(|Extension(op)| op),
         slot,
         Method::DELETE,
         Edit::Cancel,
@@ -405,15 +447,35 @@ pub(crate) async fn cancel_order(
 /// read (a concurrent writer that won in between makes this one a 412 too).
 /// Every refusal is [`Finality::Rejected`]: nothing changed, so the key is free
 /// for the client's re-read and retry.
+///
+/// With a key, the write and its answer commit together: the answer is
+/// recorded by operation id ([`outcome`]), in the layer's transaction when it
+/// lends one, else in a transaction of the edit's own. A run of the same
+/// operation after a crash between that commit and the record's completion (a
+/// takeover, or a release) answers the recorded 200 — the order as that write
+/// left it, its `ETag` — before any precondition is looked at (PROTOCOL §17:
+/// the journal comes first), and again instead of a refusal, in case the first
+/// run committed while this one read.
+#[allow(clippy::too_many_arguments)] // the two handlers' extractors, passed on
 async fn edit(
     app: &OrdersState,
     principal: &Principal,
     named: &str,
     preconditions: Result<Preconditions, ProblemDetails>,
+    operation: Option<OperationContext>,
     slot: Option<Extension<TransactionSlot>>,
     method: Method,
     edit: Edit,
 ) -> Response {
+    let follows_a_run = outcome::may_follow_a_run(operation.as_ref());
+    let operation_id = operation.as_ref().map(|op| op.operation_id.as_uuid());
+    if let (true, Some(operation_id)) = (follows_a_run, operation_id) {
+        match earlier_edit(app, principal, operation_id).await {
+            Ok(Some(answer)) => return answer,
+            Ok(None) => {}
+            Err(error) => return (Finality::Retryable, database_failure(error)).into_response(),
+        }
+    }
     // The path names the order by its client-chosen id or its number; the
     // write below goes by the number.
     let id = match find_order(app, principal, named).await {
@@ -428,43 +490,61 @@ async fn edit(
     if let Err(refusal) = preconditions.require_if_match() {
         return refusal.into_response();
     }
+    let write = EditWrite {
+        principal: principal.as_str(),
+        id,
+        preconditions: &preconditions,
+        method: &method,
+        edit: &edit,
+        record: operation_id.map(|operation_id| (operation_id, app.outcome_retention)),
+    };
     let slot = slot.map(|Extension(slot)| slot);
     let edited = match (&app.writes, slot.as_ref()) {
+        // The layer commits its transaction with the record.
         (OrderWrites::SqliteTransaction(store), Some(slot)) => {
             match idemgate_sqlite::Tx::begin(store, slot).await {
-                Ok(mut tx) => {
-                    let mut conn = OrdersConn::Sqlite(&mut tx);
-                    write_edit(&mut conn, principal, id, &preconditions, &method, &edit).await
-                }
+                Ok(mut tx) => write.run(&mut OrdersConn::Sqlite(&mut tx)).await,
                 Err(error) => return tx_failure(app, &error),
             }
         }
         (OrderWrites::PostgresTransaction(store), Some(slot)) => {
             match idemgate_postgres::Tx::begin(store, slot).await {
-                Ok(mut tx) => {
-                    let mut conn = OrdersConn::Postgres(&mut tx);
-                    write_edit(&mut conn, principal, id, &preconditions, &method, &edit).await
-                }
+                Ok(mut tx) => write.run(&mut OrdersConn::Postgres(&mut tx)).await,
                 Err(error) => return tx_failure(app, &error),
             }
         }
+        // A transaction of the edit's own: the change and its recorded answer
+        // commit together. IMMEDIATE on SQLite: the write lock from the start,
+        // so the read before the write cannot fail to upgrade.
         _ => match &app.orders {
-            OrdersDb::Sqlite(pool) => match pool.acquire().await {
-                Ok(mut conn) => {
-                    let mut conn = OrdersConn::Sqlite(&mut conn);
-                    write_edit(&mut conn, principal, id, &preconditions, &method, &edit).await
+            OrdersDb::Sqlite(pool) => match pool.begin_with("BEGIN IMMEDIATE").await {
+                Ok(mut tx) => {
+                    let edited = write.run(&mut OrdersConn::Sqlite(&mut tx)).await;
+                    commit_if_done(edited, tx).await
                 }
                 Err(error) => Err(error),
             },
-            OrdersDb::Postgres(pool) => match pool.acquire().await {
-                Ok(mut conn) => {
-                    let mut conn = OrdersConn::Postgres(&mut conn);
-                    write_edit(&mut conn, principal, id, &preconditions, &method, &edit).await
+            OrdersDb::Postgres(pool) => match pool.begin().await {
+                Ok(mut tx) => {
+                    let edited = write.run(&mut OrdersConn::Postgres(&mut tx)).await;
+                    commit_if_done(edited, tx).await
                 }
                 Err(error) => Err(error),
             },
         },
     };
+    if matches!(edited, Ok(Edited::Done(_)))
+        && let Some(answer) = EditFault::strike(app.edit_fault).await
+    {
+        return answer;
+    }
+    let refused = matches!(edited, Ok(ref edited) if !matches!(edited, Edited::Done(_)));
+    if let (true, true, Some(operation_id)) = (refused, follows_a_run, operation_id)
+        && let Ok(Some(answer)) = earlier_edit(app, principal, operation_id).await
+    {
+        // The first run committed while this one read: its answer.
+        return answer;
+    }
     match edited {
         Ok(Edited::Done(order)) => representation(StatusCode::OK, &order),
         Ok(Edited::NotFound) => (Finality::Rejected, order_not_found(named)).into_response(),
@@ -479,16 +559,54 @@ async fn edit(
             );
             (Finality::Rejected, problem).into_response()
         }
-        // Nothing was written (the update failed or never committed): release,
-        // so the retry with the same key runs.
+        // Nothing was written (the update failed or never committed), or the
+        // commit's outcome is unknown: release, so the retry with the same key
+        // runs again — and finds this run's recorded answer if it landed.
         Err(error) => (Finality::Retryable, database_failure(error)).into_response(),
     }
 }
 
-fn tx_failure(app: &OrdersState, error: &dyn std::error::Error) -> Response {
-    tracing::error!(%error, "could not begin the order transaction");
-    let answer = ProblemDetails::store_unavailable(app.unavailable_retry_after);
-    (Finality::Retryable, answer).into_response()
+/// What an earlier run of this edit's operation answered, if it wrote.
+async fn earlier_edit(
+    app: &OrdersState,
+    principal: &Principal,
+    operation_id: Uuid,
+) -> Result<Option<Response>, sqlx::Error> {
+    let found = app
+        .orders
+        .on_connection(async |conn| outcome::find(conn, operation_id, principal.as_str()).await)
+        .await?;
+    found.map(|outcome| recorded_order(&outcome)).transpose()
+}
+
+/// A recorded answer about one order, as it was sent: its status, its body
+/// byte for byte, the `ETag` of that body.
+fn recorded_order(outcome: &Outcome) -> Result<Response, sqlx::Error> {
+    let etag = EntityTag::of_json(&outcome.json()?);
+    Ok((
+        outcome.status,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (header::ETAG, etag.to_header_value()),
+        ],
+        outcome.body.clone(),
+    )
+        .into_response())
+}
+
+/// Commits the edit's own transaction when it changed the order, else rolls
+/// it back (by dropping it).
+async fn commit_if_done<DB: sqlx::Database>(
+    edited: Result<Edited, sqlx::Error>,
+    tx: sqlx::Transaction<'static, DB>,
+) -> Result<Edited, sqlx::Error> {
+    match edited {
+        Ok(Edited::Done(order)) => tx.commit().await.map(|()| Edited::Done(order)),
+        other => other,
+    }
 }
 
 /// How a conditional write ended.
@@ -501,47 +619,63 @@ enum Edited {
     Cancelled,
 }
 
-async fn write_edit(
-    conn: &mut OrdersConn<'_>,
-    principal: &Principal,
+/// One conditional write, on whichever connection runs it.
+struct EditWrite<'a> {
+    principal: &'a str,
     id: i64,
-    preconditions: &Preconditions,
-    method: &Method,
-    edit: &Edit,
-) -> Result<Edited, sqlx::Error> {
-    let principal = principal.as_str();
-    let Some(current) = conn.get(principal, id).await? else {
-        return Ok(Edited::NotFound);
-    };
-    let validators = Validators::etag(current.etag());
-    if let Err(refusal) = preconditions.check(method, Some(&validators)) {
-        return Ok(Edited::Refused(refusal));
+    preconditions: &'a Preconditions,
+    method: &'a Method,
+    edit: &'a Edit,
+    /// The operation to record the answer under, and how long to keep it;
+    /// `None` without a key.
+    record: Option<(Uuid, std::time::Duration)>,
+}
+
+impl EditWrite<'_> {
+    async fn run(&self, conn: &mut OrdersConn<'_>) -> Result<Edited, sqlx::Error> {
+        let (principal, id) = (self.principal, self.id);
+        let Some(current) = conn.get(principal, id).await? else {
+            return Ok(Edited::NotFound);
+        };
+        let validators = Validators::etag(current.etag());
+        if let Err(refusal) = self.preconditions.check(self.method, Some(&validators)) {
+            return Ok(Edited::Refused(refusal));
+        }
+        let change = match self.edit {
+            // Nothing to write, and nothing to record: evaluated again, a
+            // cancelled order (which never changes) answers the same.
+            Edit::Cancel if current.status == CANCELLED => return Ok(Edited::Done(current)),
+            Edit::Cancel => OrderChange {
+                status: CANCELLED.to_owned(),
+                ..current.change()
+            },
+            Edit::Patch(_) if current.status == CANCELLED => return Ok(Edited::Cancelled),
+            Edit::Patch(patch) => match patch.apply(&current) {
+                Ok(change) => change,
+                Err(error) => return Ok(Edited::Invalid(error)),
+            },
+        };
+        if !conn
+            .update_if_version(principal, id, current.version, &change)
+            .await?
+        {
+            // Another writer changed it after our read: its If-Match named the
+            // version that writer replaced.
+            let etag = conn.get(principal, id).await?.map(|order| order.etag());
+            return Ok(Edited::Refused(Refusal::PreconditionFailed(etag)));
+        }
+        let Some(order) = conn.get(principal, id).await? else {
+            return Ok(Edited::NotFound);
+        };
+        if let Some((operation_id, retention)) = self.record {
+            let answer = Outcome {
+                status: StatusCode::OK,
+                body: order.representation().to_string(),
+            };
+            outcome::record(conn, operation_id, principal, &answer, retention).await?;
+        }
+        Ok(Edited::Done(order))
     }
-    let change = match edit {
-        Edit::Cancel if current.status == CANCELLED => return Ok(Edited::Done(current)),
-        Edit::Cancel => OrderChange {
-            status: CANCELLED.to_owned(),
-            ..current.change()
-        },
-        Edit::Patch(_) if current.status == CANCELLED => return Ok(Edited::Cancelled),
-        Edit::Patch(patch) => match patch.apply(&current) {
-            Ok(change) => change,
-            Err(error) => return Ok(Edited::Invalid(error)),
-        },
-    };
-    if !conn
-        .update_if_version(principal, id, current.version, &change)
-        .await?
-    {
-        // Another writer changed it after our read: its If-Match named the
-        // version that writer replaced.
-        let etag = conn.get(principal, id).await?.map(|order| order.etag());
-        return Ok(Edited::Refused(Refusal::PreconditionFailed(etag)));
-    }
-    Ok(match conn.get(principal, id).await? {
-        Some(order) => Edited::Done(order),
-        None => Edited::NotFound,
-    })
 }
 
 fn invalid_patch(error: &InvalidPatch) -> ProblemDetails {
@@ -555,16 +689,6 @@ fn invalid_patch(error: &InvalidPatch) -> ProblemDetails {
         Some(field) => problem.with_member("field", field),
         None => problem,
     }
-}
-
-fn database_failure(error: sqlx::Error) -> ProblemDetails {
-    tracing::error!(%error, "orders database failed");
-    ProblemDetails::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "database-unavailable",
-        "Database unavailable",
-        "the orders database could not be reached",
-    )
 }
 
 /// `/healthz`: ok while the orders database answers.

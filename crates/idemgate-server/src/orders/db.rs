@@ -3,22 +3,216 @@
 //! Every order row carries the operation id it was created by, under a UNIQUE
 //! constraint (PROTOCOL §11): whatever the idempotency store, one operation cannot
 //! insert two orders.
+//!
+//! The schema is `sqlx::migrate!`'s, one directory per dialect
+//! (`migrations/orders/{sqlite,postgres}/`: `0001_orders.sql`, then the
+//! ledger's `0002_ledger.sql`). A table's statements live in the module that owns
+//! the table — the orders' here, the accounts' and transfers' in
+//! [`ledger`](super::ledger) — each as one `Dialects`, SQLite's and
+//! PostgreSQL's text side by side, run with the same binds by `on_dialect!`.
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool, Row, SqliteConnection, SqlitePool};
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{ColumnIndex, Decode, PgConnection, PgPool, Row, SqliteConnection, SqlitePool, Type};
 use uuid::Uuid;
 
 use crate::config::DatabaseUrl;
 use crate::database::{connect_postgres, connect_sqlite};
 use crate::orders::order::{Item, NewOrder, Order, OrderChange};
 
+/// One statement in both dialects, side by side. SQLite's placeholders are
+/// numbered (`?1`) like PostgreSQL's (`$1`), so both take the same binds in the
+/// same order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dialects {
+    /// SQLite's text.
+    pub(crate) sqlite: &'static str,
+    /// PostgreSQL's text.
+    pub(crate) postgres: &'static str,
+}
+
+/// Runs a [`Dialects`] statement on an `&mut OrdersConn`, the Rust around it
+/// written once: `$make` builds the query (`sqlx::query`, `sqlx::query_scalar`)
+/// from the connection's dialect, and `$body` binds and runs `$query` on `$on`
+/// (that dialect's `&mut` connection).
+macro_rules! on_dialect {
+    ($conn:expr, $make:path, $statement:expr, |$query:ident, $on:ident| $body:expr) => {
+        match $conn {
+            $crate::orders::db::OrdersConn::Sqlite(conn) => {
+                let ($query, $on) = ($make($statement.sqlite), &mut **conn);
+                $body
+            }
+            $crate::orders::db::OrdersConn::Postgres(conn) => {
+                let ($query, $on) = ($make($statement.postgres), &mut **conn);
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_dialect;
+
+/// Where the migrations applied to the orders database are recorded. Not sqlx's
+/// default `_sqlx_migrations`: the orders database may be shared (the SQLite
+/// file holds the idempotency records; `--database` may name an application's
+/// own database, whose sqlx migrations would then be taken for ours).
+pub const MIGRATIONS_TABLE: &str = "orders_migrations";
+
+/// A dialect's migrations (`sqlx::migrate!`), recorded in [`MIGRATIONS_TABLE`].
+fn migrator(mut migrations: Migrator) -> Migrator {
+    migrations.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrations
+}
+
+/// The columns later releases added to the orders table before it was
+/// migrated by `sqlx::migrate!`, with the SQLite statement that adds each: a
+/// table such a release made may lack them, and SQLite has no `ADD COLUMN IF
+/// NOT EXISTS` (PostgreSQL's `0001_orders.sql` adds them itself).
+const SQLITE_LATER_COLUMNS: [(&str, &str); 4] = [
+    (
+        "client_order_id",
+        "ALTER TABLE orders ADD COLUMN client_order_id TEXT",
+    ),
+    ("note", "ALTER TABLE orders ADD COLUMN note TEXT"),
+    (
+        "shipping_address",
+        "ALTER TABLE orders ADD COLUMN shipping_address TEXT",
+    ),
+    (
+        "version",
+        "ALTER TABLE orders ADD COLUMN version BIGINT NOT NULL DEFAULT 1",
+    ),
+];
+
+/// Adopts a SQLite database a release before `sqlx::migrate!` created: adds
+/// the [`SQLITE_LATER_COLUMNS`] its orders table lacks, so that the idempotent
+/// `0001_orders.sql` then finds it complete. Only where no migration has run
+/// yet (no [`MIGRATIONS_TABLE`]) and an orders table exists; in the caller's
+/// IMMEDIATE transaction, so no other instance adds a column meanwhile.
+async fn adopt_sqlite(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    let migrated: bool = sqlx::query_scalar(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+    )
+    .bind(MIGRATIONS_TABLE)
+    .fetch_one(&mut *conn)
+    .await?;
+    if migrated {
+        return Ok(());
+    }
+    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('orders')")
+        .fetch_all(&mut *conn)
+        .await?;
+    if columns.is_empty() {
+        return Ok(()); // a fresh database: the migrations create the table
+    }
+    for (column, add) in SQLITE_LATER_COLUMNS {
+        if !columns.iter().any(|present| present == column) {
+            sqlx::query(add).execute(&mut *conn).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `error` is SQLite's `SQLITE_BUSY`, also from inside the migrator.
+fn is_busy(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Migrate(error) => match &**error {
+            MigrateError::Execute(error) | MigrateError::ExecuteMigration(error, _) => {
+                idemgate_sqlite::is_busy(error)
+            }
+            _ => false,
+        },
+        error => idemgate_sqlite::is_busy(error),
+    }
+}
+
 /// The columns an [`Order`] is read from, in every query that reads one.
 macro_rules! columns {
     () => {
-        "id, amount, currency, status, items, client_order_id, note, shipping_address, version"
+        "id, amount, currency, status, items, client_order_id, note, shipping_address, version, \
+         payment_confirmed_at, payment_event_id"
     };
 }
+
+/// A read of orders: the columns every read selects, then `$tail` (a literal,
+/// so the statement stays static SQL).
+macro_rules! select_orders {
+    ($tail:literal) => {
+        concat!("SELECT ", columns!(), " FROM orders ", $tail)
+    };
+}
+
+/// The principal's orders, oldest first.
+const LIST: Dialects = Dialects {
+    sqlite: select_orders!("WHERE principal = ?1 ORDER BY id"),
+    postgres: select_orders!("WHERE principal = $1 ORDER BY id"),
+};
+
+/// One of the principal's orders, by the server's number.
+const GET: Dialects = Dialects {
+    sqlite: select_orders!("WHERE principal = ?1 AND id = ?2"),
+    postgres: select_orders!("WHERE principal = $1 AND id = $2"),
+};
+
+/// One of the principal's orders, by the client-chosen id.
+const GET_BY_CLIENT_ID: Dialects = Dialects {
+    sqlite: select_orders!("WHERE principal = ?1 AND client_order_id = ?2"),
+    postgres: select_orders!("WHERE principal = $1 AND client_order_id = $2"),
+};
+
+/// The order an operation created.
+const BY_OPERATION: Dialects = Dialects {
+    sqlite: select_orders!("WHERE operation_id = ?1"),
+    postgres: select_orders!("WHERE operation_id = $1"),
+};
+
+/// A new order, nothing if its operation already made one; its state (`paid`,
+/// version 1, no note or address) is the one `Order::as_created` restates. PostgreSQL's
+/// returns the new row (one round trip); SQLite's does not: there an `INSERT …
+/// RETURNING` read with `fetch_optional` keeps its statement, and so the write
+/// lock, open longer, which measured slower.
+const INSERT: Dialects = Dialects {
+    sqlite: "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status, client_order_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'paid', ?7) ON CONFLICT (operation_id) DO NOTHING",
+    postgres: concat!(
+        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status, client_order_id)
+         VALUES ($1, $2, $3, $4, $5, $6, 'paid', $7) ON CONFLICT (operation_id) DO NOTHING
+         RETURNING ",
+        columns!()
+    ),
+};
+
+/// The compare-and-set edit (PROTOCOL §17): the mutable fields, if the order is
+/// still at the version read, and the next version.
+const UPDATE_IF_VERSION: Dialects = Dialects {
+    sqlite: "UPDATE orders SET note = ?1, shipping_address = ?2, status = ?3, version = version + 1
+         WHERE principal = ?4 AND id = ?5 AND version = ?6",
+    postgres:
+        "UPDATE orders SET note = $1, shipping_address = $2, status = $3, version = version + 1
+         WHERE principal = $4 AND id = $5 AND version = $6",
+};
+
+/// The gateway's confirmation of the charge of the order an operation
+/// created (`POST /webhooks/payments`, [`webhook`](super::webhook)): when, by
+/// which event, and the next version. Deliberately unconditional: it runs only
+/// in the transaction that completes the event's idempotency record, and that
+/// record is what makes an event mark its order once (the inbox pattern) — the
+/// version counts every run that committed, which is what the tests count.
+const CONFIRM_PAYMENT: Dialects = Dialects {
+    sqlite:
+        "UPDATE orders SET payment_confirmed_at = ?1, payment_event_id = ?2, version = version + 1
+         WHERE operation_id = ?3",
+    postgres:
+        "UPDATE orders SET payment_confirmed_at = $1, payment_event_id = $2, version = version + 1
+         WHERE operation_id = $3::uuid",
+};
+
+/// The order an operation created, on a connection (SQLite's column holds the
+/// id as text, PostgreSQL's as a UUID: bound as text, cast there).
+const BY_OPERATION_TEXT: Dialects = Dialects {
+    sqlite: select_orders!("WHERE operation_id = ?1"),
+    postgres: select_orders!("WHERE operation_id = $1::uuid"),
+};
 
 /// The orders database.
 #[derive(Debug, Clone)]
@@ -41,14 +235,6 @@ pub struct Placement<'a> {
     /// The client-chosen id of `PUT /api/v1/orders/{order_id}`: unique per
     /// principal, the order's durable natural key (PROTOCOL §15).
     pub client_order_id: Option<&'a str>,
-}
-
-/// A read of orders: the columns every read selects, then `$tail` (a literal,
-/// so the statement stays static SQL).
-macro_rules! select_orders {
-    ($tail:literal) => {
-        concat!("SELECT ", columns!(), " FROM orders ", $tail)
-    };
 }
 
 impl OrdersDb {
@@ -79,10 +265,7 @@ impl OrdersDb {
             }
             .await;
             match opened {
-                Err(error)
-                    if idemgate_sqlite::is_busy(&error)
-                        && tokio::time::Instant::now() < deadline =>
-                {
+                Err(error) if is_busy(&error) && tokio::time::Instant::now() < deadline => {
                     tracing::debug!(%error, "the orders database is busy at startup; retrying");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -91,198 +274,51 @@ impl OrdersDb {
         }
     }
 
-    /// Creates the orders table if it is missing (idempotent, safe to run from
-    /// several instances at once).
+    /// Brings the schema up to date with `sqlx::migrate!`: the migrations of
+    /// the database's dialect (`migrations/orders/{sqlite,postgres}/`), recorded
+    /// in their own table ([`MIGRATIONS_TABLE`]). Safe to run from several
+    /// instances at once: they migrate in turn, and the later ones find nothing
+    /// to do. A database a release before these migrations created is adopted
+    /// as it is: the first migrations are idempotent, and on SQLite the columns
+    /// its orders table may lack are added first (`adopt_sqlite`).
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
         match self {
             Self::Sqlite(pool) => {
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS orders (
-                        id INTEGER PRIMARY KEY AUTOINCREMENT,
-                        operation_id TEXT NOT NULL UNIQUE,
-                        principal TEXT NOT NULL,
-                        amount INTEGER NOT NULL CHECK (amount > 0),
-                        currency TEXT NOT NULL,
-                        items TEXT NOT NULL,
-                        charge_id TEXT,
-                        status TEXT NOT NULL,
-                        client_order_id TEXT,
-                        created_at INTEGER NOT NULL DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER))
-                    )",
-                )
-                .execute(pool)
-                .await?;
-                // A table made before natural keys: add the column (once; a
-                // concurrent starter that added it first is not an error).
-                let has_column = |pool: &SqlitePool| {
-                    let pool = pool.clone();
-                    async move {
-                        sqlx::query_scalar::<_, i64>(
-                            "SELECT COUNT(*) FROM pragma_table_info('orders') WHERE name = 'client_order_id'",
-                        )
-                        .fetch_one(&pool)
-                        .await
-                    }
-                };
-                if has_column(pool).await? == 0 {
-                    let added = sqlx::query("ALTER TABLE orders ADD COLUMN client_order_id TEXT")
-                        .execute(pool)
-                        .await;
-                    if let Err(error) = added
-                        && has_column(pool).await? == 0
-                    {
-                        return Err(error);
-                    }
-                }
-                sqlx::query(
-                    "CREATE INDEX IF NOT EXISTS orders_by_principal ON orders (principal, id)",
-                )
-                .execute(pool)
-                .await?;
-                sqlx::query(
-                    "CREATE UNIQUE INDEX IF NOT EXISTS orders_by_client_id ON orders (principal, client_order_id)",
-                )
-                .execute(pool)
-                .await?;
-                // The mutable part of an order and its version (PROTOCOL §17),
-                // added to a table an older release created. SQLite has no ADD
-                // COLUMN IF NOT EXISTS: a column another instance added meanwhile
-                // fails with "duplicate column", which is the state wanted.
-                for (column, add, _) in EDITABLE_COLUMNS {
-                    let present: i64 = sqlx::query_scalar(
-                        "SELECT count(*) FROM pragma_table_info('orders') WHERE name = ?",
-                    )
-                    .bind(column)
-                    .fetch_one(pool)
+                // sqlx takes no lock on SQLite (its `lock` does nothing), so two
+                // servers on one fresh file would both apply a migration and the
+                // second would fail on the migrations table's key. One IMMEDIATE
+                // transaction takes the write lock first: they migrate in turn,
+                // and each migration's own transaction is a savepoint in it.
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                adopt_sqlite(&mut tx).await?;
+                migrator(sqlx::migrate!("migrations/orders/sqlite"))
+                    .run(&mut *tx)
                     .await?;
-                    if present == 0 {
-                        let added = sqlx::query(add).execute(pool).await;
-                        match added {
-                            Err(sqlx::Error::Database(error))
-                                if error.message().contains("duplicate column") => {}
-                            added => {
-                                added?;
-                            }
-                        }
-                    }
-                }
+                tx.commit().await
             }
-            Self::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
-                // catalog; serialize instances on an advisory lock.
-                sqlx::query("SELECT pg_advisory_xact_lock(7305872301)")
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS orders (
-                        id BIGSERIAL PRIMARY KEY,
-                        operation_id UUID NOT NULL UNIQUE,
-                        principal TEXT NOT NULL,
-                        amount BIGINT NOT NULL CHECK (amount > 0),
-                        currency TEXT NOT NULL,
-                        items TEXT NOT NULL,
-                        charge_id TEXT,
-                        status TEXT NOT NULL,
-                        client_order_id TEXT,
-                        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
-                    )",
-                )
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query("ALTER TABLE orders ADD COLUMN IF NOT EXISTS client_order_id TEXT")
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "CREATE UNIQUE INDEX IF NOT EXISTS orders_by_client_id ON orders (principal, client_order_id)",
-                )
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query(
-                    "CREATE INDEX IF NOT EXISTS orders_by_principal ON orders (principal, id)",
-                )
-                .execute(&mut *tx)
-                .await?;
-                for (_, _, add) in EDITABLE_COLUMNS {
-                    sqlx::query(add).execute(&mut *tx).await?;
-                }
-                tx.commit().await?;
-            }
+            // sqlx holds a session advisory lock on PostgreSQL while it migrates.
+            Self::Postgres(pool) => Ok(migrator(sqlx::migrate!("migrations/orders/postgres"))
+                .run(pool)
+                .await?),
         }
-        self.migrate_ledger().await
     }
 
-    /// Creates the ledger's accounts and transfers tables if missing
-    /// (idempotent); their statements live in `ledger`.
-    async fn migrate_ledger(&self) -> Result<(), sqlx::Error> {
+    /// Runs `run` on a connection of the pool.
+    pub(crate) async fn on_connection<T>(
+        &self,
+        run: impl AsyncFnOnce(&mut OrdersConn<'_>) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
         match self {
-            Self::Sqlite(pool) => {
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS accounts (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    operation_id TEXT NOT NULL UNIQUE,
-                    principal TEXT NOT NULL,
-                    balance INTEGER NOT NULL CHECK (balance >= 0),
-                    currency TEXT NOT NULL,
-                    version INTEGER NOT NULL DEFAULT 1
-                )",
-                )
-                .execute(pool)
-                .await?;
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS transfers (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    from_account INTEGER NOT NULL REFERENCES accounts (id),
-                    to_account INTEGER NOT NULL REFERENCES accounts (id),
-                    amount INTEGER NOT NULL CHECK (amount > 0),
-                    reference_id TEXT NOT NULL,
-                    balance_after INTEGER NOT NULL,
-                    UNIQUE (from_account, reference_id)
-                )",
-                )
-                .execute(pool)
-                .await?;
-            }
+            Self::Sqlite(pool) => run(&mut OrdersConn::Sqlite(&mut *pool.acquire().await?)).await,
             Self::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                // The orders migration's lock: concurrent CREATE TABLE IF NOT EXISTS
-                // can collide in the catalog.
-                sqlx::query("SELECT pg_advisory_xact_lock(7305872301)")
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS accounts (
-                    id BIGSERIAL PRIMARY KEY,
-                    operation_id UUID NOT NULL UNIQUE,
-                    principal TEXT NOT NULL,
-                    balance BIGINT NOT NULL CHECK (balance >= 0),
-                    currency TEXT NOT NULL,
-                    version BIGINT NOT NULL DEFAULT 1
-                )",
-                )
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query(
-                    "CREATE TABLE IF NOT EXISTS transfers (
-                    id BIGSERIAL PRIMARY KEY,
-                    from_account BIGINT NOT NULL REFERENCES accounts (id),
-                    to_account BIGINT NOT NULL REFERENCES accounts (id),
-                    amount BIGINT NOT NULL CHECK (amount > 0),
-                    reference_id TEXT NOT NULL,
-                    balance_after BIGINT NOT NULL,
-                    UNIQUE (from_account, reference_id)
-                )",
-                )
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
+                run(&mut OrdersConn::Postgres(&mut *pool.acquire().await?)).await
             }
         }
-        Ok(())
     }
 
     /// Inserts an order outside any idempotency transaction. A second insert for the
-    /// same operation inserts nothing and returns the first one's order.
+    /// same operation inserts nothing and returns the first one's order, as its
+    /// create answered it ([`Order::as_created`]).
     pub async fn insert(
         &self,
         placement: Placement<'_>,
@@ -298,41 +334,45 @@ impl OrdersDb {
         }
     }
 
+    /// The order an operation created, as it is now; `None` if it created none.
+    pub async fn by_operation(&self, operation_id: Uuid) -> Result<Option<Order>, sqlx::Error> {
+        // SQLite's column holds the id as text, PostgreSQL's as a UUID.
+        let row = match self {
+            Self::Sqlite(pool) => sqlx::query(BY_OPERATION.sqlite)
+                .bind(operation_id.to_string())
+                .fetch_optional(pool)
+                .await?
+                .as_ref()
+                .map(order_from),
+            Self::Postgres(pool) => sqlx::query(BY_OPERATION.postgres)
+                .bind(operation_id)
+                .fetch_optional(pool)
+                .await?
+                .as_ref()
+                .map(order_from),
+        };
+        row.transpose()
+    }
+
     /// The principal's orders, oldest first.
     pub async fn list(&self, principal: &str) -> Result<Vec<Order>, sqlx::Error> {
-        match self {
-            Self::Sqlite(pool) => sqlx::query(select_orders!("WHERE principal = ? ORDER BY id"))
+        self.on_connection(async |conn| {
+            on_dialect!(conn, sqlx::query, LIST, |query, on| query
                 .bind(principal)
-                .fetch_all(pool)
+                .fetch_all(on)
                 .await?
                 .iter()
-                .map(order_from_sqlite)
-                .collect(),
-            Self::Postgres(pool) => sqlx::query(select_orders!("WHERE principal = $1 ORDER BY id"))
-                .bind(principal)
-                .fetch_all(pool)
-                .await?
-                .iter()
-                .map(order_from_postgres)
-                .collect(),
-        }
+                .map(order_from)
+                .collect())
+        })
+        .await
     }
 
     /// One of the principal's orders; `None` if it does not exist or is someone
     /// else's.
     pub async fn get(&self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
-        match self {
-            Self::Sqlite(pool) => {
-                OrdersConn::Sqlite(&mut *pool.acquire().await?)
-                    .get(principal, id)
-                    .await
-            }
-            Self::Postgres(pool) => {
-                OrdersConn::Postgres(&mut *pool.acquire().await?)
-                    .get(principal, id)
-                    .await
-            }
-        }
+        self.on_connection(async |conn| conn.get(principal, id).await)
+            .await
     }
 
     /// The principal's order under its client-chosen id; `None` if there is none
@@ -342,28 +382,17 @@ impl OrdersDb {
         principal: &str,
         client_order_id: &str,
     ) -> Result<Option<Order>, sqlx::Error> {
-        match self {
-            Self::Sqlite(pool) => {
-                let row = sqlx::query(select_orders!(
-                    "WHERE principal = ? AND client_order_id = ?"
-                ))
+        self.on_connection(async |conn| {
+            on_dialect!(conn, sqlx::query, GET_BY_CLIENT_ID, |query, on| query
                 .bind(principal)
                 .bind(client_order_id)
-                .fetch_optional(pool)
-                .await?;
-                row.as_ref().map(order_from_sqlite).transpose()
-            }
-            Self::Postgres(pool) => {
-                let row = sqlx::query(select_orders!(
-                    "WHERE principal = $1 AND client_order_id = $2"
-                ))
-                .bind(principal)
-                .bind(client_order_id)
-                .fetch_optional(pool)
-                .await?;
-                row.as_ref().map(order_from_postgres).transpose()
-            }
-        }
+                .fetch_optional(on)
+                .await?
+                .as_ref()
+                .map(order_from)
+                .transpose())
+        })
+        .await
     }
 
     /// `sqlite` or `postgres`, for logs.
@@ -391,28 +420,6 @@ impl OrdersDb {
     }
 }
 
-/// Columns added after the first release, with their definitions (the same on
-/// SQLite and PostgreSQL): what a `PATCH` may change, and the version every
-/// change increments, which the conditional update compares.
-/// Each as (name, SQLite statement, PostgreSQL statement).
-const EDITABLE_COLUMNS: [(&str, &str, &str); 3] = [
-    (
-        "note",
-        "ALTER TABLE orders ADD COLUMN note TEXT",
-        "ALTER TABLE orders ADD COLUMN IF NOT EXISTS note TEXT",
-    ),
-    (
-        "shipping_address",
-        "ALTER TABLE orders ADD COLUMN shipping_address TEXT",
-        "ALTER TABLE orders ADD COLUMN IF NOT EXISTS shipping_address TEXT",
-    ),
-    (
-        "version",
-        "ALTER TABLE orders ADD COLUMN version BIGINT NOT NULL DEFAULT 1",
-        "ALTER TABLE orders ADD COLUMN IF NOT EXISTS version BIGINT NOT NULL DEFAULT 1",
-    ),
-];
-
 /// A connection to the orders database, whichever it is: the pool's, or the
 /// idempotency layer's transaction.
 #[derive(Debug)]
@@ -426,32 +433,44 @@ pub enum OrdersConn<'a> {
 impl OrdersConn<'_> {
     /// One of the principal's orders.
     pub async fn get(&mut self, principal: &str, id: i64) -> Result<Option<Order>, sqlx::Error> {
-        match self {
-            Self::Sqlite(conn) => {
-                let row = sqlx::query(concat!(
-                    "SELECT ",
-                    columns!(),
-                    " FROM orders WHERE principal = ? AND id = ?"
-                ))
-                .bind(principal)
-                .bind(id)
-                .fetch_optional(&mut **conn)
-                .await?;
-                row.as_ref().map(order_from_sqlite).transpose()
-            }
-            Self::Postgres(conn) => {
-                let row = sqlx::query(concat!(
-                    "SELECT ",
-                    columns!(),
-                    " FROM orders WHERE principal = $1 AND id = $2"
-                ))
-                .bind(principal)
-                .bind(id)
-                .fetch_optional(&mut **conn)
-                .await?;
-                row.as_ref().map(order_from_postgres).transpose()
-            }
+        on_dialect!(self, sqlx::query, GET, |query, on| query
+            .bind(principal)
+            .bind(id)
+            .fetch_optional(on)
+            .await?
+            .as_ref()
+            .map(order_from)
+            .transpose())
+    }
+
+    /// Marks the order `operation_id` created as confirmed by the gateway's
+    /// event `event_id` at `at_ms` (`CONFIRM_PAYMENT`); the order as it is
+    /// now, `None` when that operation created no order (not yet committed,
+    /// or none at all).
+    pub async fn confirm_payment(
+        &mut self,
+        operation_id: Uuid,
+        event_id: &str,
+        at_ms: i64,
+    ) -> Result<Option<Order>, sqlx::Error> {
+        let id = operation_id.to_string();
+        let updated = on_dialect!(self, sqlx::query, CONFIRM_PAYMENT, |query, on| query
+            .bind(at_ms)
+            .bind(event_id)
+            .bind(&id)
+            .execute(on)
+            .await?
+            .rows_affected());
+        if updated == 0 {
+            return Ok(None);
         }
+        on_dialect!(self, sqlx::query, BY_OPERATION_TEXT, |query, on| query
+            .bind(&id)
+            .fetch_optional(on)
+            .await?
+            .as_ref()
+            .map(order_from)
+            .transpose())
     }
 
     /// Writes `change` if the order is still at `version` (compare-and-set: of
@@ -468,34 +487,16 @@ impl OrdersConn<'_> {
             .shipping_address
             .as_ref()
             .map(serde_json::Value::to_string);
-        let updated = match self {
-            Self::Sqlite(conn) => sqlx::query(
-                "UPDATE orders SET note = ?, shipping_address = ?, status = ?, version = version + 1
-                 WHERE principal = ? AND id = ? AND version = ?",
-            )
+        let updated = on_dialect!(self, sqlx::query, UPDATE_IF_VERSION, |query, on| query
             .bind(&change.note)
-            .bind(address)
+            .bind(&address)
             .bind(&change.status)
             .bind(principal)
             .bind(id)
             .bind(version)
-            .execute(&mut **conn)
+            .execute(on)
             .await?
-            .rows_affected(),
-            Self::Postgres(conn) => sqlx::query(
-                "UPDATE orders SET note = $1, shipping_address = $2, status = $3, version = version + 1
-                 WHERE principal = $4 AND id = $5 AND version = $6",
-            )
-            .bind(&change.note)
-            .bind(address)
-            .bind(&change.status)
-            .bind(principal)
-            .bind(id)
-            .bind(version)
-            .execute(&mut **conn)
-            .await?
-            .rows_affected(),
-        };
+            .rows_affected());
         Ok(updated == 1)
     }
 }
@@ -511,24 +512,23 @@ pub async fn insert_sqlite(
     order: &NewOrder,
 ) -> Result<Order, sqlx::Error> {
     let operation_id = placement.operation_id.to_string();
-    sqlx::query(
-        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status, client_order_id)
-         VALUES (?, ?, ?, ?, ?, ?, 'paid', ?) ON CONFLICT (operation_id) DO NOTHING",
-    )
-    .bind(&operation_id)
-    .bind(placement.principal)
-    .bind(order.amount)
-    .bind(&order.currency)
-    .bind(items_json(order))
-    .bind(placement.charge_id)
-    .bind(placement.client_order_id)
-    .execute(&mut *conn)
-    .await?;
-    let row = sqlx::query(select_orders!("WHERE operation_id = ?"))
+    sqlx::query(INSERT.sqlite)
+        .bind(&operation_id)
+        .bind(placement.principal)
+        .bind(order.amount)
+        .bind(&order.currency)
+        .bind(items_json(order))
+        .bind(placement.charge_id)
+        .bind(placement.client_order_id)
+        .execute(&mut *conn)
+        .await?;
+    let row = sqlx::query(BY_OPERATION.sqlite)
         .bind(&operation_id)
         .fetch_one(&mut *conn)
         .await?;
-    order_from_sqlite(&row)
+    // Just inserted, or this operation's order from an earlier run: either way
+    // answered as its create answered it.
+    Ok(order_from(&row)?.as_created())
 }
 
 /// Inserts on a PostgreSQL connection: the pool's, or a transactional `Tx`.
@@ -537,35 +537,29 @@ pub async fn insert_postgres(
     placement: Placement<'_>,
     order: &NewOrder,
 ) -> Result<Order, sqlx::Error> {
-    // The new row comes back from the insert itself (one round trip); only when
-    // this operation's order already exists (a second run) is it read separately.
-    // Not on SQLite: there an INSERT … RETURNING read with fetch_optional keeps its
-    // statement, and so the write lock, open longer, which measured slower.
-    let inserted = sqlx::query(concat!(
-        "INSERT INTO orders (operation_id, principal, amount, currency, items, charge_id, status, client_order_id)
-         VALUES ($1, $2, $3, $4, $5, $6, 'paid', $7) ON CONFLICT (operation_id) DO NOTHING
-         RETURNING ",
-        columns!()
-    ))
-    .bind(placement.operation_id)
-    .bind(placement.principal)
-    .bind(order.amount)
-    .bind(&order.currency)
-    .bind(items_json(order))
-    .bind(placement.charge_id)
-    .bind(placement.client_order_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let row = match inserted {
-        Some(row) => row,
-        None => {
-            sqlx::query(select_orders!("WHERE operation_id = $1"))
+    // The new row comes back from the insert itself; only when this operation's
+    // order already exists (a second run) is it read separately.
+    let inserted = sqlx::query(INSERT.postgres)
+        .bind(placement.operation_id)
+        .bind(placement.principal)
+        .bind(order.amount)
+        .bind(&order.currency)
+        .bind(items_json(order))
+        .bind(placement.charge_id)
+        .bind(placement.client_order_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match inserted {
+        Some(row) => order_from(&row),
+        // An earlier run's order, answered as its create answered it.
+        None => Ok(order_from(
+            &sqlx::query(BY_OPERATION.postgres)
                 .bind(placement.operation_id)
                 .fetch_one(&mut *conn)
-                .await?
-        }
-    };
-    order_from_postgres(&row)
+                .await?,
+        )?
+        .as_created()),
+    }
 }
 
 fn decode_items(text: &str) -> Result<Vec<Item>, sqlx::Error> {
@@ -578,30 +572,31 @@ fn decode_address(text: Option<&str>) -> Result<Option<serde_json::Value>, sqlx:
         .map_err(|error| sqlx::Error::Decode(Box::new(error)))
 }
 
-fn order_from_sqlite(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error> {
+/// An order from a row of either database.
+fn order_from<R: Row>(row: &R) -> Result<Order, sqlx::Error>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+{
     Ok(Order {
         order_id: row.try_get("id")?,
         amount: row.try_get("amount")?,
-        currency: row.try_get("currency")?,
-        status: row.try_get("status")?,
+        currency: row.try_get::<&str, _>("currency")?.to_owned(),
+        status: row.try_get::<&str, _>("status")?.to_owned(),
         items: decode_items(row.try_get("items")?)?,
-        client_order_id: row.try_get("client_order_id")?,
-        note: row.try_get("note")?,
+        client_order_id: row
+            .try_get::<Option<&str>, _>("client_order_id")?
+            .map(str::to_owned),
+        note: row.try_get::<Option<&str>, _>("note")?.map(str::to_owned),
         shipping_address: decode_address(row.try_get("shipping_address")?)?,
         version: row.try_get("version")?,
+        payment_confirmed_at: row.try_get("payment_confirmed_at")?,
+        payment_event_id: row
+            .try_get::<Option<&str>, _>("payment_event_id")?
+            .map(str::to_owned),
     })
 }
 
-fn order_from_postgres(row: &sqlx::postgres::PgRow) -> Result<Order, sqlx::Error> {
-    Ok(Order {
-        order_id: row.try_get("id")?,
-        amount: row.try_get("amount")?,
-        currency: row.try_get("currency")?,
-        status: row.try_get("status")?,
-        items: decode_items(row.try_get("items")?)?,
-        client_order_id: row.try_get("client_order_id")?,
-        note: row.try_get("note")?,
-        shipping_address: decode_address(row.try_get("shipping_address")?)?,
-        version: row.try_get("version")?,
-    })
-}
+#[cfg(test)]
+mod tests;

@@ -2,10 +2,14 @@
 //! moves only by a transfer whose precondition (`expected_balance`,
 //! `expected_version`) and funds are checked by the debit itself, one
 //! compare-and-set `UPDATE`, inside the transaction that records the transfer.
+//!
+//! The ledger's schema is its own migration, `0002_ledger.sql` in
+//! `migrations/orders/{sqlite,postgres}/`; its statements are here, each as one
+//! `Dialects` with SQLite's and PostgreSQL's text side by side.
 
-use sqlx::Row;
+use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use crate::orders::db::OrdersConn;
+use crate::orders::db::{Dialects, OrdersConn, on_dialect};
 
 /// An account, as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -33,6 +37,134 @@ pub struct Transfer {
     pub amount: i64,
     /// The debited account's balance right after this transfer.
     pub balance: i64,
+}
+
+/// A transfer as its accounts' holders read it (`GET
+/// /api/v1/accounts/{id}/transfers`, `GET /api/v1/transfers/{id}`): what moved,
+/// and, for the holder of the debited account only, the reference it was sent
+/// under and that account's balance right after it — the credited side never
+/// sees the sender's balance or reference.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TransferView {
+    /// Its id.
+    pub transfer_id: i64,
+    /// The debited account.
+    pub from: i64,
+    /// The credited account.
+    pub to: i64,
+    /// In minor units.
+    pub amount: i64,
+    /// The debited account's balance right after this transfer (its holder only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balance: Option<i64>,
+    /// The client's reference (the debited account's holder only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference_id: Option<String>,
+}
+
+/// The columns a [`TransferView`] is read from, `sent` saying whether the
+/// reader holds the debited account.
+macro_rules! transfer_view_columns {
+    () => {
+        "t.id, t.from_account, t.to_account, t.amount, t.reference_id, t.balance_after, "
+    };
+}
+
+/// An account's transfers, both ways, newest first: those before a transfer
+/// id (`NULL`: from the newest), at most a number. The reader holds the
+/// account (the caller checked).
+const ACCOUNT_TRANSFERS: Dialects = Dialects {
+    sqlite: concat!(
+        "SELECT ",
+        transfer_view_columns!(),
+        "(f.principal = ?2) AS sent FROM transfers t JOIN accounts f ON f.id = t.from_account
+         WHERE (t.from_account = ?1 OR t.to_account = ?1) AND (?3 IS NULL OR t.id < ?3)
+         ORDER BY t.id DESC LIMIT ?4"
+    ),
+    postgres: concat!(
+        "SELECT ",
+        transfer_view_columns!(),
+        "(f.principal = $2) AS sent FROM transfers t JOIN accounts f ON f.id = t.from_account
+         WHERE (t.from_account = $1 OR t.to_account = $1) AND ($3::BIGINT IS NULL OR t.id < $3)
+         ORDER BY t.id DESC LIMIT $4"
+    ),
+};
+
+/// One transfer, if the reader holds one of its two accounts.
+const TRANSFER: Dialects = Dialects {
+    sqlite: concat!(
+        "SELECT ",
+        transfer_view_columns!(),
+        "(f.principal = ?2) AS sent FROM transfers t
+         JOIN accounts f ON f.id = t.from_account JOIN accounts r ON r.id = t.to_account
+         WHERE t.id = ?1 AND (f.principal = ?2 OR r.principal = ?2)"
+    ),
+    postgres: concat!(
+        "SELECT ",
+        transfer_view_columns!(),
+        "(f.principal = $2) AS sent FROM transfers t
+         JOIN accounts f ON f.id = t.from_account JOIN accounts r ON r.id = t.to_account
+         WHERE t.id = $1 AND (f.principal = $2 OR r.principal = $2)"
+    ),
+};
+
+/// A [`TransferView`] from a row of either database.
+fn transfer_view<R: Row>(row: &R) -> Result<TransferView, sqlx::Error>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let sent: bool = row.try_get("sent")?;
+    Ok(TransferView {
+        transfer_id: row.try_get("id")?,
+        from: row.try_get("from_account")?,
+        to: row.try_get("to_account")?,
+        amount: row.try_get("amount")?,
+        balance: sent.then(|| row.try_get("balance_after")).transpose()?,
+        reference_id: sent
+            .then(|| row.try_get::<&str, _>("reference_id").map(str::to_owned))
+            .transpose()?,
+    })
+}
+
+/// Up to `limit` of account `account`'s transfers (debits and credits), newest
+/// first, those older than transfer `before` when given; as `principal`, who
+/// holds the account, reads them.
+pub(crate) async fn account_transfers(
+    conn: &mut OrdersConn<'_>,
+    principal: &str,
+    account: i64,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<TransferView>, sqlx::Error> {
+    on_dialect!(conn, sqlx::query, ACCOUNT_TRANSFERS, |query, on| query
+        .bind(account)
+        .bind(principal)
+        .bind(before)
+        .bind(limit)
+        .fetch_all(on)
+        .await?
+        .iter()
+        .map(transfer_view)
+        .collect())
+}
+
+/// Transfer `id`, if `principal` holds its debited or its credited account.
+pub(crate) async fn transfer_by_id(
+    conn: &mut OrdersConn<'_>,
+    principal: &str,
+    id: i64,
+) -> Result<Option<TransferView>, sqlx::Error> {
+    on_dialect!(conn, sqlx::query, TRANSFER, |query, on| query
+        .bind(id)
+        .bind(principal)
+        .fetch_optional(on)
+        .await?
+        .as_ref()
+        .map(transfer_view)
+        .transpose())
 }
 
 /// What a transfer asks for, checked.
@@ -71,87 +203,104 @@ pub enum TransferOutcome {
     Insufficient(Account),
 }
 
-fn account(row: &impl AccountRow) -> Result<Account, sqlx::Error> {
-    row.account()
+/// An account from a row of either database.
+fn account<R: Row>(row: &R) -> Result<Account, sqlx::Error>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> &'r str: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(Account {
+        account_id: row.try_get("id")?,
+        balance: row.try_get("balance")?,
+        currency: row.try_get::<&str, _>("currency")?.to_owned(),
+        version: row.try_get("version")?,
+    })
 }
 
-/// Decoding an account from either database's row.
-trait AccountRow {
-    fn account(&self) -> Result<Account, sqlx::Error>;
-}
+/// A new account, nothing if its operation already opened one. The operation
+/// id is bound as text: SQLite's column holds text, PostgreSQL's a UUID.
+const OPEN: Dialects = Dialects {
+    sqlite: "INSERT INTO accounts (operation_id, principal, balance, currency) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (operation_id) DO NOTHING",
+    postgres: "INSERT INTO accounts (operation_id, principal, balance, currency) VALUES ($1::uuid, $2, $3, $4)
+         ON CONFLICT (operation_id) DO NOTHING",
+};
 
-impl AccountRow for sqlx::sqlite::SqliteRow {
-    fn account(&self) -> Result<Account, sqlx::Error> {
-        Ok(Account {
-            account_id: self.try_get("id")?,
-            balance: self.try_get("balance")?,
-            currency: self.try_get("currency")?,
-            version: self.try_get("version")?,
-        })
-    }
-}
+/// The account an operation opened.
+const BY_OPERATION: Dialects = Dialects {
+    sqlite: "SELECT id, balance, currency, version FROM accounts WHERE operation_id = ?1",
+    postgres: "SELECT id, balance, currency, version FROM accounts WHERE operation_id = $1::uuid",
+};
 
-impl AccountRow for sqlx::postgres::PgRow {
-    fn account(&self) -> Result<Account, sqlx::Error> {
-        Ok(Account {
-            account_id: self.try_get("id")?,
-            balance: self.try_get("balance")?,
-            currency: self.try_get("currency")?,
-            version: self.try_get("version")?,
-        })
-    }
-}
+/// An account, if it is the principal's (any principal's when the principal
+/// is `NULL`).
+const GET: Dialects = Dialects {
+    sqlite: "SELECT id, balance, currency, version FROM accounts
+         WHERE id = ?1 AND (?2 IS NULL OR principal = ?2)",
+    postgres: "SELECT id, balance, currency, version FROM accounts
+         WHERE id = $1 AND ($2::TEXT IS NULL OR principal = $2)",
+};
+
+/// The transfer a reference made from an account.
+const EXISTING: Dialects = Dialects {
+    sqlite: "SELECT id, to_account, amount, balance_after FROM transfers
+         WHERE from_account = ?1 AND reference_id = ?2",
+    postgres: "SELECT id, to_account, amount, balance_after FROM transfers
+         WHERE from_account = $1 AND reference_id = $2",
+};
+
+/// The compare-and-set debit: the new balance, no row when the funds or the
+/// precondition (`NULL`: none) do not hold.
+const DEBIT: Dialects = Dialects {
+    sqlite: "UPDATE accounts SET balance = balance - ?1, version = version + 1
+         WHERE id = ?2 AND balance >= ?1
+           AND (?3 IS NULL OR balance = ?3) AND (?4 IS NULL OR version = ?4)
+         RETURNING balance",
+    postgres: "UPDATE accounts SET balance = balance - $1, version = version + 1
+         WHERE id = $2 AND balance >= $1
+           AND ($3::BIGINT IS NULL OR balance = $3) AND ($4::BIGINT IS NULL OR version = $4)
+         RETURNING balance",
+};
+
+/// The credit of a transfer.
+const CREDIT: Dialects = Dialects {
+    sqlite: "UPDATE accounts SET balance = balance + ?1, version = version + 1 WHERE id = ?2",
+    postgres: "UPDATE accounts SET balance = balance + $1, version = version + 1 WHERE id = $2",
+};
+
+/// The record of a transfer: its id.
+const RECORD: Dialects = Dialects {
+    sqlite: "INSERT INTO transfers (from_account, to_account, amount, reference_id, balance_after)
+         VALUES (?1, ?2, ?3, ?4, ?5) RETURNING id",
+    postgres:
+        "INSERT INTO transfers (from_account, to_account, amount, reference_id, balance_after)
+         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+};
 
 /// Opens an account for `principal` under `operation_id` (a second insert for
-/// the same operation inserts nothing and returns the first one's account).
+/// the same operation inserts nothing and returns the first one's account, as
+/// it is now), and whether this call opened it.
 pub(crate) async fn open(
     conn: &mut OrdersConn<'_>,
     principal: &str,
     operation_id: uuid::Uuid,
     balance: i64,
     currency: &str,
-) -> Result<Account, sqlx::Error> {
-    match conn {
-        OrdersConn::Sqlite(conn) => {
-            let operation_id = operation_id.to_string();
-            sqlx::query(
-                "INSERT INTO accounts (operation_id, principal, balance, currency) VALUES (?, ?, ?, ?)
-                 ON CONFLICT (operation_id) DO NOTHING",
-            )
-            .bind(&operation_id)
-            .bind(principal)
-            .bind(balance)
-            .bind(currency)
-            .execute(&mut **conn)
-            .await?;
-            let row = sqlx::query(
-                "SELECT id, balance, currency, version FROM accounts WHERE operation_id = ?",
-            )
-            .bind(&operation_id)
-            .fetch_one(&mut **conn)
-            .await?;
-            account(&row)
-        }
-        OrdersConn::Postgres(conn) => {
-            sqlx::query(
-                "INSERT INTO accounts (operation_id, principal, balance, currency) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (operation_id) DO NOTHING",
-            )
-            .bind(operation_id)
-            .bind(principal)
-            .bind(balance)
-            .bind(currency)
-            .execute(&mut **conn)
-            .await?;
-            let row = sqlx::query(
-                "SELECT id, balance, currency, version FROM accounts WHERE operation_id = $1",
-            )
-            .bind(operation_id)
-            .fetch_one(&mut **conn)
-            .await?;
-            account(&row)
-        }
-    }
+) -> Result<(Account, bool), sqlx::Error> {
+    let operation_id = operation_id.to_string();
+    let inserted = on_dialect!(conn, sqlx::query, OPEN, |query, on| query
+        .bind(&operation_id)
+        .bind(principal)
+        .bind(balance)
+        .bind(currency)
+        .execute(on)
+        .await
+        .map(|done| done.rows_affected() == 1))?;
+    let account = on_dialect!(conn, sqlx::query, BY_OPERATION, |query, on| account(
+        &query.bind(&operation_id).fetch_one(on).await?
+    ))?;
+    Ok((account, inserted))
 }
 
 /// The account `id`, if it is `principal`'s (any principal's with `None`).
@@ -160,31 +309,14 @@ pub(crate) async fn get(
     principal: Option<&str>,
     id: i64,
 ) -> Result<Option<Account>, sqlx::Error> {
-    match conn {
-        OrdersConn::Sqlite(conn) => sqlx::query(
-            "SELECT id, balance, currency, version FROM accounts
-             WHERE id = ? AND (? IS NULL OR principal = ?)",
-        )
+    on_dialect!(conn, sqlx::query, GET, |query, on| query
         .bind(id)
         .bind(principal)
-        .bind(principal)
-        .fetch_optional(&mut **conn)
+        .fetch_optional(on)
         .await?
         .as_ref()
         .map(account)
-        .transpose(),
-        OrdersConn::Postgres(conn) => sqlx::query(
-            "SELECT id, balance, currency, version FROM accounts
-             WHERE id = $1 AND ($2::TEXT IS NULL OR principal = $2)",
-        )
-        .bind(id)
-        .bind(principal)
-        .fetch_optional(&mut **conn)
-        .await?
-        .as_ref()
-        .map(account)
-        .transpose(),
-    }
+        .transpose())
 }
 
 /// A transfer from the principal's account `from`, in the caller's transaction:
@@ -255,49 +387,21 @@ async fn existing(
     from: i64,
     reference_id: &str,
 ) -> Result<Option<Transfer>, sqlx::Error> {
-    let decode = |id, to, amount, balance| Transfer {
-        transfer_id: id,
-        from,
-        to,
-        amount,
-        balance,
-    };
-    Ok(match conn {
-        OrdersConn::Sqlite(conn) => sqlx::query(
-            "SELECT id, to_account, amount, balance_after FROM transfers
-             WHERE from_account = ? AND reference_id = ?",
-        )
+    on_dialect!(conn, sqlx::query, EXISTING, |query, on| query
         .bind(from)
         .bind(reference_id)
-        .fetch_optional(&mut **conn)
+        .fetch_optional(on)
         .await?
         .map(|row| -> Result<_, sqlx::Error> {
-            Ok(decode(
-                row.try_get("id")?,
-                row.try_get("to_account")?,
-                row.try_get("amount")?,
-                row.try_get("balance_after")?,
-            ))
+            Ok(Transfer {
+                transfer_id: row.try_get("id")?,
+                from,
+                to: row.try_get("to_account")?,
+                amount: row.try_get("amount")?,
+                balance: row.try_get("balance_after")?,
+            })
         })
-        .transpose()?,
-        OrdersConn::Postgres(conn) => sqlx::query(
-            "SELECT id, to_account, amount, balance_after FROM transfers
-             WHERE from_account = $1 AND reference_id = $2",
-        )
-        .bind(from)
-        .bind(reference_id)
-        .fetch_optional(&mut **conn)
-        .await?
-        .map(|row| -> Result<_, sqlx::Error> {
-            Ok(decode(
-                row.try_get("id")?,
-                row.try_get("to_account")?,
-                row.try_get("amount")?,
-                row.try_get("balance_after")?,
-            ))
-        })
-        .transpose()?,
-    })
+        .transpose())
 }
 
 /// On PostgreSQL, locks both accounts' rows in id order before the debit, so
@@ -322,36 +426,13 @@ async fn debit(
     from: i64,
     request: &TransferRequest,
 ) -> Result<Option<i64>, sqlx::Error> {
-    match conn {
-        OrdersConn::Sqlite(conn) => {
-            sqlx::query_scalar(
-                "UPDATE accounts SET balance = balance - ?1, version = version + 1
-             WHERE id = ?2 AND balance >= ?1
-               AND (?3 IS NULL OR balance = ?3) AND (?4 IS NULL OR version = ?4)
-             RETURNING balance",
-            )
-            .bind(request.amount)
-            .bind(from)
-            .bind(request.expected_balance)
-            .bind(request.expected_version)
-            .fetch_optional(&mut **conn)
-            .await
-        }
-        OrdersConn::Postgres(conn) => {
-            sqlx::query_scalar(
-                "UPDATE accounts SET balance = balance - $1, version = version + 1
-             WHERE id = $2 AND balance >= $1
-               AND ($3::BIGINT IS NULL OR balance = $3) AND ($4::BIGINT IS NULL OR version = $4)
-             RETURNING balance",
-            )
-            .bind(request.amount)
-            .bind(from)
-            .bind(request.expected_balance)
-            .bind(request.expected_version)
-            .fetch_optional(&mut **conn)
-            .await
-        }
-    }
+    on_dialect!(conn, sqlx::query_scalar, DEBIT, |query, on| query
+        .bind(request.amount)
+        .bind(from)
+        .bind(request.expected_balance)
+        .bind(request.expected_version)
+        .fetch_optional(on)
+        .await)
 }
 
 async fn credit_and_record(
@@ -360,46 +441,18 @@ async fn credit_and_record(
     request: &TransferRequest,
     balance: i64,
 ) -> Result<i64, sqlx::Error> {
-    match conn {
-        OrdersConn::Sqlite(conn) => {
-            sqlx::query(
-                "UPDATE accounts SET balance = balance + ?, version = version + 1 WHERE id = ?",
-            )
-            .bind(request.amount)
-            .bind(request.to)
-            .execute(&mut **conn)
-            .await?;
-            sqlx::query_scalar(
-                "INSERT INTO transfers (from_account, to_account, amount, reference_id, balance_after)
-                 VALUES (?, ?, ?, ?, ?) RETURNING id",
-            )
-            .bind(from)
-            .bind(request.to)
-            .bind(request.amount)
-            .bind(&request.reference_id)
-            .bind(balance)
-            .fetch_one(&mut **conn)
-            .await
-        }
-        OrdersConn::Postgres(conn) => {
-            sqlx::query(
-                "UPDATE accounts SET balance = balance + $1, version = version + 1 WHERE id = $2",
-            )
-            .bind(request.amount)
-            .bind(request.to)
-            .execute(&mut **conn)
-            .await?;
-            sqlx::query_scalar(
-                "INSERT INTO transfers (from_account, to_account, amount, reference_id, balance_after)
-                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
-            )
-            .bind(from)
-            .bind(request.to)
-            .bind(request.amount)
-            .bind(&request.reference_id)
-            .bind(balance)
-            .fetch_one(&mut **conn)
-            .await
-        }
-    }
+    on_dialect!(conn, sqlx::query, CREDIT, |query, on| query
+        .bind(request.amount)
+        .bind(request.to)
+        .execute(on)
+        .await
+        .map(drop))?;
+    on_dialect!(conn, sqlx::query_scalar, RECORD, |query, on| query
+        .bind(from)
+        .bind(request.to)
+        .bind(request.amount)
+        .bind(&request.reference_id)
+        .bind(balance)
+        .fetch_one(on)
+        .await)
 }

@@ -9,8 +9,13 @@
 //!   their SQL in [`ledger`];
 //! - [`auth`]: bearer authentication, outside the idempotency layer;
 //! - [`db`]: the orders database (the only database this tree opens);
+//! - [`fault`]: the test suites' fault between an edit's write and its answer;
 //! - [`order`]: what a client may order, checked before anything is charged;
-//! - [`payment`]: the payment gateway client.
+//! - [`outcome`]: what each write answered, by operation id, so a retry that
+//!   runs an operation again after a crash answers what its first run did;
+//! - [`payment`]: the payment gateway client;
+//! - [`webhook`]: the gateway's webhook, `POST /webhooks/payments`, marking an
+//!   order's payment confirmed exactly once (the inbox pattern).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,9 +33,13 @@ pub mod accounts;
 pub mod api;
 pub mod auth;
 pub mod db;
+mod failure;
+pub mod fault;
 pub mod ledger;
 pub mod order;
+pub mod outcome;
 pub mod payment;
+pub mod webhook;
 
 use db::OrdersDb;
 use payment::PaymentGateway;
@@ -64,6 +73,15 @@ pub struct OrdersState {
     /// The `Retry-After` of a 503 for an order that could not be stored: the one
     /// the idempotency layer sends for its store (`with_unavailable_retry_after`).
     pub unavailable_retry_after: Duration,
+    /// How long an operation's recorded outcome is kept ([`outcome`]): the
+    /// idempotency layer's TTL, past which no run of the operation can come.
+    pub outcome_retention: Duration,
+    /// Tests only: the fault after an edit's write ([`fault`]); `None` in
+    /// production.
+    pub edit_fault: Option<fault::EditFault>,
+    /// The payment webhook (`POST /webhooks/payments`, [`webhook`]); `None`:
+    /// no such route.
+    pub payment_webhook: Option<webhook::PaymentWebhook>,
 }
 
 /// The whole service: `/api/v1/orders` behind bearer authentication and the
@@ -96,7 +114,14 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
             patch(api::patch_order).delete(api::cancel_order),
         )
         .route("/api/v1/accounts", post(accounts::open_account))
-        .route("/api/v1/accounts/{id}", get(accounts::get_account));
+        .route("/api/v1/accounts/{id}", get(accounts::get_account))
+        // Reads, so uncovered by the layer; the POST on the same path is the
+        // transfers' router below (axum merges the two method routers).
+        .route(
+            "/api/v1/accounts/{id}/transfers",
+            get(accounts::list_transfers),
+        )
+        .route("/api/v1/transfers/{id}", get(accounts::get_transfer));
     // A transfer is keyed by its `reference_id` (PROTOCOL §15, §18): the client's
     // own reference is the idempotency key, no header needed.
     let mut transfers = Router::new().route(
@@ -109,6 +134,7 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
         "/api/v1/orders/{order_id}",
         get(api::get_order).put(api::put_order),
     );
+    let mut hooks = Router::new();
     if let Some(idempotency) = idempotency {
         // PATCH and DELETE are conditional writes: with a key, the journal comes
         // first, so a retry of one that succeeded replays it (PROTOCOL §17).
@@ -132,6 +158,18 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
                         .expect("a constant key source"),
                 ),
         );
+        // The gateway's webhook: verified, keyed by its `webhook-id`, no
+        // bearer token (webhooks carry no user credentials).
+        if let Some(payment) = &state.payment_webhook {
+            hooks = hooks
+                .route(webhook::PATH, post(webhook::receive))
+                .route_layer(
+                    idempotency
+                        .clone()
+                        .with_methods([Method::POST])
+                        .with_webhook(payment.secret.webhook()),
+                );
+        }
         orders = orders.route_layer(idempotency);
     }
     let api = orders
@@ -142,7 +180,13 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
         .route("/healthz", get(api::healthz))
         .route("/metrics", get(api::render_metrics))
         .merge(crate::demo::routes())
+        .merge(hooks)
         .merge(api)
         .layer(ProblemStyleLayer::new(style))
+        // Outermost, outside the idempotency layer (PROTOCOL §1): each answer,
+        // first run or replay, is encoded for the request in hand by its
+        // Accept-Encoding (gzip, br, zstd, or identity), and the record keeps
+        // the one representation every retry can read.
+        .layer(tower_http::compression::CompressionLayer::new())
         .with_state(Arc::new(state))
 }

@@ -56,10 +56,21 @@ pub struct Order {
     /// Incremented by every change: what a conditional write compares, so the
     /// check and the write are one `UPDATE … WHERE version = ?`.
     pub version: i64,
+    /// When the payment gateway confirmed the charge (Unix milliseconds), by
+    /// its webhook (`POST /webhooks/payments`, [`webhook`](super::webhook));
+    /// absent until then, and always without a payment webhook.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payment_confirmed_at: Option<i64>,
+    /// The id of the gateway's event that confirmed it (its `webhook-id`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payment_event_id: Option<String>,
 }
 
 /// An order's status once cancelled.
 pub const CANCELLED: &str = "cancelled";
+
+/// An order's status when created (stored only after its charge succeeded).
+pub const PAID: &str = "paid";
 
 impl Order {
     /// The JSON representation every answer about this order sends.
@@ -71,6 +82,23 @@ impl Order {
     /// Its strong `ETag`: the digest of the representation's canonical JSON.
     pub fn etag(&self) -> idemgate::conditional::EntityTag {
         idemgate::conditional::EntityTag::of_json(&self.representation())
+    }
+
+    /// The order as its create answered it: its fixed fields, and the state
+    /// every order is created in (the orders insert writes `paid`, version 1,
+    /// no note, no address, no payment confirmation yet). A run of the creating operation after a crash
+    /// answers this, whatever edits came since (PROTOCOL §17: the journal
+    /// comes first).
+    pub fn as_created(self) -> Self {
+        Self {
+            status: PAID.to_owned(),
+            note: None,
+            shipping_address: None,
+            version: 1,
+            payment_confirmed_at: None,
+            payment_event_id: None,
+            ..self
+        }
     }
 
     /// The mutable part, as it stands.
@@ -326,6 +354,8 @@ mod tests {
             note: Some("ring twice".to_owned()),
             shipping_address: Some(serde_json::json!({"city": "Kazan", "line1": "Kremlin 1"})),
             version: 1,
+            payment_confirmed_at: None,
+            payment_event_id: None,
         }
     }
 

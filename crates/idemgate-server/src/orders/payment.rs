@@ -1,10 +1,13 @@
 //! The payment gateway client: `POST {gateway}/charges`, or a simulated gateway
-//! in-process.
+//! in-process (which, with a payment webhook, also confirms each charge to
+//! `POST /webhooks/payments`: [`webhook`](super::webhook)).
 
 use std::time::Duration;
 
 use serde::Serialize;
 use uuid::Uuid;
+
+use crate::orders::webhook::{Confirmations, PaymentData};
 
 /// What the service asks the gateway to charge.
 #[derive(Debug, Clone, Serialize)]
@@ -56,6 +59,9 @@ pub enum PaymentGateway {
     Simulated {
         /// How long each charge takes.
         delay: Duration,
+        /// With a payment webhook: confirms each approved charge to
+        /// `POST /webhooks/payments`, as a real gateway would.
+        confirmations: Option<Confirmations>,
     },
 }
 
@@ -83,12 +89,24 @@ impl PaymentGateway {
         idempotency_key: Option<&str>,
     ) -> ChargeOutcome {
         let (client, url) = match self {
-            Self::Simulated { delay } => {
+            Self::Simulated {
+                delay,
+                confirmations,
+            } => {
                 if !delay.is_zero() {
                     tokio::time::sleep(*delay).await;
                 }
+                let charge_id = format!("sim_{}", request.order_ref.simple());
+                if let Some(confirmations) = confirmations {
+                    confirmations.confirm(PaymentData {
+                        order_ref: request.order_ref,
+                        charge_id: Some(charge_id.clone()),
+                        amount: request.amount,
+                        currency: request.currency.clone(),
+                    });
+                }
                 return ChargeOutcome::Approved {
-                    charge_id: Some(format!("sim_{}", request.order_ref.simple())),
+                    charge_id: Some(charge_id),
                 };
             }
             Self::Http {

@@ -11,7 +11,7 @@ use reqwest::{Method, StatusCode};
 use tokio::sync::Barrier;
 
 use crate::support::client::{Answer, Client, ORDER, new_key};
-use crate::support::server::{Options, Server, postgres_url, sqlite_url};
+use crate::support::server::{Options, Server, postgres_url, redis_url, sqlite_url};
 
 const MERGE_PATCH: (&str, &str) = ("content-type", "application/merge-patch+json");
 
@@ -337,4 +337,122 @@ async fn lost_edit_response_is_replayed_not_refused_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_edit_response_is_replayed_not_refused_on_postgres() {
     lost_edit_is_replayed_not_refused(&Server::start(Options::new(&postgres_url())).await).await;
+}
+
+/// Issue 32, finding 5, in one process: an edit writes, then its answer is
+/// lost after the write (the test-only `IDEMGATE_TEST_FAULT_AFTER_EDIT=fail`
+/// answers a retryable 503 once the edit has committed, as a lost commit
+/// acknowledgement would), so the layer releases the record and the retry runs
+/// the operation again with its now stale `If-Match`. It answers the edit's
+/// original 200 — the order as that edit left it, its `ETag` — not a 412; the
+/// order changed once. The same for a cancellation. With the memory store (whose
+/// records a `kill -9` forgets: this is its way to the question), Redis, and
+/// both orders databases.
+async fn released_edit_answers_its_first_run(options: Options) {
+    let server = Server::start(options.env("IDEMGATE_TEST_FAULT_AFTER_EDIT", "fail")).await;
+    let client = Client::new();
+    let (url, created) = place_order(&server, &client).await;
+    let tag = etag(&created);
+    let key = new_key();
+    let body = r#"{"note":"once","shipping_address":{"city":"Kazan"}}"#;
+    let failed = patch(&client, &url, Some(&key), Some(&tag), body).await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE, "{failed:?}");
+    let edited = client.get(&url).await;
+    assert_eq!(
+        edited.json()["version"],
+        2,
+        "the edit committed before the 503"
+    );
+    let retry = patch(&client, &url, Some(&key), Some(&tag), body).await;
+    assert_eq!(
+        retry.status,
+        StatusCode::OK,
+        "the first run's 200, not a 412: {retry:?}"
+    );
+    assert_eq!(retry.body, edited.body, "the order as the edit left it");
+    assert_eq!(etag(&retry), etag(&edited));
+    assert_eq!(retry.json()["note"], "once");
+    // Completed now: a third try replays it.
+    let replay = patch(&client, &url, Some(&key), Some(&tag), body).await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, edited.body);
+    // A new edit on top, then a cancellation that fails after its write: the
+    // retry answers the cancelled order once more, though the order has moved on
+    // since neither; each changed the order once.
+    let second = patch(
+        &client,
+        &url,
+        Some(&new_key()),
+        Some(&etag(&edited)),
+        r#"{"note":"twice"}"#,
+    )
+    .await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE, "{second:?}");
+    let now = client.get(&url).await;
+    assert_eq!(now.json()["version"], 3);
+    let cancel_key = new_key();
+    let cancel = |tag: String| {
+        let (client, url, key) = (client.clone(), url.clone(), cancel_key.clone());
+        async move {
+            client
+                .send(
+                    Method::DELETE,
+                    &url,
+                    Some(&key),
+                    &[("if-match", tag.as_str())],
+                    None,
+                )
+                .await
+        }
+    };
+    let failed = cancel(etag(&now)).await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE, "{failed:?}");
+    let cancelled = client.get(&url).await;
+    assert_eq!(cancelled.json()["status"], "cancelled");
+    assert_eq!(cancelled.json()["version"], 4);
+    let retry = cancel(etag(&now)).await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert_eq!(retry.body, cancelled.body);
+    assert_eq!(etag(&retry), etag(&cancelled));
+    assert_eq!(
+        client.get(&url).await.json()["version"],
+        4,
+        "each write ran once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn released_edit_answers_its_first_run_with_memory_records_and_sqlite_orders() {
+    let (db, _dir) = sqlite_url();
+    released_edit_answers_its_first_run(Options::new(&db).store("memory")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn released_edit_answers_its_first_run_with_memory_records_and_postgres_orders() {
+    released_edit_answers_its_first_run(Options::new(&postgres_url()).store("memory")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn released_edit_answers_its_first_run_with_redis_records_and_postgres_orders() {
+    released_edit_answers_its_first_run(Options::new(&postgres_url()).store(&redis_url())).await;
+}
+
+/// A run of the earlier outcome test by the kill -9 harness lives in
+/// `tests/faults/edits.rs`; here, the test-only variable itself: an unknown
+/// value stops `serve` at startup (exit 2), naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_test_fault_stops_serve_at_startup() {
+    let (db, _dir) = sqlite_url();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--database", &db])
+        .env("IDEMGATE_TEST_FAULT_AFTER_EDIT", "sometimes")
+        .output()
+        .await
+        .expect("run idemgate");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("IDEMGATE_TEST_FAULT_AFTER_EDIT"),
+        "{stderr}"
+    );
 }

@@ -1,9 +1,13 @@
-//! A retry with a narrower `Accept-Encoding` than the first request gets a replay
+//! Compression on the wire (issue 36 item 5): every attempt of one keyed
+//! operation — the first run and each replay — gets the answer in a coding it
+//! accepts (gzip, br, zstd or identity), byte-identical once decoded, and a
+//! retry with a narrower `Accept-Encoding` than the first request gets a replay
 //! it can read (PROTOCOL §7, RFC 9110 §12.5.3), through `serve` and through the
 //! proxy, on every store (memory, SQLite, PostgreSQL, Redis). The proxy asks its
 //! upstream for identity on covered requests, so what it stores is the
 //! representation itself — here in front of an upstream that gzips whenever it
-//! may, as json-server does — and the upstream runs once.
+//! may, as json-server does — encodes it per attempt, and the upstream runs
+//! once; what it does not cover streams through as the upstream encoded it.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -57,6 +61,7 @@ async fn gzipping_upstream() -> (SocketAddr, Seen) {
             ("etag", format!("\"run-{run}\"")),
             ("x-order-ref", format!("ref-{run}")),
             ("x-request-id", format!("req-{run}")),
+            ("request-id", format!("req_stripe_{run}")),
             ("x-ratelimit-remaining", format!("{}", 100 - run)),
             ("server", "json-server".to_owned()),
             ("set-cookie", format!("session=run-{run}; HttpOnly")),
@@ -101,19 +106,91 @@ async fn post(url: &str, token: &str, key: &str, accept: &str) -> Answer {
     }
 }
 
-/// The body as the client reads it: gunzipped when it says gzip.
+/// The body as the client reads it: decoded by its `Content-Encoding`.
 fn readable(answer: &Answer) -> Vec<u8> {
-    match answer.headers.get(header::CONTENT_ENCODING) {
-        None => answer.body.to_vec(),
-        Some(coding) if coding == "gzip" => {
-            let mut plain = Vec::new();
-            flate2::read::GzDecoder::new(&answer.body[..])
-                .read_to_end(&mut plain)
-                .unwrap();
-            plain
-        }
+    let body = &answer.body[..];
+    let mut plain = Vec::new();
+    match answer
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap())
+    {
+        None => return body.to_vec(),
+        Some("gzip") => flate2::read::GzDecoder::new(body)
+            .read_to_end(&mut plain)
+            .map(drop),
+        Some("br") => brotli_decompressor::Decompressor::new(body, 4096)
+            .read_to_end(&mut plain)
+            .map(drop),
+        Some("zstd") => zstd::stream::read::Decoder::new(body)
+            .and_then(|mut d| d.read_to_end(&mut plain))
+            .map(drop),
         Some(other) => panic!("unexpected coding {other:?}"),
     }
+    .unwrap_or_else(|e| panic!("a body its Content-Encoding cannot decode: {e}"));
+    plain
+}
+
+/// Each `(Accept-Encoding, coding on the wire)` an attempt of one operation
+/// makes in turn: the first run accepts gzip, then retries that accept only
+/// identity, only br, only zstd, and gzip again.
+const ATTEMPTS: [(&str, Option<&str>); 5] = [
+    ("gzip", Some("gzip")),
+    ("identity", None),
+    ("br", Some("br")),
+    ("zstd", Some("zstd")),
+    ("gzip;q=1, identity;q=0.5", Some("gzip")),
+];
+
+/// Every attempt of one operation, each with its `Accept-Encoding`: all get
+/// the one representation, each in a coding it accepts; the first is the run,
+/// the rest replays. Returns the decoded body and the first answer.
+async fn every_coding(url: &str, token: &str, key: &str, what: &str) -> (Vec<u8>, Answer) {
+    let mut first: Option<(Vec<u8>, Answer)> = None;
+    for (accept, coding) in ATTEMPTS {
+        let answer = post(url, token, key, accept).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{what}: {answer:?}");
+        assert_eq!(
+            answer
+                .headers
+                .get(header::CONTENT_ENCODING)
+                .map(|v| v.to_str().unwrap()),
+            coding,
+            "{what}: Accept-Encoding {accept:?} gets {coding:?}: {:?}",
+            answer.headers
+        );
+        let plain = readable(&answer);
+        if coding.is_some() {
+            assert!(
+                answer.body.len() < plain.len(),
+                "{what}: {coding:?} on the wire: {} bytes for {}",
+                answer.body.len(),
+                plain.len()
+            );
+            assert_eq!(
+                answer
+                    .headers
+                    .get(header::VARY)
+                    .map(|v| v.to_str().unwrap()),
+                Some("accept-encoding"),
+                "{what}: {coding:?}: caches must key by Accept-Encoding"
+            );
+        }
+        match &first {
+            None => {
+                assert!(!answer.replayed(), "{what}: the first run: {answer:?}");
+                first = Some((plain, answer));
+            }
+            Some((body, _)) => {
+                assert!(answer.replayed(), "{what} ({accept}): {answer:?}");
+                assert_eq!(
+                    &plain, body,
+                    "{what}: {accept:?} decodes to the first run's bytes"
+                );
+            }
+        }
+    }
+    first.expect("attempts were made")
 }
 
 async fn through_the_proxy(store: &str) {
@@ -128,26 +205,29 @@ async fn through_the_proxy(store: &str) {
     let url = proxy.url("/v1/orders");
     let token = format!("token-{}", new_key());
     let key = new_key();
-    let first = post(&url, &token, &key, "gzip, deflate, br").await;
-    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let (plain, first) = every_coding(&url, &token, &key, store).await;
+    let json: serde_json::Value = serde_json::from_slice(&plain).unwrap();
+    assert_eq!(json["run"], 1);
+    // A narrower retry: identity only, after a first run that took gzip.
     let retry = post(&url, &token, &key, "identity").await;
     assert!(retry.replayed(), "{store}: {retry:?}");
-    assert!(
-        retry.headers.get(header::CONTENT_ENCODING).is_none(),
-        "{store}: a coding the retry does not accept: {:?}",
-        retry.headers
-    );
+    assert!(retry.headers.get(header::CONTENT_ENCODING).is_none());
     assert_eq!(
         retry.body.to_vec(),
-        readable(&first),
+        plain,
         "{store}: the same representation"
     );
-    let json: serde_json::Value = serde_json::from_slice(&retry.body).unwrap();
-    assert_eq!(json["run"], 1);
-    // Only what a replay needs (PROTOCOL §7): the outcome's headers and the
-    // one the operator added, the first response's values; no per-response
-    // header, and no session cookie.
-    for name in ["location", "etag", "x-order-ref", "content-type"] {
+    // Only what a replay needs (PROTOCOL §7): the outcome's headers, the
+    // original request's id and the one the operator added, the first
+    // response's values; no per-response header, and no session cookie.
+    for name in [
+        "location",
+        "etag",
+        "x-order-ref",
+        "content-type",
+        "request-id",
+        "x-request-id",
+    ] {
         assert_eq!(
             retry.headers.get(name),
             first.headers.get(name),
@@ -156,13 +236,10 @@ async fn through_the_proxy(store: &str) {
         );
     }
     assert_eq!(retry.headers["x-order-ref"], "ref-1", "{store}");
-    assert!(first.headers.contains_key("x-request-id"), "{first:?}");
-    for name in [
-        "x-request-id",
-        "x-ratelimit-remaining",
-        "server",
-        "set-cookie",
-    ] {
+    // The first answer's request ids, as Stripe replays them.
+    assert_eq!(retry.headers["request-id"], "req_stripe_1", "{store}");
+    assert_eq!(retry.headers["x-request-id"], "req-1", "{store}");
+    for name in ["x-ratelimit-remaining", "server", "set-cookie"] {
         assert!(
             !retry.headers.contains_key(name),
             "{store}: {name} is per response, not replayed: {:?}",
@@ -173,6 +250,30 @@ async fn through_the_proxy(store: &str) {
         *seen.0.lock().unwrap(),
         [Some("identity".to_owned())],
         "{store}: one execution, asked for identity"
+    );
+    // What the proxy does not cover streams through as the upstream encoded it
+    // for the client: gzip by the upstream itself, and no coding the proxy
+    // would add (br, which this upstream does not speak).
+    let http = reqwest::Client::new();
+    for (accept, coding) in [("gzip", Some("gzip")), ("br", None)] {
+        let get = http
+            .get(proxy.url("/v1/orders/1"))
+            .header("accept-encoding", accept)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            get.headers()
+                .get(header::CONTENT_ENCODING)
+                .map(|v| v.to_str().unwrap()),
+            coding,
+            "{store}: an uncovered GET accepting {accept}"
+        );
+    }
+    assert_eq!(
+        seen.0.lock().unwrap()[1..],
+        [Some("gzip".to_owned()), Some("br".to_owned())],
+        "{store}: uncovered, the client's own Accept-Encoding"
     );
     // Stored small: the store keeps the body compressed (the one codec of
     // idemgate_core::compression), and the replay above was the whole JSON.
@@ -225,19 +326,26 @@ async fn a_narrower_retry_reads_the_proxys_replay_redis() {
     through_the_proxy(&redis_url()).await;
 }
 
-/// `serve`: the orders handler answers identity and the replay is identity,
-/// whatever either request accepted.
+/// `serve`: the orders handler answers identity, the idempotency layer keeps
+/// that, and the compression outside it encodes each attempt — the first run
+/// and every replay — by the attempt's own `Accept-Encoding`.
 async fn through_serve(database: &str, store: &str) {
     let server = Server::start(Options::new(database).store(store)).await;
     let url = server.url("/api/v1/orders");
     let token = format!("token-{}", new_key());
     let key = new_key();
-    let first = post(&url, &token, &key, "gzip, br").await;
-    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
-    let retry = post(&url, &token, &key, "identity").await;
-    assert!(retry.replayed(), "{store}: {retry:?}");
-    assert!(retry.headers.get(header::CONTENT_ENCODING).is_none());
-    assert_eq!(retry.body, first.body, "{store}");
+    let what = format!("serve on {store}");
+    let (plain, _) = every_coding(&url, &token, &key, &what).await;
+    let order: serde_json::Value = serde_json::from_slice(&plain).unwrap();
+    assert!(order["order_id"].is_number(), "{what}: {order}");
+    // One order for the six attempts.
+    let listed = post(&url, &token, &new_key(), "identity").await;
+    assert_eq!(listed.status, StatusCode::CREATED);
+    let orders = crate::support::client::Client::new()
+        .with_token(&token)
+        .orders(&server.url(""))
+        .await;
+    assert_eq!(orders.len(), 2, "{what}: one order per key: {orders:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,7 +3,9 @@
 //! `idemgate serve` processes, after traffic of every outcome and every failure
 //! the alerts are for: store errors and 503s (the Redis store is killed), a fenced
 //! completion and a lease takeover (a holder frozen past its lease), an operation
-//! in flight longer than its lease with a 409 beside it, 422s and 400s.
+//! in flight longer than its lease with a 409 beside it, 422s and 400s, and on
+//! the proxy forged webhook deliveries and a delivery id reused with another
+//! payload.
 //!
 //! Every panel query (read from the dashboard JSON) must return a finite sample
 //! and every alert expression (read back from Prometheus, which loaded the rule
@@ -21,6 +23,7 @@ use serde_json::Value;
 use crate::support::client::{Client, ORDER, new_key};
 use crate::support::proxy::{Proxy, ProxyOptions, Upstream};
 use crate::support::server::{Options, Server, TempDir, send_signal, sqlite_url};
+use crate::support::webhooks::{Delivery, deliver, sign};
 use idemgate_testkit::free_port;
 
 /// The scrape and rule evaluation interval of the test Prometheus.
@@ -287,13 +290,19 @@ async fn dashboard_and_alerts_work_against_a_real_prometheus() {
     let upstream = Upstream::start().await;
     let routes = TempDir::new("idemgate-monitoring-routes");
     let route_file = routes.path().join("routes.toml");
+    // And a webhook route, for the webhook alerts.
+    let webhook_secret = format!("whsec_{}", uuid::Uuid::new_v4().simple());
     std::fs::write(
         &route_file,
-        "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\nrequire_key = true\n",
+        "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\nrequire_key = true\n\n[[route]]\nmethod = \"POST\"\npath = \"/hooks/stripe\"\nwebhook = { provider = \"stripe\", secret = \"env:WH_MONITORING\" }\n",
     )
     .unwrap();
-    let proxy =
-        Proxy::start(ProxyOptions::new(upstream.url()).arg("--config", route_file.display())).await;
+    let proxy = Proxy::start(
+        ProxyOptions::new(upstream.url())
+            .arg("--config", route_file.display())
+            .env("WH_MONITORING", &webhook_secret),
+    )
+    .await;
     let targets = [a.addr, b.addr, c.addr, proxy.admin];
     let prometheus = Prometheus::start(&targets).await;
     // Every counter of every target is at zero in a first scrape before any
@@ -372,6 +381,27 @@ async fn dashboard_and_alerts_work_against_a_real_prometheus() {
     let _ = held.await.unwrap();
     assert_eq!(scraped(&a, "idemgate_fenced_completions_total").await, 1.0);
 
+    // The proxy's webhook route: a burst of forged deliveries (401) and a
+    // delivery id seen again with another, validly signed, payload (422).
+    let reused = Delivery::new("stripe", &webhook_secret);
+    let mut deliveries = vec![reused.clone(), reused.with_other_payload()];
+    deliveries.extend((0..12).map(|_| Delivery::new("stripe", "whsec_forged")));
+    let signed = sign(&deliveries).await;
+    assert_eq!(
+        deliver(&proxy, &signed[0]).await.status,
+        StatusCode::CREATED
+    );
+    let changed = deliver(&proxy, &signed[1]).await;
+    assert_eq!(
+        changed.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{changed:?}"
+    );
+    for forged in &signed[2..] {
+        let refused = deliver(&proxy, forged).await;
+        assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{refused:?}");
+    }
+
     // The store goes away: A fails closed, 503.
     redis.stop();
     for _ in 0..5 {
@@ -403,6 +433,12 @@ async fn dashboard_and_alerts_work_against_a_real_prometheus() {
         .await;
     prometheus
         .wait_for("sum(idemgate_fenced_completions_total)", 1.0)
+        .await;
+    prometheus
+        .wait_for(
+            r#"sum(idemgate_webhooks_total{outcome="bad_signature"})"#,
+            12.0,
+        )
         .await;
     prometheus
         .wait_for("max(idemgate_oldest_in_flight_seconds)", 2.0)

@@ -95,9 +95,31 @@ async fn a_put_under_a_client_id_charges_once_and_is_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn after_the_records_ttl_the_order_table_still_knows_the_id() {
-    let gateway = MockGateway::start().await;
     let (db, _dir) = sqlite_url();
-    let mut options = Options::new(&db).gateway(gateway.url());
+    order_table_after_ttl(Options::new(&db)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_the_records_ttl_the_order_table_still_knows_the_id_on_postgres() {
+    order_table_after_ttl(Options::new(&postgres_url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_the_records_ttl_the_order_table_still_knows_the_id_with_redis_records() {
+    let (db, _dir) = sqlite_url();
+    order_table_after_ttl(Options::new(&db).store(&redis_url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_the_records_ttl_the_order_table_still_knows_the_id_with_memory_records() {
+    let (db, _dir) = sqlite_url();
+    order_table_after_ttl(Options::new(&db).store("memory")).await;
+}
+
+/// A PUT's record expires; its order does not: the id still answers.
+async fn order_table_after_ttl(options: Options) {
+    let gateway = MockGateway::start().await;
+    let mut options = options.gateway(gateway.url());
     options.ttl_seconds = 2;
     options.lease_seconds = 1;
     let server = Server::start(options).await;

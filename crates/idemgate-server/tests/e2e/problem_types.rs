@@ -1,9 +1,15 @@
 //! Problem types the operator owns: `--problem-type-base` and `--problem-link`
 //! (and their variables) on `serve` and `proxy`, for the layer's own problems,
-//! the handler's stored ones (and their replays, byte for byte) and the ones
-//! answered outside the layer; a bad base stops the start.
+//! the handler's stored ones (and their replays, byte for byte), the ones
+//! answered outside the layer and the listener's own refusals; a bad base stops
+//! the start.
+
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::support::client::{Client, ORDER, new_key};
 use crate::support::gateway::{Fault, MockGateway};
@@ -110,6 +116,61 @@ async fn the_proxy_takes_the_same_flags() {
     assert_eq!(reused.problem_type(), format!("{BASE}key-reused"));
     assert_eq!(reused.headers["link"], link("key-reused").as_str());
     assert_eq!(upstream.executions(), 1);
+}
+
+/// A keyed `POST` whose body never comes, answered by the listener (`408
+/// body-timeout`) once the body-read timeout passes: what was read to the close.
+async fn slow_body(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: idemgate\r\nauthorization: Bearer slow-body\r\n\
+         content-type: application/json\r\nidempotency-key: {}\r\ncontent-length: 100\r\n\r\n{{",
+        new_key()
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    let mut received = Vec::new();
+    // The 408 is followed by a close; a reset after it ends the read too.
+    let _ = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut received))
+        .await
+        .expect("the connection was closed after the body timeout");
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+/// The listener's 408 under `BASE`: status, content type and `type`.
+fn assert_body_timeout_under_the_base(answer: &str) {
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{head}"
+    );
+    let problem: serde_json::Value = serde_json::from_str(body).expect("problem+json");
+    assert_eq!(problem["type"], format!("{BASE}body-timeout"), "{body}");
+    assert_eq!(problem["status"], 408);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_listeners_own_refusals_carry_the_operators_base_on_serve_and_proxy() {
+    let (db, _dir) = sqlite_url();
+    let server = Server::start(
+        Options::new(&db)
+            .arg("--problem-type-base", BASE)
+            .arg("--body-read-timeout-ms", 500),
+    )
+    .await;
+    assert_body_timeout_under_the_base(&slow_body(server.addr, "/api/v1/orders").await);
+
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(
+        ProxyOptions::new(upstream.url())
+            .store("memory")
+            .env("IDEMGATE_PROBLEM_TYPE_BASE", BASE)
+            .arg("--body-read-timeout-ms", 500),
+    )
+    .await;
+    assert_body_timeout_under_the_base(&slow_body(proxy.addr, "/v1/charges").await);
+    assert_eq!(upstream.executions(), 0, "nothing ran");
 }
 
 #[test]

@@ -148,6 +148,77 @@ async fn two_proxies_on_one_redis_run_64_racers_upstream_once() {
     race(&[&a, &b], &upstream, 64).await;
 }
 
+/// With the default settings, a duplicate sent to instance `b` while instance `a`
+/// runs the operation waits, and is woken by `a`'s completion through the shared
+/// store's notification: it returns the replay well before the layer's 1 s
+/// recheck could have found it (the upstream's 1.6 s run ends ~0.55 s before the
+/// second recheck), and the upstream runs once.
+async fn a_duplicate_on_another_instance_is_woken_by_the_completion(store: &str) {
+    let upstream = Upstream::start().await;
+    let a = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
+    let b = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
+    let client = Client::new();
+    // A first operation on each instance: the listeners are up before measuring.
+    for proxy in [&a, &b] {
+        let warm = client
+            .post(&proxy.url("/orders"), Some(&new_key()), ORDER)
+            .await;
+        assert_eq!(warm.status, StatusCode::CREATED, "{warm:?}");
+    }
+    upstream.set_delay(Duration::from_millis(1_600));
+    let key = new_key();
+    let first = {
+        let (client, key, url) = (client.clone(), key.clone(), a.url("/orders"));
+        tokio::spawn(async move {
+            let answer = client.post(&url, Some(&key), ORDER).await;
+            (answer, std::time::Instant::now())
+        })
+    };
+    let started = upstream.started();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while upstream.started() == started {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the upstream runs the first request");
+    let duplicate = client.post(&b.url("/orders"), Some(&key), ORDER).await;
+    let duplicate_done = std::time::Instant::now();
+    let (first, first_done) = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(
+        duplicate.status,
+        StatusCode::CREATED,
+        "waited: {duplicate:?}"
+    );
+    assert!(duplicate.replayed(), "{duplicate:?}");
+    assert_eq!(duplicate.body, first.body);
+    let late = duplicate_done.saturating_duration_since(first_done);
+    assert!(
+        late < Duration::from_millis(300),
+        "the duplicate on the other instance returned {late:?} after the first: \
+         woken by polling, not by the store's notification"
+    );
+    assert_eq!(
+        upstream.executions(),
+        3,
+        "two warm-ups and one run of the key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_on_another_instance_on_postgres_is_woken_by_listen_notify() {
+    a_duplicate_on_another_instance_is_woken_by_the_completion(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_on_another_instance_on_redis_is_woken_by_pub_sub() {
+    a_duplicate_on_another_instance_is_woken_by_the_completion(
+        &crate::support::server::redis_url(),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_refuses_a_changed_payload_without_forwarding_it() {
     let upstream = Upstream::start().await;
@@ -305,12 +376,18 @@ async fn proxy_passes_gets_and_keyless_posts_through_to_run_every_time() {
         assert!(!post.replayed());
     }
     assert_eq!(upstream.executions(), 4, "nothing covered, everything runs");
+    let seen = upstream.seen();
     assert!(
-        upstream
-            .seen()
+        seen[..2]
+            .iter()
+            .all(|seen| seen.headers["idempotency-key"] == key.as_str()),
+        "an uncovered GET keeps the key it carries, as sent"
+    );
+    assert!(
+        seen[2..]
             .iter()
             .all(|seen| !seen.headers.contains_key("idempotency-key")),
-        "no key to derive, and the client's is never forwarded"
+        "a keyless POST: no key to derive"
     );
     // Every public path is the upstream's, /healthz too; the admin has its own.
     let public = http.get(proxy.url("/healthz")).send().await.unwrap();
@@ -755,4 +832,110 @@ async fn a_sigterm_drains_the_in_flight_requests_of_every_worker() {
         assert!(retry.replayed(), "every record was completed: {retry:?}");
     }
     assert_eq!(upstream.executions(), REQUESTS, "nothing ran twice");
+}
+
+/// What 1,000 duplicates waiting on one running operation cost the proxy and its
+/// store (docs/benchmarks.md, "Waiting duplicates"): the proxy's resident memory
+/// and the store's connections and statements while they wait. A measurement,
+/// run by hand: `cargo test -p idemgate-server --test e2e -- --ignored
+/// thousand_waiting_duplicates --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement for docs/benchmarks.md, run by hand"]
+async fn thousand_waiting_duplicates() {
+    const WAITERS: usize = 1_000;
+    let rss = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let pg = sqlx::PgPool::connect(&postgres_url()).await.unwrap();
+    let pg_counts = || async {
+        let row: (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()), \
+             (SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+              WHERE datname = current_database())",
+        )
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+        row
+    };
+    let redis_addr = crate::support::server::redis_url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let redis_counts = || async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&redis_addr).await.unwrap();
+        stream.write_all(b"INFO\r\nQUIT\r\n").await.unwrap();
+        let mut info = String::new();
+        stream.read_to_string(&mut info).await.unwrap();
+        let field = |name: &str| -> i64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        (
+            field("connected_clients"),
+            field("total_commands_processed"),
+        )
+    };
+    for store in [
+        "memory",
+        &postgres_url(),
+        &crate::support::server::redis_url(),
+    ] {
+        let upstream = Upstream::start().await;
+        let proxy = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
+        let client = Client::with_timeout(Duration::from_secs(60));
+        let warm = client
+            .post(&proxy.url("/orders"), Some(&new_key()), ORDER)
+            .await;
+        assert_eq!(warm.status, StatusCode::CREATED);
+        upstream.set_delay(Duration::from_secs(6));
+        let key = new_key();
+        let first = {
+            let (client, key, url) = (client.clone(), key.clone(), proxy.url("/orders"));
+            tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
+        };
+        while upstream.started() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let before_rss = rss(proxy.pid());
+        let (pg0, redis0) = (pg_counts().await, redis_counts().await);
+        let waiters: Vec<_> = (0..WAITERS)
+            .map(|_| {
+                let (client, key, url) = (client.clone(), key.clone(), proxy.url("/orders"));
+                tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
+            })
+            .collect();
+        // Let every waiter arrive and wait 3 s.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let during_rss = rss(proxy.pid());
+        let (pg1, redis1) = (pg_counts().await, redis_counts().await);
+        let first = first.await.unwrap();
+        let mut replayed = 0;
+        for waiter in waiters {
+            let answer = waiter.await.unwrap();
+            assert_eq!(answer.body, first.body, "{answer:?}");
+            replayed += usize::from(answer.replayed());
+        }
+        println!(
+            "{store}: {replayed} of {WAITERS} replayed; proxy RSS {before_rss} KiB -> {during_rss} KiB \
+             (+{} B per waiter); over 4 s of waiting: PostgreSQL backends {} -> {}, transactions +{}; \
+             Redis clients {} -> {}, commands +{}; upstream runs {}",
+            (during_rss.saturating_sub(before_rss) * 1024) / WAITERS as u64,
+            pg0.0,
+            pg1.0,
+            pg1.1 - pg0.1,
+            redis0.0,
+            redis1.0,
+            redis1.1 - redis0.1,
+            upstream.executions(),
+        );
+        assert_eq!(upstream.executions(), 2);
+    }
 }

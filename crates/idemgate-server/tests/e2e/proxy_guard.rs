@@ -9,31 +9,17 @@
 
 use std::time::{Duration, Instant};
 
+use idemgate_testkit::guard_cases::{self, assert_no_lookalike_arrived, with_lookalikes};
 use idemgate_testkit::raw_client::{RawClient, RawRequest, RawResponse};
 use idemgate_testkit::upstreams::{Seen, TestUpstream, UpstreamKind, websocket_accept};
 
 use crate::support::proxy::{Proxy, ProxyOptions};
 use crate::support::server::TempDir;
 
-/// The routes every test runs behind: payments require a key, webhooks are a
-/// disabled prefix, profiles' `PUT` is covered and requires a key, and the
-/// upstream's stalling paths get a releasing `PATCH` route.
-const ROUTES: &str = r#"
-[[route]]
-method = "POST"
-path = "/payments"
-require_key = true
-
-[[route]]
-method = "POST"
-path = "/webhooks/*"
-enabled = false
-
-[[route]]
-method = "PUT"
-path = "/profiles/{id}"
-require_key = true
-
+/// The upstream's stalling paths' releasing `PATCH` route, after the guard
+/// suites' shared routes (`guard_cases::ROUTES`: payments and profiles' `PUT`
+/// require a key, webhooks are a disabled prefix).
+const STALL_ROUTE: &str = r#"
 [[route]]
 method = "PATCH"
 path = "/stall"
@@ -56,13 +42,14 @@ struct Guarded {
 /// speed bound: the flags under test are below one second.
 const FALLBACK_BOUND: Duration = Duration::from_secs(30);
 
-/// `idemgate proxy --principal header:x-user --config ROUTES FLAGS…` in front of
+/// `idemgate proxy --principal header:x-user --config ROUTES FLAGS…` (the shared
+/// routes and `STALL_ROUTE`) in front of
 /// a new upstream of `kind`.
 async fn guarded(kind: UpstreamKind, flags: &[(&str, &str)]) -> Guarded {
     let upstream = TestUpstream::start(kind).await;
     let dir = TempDir::new("idemgate-guard");
     let routes = dir.path().join("routes.toml");
-    std::fs::write(&routes, ROUTES).unwrap();
+    std::fs::write(&routes, format!("{}\n{STALL_ROUTE}", guard_cases::ROUTES)).unwrap();
     let mut options = ProxyOptions::new(upstream.url())
         .arg("--principal", format!("header:{USER}"))
         .arg("--config", routes.display())
@@ -152,76 +139,16 @@ const KINDS: [UpstreamKind; 3] = [
 
 // --- 1. Path confusion ------------------------------------------------------------
 
-/// Spellings of `/payments`, plain and hostile.
-const PAYMENT_SPELLINGS: &[&str] = &[
-    "/payments",
-    "//payments",
-    "///payments",
-    "/payments/",
-    "/payments//",
-    "/./payments",
-    "/payments/.",
-    "/x/../payments",
-    "/webhooks/../payments",
-    "/webhooks/a/../../payments",
-    "/webhooks/%2e%2e/payments",
-    "/webhooks/.%2E/payments",
-    "/%2e/payments",
-    "/%70ayments",
-    "/%70%61%79%6d%65%6e%74%73",
-    "/PAYMENTS",
-    "/Payments",
-    "/payments;jsessionid=1",
-    "/payments;",
-    "/x/..;/payments",
-    "/x%2F..%2Fpayments",
-    "/x%2f..%2fpayments",
-    "/%2Fpayments",
-    "/x\\..\\payments",
-    "/pay\\ments",
-    "/payments%00",
-    "/payments%0d%0a",
-    "/payments%FF",
-    "/paymënts",
-    "/../payments",
-    "/payments?x=1",
-    "http://idemgate.test/payments",
-    "http://idemgate.test//x/../payments",
-    "http://other.example/./payments",
-];
-
-/// Sends every spelling keyless: each is refused (400) or passes as something
-/// the upstream does not run as a keyless `POST /payments`.
+/// Sends every spelling of `/payments` in the shared table (`guard_cases`)
+/// keyless: each is answered as the table says (refused, or passed as something
+/// the upstream does not run as a keyless `POST /payments`).
 async fn keyless_spellings_need_a_key(guarded: &Guarded) {
     let mut sent = Vec::new();
-    for spelling in PAYMENT_SPELLINGS {
-        let answer = guarded.send(&post(spelling, None)).await;
-        sent.push(format!(
-            "{spelling} → {} {:?}",
-            answer.status,
-            answer.problem()
-        ));
-        assert!(
-            answer.status == 400 || answer.status == 201,
-            "{spelling}: {} {}",
-            answer.status,
-            answer.text()
-        );
+    for spelling in guard_cases::payment_spellings() {
+        let answer = guarded.send(&post(spelling.target, None)).await;
+        sent.push(spelling.check(&answer));
     }
     guarded.assert_no_keyless_payment(&sent);
-    for matched in [
-        "//payments",
-        "/./payments",
-        "/webhooks/../payments",
-        "/%70ayments",
-    ] {
-        let answer = guarded.send(&post(matched, None)).await;
-        assert_eq!(
-            answer.problem().as_deref(),
-            Some("missing-key"),
-            "{matched} is the payments route"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,22 +204,11 @@ async fn one_key_never_runs_twice_under_two_spellings() {
     for kind in KINDS {
         let guarded = guarded(kind, &[("--case-insensitive-paths", "true")]).await;
         let key = key();
-        let first = guarded.send(&post("/orders", Some(&key))).await;
+        let first = guarded
+            .send(&post(guard_cases::first_order_spelling(), Some(&key)))
+            .await;
         assert_eq!(first.status, 201, "{kind:?}: {}", first.text());
-        for spelling in [
-            "/orders/",
-            "//orders",
-            "/./orders",
-            "/x/../orders",
-            "/webhooks/../orders",
-            "/%6Frders",
-            "/ORDERS",
-            "/Orders/",
-            "/orders/%2e",
-            "/orders;v=1",
-            "/x%2F..%2Forders",
-            "http://idemgate.test/x/../orders",
-        ] {
+        for spelling in guard_cases::order_spellings() {
             let answer = guarded.send(&post(spelling, Some(&key))).await;
             assert!(
                 answer.replayed() || answer.status == 422 || answer.status == 400,
@@ -603,38 +519,6 @@ async fn a_keyed_post_never_upgrades_and_a_101_is_never_stored() {
 
 // --- 5. Underscored headers --------------------------------------------------------
 
-fn with_lookalikes(request: RawRequest, raw_key: &str) -> RawRequest {
-    request
-        .header("Idempotency_Key", raw_key)
-        .header("IDEMPOTENCY_KEY", raw_key)
-        .header("X_User", "mallory")
-        .header("x_user", "mallory")
-        .header("X_Forwarded_For", "6.6.6.6")
-        .header("X_Forwarded_Host", "evil.example")
-        .header("X_Forwarded_Proto", "gopher")
-        .header("Authorization_", "x")
-        .header("X_Trace", "t-1")
-}
-
-fn assert_no_lookalike_arrived(seen: &Seen, raw_key: &str) {
-    for value in seen.headers_named("idempotency-key") {
-        assert_ne!(
-            value,
-            raw_key.as_bytes(),
-            "the raw key reached the upstream"
-        );
-    }
-    assert_eq!(seen.headers_named("x-user"), [b"alice".as_slice()]);
-    for name in ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"] {
-        for value in seen.headers_named(name) {
-            assert!(
-                !value.starts_with(b"6.6") && !value.starts_with(b"evil") && value != b"gopher",
-                "a forged {name}"
-            );
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn underscored_headers_follow_the_flag_and_never_shadow_ours() {
     for (value, trace_forwarded) in [("drop", false), ("forward", true)] {
@@ -654,7 +538,7 @@ async fn underscored_headers_follow_the_flag_and_never_shadow_ours() {
         let seen = guarded.upstream.seen();
         assert_eq!(seen.len(), 4);
         for request in &seen {
-            assert_no_lookalike_arrived(request, &raw_key);
+            assert_no_lookalike_arrived(request, &raw_key, (USER, "alice"));
             assert_eq!(
                 request.header("x-trace").is_some(),
                 trace_forwarded,
@@ -837,21 +721,9 @@ async fn client_framing_errors_are_400_never_502() {
             .header("Transfer-Encoding", "chunked")
             .body(body)
     };
-    for body in [
-        &b"zz\r\nhello\r\n0\r\n\r\n"[..],
-        b"5\r\nhelloXX0\r\n\r\n",
-        b"-1\r\nhello\r\n0\r\n\r\n",
-        b"5\r\nhello\r\nfffffffffffffffffff\r\n",
-    ] {
+    for body in guard_cases::bad_chunked_bodies() {
         for request in [chunked(None, body), chunked(Some(&key), body)] {
-            let answer = guarded.send(&request).await;
-            assert_eq!(
-                answer.status,
-                400,
-                "{:?}: {}",
-                String::from_utf8_lossy(body),
-                answer.text()
-            );
+            guard_cases::assert_framing_refused(body, &guarded.send(&request).await);
         }
     }
     for request in [

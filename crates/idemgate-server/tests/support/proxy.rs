@@ -40,7 +40,14 @@ struct UpstreamState {
     /// Gates the next executions wait on (after they are counted) before they
     /// answer; see [`Upstream::hold_next`].
     holds: Mutex<VecDeque<oneshot::Receiver<()>>>,
+    /// Event streams the next executions answer with; see
+    /// [`Upstream::stream_next`].
+    streams: Mutex<VecDeque<tokio::sync::mpsc::Receiver<StreamedEvent>>>,
 }
+
+/// One event of a streamed answer, or the stream breaking off (the upstream
+/// resets the connection).
+pub type StreamedEvent = Result<Bytes, std::io::Error>;
 
 /// Keeps one upstream execution from answering until [`Hold::release`] (or the
 /// drop of the handle, so a failing test never leaves the request hanging). A
@@ -124,6 +131,18 @@ impl Upstream {
     }
 }
 
+impl Upstream {
+    /// The next execution (after the ones already queued) answers `200
+    /// text/event-stream`, chunked, with what is sent on the returned channel:
+    /// each event as it is sent, the end when the sender drops, a reset on an
+    /// `Err`.
+    pub fn stream_next(&self) -> tokio::sync::mpsc::Sender<StreamedEvent> {
+        let (events, streamed) = tokio::sync::mpsc::channel(64);
+        self.state.streams.lock().unwrap().push_back(streamed);
+        events
+    }
+}
+
 async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> Response {
     state.started.fetch_add(1, Ordering::SeqCst);
     let (parts, body) = request.into_parts();
@@ -141,6 +160,21 @@ async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> R
     if let Some(held) = held {
         // Released or dropped: either way the execution answers.
         let _ = held.await;
+    }
+    let streamed = state.streams.lock().unwrap().pop_front();
+    if let Some(mut events) = streamed {
+        let body = axum::body::Body::from_stream(futures_util::stream::poll_fn(move |cx| {
+            events.poll_recv(cx)
+        }));
+        let mut response = (StatusCode::OK, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+        headers.insert("x-upstream-run", HeaderValue::from(run));
+        return response;
     }
     let delay = state.delay_ms.load(Ordering::SeqCst);
     if delay > 0 {

@@ -213,6 +213,8 @@ impl Server {
             "IDEMGATE_PROBLEM_SHAPE",
             "IDEMGATE_REPLAY_HEADERS",
             "IDEMGATE_REPLAY_SET_COOKIE",
+            "IDEMGATE_PAYMENT_WEBHOOK_SECRET",
+            "IDEMGATE_TEST_FAULT_IN_PAYMENT_WEBHOOK",
         ] {
             command.env_remove(variable);
         }

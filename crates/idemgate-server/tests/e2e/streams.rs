@@ -1,0 +1,271 @@
+//! Streamed answers through the real `idemgate proxy` (PROTOCOL §20), on every
+//! store: an upstream answering Server-Sent Events that the test releases one at
+//! a time, so "the client saw event 1 before event 2 existed" holds by
+//! construction; the retry's replay is byte-identical, and with `Last-Event-ID`
+//! starts after that event; a cut stream is never replayed as complete; the
+//! upstream ran once.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use bytes::Bytes;
+
+use crate::support::client::{Client, new_key};
+use crate::support::proxy::{Proxy, ProxyOptions, StreamedEvent, Upstream};
+use crate::support::server::{TempDir, postgres_url, redis_url};
+
+const COMPLETION: &str =
+    r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn event(n: usize) -> StreamedEvent {
+    Ok(Bytes::from(format!("id: {n}\ndata: {{\"token\":{n}}}\n\n")))
+}
+
+fn bytes_of(events: std::ops::RangeInclusive<usize>) -> Vec<u8> {
+    events.flat_map(|n| event(n).unwrap().to_vec()).collect()
+}
+
+/// A streaming client (reqwest, as an application's would be): the keyed POST
+/// as `client`, its head within 5 s.
+async fn open(proxy: &Proxy, client: &Client, key: &str) -> reqwest::Response {
+    let response = tokio::time::timeout(
+        Duration::from_secs(5),
+        reqwest::Client::new()
+            .post(proxy.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .bearer_auth(&client.token)
+            .body(COMPLETION)
+            .send(),
+    )
+    .await
+    .expect("the head arrives while the stream is still produced")
+    .expect("the head");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    assert!(
+        response.headers().get("content-length").is_none(),
+        "a stream is not re-framed with a length"
+    );
+    response
+}
+
+/// Reads from `response` until `seen` ends with `expected`.
+async fn read_until(response: &mut reqwest::Response, seen: &mut Vec<u8>, expected: &[u8]) {
+    while !seen.ends_with(expected) {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), response.chunk())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "waited 5 s for {:?}; the proxy held back {:?}",
+                    String::from_utf8_lossy(expected),
+                    String::from_utf8_lossy(seen)
+                )
+            })
+            .expect("the stream goes on")
+            .expect("not ended before the expected bytes");
+        seen.extend_from_slice(&chunk);
+    }
+}
+
+async fn streams_through_and_replays(store: &str) {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
+    let key = new_key();
+    let events = upstream.stream_next();
+    events.send(event(1)).await.unwrap();
+    let client = Client::new();
+    let mut response = open(&proxy, &client, &key).await;
+    let mut seen = Vec::new();
+    // (a) The first event, while the upstream has not produced the second.
+    read_until(&mut response, &mut seen, &event(1).unwrap()).await;
+    // (b) A retry mid-stream (the client's connection dropped, say) joins it on
+    // this instance: from its first byte, then live.
+    let mut joined = open(&proxy, &client, &key).await;
+    assert_eq!(joined.headers()["idempotent-replayed"], "true");
+    let mut joined_seen = Vec::new();
+    read_until(&mut joined, &mut joined_seen, &event(1).unwrap()).await;
+    for n in 2..=5 {
+        events.send(event(n)).await.unwrap();
+        read_until(&mut response, &mut seen, &event(n).unwrap()).await;
+        read_until(&mut joined, &mut joined_seen, &event(n).unwrap()).await;
+    }
+    drop(events);
+    for (who, response) in [("first", &mut response), ("joined", &mut joined)] {
+        let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+            .await
+            .expect("the end within 10 s");
+        assert!(
+            matches!(end, Ok(None)),
+            "{who}: a clean end once the upstream ended: {end:?}"
+        );
+    }
+    assert_eq!(seen, bytes_of(1..=5));
+    assert_eq!(joined_seen, seen, "the joined stream is byte-identical");
+
+    // (c) After the end: the same bytes, replayed; (f) the upstream ran once.
+    let retry = client
+        .post(&proxy.url("/v1/chat/completions"), Some(&key), COMPLETION)
+        .await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.headers["content-type"], "text/event-stream");
+    assert_eq!(
+        retry.body, seen,
+        "byte-identical to the first client's stream"
+    );
+
+    // (d) An SSE client reconnecting with `Last-Event-ID: 3`: events 4 and 5.
+    let resumed = client
+        .send(
+            reqwest::Method::POST,
+            &proxy.url("/v1/chat/completions"),
+            Some(&key),
+            &[("content-type", "application/json"), ("last-event-id", "3")],
+            Some(COMPLETION),
+        )
+        .await;
+    assert_eq!(resumed.status, StatusCode::OK, "{resumed:?}");
+    assert!(resumed.replayed());
+    assert_eq!(resumed.body, bytes_of(4..=5));
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn a_cut_stream_is_never_complete(store: &str) {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
+    let key = new_key();
+    let events = upstream.stream_next();
+    events.send(event(1)).await.unwrap();
+    let client = Client::new();
+    let mut response = open(&proxy, &client, &key).await;
+    let mut seen = Vec::new();
+    read_until(&mut response, &mut seen, &event(1).unwrap()).await;
+    events.send(event(2)).await.unwrap();
+    read_until(&mut response, &mut seen, &event(2).unwrap()).await;
+    // (e) The upstream resets after half of the events.
+    events
+        .send(Err(std::io::Error::other("upstream reset")))
+        .await
+        .unwrap();
+    let cut = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match response.chunk().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the cut reaches the client within 10 s");
+    assert!(
+        cut.is_err(),
+        "the client sees the cut, never a clean end: {cut:?}"
+    );
+    let retry = client
+        .post(&proxy.url("/v1/chat/completions"), Some(&key), COMPLETION)
+        .await;
+    assert_ne!(
+        retry.status,
+        StatusCode::OK,
+        "the cut stream is not replayed as a success: {retry:?}"
+    );
+    assert!(
+        !retry.body.starts_with(&bytes_of(1..=2)),
+        "the cut prefix is never replayed"
+    );
+    assert_eq!(upstream.executions(), 1, "kept failed: not run again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flows_through_and_replays_on_sqlite() {
+    let dir = TempDir::new("idemgate-streams");
+    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
+    streams_through_and_replays(&store).await;
+    a_cut_stream_is_never_complete(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flows_through_and_replays_on_postgres() {
+    streams_through_and_replays(&postgres_url()).await;
+    a_cut_stream_is_never_complete(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flows_through_and_replays_on_redis() {
+    streams_through_and_replays(&redis_url()).await;
+    a_cut_stream_is_never_complete(&redis_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flows_through_and_replays_on_memory() {
+    streams_through_and_replays("memory").await;
+    a_cut_stream_is_never_complete("memory").await;
+}
+
+/// The proxy's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("VmHWM in kB");
+    kib * 1024
+}
+
+/// A 1 GiB stream through the proxy: it flows whole, the proxy's memory stays
+/// bounded (the kept part stops at the stored-response limit, at most 16 frames
+/// wait for the client), and the record is "not retained" — never a truncated
+/// replay, never a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gibibyte_stream_flows_in_bounded_memory() {
+    const CHUNK: usize = 64 * 1024;
+    const CHUNKS: usize = 16 * 1024; // 1 GiB
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let before = peak_rss(proxy.pid());
+    let key = new_key();
+    let events = upstream.stream_next();
+    let producer = tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'x'; CHUNK]);
+        for _ in 0..CHUNKS {
+            if events.send(Ok(chunk.clone())).await.is_err() {
+                return;
+            }
+        }
+    });
+    let client = Client::new();
+    let mut response = open(&proxy, &client, &key).await;
+    let mut received = 0_usize;
+    let read = tokio::time::timeout(Duration::from_secs(240), async {
+        while let Some(chunk) = response.chunk().await.expect("the stream goes on") {
+            received += chunk.len();
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "1 GiB within 240 s; got {received} bytes");
+    producer.await.unwrap();
+    assert_eq!(received, CHUNK * CHUNKS, "every byte flows");
+    let peak = peak_rss(proxy.pid());
+    eprintln!(
+        "1 GiB streamed: the proxy's peak RSS {} MiB ({} MiB before)",
+        peak >> 20,
+        before >> 20
+    );
+    assert!(
+        peak < 128 << 20,
+        "the proxy's peak RSS is {} MiB (from {} MiB before the stream)",
+        peak >> 20,
+        before >> 20
+    );
+    let retry = client
+        .post(&proxy.url("/v1/chat/completions"), Some(&key), COMPLETION)
+        .await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.headers["idempotency-response"], "not-retained");
+    assert!(retry.body.is_empty());
+    assert_eq!(upstream.executions(), 1);
+}
