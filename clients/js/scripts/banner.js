@@ -1,6 +1,7 @@
-// The banner `npm run embed` puts at the top of each generated module it copies
-// into crates/idemgate-server/src/demo/idemgate-client/, and that
-// test/embedded.test.ts expects there.
+// What `npm run embed` writes for each built module it copies into
+// crates/idemgate-server/src/demo/idemgate-client/, and test/embedded.test.ts
+// expects there: a banner, then the module without its source map comment (the
+// server serves the modules, not their maps or the TypeScript they point at).
 
 /**
  * The banner of the embedded copy of `dist/<file>`.
@@ -15,4 +16,14 @@ export function banner(file) {
     "// `idemgate serve` embeds it for the checkout page. clients/js's `npm test`\n" +
     "// (test/embedded.test.ts) fails while it differs from a fresh build.\n"
   );
+}
+
+/**
+ * The embedded copy of the built `dist/<file>` whose text is `built`.
+ * @param {string} file a built module's name, e.g. `client.js`
+ * @param {string} built its text
+ * @returns {string}
+ */
+export function embedded(file, built) {
+  return banner(file) + built.replace(/\n\/\/# sourceMappingURL=[^\n]*\n?$/, "\n");
 }

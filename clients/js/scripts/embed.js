@@ -8,7 +8,7 @@ import { mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "nod
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { banner } from "./banner.js";
+import { embedded as copy } from "./banner.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const dist = resolve(here, "..", "dist");
@@ -17,6 +17,6 @@ const embedded = resolve(here, "..", "..", "..", "crates", "idemgate-server", "s
 mkdirSync(embedded, { recursive: true });
 for (const stale of readdirSync(embedded)) rmSync(join(embedded, stale));
 for (const file of readdirSync(dist).filter((name) => name.endsWith(".js")).sort()) {
-  writeFileSync(join(embedded, file), banner(file) + readFileSync(join(dist, file), "utf8"));
+  writeFileSync(join(embedded, file), copy(file, readFileSync(join(dist, file), "utf8")));
   console.log(`embedded ${file}`);
 }

@@ -202,7 +202,7 @@ export class Client {
         throw new TransportError(outcome.error, attempts.mayHaveRun, attempts.made);
       }
       if (outcome.status >= 400) {
-        throw errorFromAnswer(outcome, attempts);
+        throw errorFromAnswer(outcome, attempts.mayHaveRun, attempts.made);
       }
       return new Reply(outcome.status, outcome.statusText, outcome.headers, outcome.body, attempts.made);
     }
@@ -311,25 +311,26 @@ function isStream(body: BodyInit): boolean {
   return typeof ReadableStream !== "undefined" && body instanceof ReadableStream;
 }
 
-/** The error for a final, unsuccessful answer. */
-function errorFromAnswer(
-  answer: Extract<Outcome, { kind: "answer" }>,
-  attempts: Attempts,
+/**
+ * The error for a final, unsuccessful answer, after `attempts` attempts of which
+ * any `mayHaveRun`.
+ *
+ * @internal
+ */
+export function errorFromAnswer(
+  answer: { readonly status: number; readonly statusText: string; readonly headers: Headers; readonly body: Uint8Array },
+  mayHaveRun: boolean,
+  attempts: number,
 ): IdemgateError {
   const problem = readProblem(answer.status, answer.statusText, answer.headers, answer.body);
   const retryAfter = retryAfterMs(answer.headers);
   if (answer.status === 422 && isIdemgateProblem(problem, "key-reused")) {
-    return new KeyReusedError(problem, attempts.made);
+    return new KeyReusedError(problem, attempts);
   }
   if (answer.status === 409 && (isIdemgateProblem(problem, "in-progress") || retryAfter !== undefined)) {
-    return new InProgressError(problem, retryAfter, attempts.made);
+    return new InProgressError(problem, retryAfter, attempts);
   }
-  return new RejectedError(
-    problem,
-    isReplayed(answer.headers),
-    attempts.mayHaveRun || answer.status >= 500,
-    attempts.made,
-  );
+  return new RejectedError(problem, isReplayed(answer.headers), mayHaveRun || answer.status >= 500, attempts);
 }
 
 /** Waits `ms`, or rejects with the signal's reason when it fires first. */

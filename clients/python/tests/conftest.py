@@ -16,10 +16,13 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
+import anyio
 import httpx
 import pytest
+
+from idemgate_client import AsyncClient, Client, Operation, Response, RetryPolicy
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -186,7 +189,8 @@ class Server:
         """The orders of ``token``, straight from the server (not through the relay)."""
         response = httpx.get(self.url("/api/v1/orders"), headers={"authorization": f"Bearer {token}"})
         assert response.status_code == 200, response.text
-        return response.json()["orders"]
+        orders: list[dict[str, Any]] = response.json()["orders"]
+        return orders
 
     def stop(self) -> None:
         self.process.kill()
@@ -338,3 +342,43 @@ def make_setup(gateway: MockGateway) -> Iterator[Any]:
     for server, relay in started:
         relay.stop()
         server.stop()
+
+
+#: Short waits, so the suite stays fast; the rules are the defaults'.
+QUICK = RetryPolicy(min_backoff=0.02, max_backoff=0.2)
+
+Send = Callable[..., Response]
+
+
+@pytest.fixture(params=["sync", "async"])
+def send(request: pytest.FixtureRequest) -> Send:
+    """``send(setup, operation, policy=…, **request)`` through the relay, on a fresh
+    client of the parametrized kind."""
+
+    def sync(setup: Setup, operation: Operation | None, policy: RetryPolicy = QUICK, **options: Any) -> Response:
+        with Client(base_url=setup.relay.url(""), headers=setup.headers, policy=policy) as client:
+            return client.send(operation, options.pop("method", "POST"), "/api/v1/orders", **options)
+
+    def asynchronous(
+        setup: Setup, operation: Operation | None, policy: RetryPolicy = QUICK, **options: Any
+    ) -> Response:
+        async def run() -> Response:
+            async with AsyncClient(base_url=setup.relay.url(""), headers=setup.headers, policy=policy) as client:
+                return await client.send(operation, options.pop("method", "POST"), "/api/v1/orders", **options)
+
+        return anyio.run(run)
+
+    return sync if request.param == "sync" else asynchronous
+
+
+def policy_of(settings: dict[str, Any]) -> RetryPolicy:
+    """The retry-policy settings of the shared case files (``clients/retry-rules.json``,
+    ``clients/scenarios.json``: times in milliseconds) as a policy (times in
+    seconds), checked by ``RetryPolicy`` itself."""
+    changes: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name.endswith("_ms"):
+            changes[name[: -len("_ms")]] = value / 1000
+        else:
+            changes[name] = value
+    return RetryPolicy(**changes)

@@ -1,75 +1,32 @@
 """``Client`` and ``AsyncClient`` against the real ``idemgate serve`` binary, over
-real HTTP, through the fault relay: lost responses, in-flight duplicates, changed
-bodies, deadlines, a store outage's 503 — with the orders (from the server) and
-the charges (the counting mock gateway) asserted after each. Every test runs on
-both clients; httpx pools connections, so the relay counts requests."""
+real HTTP, through the fault relay: in-flight duplicates, changed bodies, resumed
+operations, a store outage's 503, a replayed 5xx, a cancelled task — with the
+orders (from the server) and the charges (the counting mock gateway) asserted
+after each. The scenarios one request and the relay's faults make are
+``clients/scenarios.json``'s (tests/test_scenarios.py). Every test runs on both
+clients; httpx pools connections, so the relay counts requests."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
 import time
-from typing import Any, Callable
 
 import anyio
 import httpx
 import pytest
 
-from conftest import ORDER, Setup
+from conftest import ORDER, QUICK, Send, Setup
 from idemgate_client import (
     AsyncClient,
-    AttemptReport,
     BodyNotReplayableError,
     Client,
     InProgressError,
     KeyReusedError,
     Operation,
     RejectedError,
-    Response,
-    RetryPolicy,
     TransportError,
 )
-
-#: Short waits, so the suite stays fast; the rules are the defaults'.
-QUICK = RetryPolicy(min_backoff=0.02, max_backoff=0.2)
-
-Send = Callable[..., Response]
-
-
-@pytest.fixture(params=["sync", "async"])
-def send(request: pytest.FixtureRequest) -> Send:
-    """``send(setup, operation, policy=…, **request)`` through the relay, on a fresh
-    client of the parametrized kind."""
-
-    def sync(setup: Setup, operation: Operation | None, policy: RetryPolicy = QUICK, **options: Any) -> Response:
-        with Client(base_url=setup.relay.url(""), headers=setup.headers, policy=policy) as client:
-            return client.send(operation, options.pop("method", "POST"), "/api/v1/orders", **options)
-
-    def asynchronous(
-        setup: Setup, operation: Operation | None, policy: RetryPolicy = QUICK, **options: Any
-    ) -> Response:
-        async def run() -> Response:
-            async with AsyncClient(base_url=setup.relay.url(""), headers=setup.headers, policy=policy) as client:
-                return await client.send(operation, options.pop("method", "POST"), "/api/v1/orders", **options)
-
-        return anyio.run(run)
-
-    return sync if request.param == "sync" else asynchronous
-
-
-def test_a_lost_response_is_retried_and_replayed_with_one_order_and_one_charge(make_setup, send: Send) -> None:
-    setup = make_setup()
-    setup.relay.fault_requests("lose-response")
-    response = send(setup, Operation(), json=ORDER)
-    assert response.status_code == 201
-    assert response.replayed, "the second attempt is the first's replay"
-    assert response.attempts == 2
-    assert setup.relay.stats()["requests"] == 2
-    orders = setup.orders()
-    assert len(orders) == 1, orders
-    assert response.json()["order_id"] == orders[0]["order_id"], "the replay names the first's order"
-    assert len(setup.gateway.calls) == 1
-    assert setup.gateway.distinct_charges == 1
 
 
 def test_a_duplicate_in_flight_waits_out_retry_after_and_gets_the_replay(make_setup, send: Send) -> None:
@@ -154,31 +111,6 @@ def test_zero_retries_is_one_attempt_and_the_operation_resumes_later(make_setup,
     assert setup.gateway.distinct_charges == 1
 
 
-def test_a_post_without_an_operation_is_sent_once_whatever_the_policy(make_setup, send: Send) -> None:
-    setup = make_setup()
-    setup.relay.fault_requests("lose-response", 3)
-    with pytest.raises(TransportError) as raised:
-        send(setup, None, policy=QUICK.replace(max_retries=10), json=ORDER)
-    assert raised.value.may_have_run
-    assert setup.relay.stats()["requests"] == 1, "no key, no retry"
-    assert len(setup.orders()) == 1, "it ran: a retry would have been a second order"
-    assert setup.gateway.distinct_charges == 1
-
-
-def test_the_deadline_bounds_all_attempts_and_waits(make_setup, send: Send) -> None:
-    setup = make_setup()
-    setup.relay.fault_requests("delay 3000", 20)
-    policy = QUICK.replace(attempt_timeout=0.3, deadline=1.0, max_retries=100)
-    with pytest.raises(TransportError) as raised:
-        send(setup, Operation(), policy=policy, json=ORDER)
-    assert raised.value.may_have_run
-    requests = setup.relay.stats()["requests"]
-    assert 2 <= requests <= 6, f"each attempt cut at 0.3 s, retried within the 1 s deadline: {requests}"
-    time.sleep(0.2)
-    assert len(setup.orders()) == 1, "every attempt reached the server, which ran one"
-    assert setup.gateway.distinct_charges == 1
-
-
 def test_a_503_from_a_locked_store_is_waited_out_then_retried(make_setup, send: Send) -> None:
     # Another process's write lock on the SQLite file: the claim outlasts the store
     # timeout, so the server answers 503 store-unavailable, Retry-After: 1, and runs nothing.
@@ -203,79 +135,12 @@ def test_a_503_from_a_locked_store_is_waited_out_then_retried(make_setup, send: 
     assert setup.gateway.distinct_charges == 1
 
 
-def test_a_refused_order_is_rejected_with_its_problem_and_not_retried(make_setup, send: Send) -> None:
-    setup = make_setup()
-    with pytest.raises(RejectedError) as raised:
-        send(setup, Operation(), json={"items": [], "currency": "RUB", "amount": 1500})
-    error = raised.value
-    assert error.status == 400
-    assert error.problem.type == "/problems/invalid-order"
-    assert error.problem.title and error.problem.detail
-    assert not error.replayed and not error.may_have_run
-    assert setup.relay.stats()["requests"] == 1
-    assert setup.gateway.calls == []
-
-
 def test_a_stream_body_is_refused_before_anything_is_sent(make_setup, send: Send) -> None:
     setup = make_setup()
     with pytest.raises(BodyNotReplayableError) as raised:
         send(setup, Operation(), content=iter([b'{"items":']), headers={"content-type": "application/json"})
     assert not raised.value.may_have_run
     assert setup.relay.stats()["connections"] == 0, "refused before the first attempt"
-
-
-def test_a_trickled_answer_is_cut_at_the_attempt_timeout_and_retried(make_setup, send: Send) -> None:
-    # One byte per 100 ms: each read is well inside any read timeout, and the whole
-    # answer (some 300 bytes) would take half a minute. Only a deadline over the
-    # whole attempt — head and body — cuts it, and then it is retried.
-    setup = make_setup()
-    setup.relay.fault_requests("trickle 100", 30)
-    policy = QUICK.replace(attempt_timeout=0.5, deadline=2.0, max_retries=100)
-    with pytest.raises(TransportError) as raised:
-        send(setup, Operation(), policy=policy, json=ORDER)
-    assert raised.value.may_have_run, "it was sent, and it ran"
-    requests = setup.relay.stats()["requests"]
-    assert 2 <= requests <= 8, f"each attempt cut at 0.5 s, retried within the 2 s deadline: {requests}"
-    assert len(setup.orders()) == 1, "every attempt reached the server, which ran one"
-    assert setup.gateway.distinct_charges == 1
-
-
-def test_a_reset_before_the_server_saw_the_request_is_retried_to_one_order(make_setup, send: Send) -> None:
-    setup = make_setup()
-    setup.relay.fault_requests("reset")
-    attempts: list[AttemptReport] = []
-    response = send(setup, Operation(), json=ORDER, on_attempt=attempts.append)
-    assert response.status_code == 201
-    assert not response.replayed, "the reset attempt never reached the server: the retry ran it"
-    assert [a.status for a in attempts] == [None, 201]
-    assert isinstance(attempts[0].error, httpx.TransportError)
-    assert setup.relay.stats()["requests"] == 2
-    assert len(setup.orders()) == 1
-    assert len(setup.gateway.calls) == 1
-
-
-def test_a_body_cut_off_halfway_is_a_lost_answer_retried_to_the_replay(make_setup, send: Send) -> None:
-    setup = make_setup()
-    setup.relay.fault_requests("cut-body")
-    response = send(setup, Operation(), json=ORDER)
-    assert response.status_code == 201
-    assert response.replayed, "the cut-off answer's order ran; the retry got its replay"
-    assert response.attempts == 2
-    assert setup.relay.stats()["requests"] == 2
-    assert len(setup.orders()) == 1
-    assert setup.gateway.distinct_charges == 1
-
-
-def test_a_gateway_failure_is_a_fresh_5xx_retried_to_one_order_and_one_charge(make_setup, send: Send) -> None:
-    setup = make_setup()
-    setup.gateway.failures.append(503)
-    statuses: list[int | None] = []
-    response = send(setup, Operation(), json=ORDER, on_attempt=lambda a: statuses.append(a.status))
-    assert response.status_code == 201
-    assert statuses == [502, 201], "the server's 502 (not a replay) was retried"
-    assert len(setup.orders()) == 1
-    assert len(setup.gateway.calls) == 2
-    assert setup.gateway.distinct_charges == 1, "both calls carried the operation's downstream key"
 
 
 def test_a_replayed_5xx_is_the_outcome_and_is_not_retried(failing_upstream_behind_proxy, send: Send) -> None:

@@ -58,6 +58,7 @@ class StripeUpstream:
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
+                self.send_header("request-id", f"req_{number}")
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -166,6 +167,9 @@ def test_a_reused_key_raises_the_sdks_idempotency_error(proxy: Proxy, upstream: 
     again = sdk.v1.charges.create(params={"amount": 1500, "currency": "usd"}, options={"idempotency_key": key})
     assert again.id == first.id, "the retry is the replay"
     assert again.last_response.headers.get("idempotent-replayed") == "true"
+    # The original request's id, as Stripe replays it.
+    assert first.last_response.request_id == "req_1"
+    assert again.last_response.request_id == "req_1"
     with pytest.raises(stripe.IdempotencyError) as raised:
         sdk.v1.charges.create(params={"amount": 1, "currency": "usd"}, options={"idempotency_key": key})
     assert raised.value.http_status == 400
@@ -220,19 +224,20 @@ def duplicate_of_a_slow_charge(proxy: Proxy) -> tuple[float, Any, str]:
 
 def test_an_sdk_that_retries_409_fast_gives_up_unless_the_proxy_waits(upstream: StripeUpstream) -> None:
     upstream.delay = 3.0
-    fast = Proxy(upstream.url, ["--problem-shape", "stripe"])
+    fast = Proxy(upstream.url, ["--problem-shape", "stripe", "--wait-ms", "0"])
     try:
         elapsed, outcome, _ = duplicate_of_a_slow_charge(fast)
-        print(f"without --wait-ms: the duplicate gave up after {elapsed:.2f} s: {outcome!r}")
+        print(f"with --wait-ms 0: the duplicate gave up after {elapsed:.2f} s: {outcome!r}")
         assert isinstance(outcome, stripe.StripeError), outcome
         assert outcome.http_status == 409
         assert outcome.json_body["error"]["type"] == "idempotency_error"
     finally:
         fast.stop()
-    waiting = Proxy(upstream.url, ["--problem-shape", "stripe", "--wait-ms", "5000"])
+    # The default: a duplicate in flight waits for the outcome.
+    waiting = Proxy(upstream.url, ["--problem-shape", "stripe"])
     try:
         elapsed, outcome, charge = duplicate_of_a_slow_charge(waiting)
-        print(f"with --wait-ms 5000: the duplicate got the charge after {elapsed:.2f} s")
+        print(f"waiting by default: the duplicate got the charge after {elapsed:.2f} s")
         assert not isinstance(outcome, Exception), outcome
         assert outcome.id == charge, "the waiting duplicate got the first request's charge"
         assert outcome.last_response.headers.get("idempotent-replayed") == "true"

@@ -10,7 +10,8 @@ use reqwest_middleware::ClientWithMiddleware;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::policy::{Attempts, is_replayed};
+use crate::answer::is_replayed;
+use crate::policy::Attempts;
 use crate::{Error, Operation, RetryPolicy};
 
 /// Sends requests, retrying the ones it safely can (see [`RetryPolicy`]).

@@ -165,7 +165,7 @@ impl Error {
         may_have_run: bool,
     ) -> Self {
         let problem = Problem::read(status, headers, body);
-        let retry_after = crate::policy::retry_after(headers);
+        let retry_after = crate::answer::retry_after(headers);
         if status == StatusCode::UNPROCESSABLE_ENTITY && problem.is_idemgate(KEY_REUSED) {
             Self::KeyReused { problem }
         } else if status == StatusCode::CONFLICT
@@ -177,64 +177,10 @@ impl Error {
             }
         } else {
             Self::Rejected {
-                replayed: crate::policy::is_replayed(headers),
+                replayed: crate::answer::is_replayed(headers),
                 may_have_run: may_have_run || status.is_server_error(),
                 problem,
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn problem_headers() -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert("content-type", "application/problem+json".parse().unwrap());
-        headers
-    }
-
-    #[test]
-    fn key_reused_is_recognised_by_its_type_not_its_text() {
-        let body = br#"{"type":"/problems/key-reused","title":"t","status":422,"detail":"d"}"#;
-        let error = Error::from_answer(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &problem_headers(),
-            body,
-            false,
-        );
-        assert!(matches!(error, Error::KeyReused { .. }), "{error:?}");
-        assert!(!error.may_have_run());
-        let other = br#"{"type":"https://example.com/validation","title":"Key reused"}"#;
-        let error = Error::from_answer(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &problem_headers(),
-            other,
-            false,
-        );
-        assert!(matches!(error, Error::Rejected { .. }), "{error:?}");
-    }
-
-    #[test]
-    fn a_plain_text_answer_is_about_blank() {
-        let problem = Problem::read(StatusCode::BAD_GATEWAY, &HeaderMap::new(), b"oops");
-        assert_eq!(problem.type_uri, "about:blank");
-        assert_eq!(problem.title.as_deref(), Some("Bad Gateway"));
-        assert_eq!(problem.detail, None);
-    }
-
-    #[test]
-    fn five_hundreds_and_in_progress_may_have_run_four_hundreds_not() {
-        let in_progress = br#"{"type":"/problems/in-progress"}"#;
-        let error =
-            Error::from_answer(StatusCode::CONFLICT, &problem_headers(), in_progress, false);
-        assert!(matches!(error, Error::StillInProgress { .. }) && error.may_have_run());
-        let error = Error::from_answer(StatusCode::BAD_GATEWAY, &problem_headers(), b"{}", false);
-        assert!(error.may_have_run());
-        let error = Error::from_answer(StatusCode::BAD_REQUEST, &problem_headers(), b"{}", false);
-        assert!(!error.may_have_run());
-        let error = Error::from_answer(StatusCode::UNAUTHORIZED, &problem_headers(), b"{}", true);
-        assert!(error.may_have_run(), "an earlier attempt's answer was lost");
     }
 }

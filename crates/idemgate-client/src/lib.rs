@@ -47,15 +47,24 @@
 //!
 //! # Features
 //!
-//! None. The crate uses `reqwest` without default features: plain HTTP/1, no TLS
-//! stack of its own. For HTTPS, build the `reqwest::Client` you pass in with a TLS
-//! feature of your own `reqwest` dependency.
+//! None for applications. The crate uses `reqwest` without default features: plain
+//! HTTP/1, no TLS stack of its own. For HTTPS, build the `reqwest::Client` you pass
+//! in with a TLS feature of your own `reqwest` dependency.
+//!
+//! `case-files` is for this repository's test suites: the module `case_files`
+//! reads the retry-policy settings of the shared case files
+//! (`clients/retry-rules.json`, `clients/scenarios.json`).
 
+mod answer;
+#[cfg(any(test, feature = "case-files"))]
+pub mod case_files;
 mod client;
 mod error;
 mod middleware;
 mod operation;
 mod policy;
+#[cfg(test)]
+mod retry_rules;
 
 pub use client::{Client, RequestBuilder, Response};
 pub use error::{Error, Problem};

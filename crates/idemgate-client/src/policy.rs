@@ -6,12 +6,12 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use http::header::RETRY_AFTER;
 use http::{HeaderMap, StatusCode};
 use idemgate_core::key::IDEMPOTENCY_KEY;
-use idemgate_core::wire::IDEMPOTENT_REPLAYED;
 use retry_policies::policies::ExponentialBackoff;
 use retry_policies::{Jitter, RetryDecision, RetryPolicy as _};
+
+use crate::answer::{is_replayed, retry_after};
 
 /// How many times, for what, and for how long an operation is retried.
 ///
@@ -133,6 +133,12 @@ impl RetryPolicy {
         self
     }
 
+    /// The backoff's bounds, `(min, max)`, as [`backoff`](Self::backoff) took them.
+    #[cfg(any(test, feature = "case-files"))]
+    pub(crate) fn backoff_bounds(&self) -> (Duration, Duration) {
+        (self.min_backoff, self.max_backoff)
+    }
+
     fn backoff_policy(&self) -> ExponentialBackoff {
         ExponentialBackoff::builder()
             .retry_bounds(self.min_backoff, self.max_backoff)
@@ -184,24 +190,11 @@ pub(crate) fn judge_error(error: &reqwest_middleware::Error) -> (Verdict, bool) 
     }
 }
 
-/// `Idempotent-Replayed: true`: the server's stored outcome, not a fresh run.
-pub(crate) fn is_replayed(headers: &HeaderMap) -> bool {
-    headers
-        .get(&IDEMPOTENT_REPLAYED)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
-}
-
-/// `Retry-After` in seconds (the form idemgate sends). An HTTP-date is not read:
-/// the retry then waits its backoff instead.
-pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds))
+/// Whether an answer with this status may come from a run of the operation: a
+/// `4xx` is a refusal made before running, except `409`, which says the first
+/// attempt runs.
+pub(crate) fn may_have_run(status: StatusCode) -> bool {
+    !status.is_client_error() || status == StatusCode::CONFLICT
 }
 
 /// The attempts of one request: counts them, keeps the deadline, waits between
@@ -266,9 +259,7 @@ impl Attempts {
         status: StatusCode,
         headers: &HeaderMap,
     ) -> bool {
-        if !status.is_client_error() || status == StatusCode::CONFLICT {
-            self.may_have_run = true;
-        }
+        self.may_have_run |= may_have_run(status);
         self.again(judge_response(status, headers)).await
     }
 
@@ -291,7 +282,7 @@ impl Attempts {
     }
 
     /// How long to wait before the next attempt, or `None` for no next attempt.
-    fn wait_for(&self, verdict: Verdict) -> Option<Duration> {
+    pub(crate) fn wait_for(&self, verdict: Verdict) -> Option<Duration> {
         let Verdict::Retry { after } = verdict else {
             return None;
         };
@@ -324,189 +315,11 @@ impl Attempts {
 
 #[cfg(test)]
 mod tests {
+    //! The rules shared with the other clients are the cases of
+    //! `clients/retry-rules.json`, run by `crate::retry_rules`; here only what is
+    //! this crate's own.
+
     use super::*;
-    use http::Method;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap()))
-            .collect()
-    }
-
-    #[test]
-    fn the_documented_response_rules() {
-        let none = HeaderMap::new();
-        let after_2 = headers(&[("retry-after", "2")]);
-        let replayed = headers(&[("idempotent-replayed", "true")]);
-        let cases = [
-            (
-                409,
-                &after_2,
-                Verdict::Retry {
-                    after: Some(Duration::from_secs(2)),
-                },
-            ),
-            (409, &none, Verdict::Final), // an application's own conflict
-            (
-                503,
-                &after_2,
-                Verdict::Retry {
-                    after: Some(Duration::from_secs(2)),
-                },
-            ),
-            (503, &none, Verdict::Retry { after: None }),
-            (500, &none, Verdict::Retry { after: None }),
-            (502, &none, Verdict::Retry { after: None }),
-            (502, &replayed, Verdict::Final),
-            (500, &replayed, Verdict::Final),
-            (422, &none, Verdict::Final),
-            (400, &none, Verdict::Final),
-            (401, &none, Verdict::Final),
-            (429, &after_2, Verdict::Final),
-            (201, &none, Verdict::Final),
-            (201, &replayed, Verdict::Final),
-        ];
-        for (status, headers, expected) in cases {
-            let status = StatusCode::from_u16(status).unwrap();
-            assert_eq!(
-                judge_response(status, headers),
-                expected,
-                "{status} {headers:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_only() {
-        assert_eq!(
-            retry_after(&headers(&[("retry-after", " 7 ")])),
-            Some(Duration::from_secs(7))
-        );
-        assert_eq!(
-            retry_after(&headers(&[(
-                "retry-after",
-                "Wed, 21 Oct 2015 07:28:00 GMT"
-            )])),
-            None
-        );
-        assert_eq!(retry_after(&headers(&[("retry-after", "-1")])), None);
-    }
-
-    fn request(method: Method, keyed: bool) -> reqwest::Request {
-        let mut request = reqwest::Request::new(method, "http://127.0.0.1:1/".parse().unwrap());
-        if keyed {
-            request
-                .headers_mut()
-                .insert(&IDEMPOTENCY_KEY, "k".parse().unwrap());
-        }
-        *request.body_mut() = Some("{}".into());
-        request
-    }
-
-    fn first_attempt(policy: &RetryPolicy, request: reqwest::Request) -> Attempts {
-        let mut attempts = Attempts::start(policy, &request).unwrap();
-        attempts.next(&mut Some(request));
-        attempts
-    }
-
-    const RETRY: Verdict = Verdict::Retry { after: None };
-
-    #[test]
-    fn zero_retries_means_one_attempt() {
-        let policy = RetryPolicy::default().max_retries(0);
-        let attempts = first_attempt(&policy, request(Method::POST, true));
-        assert_eq!(attempts.wait_for(RETRY), None);
-    }
-
-    #[test]
-    fn an_unkeyed_post_is_never_retried_but_a_keyed_one_and_a_get_are() {
-        let policy = RetryPolicy::default();
-        assert_eq!(
-            first_attempt(&policy, request(Method::POST, false)).wait_for(RETRY),
-            None
-        );
-        assert_eq!(
-            first_attempt(&policy, request(Method::PATCH, false)).wait_for(RETRY),
-            None
-        );
-        assert!(
-            first_attempt(&policy, request(Method::POST, true))
-                .wait_for(RETRY)
-                .is_some()
-        );
-        assert!(
-            first_attempt(&policy, request(Method::GET, false))
-                .wait_for(RETRY)
-                .is_some()
-        );
-    }
-
-    #[test]
-    fn backoff_is_bounded_by_full_jitter_and_retry_after_by_its_cap() {
-        let policy = RetryPolicy::default()
-            .backoff(Duration::from_millis(100), Duration::from_millis(400))
-            .max_retry_after(Duration::from_secs(3))
-            .max_retries(100);
-        let mut attempts = first_attempt(&policy, request(Method::POST, true));
-        for retry in 0..8u32 {
-            let bound =
-                Duration::from_millis(100 * 2u64.pow(retry)).min(Duration::from_millis(400));
-            let wait = attempts.wait_for(RETRY).unwrap();
-            assert!(wait <= bound, "retry {retry}: {wait:?} > {bound:?}");
-            attempts.made += 1;
-        }
-        let capped = attempts.wait_for(Verdict::Retry {
-            after: Some(Duration::from_secs(29)),
-        });
-        assert_eq!(capped, Some(Duration::from_secs(3)));
-    }
-
-    #[test]
-    fn full_jitter_spreads_the_waits_from_zero() {
-        let policy = RetryPolicy::default().backoff(Duration::from_secs(1), Duration::from_secs(1));
-        let attempts = first_attempt(&policy, request(Method::POST, true));
-        let waits: Vec<_> = (0..200)
-            .map(|_| attempts.wait_for(RETRY).unwrap())
-            .collect();
-        assert!(
-            waits.iter().any(|w| *w < Duration::from_millis(250)),
-            "{waits:?}"
-        );
-        assert!(
-            waits.iter().any(|w| *w > Duration::from_millis(750)),
-            "{waits:?}"
-        );
-    }
-
-    #[test]
-    fn no_wait_that_ends_past_the_deadline() {
-        let policy = RetryPolicy::default().deadline(Duration::from_secs(2));
-        let attempts = first_attempt(&policy, request(Method::POST, true));
-        assert_eq!(
-            attempts.wait_for(Verdict::Retry {
-                after: Some(Duration::from_secs(5))
-            }),
-            None
-        );
-        assert_eq!(
-            attempts.wait_for(Verdict::Retry {
-                after: Some(Duration::from_secs(1))
-            }),
-            Some(Duration::from_secs(1))
-        );
-    }
-
-    #[test]
-    fn each_attempt_gets_at_most_what_is_left_of_the_deadline() {
-        let policy = RetryPolicy::default()
-            .deadline(Duration::from_millis(300))
-            .attempt_timeout(Duration::from_secs(10));
-        let request = request(Method::POST, true);
-        let mut attempts = Attempts::start(&policy, &request).unwrap();
-        let sent = attempts.next(&mut Some(request));
-        assert!(sent.timeout().unwrap() <= &Duration::from_millis(300));
-    }
 
     #[test]
     fn a_stream_body_is_refused_before_any_attempt_when_it_could_be_retried() {
@@ -523,17 +336,17 @@ mod tests {
                 std::task::Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
             }
         }
-        let streaming = |method, keyed| {
-            let mut request = request(method, keyed);
+        let streaming = |keyed| {
+            let mut request = crate::retry_rules::request("POST", keyed);
             *request.body_mut() = Some(reqwest::Body::wrap(OneChunk(Some("{}".into()))));
             request
         };
         let policy = RetryPolicy::default();
         assert!(matches!(
-            Attempts::start(&policy, &streaming(Method::POST, true)),
+            Attempts::start(&policy, &streaming(true)),
             Err(crate::Error::BodyNotReplayable)
         ));
         // Sent once anyway, so nothing needs replaying.
-        assert!(Attempts::start(&policy, &streaming(Method::POST, false)).is_ok());
+        assert!(Attempts::start(&policy, &streaming(false)).is_ok());
     }
 }

@@ -133,22 +133,18 @@ def _judge(
     on_attempt: OnAttempt | None,
 ) -> float | None:
     """Notes an attempt's outcome; returns the wait before the next, or ``None``."""
+    status: int | None = None
+    replayed = False
+    error: Exception | None = None
     if isinstance(outcome, Exception):
         verdict: Verdict = attempts.failed(not isinstance(outcome, _NOT_CONNECTED))
+        error = outcome
     else:
         verdict = attempts.answered(outcome.status_code, outcome.headers)
+        status, replayed = outcome.status_code, is_replayed(outcome.headers)
     wait = attempts.wait_for(verdict)
     if on_attempt is not None:
-        answered = isinstance(outcome, httpx.Response)
-        on_attempt(
-            AttemptReport(
-                attempt=attempts.made,
-                status=outcome.status_code if answered else None,  # type: ignore[union-attr]
-                replayed=answered and is_replayed(outcome.headers),  # type: ignore[union-attr]
-                error=None if answered else outcome,  # type: ignore[arg-type]
-                retry_in=wait,
-            )
-        )
+        on_attempt(AttemptReport(attempt=attempts.made, status=status, replayed=replayed, error=error, retry_in=wait))
     return wait
 
 
@@ -157,23 +153,25 @@ def _finish(attempts: Attempts, outcome: httpx.Response | Exception) -> Response
     if isinstance(outcome, Exception):
         raise TransportError(may_have_run=attempts.may_have_run, attempts=attempts.made) from outcome
     if outcome.status_code >= 400:
-        raise _error_from_answer(outcome, attempts)
+        raise _error_from_answer(outcome, attempts.may_have_run, attempts.made)
     return Response(outcome, attempts.made)
 
 
-def _error_from_answer(response: httpx.Response, attempts: Attempts) -> IdemgateError:
+def _error_from_answer(response: httpx.Response, may_have_run: bool, attempts: int) -> IdemgateError:
+    """The error for a final, unsuccessful answer, after ``attempts`` attempts of
+    which any ``may_have_run``."""
     status = response.status_code
     problem = Problem.read(status, response.headers.get("content-type", ""), response.content)
     after = retry_after(response.headers)
     if status == 422 and problem.is_idemgate("key-reused"):
-        return KeyReusedError(problem, attempts.made)
+        return KeyReusedError(problem, attempts)
     if status == 409 and (problem.is_idemgate("in-progress") or after is not None):
-        return InProgressError(problem, after, attempts.made)
+        return InProgressError(problem, after, attempts)
     return RejectedError(
         problem,
         replayed=is_replayed(response.headers),
-        may_have_run=attempts.may_have_run or status >= 500,
-        attempts=attempts.made,
+        may_have_run=may_have_run or status >= 500,
+        attempts=attempts,
     )
 
 

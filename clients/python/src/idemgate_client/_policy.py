@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-_SECONDS = re.compile(r"^\d+$")
+#: delay-seconds (RFC 9110 §10.2.3): ASCII digits only, no sign, no fraction.
+_SECONDS = re.compile(r"[0-9]+")
 
 #: RFC 9110 §9.2.2: repeating these has the effect of one.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
@@ -64,9 +65,25 @@ class RetryPolicy:
         # A max_backoff below min_backoff is taken as min_backoff.
         object.__setattr__(self, "max_backoff", max(self.max_backoff, self.min_backoff))
 
-    def replace(self, **changes: float) -> RetryPolicy:
-        """This policy with some settings changed."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+    def replace(
+        self,
+        *,
+        max_retries: int | None = None,
+        min_backoff: float | None = None,
+        max_backoff: float | None = None,
+        max_retry_after: float | None = None,
+        deadline: float | None = None,
+        attempt_timeout: float | None = None,
+    ) -> RetryPolicy:
+        """This policy with the settings given changed (and checked again)."""
+        return RetryPolicy(
+            max_retries=self.max_retries if max_retries is None else max_retries,
+            min_backoff=self.min_backoff if min_backoff is None else min_backoff,
+            max_backoff=self.max_backoff if max_backoff is None else max_backoff,
+            max_retry_after=self.max_retry_after if max_retry_after is None else max_retry_after,
+            deadline=self.deadline if deadline is None else deadline,
+            attempt_timeout=self.attempt_timeout if attempt_timeout is None else attempt_timeout,
+        )
 
 
 @dataclass(frozen=True)
@@ -96,7 +113,7 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     """``Retry-After`` in seconds (the form idemgate sends). An HTTP-date is not
     read: the retry then waits its backoff instead."""
     value = (_header(headers, "retry-after") or "").strip()
-    return float(value) if _SECONDS.match(value) else None
+    return float(value) if _SECONDS.fullmatch(value) else None
 
 
 def judge_response(status: int, headers: Mapping[str, str]) -> Verdict:

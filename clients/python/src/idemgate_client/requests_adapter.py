@@ -27,16 +27,19 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 import urllib3.exceptions
 from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from ._deadline import Watchdog
 from ._errors import BodyNotReplayableError
+
+if TYPE_CHECKING:
+    # What urllib3's pools hand out (its own annotations name it so).
+    from urllib3._base_connection import BaseHTTPConnection
 from ._policy import Attempts, RetryPolicy
 
 __all__ = ["IdempotentAdapter"]
@@ -47,7 +50,7 @@ __all__ = ["IdempotentAdapter"]
 _current = threading.local()
 
 
-def _watch(conn: HTTPConnection) -> None:
+def _watch(conn: BaseHTTPConnection) -> None:
     watchdog = getattr(_current, "watchdog", None)
     if watchdog is not None:
         # `sock` is set once the connection is connected (now, or for a new one, soon).
@@ -55,14 +58,14 @@ def _watch(conn: HTTPConnection) -> None:
 
 
 class _WatchedHTTPPool(HTTPConnectionPool):
-    def _get_conn(self, timeout: float | None = None) -> Any:
+    def _get_conn(self, timeout: float | None = None) -> BaseHTTPConnection:
         conn = super()._get_conn(timeout)
         _watch(conn)
         return conn
 
 
 class _WatchedHTTPSPool(HTTPSConnectionPool):
-    def _get_conn(self, timeout: float | None = None) -> Any:
+    def _get_conn(self, timeout: float | None = None) -> BaseHTTPConnection:
         conn = super()._get_conn(timeout)
         _watch(conn)
         return conn
