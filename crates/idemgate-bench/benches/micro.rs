@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the hot path's pieces: key parsing, the canonical-JSON
 //! fingerprint, `MemoryStore` claim + complete, the record codec, and the layer
-//! itself in-process (no sockets, no database) against the same router without it.
+//! itself in-process (no sockets, no database) against the same router without it,
+//! and what encoding a replay for the client's `Accept-Encoding` costs.
 //!
 //! `cargo bench -p idemgate-bench --bench micro` (add `-- <filter>` for one group).
 
@@ -122,8 +123,10 @@ fn claim_request(n: u64) -> ClaimRequest {
             headers: &[],
             body: ORDER,
         }),
+        field_digests: None,
         lease: Duration::from_secs(30),
         ttl: Duration::from_secs(86_400),
+        route_template: None,
     }
 }
 
@@ -289,12 +292,72 @@ fn layer(c: &mut Criterion) {
     group.finish();
 }
 
+/// A replay of a 100 KiB JSON (the issue's example) and of a 1 KiB one, through
+/// the layer with the compression `serve` and the proxy put outside it, for a
+/// client that accepts each coding: the body read whole, so the encoding is in
+/// the time. Identity is the baseline; the difference is the CPU one compressed
+/// replay costs.
+fn compressed_replay(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("compressed-replay");
+    for size in [1024, 100 * 1024] {
+        let body = bytes::Bytes::from(json_body(size));
+        let handler = {
+            let body = body.clone();
+            move || {
+                let body = body.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], body) }
+            }
+        };
+        let app: Router = Router::new()
+            .route("/api/v1/orders", post(handler))
+            .route_layer(IdempotencyLayer::new(MemoryStore::new()))
+            .layer(tower_http::compression::CompressionLayer::new());
+        runtime
+            .block_on(app.clone().oneshot(request(Some("replayed"))))
+            .expect("first run");
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        for coding in ["identity", "gzip", "br", "zstd"] {
+            let replay = || {
+                let mut request = request(Some("replayed"));
+                request
+                    .headers_mut()
+                    .insert(header::ACCEPT_ENCODING, HeaderValue::from_static(coding));
+                let app = app.clone();
+                async move {
+                    let response = app.oneshot(request).await.expect("infallible");
+                    assert!(response.headers().contains_key("idempotent-replayed"));
+                    let wire = http_body_util::BodyExt::collect(response.into_body())
+                        .await
+                        .expect("the replay's body")
+                        .to_bytes();
+                    black_box(wire.len())
+                }
+            };
+            let on_wire = runtime.block_on(replay());
+            println!(
+                "compressed-replay/{coding}/{}KiB: {on_wire} bytes on the wire for {}",
+                size / 1024,
+                body.len()
+            );
+            group.bench_function(format!("{coding}/{}KiB", size / 1024), |b| {
+                b.to_async(&runtime).iter(replay)
+            });
+        }
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     key_parsing,
     fingerprint,
     memory_store,
     record_codec,
-    layer
+    layer,
+    compressed_replay
 );
 criterion_main!(benches);

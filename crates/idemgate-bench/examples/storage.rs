@@ -275,8 +275,10 @@ fn fresh_request() -> ClaimRequest {
                 .first_chunk()
                 .expect("32 bytes"),
         ),
+        field_digests: None,
         lease: Duration::from_secs(30),
         ttl: TTL,
+        route_template: None,
     }
 }
 

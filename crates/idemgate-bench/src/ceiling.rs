@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
 use crate::BoxError;
-use crate::server::StoreProcesses;
+use crate::store::StoreProcesses;
 
 /// One tool's measurement of a store's ceiling.
 #[derive(Debug, Clone, Serialize, Deserialize)]

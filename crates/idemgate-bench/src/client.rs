@@ -173,7 +173,18 @@ fn invalid(what: &str) -> io::Error {
 pub(crate) struct RequestTemplate {
     head: Vec<u8>,
     body: &'static [u8],
+    /// The header the key goes in (`Idempotency-Key: `, or a webhook's id).
+    key_header: &'static [u8],
 }
+
+/// The proxy suite's webhook route's secret (GitHub's scheme).
+pub(crate) const WEBHOOK_SECRET: &str = "idemgate-bench-webhook-secret";
+
+/// `X-Hub-Signature-256` of [`ORDER_BODY`] under [`WEBHOOK_SECRET`]: the body
+/// never changes, so neither does the signature (checked by a test with the
+/// layer's own verifier); each delivery differs by its `X-GitHub-Delivery`.
+pub(crate) const WEBHOOK_SIGNATURE: &str =
+    "sha256=70352c209f3facac647f5f209591202506c965b18bf0c05d6884ef1eedf79158";
 
 /// The README's order, the body of every request.
 pub(crate) const ORDER_BODY: &[u8] =
@@ -190,6 +201,22 @@ impl RequestTemplate {
         Self {
             head: head.into_bytes(),
             body: ORDER_BODY,
+            key_header: b"Idempotency-Key: ",
+        }
+    }
+
+    /// The same body as a GitHub webhook delivery, signed with
+    /// [`WEBHOOK_SECRET`]; the key goes in `X-GitHub-Delivery`.
+    pub(crate) fn webhook(addr: SocketAddr) -> Self {
+        let head = format!(
+            "POST /api/v1/orders HTTP/1.1\r\nHost: {addr}\r\nX-Hub-Signature-256: {WEBHOOK_SIGNATURE}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n",
+            ORDER_BODY.len()
+        );
+        Self {
+            head: head.into_bytes(),
+            body: ORDER_BODY,
+            key_header: b"X-GitHub-Delivery: ",
         }
     }
 
@@ -198,7 +225,7 @@ impl RequestTemplate {
         out.clear();
         out.extend_from_slice(&self.head);
         if let Some(key) = key {
-            out.extend_from_slice(b"Idempotency-Key: ");
+            out.extend_from_slice(self.key_header);
             out.extend_from_slice(key.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
@@ -212,6 +239,18 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
+
+    #[test]
+    fn the_webhook_signature_is_the_bodys() {
+        use idemgate::webhook::{Provider, Webhook};
+        let webhook = Webhook::new(Provider::Github, [WEBHOOK_SECRET]).unwrap();
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-hub-signature-256", WEBHOOK_SIGNATURE.parse().unwrap());
+        assert_eq!(
+            webhook.verify(&headers, ORDER_BODY, std::time::SystemTime::now()),
+            Ok(())
+        );
+    }
 
     #[tokio::test]
     async fn reads_length_and_chunked_responses_on_one_connection() {

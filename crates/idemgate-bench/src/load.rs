@@ -29,6 +29,10 @@ pub(crate) enum Scenario {
     /// 64 connections on 8 keys at a time (a new set every 100 ms): executions,
     /// 409s and replays, all expected.
     Contended,
+    /// A signed GitHub webhook delivery with a fresh `X-GitHub-Delivery` on
+    /// every request (the proxy suite's webhook route: verify, claim, forward,
+    /// complete). Not in [`Scenario::ALL`]: `serve` has no such route.
+    Webhook,
 }
 
 impl Scenario {
@@ -47,6 +51,7 @@ impl Scenario {
             Self::NewKey => "new-key",
             Self::Replay => "replay",
             Self::Contended => "contended",
+            Self::Webhook => "webhook",
         }
     }
 
@@ -57,7 +62,9 @@ impl Scenario {
     /// Whether a reply is what this scenario expects.
     fn expects(self, reply: Reply) -> bool {
         match self {
-            Self::Bare | Self::NoKey | Self::NewKey => reply.status == 201 && !reply.replayed,
+            Self::Bare | Self::NoKey | Self::NewKey | Self::Webhook => {
+                reply.status == 201 && !reply.replayed
+            }
             Self::Replay => reply.status == 201 && reply.replayed,
             Self::Contended => reply.status == 201 || reply.status == 409,
         }
@@ -183,7 +190,10 @@ pub(crate) async fn run(
         measure_from: started + plan.warmup,
         until: started + plan.warmup + plan.measure,
     });
-    let template = Rc::new(RequestTemplate::orders(addr, &plan.principal));
+    let template = Rc::new(match plan.scenario {
+        Scenario::Webhook => RequestTemplate::webhook(addr),
+        _ => RequestTemplate::orders(addr, &plan.principal),
+    });
     let local = tokio::task::LocalSet::new();
     let mut handles = Vec::with_capacity(plan.connections);
     for index in 0..plan.connections {
@@ -261,7 +271,7 @@ async fn drive(
         }
         let key = match scenario {
             Scenario::Bare | Scenario::NoKey => None,
-            Scenario::NewKey => {
+            Scenario::NewKey | Scenario::Webhook => {
                 key.clear();
                 key.push_str(
                     uuid::Uuid::new_v4()

@@ -12,6 +12,12 @@
 //! cargo run --release -p idemgate-bench -- quick --stores memory   # seconds
 //! cargo run --release -p idemgate-bench -- full --write-docs       # docs/benchmarks.md
 //! ```
+//!
+//! This file holds the command line and what both suites share (setting up,
+//! saving the run, writing the docs' generated regions); the suites are
+//! [`service`] and [`proxy`], the processes they start [`server`], [`hops`] and
+//! [`store`] (with the PostgreSQL bench database), the figures [`report`] and
+//! their Markdown `report::markdown`.
 
 mod ceiling;
 mod chart;
@@ -22,16 +28,15 @@ mod machine;
 mod proxy;
 mod report;
 mod server;
+mod service;
+mod store;
 
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
-use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::load::{LoadPlan, Scenario};
-use crate::report::{Report, RunRecord, Settings, StoreKind};
-use crate::server::{ServerProcess, StoreProcesses};
+use crate::report::{Report, Settings, StoreKind};
+use crate::store::{BENCH_DATABASE, database_url, drop_database, drop_redis_journal, redis_pid};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -148,6 +153,16 @@ struct Args {
     #[arg(long, value_name = "N")]
     replay_cache_entries: Option<usize>,
 
+    /// The server's `--audit` (the journal, docs/audit.md): `on` or `off`;
+    /// unset, the server's default (on for SQL stores and Redis, off for
+    /// memory). Both suites (the server, every proxy case). Run once with each
+    /// to measure what the journal costs. The journal outlives the records;
+    /// the bench deletes what it wrote (Redis's `idemgate:{idemgate:audit}*`
+    /// keys before and after the run, the PostgreSQL bench database, the SQLite
+    /// files).
+    #[arg(long, value_name = "off|on", value_parser = ["off", "on"])]
+    audit: Option<String>,
+
     /// Write the report into docs/benchmarks.md (between its markers) and the
     /// chart to docs/benchmarks.svg.
     #[arg(long)]
@@ -200,7 +215,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     if args.suite == Suite::Proxy {
         let report = match &args.from_json {
             Some(path) => serde_json::from_slice::<proxy::ProxyReport>(&std::fs::read(path)?)?,
-            None => measure_proxy(&args, &root).await?,
+            None => proxy::suite(&args, &root).await?,
         };
         let markdown = report.markdown();
         println!("{markdown}");
@@ -216,7 +231,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     }
     let report = match &args.from_json {
         Some(path) => serde_json::from_slice::<Report>(&std::fs::read(path)?)?,
-        None => measure(&args, &root).await?,
+        None => service::suite(&args, &root).await?,
     };
     let chart_name = "benchmarks.svg";
     let markdown = report.markdown(Some(chart_name));
@@ -314,6 +329,11 @@ async fn prepare(
             return Err(format!("scripts/services.sh {which} failed: {status}").into());
         }
     }
+    if stores.contains(&StoreKind::Redis) {
+        // Every run starts from an empty journal, whatever an earlier run that
+        // did not finish left.
+        drop_redis_journal(&args.redis_url).await?;
+    }
     let binary = match &args.server {
         Some(path) => path.clone(),
         None => server::build_server(root).await?,
@@ -333,6 +353,7 @@ async fn prepare(
         },
         ttl: args.ttl,
         replay_cache_entries: args.replay_cache_entries,
+        audit: args.audit.clone(),
     };
     let machine = machine::describe(&args.postgres_url, &args.redis_url, &scratch);
     Ok(Prepared {
@@ -363,6 +384,15 @@ async fn finish(
     if stores.contains(&StoreKind::Postgres) {
         let _ = drop_database(context).await;
     }
+    if stores.contains(&StoreKind::Redis) {
+        match drop_redis_journal(&context.redis).await {
+            Ok(keys) => eprintln!("[bench] deleted the Redis journal's {keys} keys"),
+            Err(err) => eprintln!(
+                "[bench] could not delete the Redis journal ({err}): delete \
+                 idemgate:{{idemgate:audit}}* by hand before the test suite reads it"
+            ),
+        }
+    }
     let _ = std::fs::remove_dir_all(&context.scratch);
     let saved = root.join("target").join("idemgate-bench");
     std::fs::create_dir_all(&saved)?;
@@ -373,204 +403,6 @@ async fn finish(
         path.display()
     );
     Ok(())
-}
-
-/// The proxy suite, from setup to the saved report.
-async fn measure_proxy(args: &Args, root: &Path) -> Result<proxy::ProxyReport, BoxError> {
-    let prepared = prepare(args, root, Some("nginx")).await?;
-    let report = proxy::ProxyReport {
-        machine: prepared.machine,
-        command: command_line(),
-        settings: prepared.settings.clone(),
-        nginx: String::new(),
-        nginx_workers: 0,
-        runs: Vec::new(),
-        failures: Vec::new(),
-    };
-    let outcome = proxy::measure(
-        &prepared.context,
-        &prepared.stores,
-        &prepared.settings,
-        report,
-    )
-    .await;
-    let saved = match &outcome {
-        Ok(report) => {
-            finish(
-                &prepared.context,
-                &prepared.stores,
-                root,
-                "last-proxy-run.json",
-                report,
-            )
-            .await
-        }
-        Err(_) => Ok(()),
-    };
-    let report = outcome?;
-    saved?;
-    Ok(report)
-}
-
-/// The measurement: every store's rounds, then the ceilings.
-async fn measure(args: &Args, root: &Path) -> Result<Report, BoxError> {
-    let Prepared {
-        context,
-        machine,
-        settings,
-        stores,
-    } = prepare(args, root, None).await?;
-    let scenarios: Vec<Scenario> = args
-        .scenarios
-        .iter()
-        .map(|s| Scenario::parse(s).ok_or_else(|| format!("unknown scenario {s:?}")))
-        .filter(|s| !matches!(s, Ok(Scenario::Bare)))
-        .collect::<Result<_, _>>()?;
-    let rounds = settings.rounds;
-    let warmup = Duration::from_secs_f64(settings.warmup_s);
-    let measure = Duration::from_secs_f64(settings.measure_s);
-    let ceiling_s = settings.ceiling_s;
-    let mut report = Report {
-        machine,
-        command: command_line(),
-        settings,
-        runs: Vec::new(),
-        ceilings: Vec::new(),
-        failures: Vec::new(),
-    };
-    let outcome = async {
-        for store in &stores {
-            let mut seq = 0;
-            for round in 0..rounds {
-                let mut order = scenarios.clone();
-                let len = order.len();
-                if len > 0 {
-                    order.rotate_left(round % len);
-                }
-                // bare, s1, bare, s2, …, bare: every scenario run sits between two
-                // bare runs, and is divided by their mean.
-                let mut sequence = vec![Scenario::Bare];
-                for scenario in order {
-                    sequence.extend([scenario, Scenario::Bare]);
-                }
-                for scenario in sequence {
-                    seq += 1;
-                    let connections = if scenario == Scenario::Contended {
-                        args.contended_connections
-                    } else {
-                        args.connections
-                    };
-                    let plan = LoadPlan {
-                        scenario,
-                        connections,
-                        warmup,
-                        measure,
-                        principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
-                    };
-                    match one_run(&context, *store, round, &plan).await {
-                        Ok(mut record) => {
-                            record.seq = seq;
-                            eprintln!(
-                                "[bench] {:>8} {:>9} round {round}: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms, CPU {:.0} µs/req (store {}, client {:.0}), RSS {:.1} MiB, errors {}",
-                                store.name(),
-                                scenario.name(),
-                                record.rps,
-                                record.load.p50_us as f64 / 1000.0,
-                                record.load.p99_us as f64 / 1000.0,
-                                record.cpu_us_per_req,
-                                record
-                                    .store_cpu_us_per_req
-                                    .map_or("-".to_owned(), |c| format!("{c:.0}")),
-                                record.client_cpu_us_per_req,
-                                record.peak_rss_kib as f64 / 1024.0,
-                                record.load.error_count()
-                            );
-                            report.runs.push(record);
-                        }
-                        Err(error) => {
-                            let failure = format!(
-                                "{} {} round {round}: {error}",
-                                store.name(),
-                                scenario.name()
-                            );
-                            eprintln!("[bench] FAILED {failure}");
-                            report.failures.push(failure);
-                        }
-                    }
-                }
-            }
-            if ceiling_s > 0 {
-                let duration = Duration::from_secs(ceiling_s);
-                let measured = match store {
-                    StoreKind::Redis => {
-                        let redis = context
-                            .redis_pid
-                            .map_or(StoreProcesses::None, StoreProcesses::Pid);
-                        Some(ceiling::redis(&context.redis, args.connections, duration, &redis).await)
-                    }
-                    StoreKind::Postgres => Some(postgres_ceiling(&context, args.connections, duration).await),
-                    StoreKind::Memory | StoreKind::Sqlite => None,
-                };
-                match measured {
-                    Some(Ok(c)) => {
-                        eprintln!(
-                            "[bench] {} ceiling: {:.0} {}/s",
-                            c.store, c.ops_per_sec, c.operation
-                        );
-                        report.ceilings.push(c);
-                    }
-                    Some(Err(error)) => {
-                        let failure = format!("{} ceiling: {error}", store.name());
-                        eprintln!("[bench] FAILED {failure}");
-                        report.failures.push(failure);
-                    }
-                    None => {}
-                }
-            }
-        }
-        Ok::<_, BoxError>(())
-    }
-    .await;
-    if outcome.is_err() {
-        if stores.contains(&StoreKind::Postgres) {
-            let _ = drop_database(&context).await;
-        }
-        let _ = std::fs::remove_dir_all(&context.scratch);
-    }
-    outcome?;
-    finish(&context, &stores, root, "last-run.json", &report).await?;
-    Ok(report)
-}
-
-const BENCH_DATABASE: &str = "idemgate_bench";
-
-/// The Redis server's pid, when it runs on this machine and says so.
-async fn redis_pid(url: &str) -> Option<u32> {
-    let out = tokio::process::Command::new("redis-cli")
-        .args(["-u", url, "INFO", "server"])
-        .output()
-        .await
-        .ok()?;
-    let pid = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|line| line.strip_prefix("process_id:"))?
-        .trim()
-        .parse()
-        .ok()?;
-    std::path::Path::new(&format!("/proc/{pid}"))
-        .exists()
-        .then_some(pid)
-}
-
-/// `url` with its database replaced by `database`.
-fn database_url(url: &str, database: &str) -> Result<String, BoxError> {
-    let (scheme, rest) = url.split_once("://").ok_or("a postgres:// URL")?;
-    let (authority, tail) = rest.split_once('/').unwrap_or((rest, ""));
-    let query = tail
-        .split_once('?')
-        .map(|(_, q)| format!("?{q}"))
-        .unwrap_or_default();
-    Ok(format!("{scheme}://{authority}/{database}{query}"))
 }
 
 /// What every run needs.
@@ -584,203 +416,13 @@ struct Context {
     redis_pid: Option<u32>,
     ttl: u64,
     replay_cache_entries: Option<usize>,
-}
-
-async fn psql(url: &str, sql: &str) -> Result<(), BoxError> {
-    let out = tokio::process::Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql])
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!("psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(())
-}
-
-async fn drop_database(context: &Context) -> Result<(), BoxError> {
-    psql(
-        &context.postgres_admin,
-        &format!("DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)"),
-    )
-    .await
-}
-
-/// A fresh, empty bench database.
-async fn fresh_database(context: &Context) -> Result<(), BoxError> {
-    drop_database(context).await?;
-    // FILE_COPY checkpoints at once: every run starts from the same WAL state
-    // instead of meeting a checkpoint at a random moment.
-    psql(
-        &context.postgres_admin,
-        &format!("CREATE DATABASE {BENCH_DATABASE} STRATEGY = FILE_COPY"),
-    )
-    .await
-}
-
-/// The server's flags for `store`, on fresh orders storage under `dir`.
-async fn server_args(
-    context: &Context,
-    store: StoreKind,
-    scenario: Scenario,
-    dir: &Path,
-) -> Result<Vec<String>, BoxError> {
-    let sqlite = format!("sqlite://{}", dir.join("orders.db").display());
-    let (database, records) = match store {
-        StoreKind::Memory => (sqlite, "memory".to_owned()),
-        StoreKind::Sqlite => (sqlite, "database".to_owned()),
-        StoreKind::Redis => (sqlite, context.redis.clone()),
-        StoreKind::Postgres => {
-            fresh_database(context).await?;
-            (context.postgres_bench.clone(), "database".to_owned())
-        }
-    };
-    let mut args = vec![
-        "--database".to_owned(),
-        database,
-        "--idempotency-store".to_owned(),
-        records,
-        "--ttl".to_owned(),
-        context.ttl.to_string(),
-    ];
-    if scenario == Scenario::Bare {
-        args.push("--no-idempotency".to_owned());
-    }
-    if let Some(entries) = context.replay_cache_entries {
-        args.extend(["--replay-cache-entries".to_owned(), entries.to_string()]);
-    }
-    Ok(args)
-}
-
-async fn one_run(
-    context: &Context,
-    store: StoreKind,
-    round: usize,
-    plan: &LoadPlan,
-) -> Result<RunRecord, BoxError> {
-    let dir = context
-        .scratch
-        .join(format!("{}-{}-{round}", store.name(), plan.scenario.name()));
-    std::fs::create_dir_all(&dir)?;
-    let args = server_args(context, store, plan.scenario, &dir).await?;
-    let store_processes = match (store, plan.scenario) {
-        (StoreKind::Memory | StoreKind::Sqlite, _) | (StoreKind::Redis, Scenario::Bare) => {
-            StoreProcesses::None
-        }
-        (StoreKind::Redis, _) => context
-            .redis_pid
-            .map_or(StoreProcesses::None, StoreProcesses::Pid),
-        (StoreKind::Postgres, _) => StoreProcesses::PostgresBackends(BENCH_DATABASE.to_owned()),
-    };
-    let server = ServerProcess::start(&context.binary, &args).await?;
-    let result = drive(&server, plan, &store_processes).await;
-    let peak_rss_kib = server.peak_rss_kib();
-    let warnings = server.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    let (load, cpu) = result?;
-    let good = load.good.max(1) as f64;
-    let per_request = |d: Duration| d.as_secs_f64() * 1e6 / good;
-    Ok(RunRecord {
-        store,
-        scenario: plan.scenario,
-        round,
-        seq: 0,
-        connections: plan.connections,
-        rps: load.good as f64 / load.seconds,
-        cpu_us_per_req: per_request(cpu.server),
-        store_cpu_us_per_req: cpu.store.map(per_request),
-        client_cpu_us_per_req: per_request(cpu.client),
-        peak_rss_kib: peak_rss_kib?,
-        load,
-        server_warnings: warnings,
-    })
-}
-
-/// CPU time spent in the measured window.
-struct WindowCpu {
-    server: Duration,
-    /// The store's own processes (Redis, PostgreSQL backends); `None` when the
-    /// store runs inside the server or the run uses no store.
-    store: Option<Duration>,
-    /// This load generator.
-    client: Duration,
-}
-
-/// Prepares the scenario's keys, runs the load, and samples the CPU time of the
-/// server, the store and this process at both ends of the measured window.
-async fn drive(
-    server: &ServerProcess,
-    plan: &LoadPlan,
-    store: &StoreProcesses,
-) -> Result<(load::LoadResult, WindowCpu), BoxError> {
-    let keys = if plan.scenario == Scenario::Replay {
-        let keys = load::replay_keys(&plan.principal);
-        load::precomplete(server.addr, &plan.principal, &keys).await?;
-        keys
-    } else {
-        vec!["unused".to_owned()]
-    };
-    let own_pid = std::process::id();
-    let mut samples = Vec::with_capacity(2);
-    let result = load::run(server.addr, plan, Rc::new(keys), || {
-        samples.push((
-            server.cpu_time(),
-            store.sample(),
-            server::process_cpu_time(own_pid),
-        ));
-    })
-    .await?;
-    let [start, end] = <[_; 2]>::try_from(samples).map_err(|_| "missing CPU samples")?;
-    let cpu = WindowCpu {
-        server: end.0?.saturating_sub(start.0?),
-        store: (!matches!(store, StoreProcesses::None))
-            .then(|| StoreProcesses::spent(&start.1, &end.1)),
-        client: end.2?.saturating_sub(start.2?),
-    };
-    Ok((result, cpu))
-}
-
-/// Migrates a fresh bench database with the store's own migration (by starting the
-/// server once), then runs pgbench on it.
-async fn postgres_ceiling(
-    context: &Context,
-    connections: usize,
-    duration: Duration,
-) -> Result<ceiling::Ceiling, BoxError> {
-    let dir = context.scratch.join("postgres-ceiling");
-    std::fs::create_dir_all(&dir)?;
-    let args = server_args(context, StoreKind::Postgres, Scenario::NewKey, &dir).await?;
-    let server = ServerProcess::start(&context.binary, &args).await?;
-    server.stop().await;
-    let backends = StoreProcesses::PostgresBackends(BENCH_DATABASE.to_owned());
-    ceiling::postgres(
-        &context.postgres_bench,
-        connections,
-        duration,
-        &dir,
-        &backends,
-    )
-    .await
+    /// The server's `--audit`, when given.
+    audit: Option<String>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn database_urls_keep_authority_and_parameters() {
-        assert_eq!(
-            database_url("postgres://postgres@127.0.0.1:5432/test", "b").unwrap(),
-            "postgres://postgres@127.0.0.1:5432/b"
-        );
-        assert_eq!(
-            database_url("postgres://u:p@h/test?sslmode=disable", "b").unwrap(),
-            "postgres://u:p@h/b?sslmode=disable"
-        );
-        assert_eq!(
-            database_url("postgresql://h:1", "b").unwrap(),
-            "postgresql://h:1/b"
-        );
-    }
 
     #[test]
     fn generated_region_is_replaced_and_prose_kept() {

@@ -8,7 +8,6 @@
 //! starts a fresh `idemgate proxy` on a fresh store.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::rc::Rc;
@@ -16,12 +15,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::client::WEBHOOK_SECRET;
 use crate::hops::{NginxProcess, UpstreamProcess};
 use crate::load::{self, LoadPlan, LoadResult, Scenario};
 use crate::machine::Machine;
 use crate::report::{Figure, Settings, StoreKind, Target, figure, median};
-use crate::server::{self, ServerProcess, StoreProcesses};
-use crate::{BoxError, Context};
+use crate::server::{self, ServerProcess};
+use crate::store::{StoreProcesses, fresh_database};
+use crate::{Args, BoxError, Context, command_line, finish, prepare};
 
 /// What stands between the load and the upstream, and what the requests carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -37,6 +38,9 @@ pub(crate) enum Case {
     NewKey(StoreKind),
     /// `idemgate proxy`, completed keys sent again on this store.
     Replay(StoreKind),
+    /// `idemgate proxy`'s webhook route (GitHub's scheme): every request a
+    /// new, validly signed delivery — verified, claimed, forwarded, completed.
+    Webhook(StoreKind),
 }
 
 impl Case {
@@ -47,6 +51,7 @@ impl Case {
             Self::PassThrough => "proxy pass-through".to_owned(),
             Self::NewKey(store) => format!("proxy new-key, {}", store.name()),
             Self::Replay(store) => format!("proxy replay, {}", store.name()),
+            Self::Webhook(store) => format!("proxy webhook, {}", store.name()),
         }
     }
 
@@ -57,6 +62,7 @@ impl Case {
             Self::PassThrough => Scenario::NoKey,
             Self::NewKey(_) => Scenario::NewKey,
             Self::Replay(_) => Scenario::Replay,
+            Self::Webhook(_) => Scenario::Webhook,
         }
     }
 
@@ -65,7 +71,7 @@ impl Case {
         match self {
             Self::Direct | Self::Nginx => None,
             Self::PassThrough => Some(StoreKind::Memory),
-            Self::NewKey(store) | Self::Replay(store) => Some(store),
+            Self::NewKey(store) | Self::Replay(store) | Self::Webhook(store) => Some(store),
         }
     }
 }
@@ -103,14 +109,51 @@ pub(crate) struct ProxyReport {
 
 /// One case over all rounds.
 #[derive(Debug, Clone)]
-struct Row {
-    rps: Figure,
-    cpu: Figure,
-    p50_ms: f64,
-    p99_ms: f64,
-    store_cpu_us: f64,
-    upstream_cpu_us: f64,
-    errors: u64,
+pub(crate) struct Row {
+    pub(crate) rps: Figure,
+    pub(crate) cpu: Figure,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) store_cpu_us: f64,
+    pub(crate) upstream_cpu_us: f64,
+    pub(crate) errors: u64,
+}
+
+/// The suite, from setup to the saved report.
+pub(crate) async fn suite(args: &Args, root: &Path) -> Result<ProxyReport, BoxError> {
+    let prepared = prepare(args, root, Some("nginx")).await?;
+    let report = ProxyReport {
+        machine: prepared.machine,
+        command: command_line(),
+        settings: prepared.settings.clone(),
+        nginx: String::new(),
+        nginx_workers: 0,
+        runs: Vec::new(),
+        failures: Vec::new(),
+    };
+    let outcome = measure(
+        &prepared.context,
+        &prepared.stores,
+        &prepared.settings,
+        report,
+    )
+    .await;
+    let saved = match &outcome {
+        Ok(report) => {
+            finish(
+                &prepared.context,
+                &prepared.stores,
+                root,
+                "last-proxy-run.json",
+                report,
+            )
+            .await
+        }
+        Err(_) => Ok(()),
+    };
+    let report = outcome?;
+    saved?;
+    Ok(report)
 }
 
 /// Runs the suite for `stores`.
@@ -135,7 +178,11 @@ pub(crate) async fn measure(
     let window = Duration::from_secs_f64(settings.measure_s);
     let mut cases = vec![Case::Direct, Case::PassThrough];
     for store in stores {
-        cases.extend([Case::NewKey(*store), Case::Replay(*store)]);
+        cases.extend([
+            Case::NewKey(*store),
+            Case::Replay(*store),
+            Case::Webhook(*store),
+        ]);
     }
     let hops = Hops {
         upstream: &upstream,
@@ -214,19 +261,25 @@ async fn one_run(
         None if case == Case::Direct => Hop::Upstream,
         None => Hop::Nginx,
         Some(store) => {
-            let args = proxy_args(context, store, &dir).await?;
+            let mut args = proxy_args(context, store, &dir).await?;
+            if let Case::Webhook(_) = case {
+                // The same path as the other cases, as a GitHub webhook route.
+                let routes = dir.join("routes.toml");
+                std::fs::write(
+                    &routes,
+                    "[[route]]\nmethod = \"POST\"\npath = \"/api/v1/orders\"\n\
+                     webhook = { provider = \"github\", secret = \"env:IDEMGATE_BENCH_WEBHOOK_SECRET\" }\n",
+                )?;
+                args.extend(["--config".to_owned(), routes.display().to_string()]);
+            }
+            let env = [("IDEMGATE_BENCH_WEBHOOK_SECRET", WEBHOOK_SECRET)];
             let proxy =
-                ServerProcess::start_proxy(&context.binary, hops.upstream.addr, &args).await?;
-            let store_processes = match (case, store) {
-                (Case::PassThrough, _) | (_, StoreKind::Memory | StoreKind::Sqlite) => {
-                    StoreProcesses::None
-                }
-                (_, StoreKind::Redis) => context
-                    .redis_pid
-                    .map_or(StoreProcesses::None, StoreProcesses::Pid),
-                (_, StoreKind::Postgres) => {
-                    StoreProcesses::PostgresBackends(crate::BENCH_DATABASE.to_owned())
-                }
+                ServerProcess::start_proxy(&context.binary, hops.upstream.addr, &args, &env)
+                    .await?;
+            // The pass-through never reaches its store.
+            let store_processes = match case {
+                Case::PassThrough => StoreProcesses::None,
+                _ => StoreProcesses::of(store, context.redis_pid),
             };
             Hop::Proxy(Box::new(proxy), store_processes)
         }
@@ -277,16 +330,20 @@ async fn proxy_args(
         StoreKind::Sqlite => format!("sqlite://{}", dir.join("proxy.db").display()),
         StoreKind::Redis => context.redis.clone(),
         StoreKind::Postgres => {
-            crate::fresh_database(context).await?;
+            fresh_database(context).await?;
             context.postgres_bench.clone()
         }
     };
-    Ok(vec![
+    let mut args = vec![
         "--idempotency-store".to_owned(),
         url,
         "--ttl".to_owned(),
         context.ttl.to_string(),
-    ])
+    ];
+    if let Some(audit) = &context.audit {
+        args.extend(["--audit".to_owned(), audit.clone()]);
+    }
+    Ok(args)
 }
 
 /// CPU time spent in the measured window.
@@ -341,7 +398,7 @@ async fn drive(
 
 impl ProxyReport {
     /// Every case but nginx, against the nginx runs around it.
-    fn rows(&self) -> BTreeMap<Case, Row> {
+    pub(crate) fn rows(&self) -> BTreeMap<Case, Row> {
         let mut grouped: BTreeMap<Case, Vec<&ProxyRun>> = BTreeMap::new();
         for run in &self.runs {
             grouped.entry(run.case).or_default().push(run);
@@ -408,7 +465,7 @@ impl ProxyReport {
     /// The targets of the worker-model issue (25), in one run: the
     /// pass-through's CPU against nginx's, the keyed hop's CPU against the
     /// pass-through's, and replay p99 against direct's.
-    fn targets(&self, rows: &BTreeMap<Case, Row>) -> Vec<Target> {
+    pub(crate) fn targets(&self, rows: &BTreeMap<Case, Row>) -> Vec<Target> {
         let mut targets = Vec::new();
         let pass = rows.get(&Case::PassThrough);
         if let Some(pass) = pass {
@@ -440,87 +497,6 @@ impl ProxyReport {
             }
         }
         targets
-    }
-
-    pub(crate) fn markdown(&self) -> String {
-        let mut out = String::new();
-        let m = &self.machine;
-        let s = &self.settings;
-        let rows = self.rows();
-        let _ = writeln!(out, "Generated by `idemgate-bench` on {}.\n", m.date);
-        let _ = writeln!(out, "```sh\n{}\n```\n", self.command);
-        let _ = writeln!(
-            out,
-            "{} CPUs ({}), load average at start {}; nginx {} with {} worker processes; \
-             {} round(s) of `nginx, c1, nginx, c2, …, nginx`, {:.1} s warm-up then {:.1} s \
-             measured per run, {} keep-alive connections.\n",
-            m.nproc,
-            m.cpu_model,
-            m.load_average_at_start,
-            self.nginx,
-            self.nginx_workers,
-            s.rounds,
-            s.warmup_s,
-            s.measure_s,
-            s.connections
-        );
-        let _ = writeln!(out, "#### Targets\n");
-        let _ = writeln!(out, "| target | measured | met |\n|---|---|---|");
-        for target in self.targets(&rows) {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} |",
-                target.name,
-                target.measured,
-                if target.met { "yes" } else { "**no**" }
-            );
-        }
-        let _ = writeln!(out);
-        let _ = writeln!(out, "#### Results\n");
-        let _ = writeln!(
-            out,
-            "| case | req/s | × nginx | p50 ms | p99 ms | hop CPU µs/req | × nginx | store CPU µs/req | upstream CPU µs/req | errors |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        );
-        for (case, row) in &rows {
-            let ratio = |f: &Figure| {
-                if *case == Case::Nginx {
-                    "1".to_owned()
-                } else if f.ratio.is_nan() {
-                    "–".to_owned()
-                } else {
-                    format!("{:.2} [{:.2}–{:.2}]", f.ratio, f.ratio_min, f.ratio_max)
-                }
-            };
-            let store = if row.store_cpu_us.is_nan() {
-                "–".to_owned()
-            } else {
-                format!("{:.0}", row.store_cpu_us)
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {:.0} | {} | {:.2} | {:.2} | {:.1} | {} | {} | {:.1} | {} |",
-                case.name(),
-                row.rps.median,
-                ratio(&row.rps),
-                row.p50_ms,
-                row.p99_ms,
-                row.cpu.median,
-                ratio(&row.cpu),
-                store,
-                row.upstream_cpu_us,
-                row.errors
-            );
-        }
-        let _ = writeln!(out);
-        if !self.failures.is_empty() {
-            let _ = writeln!(out, "Failed runs:\n");
-            for failure in &self.failures {
-                let _ = writeln!(out, "- {failure}");
-            }
-            let _ = writeln!(out);
-        }
-        out
     }
 }
 

@@ -93,8 +93,10 @@ impl ServerProcess {
         binary: &Path,
         upstream: SocketAddr,
         args: &[String],
+        env: &[(&str, &str)],
     ) -> Result<Self, BoxError> {
         let mut command = Command::new(binary);
+        command.envs(env.iter().copied());
         command
             .arg("proxy")
             .args(["--upstream", &format!("http://{upstream}")])
@@ -224,60 +226,6 @@ pub(crate) fn process_cpu_time(pid: u32) -> Result<Duration, BoxError> {
     };
     let total = ticks(11)? + ticks(12)?;
     Ok(Duration::from_secs_f64(total as f64 / clock_ticks() as f64))
-}
-
-/// The processes whose CPU a store spends on the benchmark.
-#[derive(Debug, Clone)]
-pub(crate) enum StoreProcesses {
-    /// No separate process (memory, SQLite: in the server).
-    None,
-    /// One server process (Redis).
-    Pid(u32),
-    /// The PostgreSQL backends connected to this database (found by their
-    /// process title, `postgres: USER DATABASE …`).
-    PostgresBackends(String),
-}
-
-impl StoreProcesses {
-    /// CPU time so far, per process.
-    pub(crate) fn sample(&self) -> Vec<(u32, Duration)> {
-        match self {
-            Self::None => Vec::new(),
-            Self::Pid(pid) => process_cpu_time(*pid)
-                .map(|cpu| vec![(*pid, cpu)])
-                .unwrap_or_default(),
-            Self::PostgresBackends(database) => {
-                let needle = format!(" {database} ");
-                let Ok(entries) = std::fs::read_dir("/proc") else {
-                    return Vec::new();
-                };
-                entries
-                    .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|pid| {
-                        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
-                            let title = String::from_utf8_lossy(&cmdline);
-                            title.starts_with("postgres: ") && title.contains(&needle)
-                        })
-                    })
-                    .filter_map(|pid| process_cpu_time(pid).ok().map(|cpu| (pid, cpu)))
-                    .collect()
-            }
-        }
-    }
-
-    /// CPU spent between two samples; a process absent from `start` began
-    /// after it, so all of its time counts.
-    pub(crate) fn spent(start: &[(u32, Duration)], end: &[(u32, Duration)]) -> Duration {
-        end.iter()
-            .map(|(pid, cpu)| {
-                let before = start
-                    .iter()
-                    .find(|(p, _)| p == pid)
-                    .map_or(Duration::ZERO, |(_, c)| *c);
-                cpu.saturating_sub(before)
-            })
-            .sum()
-    }
 }
 
 /// `CLK_TCK`, the unit of /proc CPU times (asked of `getconf` once; 100 on Linux
