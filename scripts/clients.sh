@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The client packages' suites — clients/js (`npm ci && npm test`, the checkout page
-# in headless Chromium included) and clients/python (a venv, `pip install -e
-# '.[test]'` under constraints.txt, `pytest`) — against a built idemgate binary and
-# the idemgate-relay of idemgate-testkit. scripts/test.sh runs it after the cargo
-# tests with the binaries those built (target/debug); on its own:
+# The suites that run outside cargo, against a built idemgate binary and the
+# idemgate-relay of idemgate-testkit: the client packages — clients/js (`npm ci &&
+# npm test`) and clients/python (a venv, `pip install -e '.[test]'` under
+# constraints.txt, `mypy`, `pytest`) — and the server's checkout page in headless
+# Chromium (crates/idemgate-server/tests/browser: `npm ci && npm test`).
+# scripts/test.sh runs it after the cargo tests with the binaries those built
+# (target/debug); on its own:
 #   IDEMGATE_BIN=target/debug/idemgate scripts/clients.sh   # or unset: target/release, built
-#   scripts/clients.sh js | python                          # one suite
+#   scripts/clients.sh js | python | browser                # one suite
 # Installs what the suites need (Debian's chromium and chromium-driver through
 # services.sh, the npm packages from package-lock.json, the pinned Python packages)
 # and fails loudly when it cannot. A dependency install is skipped when its lock
@@ -93,19 +95,36 @@ run_js() {
   npm test || die "the JavaScript client suite failed"
 }
 
+# The checkout page `idemgate serve` embeds, in Debian's headless Chromium (installed
+# by services.sh above): the server's own tests, with their own package.json.
+run_browser() {
+  log "crates/idemgate-server/tests/browser: npm ci, npm test (headless Chromium)"
+  local major
+  major=$(node_major) || die "node does not run"
+  [ "$major" -ge 20 ] || die "Node.js $(node --version) is too old for the browser suite: it is tested on Node >= 20"
+  cd "$root/crates/idemgate-server/tests/browser"
+  installed_from node_modules/.idemgate-installed "node $(node --version)" package-lock.json -- \
+    npm ci --no-audit --no-fund --loglevel=error || die "npm ci failed in crates/idemgate-server/tests/browser"
+  npm test || die "the checkout page's browser suite failed"
+}
+
 run_python() {
-  log "clients/python: venv, pip install -e '.[test]' (constraints.txt), pytest"
+  log "clients/python: venv, pip install -e '.[test]' (constraints.txt), mypy --strict, pytest"
   cd "$root/clients/python"
   [ -x .venv/bin/python ] || python3 -m venv .venv || die "python3 -m venv failed in clients/python"
   installed_from .venv/.idemgate-installed "$(.venv/bin/python --version 2>&1)" pyproject.toml constraints.txt -- \
     env PIP_CONSTRAINT="$PWD/constraints.txt" .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' \
     || die "pip could not install clients/python with its test dependencies"
+  # The package declares itself typed (py.typed): its annotations are checked
+  # (pyproject.toml's [tool.mypy]: --strict, on src/) before the suite runs.
+  .venv/bin/mypy || die "mypy --strict found type errors in clients/python"
   .venv/bin/pytest || die "the Python client suite failed"
 }
 
 case "${1:-all}" in
   js) run_js ;;
   python) run_python ;;
-  all) (run_js); (run_python) ;;
-  *) die "usage: $0 [js|python|all]" ;;
+  browser) run_browser ;;
+  all) (run_js); (run_python); (run_browser) ;;
+  *) die "usage: $0 [js|python|browser|all]" ;;
 esac

@@ -7,7 +7,8 @@
 # port), what the JavaScript and Python client suites need (`clients`: Node.js
 # with npm, Python 3 with venv, Debian's `chromium` and `chromium-driver` for the
 # checkout page's browser test), and the validators of the deployment files
-# (`deploy-tools`, from PyPI through a lock file). Fails loudly when it cannot: a test suite that
+# (`deploy-tools`, from PyPI through a lock file), and the webhook providers' own
+# signing libraries (`webhook-signers`, likewise). Fails loudly when it cannot: a test suite that
 # silently skips its backends proves nothing.
 set -euo pipefail
 
@@ -108,6 +109,33 @@ ensure_deploy_tools() {
   log "deployment validators ready in $dir"
 }
 
+# The webhook providers' own signing libraries (the `stripe` and `standardwebhooks`
+# packages, pinned with their hashes in crates/idemgate-server/tests/webhooks/
+# requirements.txt) in a virtualenv of the project's own (target/webhook-signers,
+# or IDEMGATE_WEBHOOK_SIGNERS), reinstalled when the lock changes. The webhook
+# e2e tests sign deliveries with them (tests/webhooks/sign.py).
+webhook_signers_dir() { printf '%s' "${IDEMGATE_WEBHOOK_SIGNERS:-$PWD/target/webhook-signers}"; }
+
+ensure_webhook_signers() {
+  local dir lock stamp
+  dir=$(webhook_signers_dir)
+  lock=crates/idemgate-server/tests/webhooks/requirements.txt
+  stamp=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [ "$(cat "$dir/.lock-sha256" 2>/dev/null)" != "$stamp" ]; then
+    command -v python3 >/dev/null || apt_install python3 python3-venv
+    python3 -m venv --help >/dev/null 2>&1 || apt_install python3-venv
+    log "installing the webhook signers into $dir (from $lock)"
+    rm -rf "$dir"
+    python3 -m venv "$dir" || die "python3 -m venv $dir failed (install python3-venv)"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock" \
+      || die "could not install the webhook signers of $lock from PyPI"
+    printf '%s\n' "$stamp" > "$dir/.lock-sha256"
+  fi
+  "$dir/bin/python" -c 'import stripe, standardwebhooks.webhooks' \
+    || die "$dir cannot import stripe and standardwebhooks; remove $dir and run $0 webhook-signers"
+  log "webhook signers ready in $dir"
+}
+
 # nginx is no service the tests need: the proxy benchmark starts its own instance
 # with a generated configuration, as the physical reference for one proxy hop.
 ensure_nginx() {
@@ -145,9 +173,10 @@ case "${1:-all}" in
   nginx) ensure_nginx ;;
   clients) ensure_clients ;;
   deploy-tools) ensure_deploy_tools ;;
+  webhook-signers) ensure_webhook_signers ;;
   # What the cargo tests need (scripts/test.sh); the client suites' part is
   # `clients`, which scripts/clients.sh ensures itself.
-  cargo-tests) ensure_postgres; ensure_redis; ensure_prometheus; ensure_deploy_tools ;;
-  all) ensure_postgres; ensure_redis; ensure_prometheus; ensure_clients; ensure_deploy_tools ;;
-  *) die "usage: $0 [postgres|redis|prometheus|nginx|clients|deploy-tools|cargo-tests|all]" ;;
+  cargo-tests) ensure_postgres; ensure_redis; ensure_prometheus; ensure_deploy_tools; ensure_webhook_signers ;;
+  all) ensure_postgres; ensure_redis; ensure_prometheus; ensure_clients; ensure_deploy_tools; ensure_webhook_signers ;;
+  *) die "usage: $0 [postgres|redis|prometheus|nginx|clients|deploy-tools|webhook-signers|cargo-tests|all]" ;;
 esac

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 # The deployment validators' virtualenv (services.sh installs it, the packaging
 # test runs from it).
 export IDEMGATE_DEPLOY_TOOLS="${IDEMGATE_DEPLOY_TOOLS:-$PWD/target/deploy-tools}"
+# The webhook providers' signing libraries (services.sh installs them, the
+# webhook e2e tests run tests/webhooks/sign.py from there).
+export IDEMGATE_WEBHOOK_SIGNERS="${IDEMGATE_WEBHOOK_SIGNERS:-$PWD/target/webhook-signers}"
 # The cargo tests' services; Chromium, node and the Python venv only when the
 # client suites run (scripts/clients.sh ensures them).
 scripts/services.sh cargo-tests
