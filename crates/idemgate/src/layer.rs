@@ -615,9 +615,11 @@ impl<S> Layer<S> for IdempotencyLayer {
                 ..(*self.config).clone()
             })
         });
-        let observes_another_strategy = self.config.mode == StrategyMode::Observe
-            && (!self.config.key_source.is_standard_header() || self.config.dedup.is_some());
-        let enforced_header = observes_another_strategy.then(|| {
+        // Also when the route enforces its own strategy: a header-keyed
+        // request is then counted as `header`, not as the route's strategy.
+        let has_another_strategy =
+            !self.config.key_source.is_standard_header() || self.config.dedup.is_some();
+        let enforced_header = has_another_strategy.then(|| {
             Arc::new(Config {
                 mode: StrategyMode::Enforce,
                 strategy: "header",

@@ -63,10 +63,11 @@ pub(crate) struct Variants {
     /// A content-keyed request: the dedup window's TTL and body selection, the
     /// `content` strategy. `None` without content dedup.
     pub(crate) content: Option<Arc<Config>>,
-    /// A request keyed by the client's own `Idempotency-Key` on a route that
-    /// observes another strategy (its own key source, or content dedup):
-    /// enforced, under the `header` strategy — measuring a new strategy never
-    /// removes the protection a client asked for. `None` on other routes.
+    /// A request keyed by the client's own `Idempotency-Key` on a route with
+    /// another strategy (its own key source, or content dedup): enforced, under
+    /// the `header` strategy — measuring a new strategy never removes the
+    /// protection a client asked for, and the counters say which key decided.
+    /// `None` on other routes.
     pub(crate) enforced_header: Option<Arc<Config>>,
 }
 
@@ -237,7 +238,8 @@ where
             return Ok(ProblemDetails::invalid_key(&error).into_response());
         }
     };
-    // The client's own key on a route observing another strategy: enforced.
+    // The client's own key on a route with another strategy: enforced, counted
+    // as `header`.
     let config = match (&variants.enforced_header, origin) {
         (Some(enforced), KeyOrigin::StandardHeader) => Arc::clone(enforced),
         _ => config,
@@ -583,8 +585,17 @@ async fn observe<E: Into<BoxError> + Send + 'static>(
                     .await);
             }
             let response = keyless(&config, handler, request).await?;
-            let mark = response.extensions().get::<Finality>().copied();
-            settle_observed(&config, &lease, response.status(), mark).await;
+            if keep {
+                // No room to keep this response, and the claim is under the name
+                // enforcement reads: a status-only record would replay empty
+                // after a switch. Forgotten instead, a retry then runs as new.
+                if let Err(error) = timed("release", config.store.release(&lease)).await {
+                    tracing::warn!(%error, "observe mode: releasing the unkept claim failed");
+                }
+            } else {
+                let mark = response.extensions().get::<Finality>().copied();
+                settle_observed(&config, &lease, response.status(), mark).await;
+            }
             Ok(response)
         }
         Ok(Claim::Existing(snapshot)) => {
