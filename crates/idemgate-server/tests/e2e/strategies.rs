@@ -92,10 +92,14 @@ async fn observe_then_enforce(store: Option<&str>) {
     let dir = TempDir::new("idemgate-strategies");
     let path = dir.path().join("routes.toml");
     std::fs::write(&path, OBSERVING).unwrap();
-    let mut options = ProxyOptions::new(upstream.url()).arg("--config", path.display().to_string());
-    if let Some(store) = store {
-        options = options.store(store);
-    }
+    // `None` is the SQLite store, a file in this test's directory.
+    let store = store.map_or_else(
+        || format!("sqlite://{}", dir.path().join("proxy.db").display()),
+        str::to_owned,
+    );
+    let options = ProxyOptions::new(upstream.url())
+        .arg("--config", path.display().to_string())
+        .store(&store);
     let proxy = Proxy::start(options).await;
     let client = Client::new();
     // Fresh names per run: the suites share PostgreSQL and Redis.
@@ -215,15 +219,22 @@ async fn observe_then_enforce(store: Option<&str>) {
     for (answer, first) in again.iter().zip(&retried) {
         assert_same_answer(answer, first, "an enforced retry");
     }
-    // The same message to the other queue is still its own operation: replayed
-    // from its own run, never a 422.
+    // The same message to the other queue is still its own operation (observed
+    // with its outcome discarded, so it runs as new): never a 422.
     let other = send(q2.clone(), vec![], message.clone()).await;
     assert_eq!(other.status, StatusCode::CREATED, "{other:?}");
+    assert!(!other.replayed(), "{other:?}");
     assert_eq!(
         upstream.executions(),
         15,
         "after the switch, one run per operation"
     );
+    // The counters tell what happened after the switch: the kept note and each
+    // enforced retry are real replays, by strategy; nothing was a 422.
+    assert_eq!(duplicates(&proxy, "json", "replayed").await, 2 + 2);
+    assert_eq!(duplicates(&proxy, "content", "replayed").await, 1 + 1);
+    assert_eq!(duplicates(&proxy, "query", "replayed").await, 1 + 1);
+    assert_eq!(duplicates(&proxy, "header", "replayed").await, 2 + 2);
     assert_eq!(duplicates(&proxy, "content", "mismatch").await, 0);
     assert_eq!(duplicates(&proxy, "json", "mismatch").await, 0);
 }
