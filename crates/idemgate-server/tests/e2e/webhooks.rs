@@ -53,6 +53,21 @@ webhook = { provider = "standard", secret = "env:WH_STANDARD", tolerance = "5m" 
 method = "POST"
 path = "/hooks/rotating"
 webhook = { provider = "stripe", secrets = ["env:WH_OLD", "env:WH_NEW"] }
+
+[[route]]
+method = "POST"
+path = "/hooks/rotating-github"
+webhook = { provider = "github", secrets = ["env:WH_OLD", "env:WH_NEW"] }
+
+[[route]]
+method = "POST"
+path = "/hooks/rotating-shopify"
+webhook = { provider = "shopify", secrets = ["env:WH_OLD", "env:WH_NEW"] }
+
+[[route]]
+method = "POST"
+path = "/hooks/rotating-standard"
+webhook = { provider = "standard", secrets = ["env:WH_OLD", "env:WH_NEW"] }
 "#;
 
 /// The routes' secrets, fresh per proxy.
@@ -451,6 +466,39 @@ async fn secret_rotation_with_two_secrets() {
     assert_eq!(count("verified"), 3.0);
     assert_eq!(count("bad_signature"), 1.0);
     assert_eq!(count("mismatch"), 0.0);
+}
+
+/// A rotation on the other providers' routes: a delivery signed with the old
+/// or the new secret is forwarded once, one signed with a third is refused
+/// before anything is claimed. (The secrets are `whsec_` and 32 hex digits:
+/// valid base64 for Standard Webhooks, plain bytes for GitHub and Shopify.)
+#[tokio::test]
+async fn every_provider_takes_either_secret_during_a_rotation() {
+    let receiver = receiver("memory").await;
+    let secrets = &receiver.secrets;
+    for provider in ["github", "shopify", "standard"] {
+        let old = Delivery::new(provider, &secrets.old);
+        let new = Delivery::new(provider, &secrets.new);
+        let other = Delivery::new(provider, &secrets.old)
+            .with_secret("whsec_bm90IHRoZSBlbmRwb2ludCdzIHNlY3JldA==");
+        let signed = sign(&[old.clone(), new.clone(), other.clone()]).await;
+        let path = format!("/hooks/rotating-{provider}");
+        let at_route = |mut signed: Signed| {
+            signed.path.clone_from(&path);
+            signed
+        };
+        for delivery in &signed[..2] {
+            let answer = deliver(&receiver.proxy, &at_route(delivery.clone())).await;
+            assert_eq!(answer.status, StatusCode::CREATED, "{provider}: {answer:?}");
+        }
+        assert_refused(
+            &deliver(&receiver.proxy, &at_route(signed[2].clone())).await,
+            "bad-webhook-signature",
+        );
+        for (payload, runs) in [(&old.payload, 1), (&new.payload, 1), (&other.payload, 0)] {
+            assert_eq!(forwarded(&receiver.upstream, payload), runs, "{provider}");
+        }
+    }
 }
 
 /// A secret's variable that is not set stops the load, naming it.
