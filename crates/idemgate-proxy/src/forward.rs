@@ -402,6 +402,22 @@ pub(crate) fn covered_answer(
         || headers.contains_key(&idemgate::IDEMPOTENT_REPLAYED)
 }
 
+/// Whether the proxy's compression may encode a response of `headers`: not
+/// one a client reads as it comes (`text/event-stream`, NDJSON, JSON Lines,
+/// [`idemgate::is_streamed_media_type`]), whose events a compressor would hold
+/// back. tower-http's default predicate knows only `text/event-stream`.
+pub(crate) fn not_streamed(
+    _: StatusCode,
+    _: Version,
+    headers: &http::HeaderMap,
+    _: &http::Extensions,
+) -> bool {
+    !headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(idemgate::is_streamed_media_type)
+}
+
 /// The derived key a covered request was forwarded with, and the client's own
 /// key it stands for.
 struct KeyEcho {

@@ -385,7 +385,9 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
         type Covered =
             fn(http::StatusCode, http::Version, &http::HeaderMap, &http::Extensions) -> bool;
         CompressionLayer::new().compress_when(
-            predicate::DefaultPredicate::new().and(forward::covered_answer as Covered),
+            predicate::DefaultPredicate::new()
+                .and(forward::covered_answer as Covered)
+                .and(forward::not_streamed as Covered),
         )
     };
     (

@@ -692,13 +692,24 @@ fn is_streamed(response: &Response<Body>) -> bool {
     {
         return false;
     }
-    let Some(content_type) = response
+    response
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
-    else {
-        return false;
-    };
+        .is_some_and(is_streamed_media_type)
+}
+
+/// Whether `content_type` is one a client reads as it comes, event by event or
+/// record by record ([`STREAMED_MEDIA_TYPES`], PROTOCOL §20). Such an answer
+/// without a length is streamed through; a compressor in front of it would
+/// hold its events back until its buffer fills, so none should encode it.
+///
+/// ```
+/// assert!(idemgate::is_streamed_media_type("text/event-stream; charset=utf-8"));
+/// assert!(idemgate::is_streamed_media_type("application/x-ndjson"));
+/// assert!(!idemgate::is_streamed_media_type("application/json"));
+/// ```
+pub fn is_streamed_media_type(content_type: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or_default().trim();
     STREAMED_MEDIA_TYPES
         .iter()

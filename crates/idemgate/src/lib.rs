@@ -35,6 +35,7 @@ pub use idemgate_core::{
 
 pub use config::{ObservedResponses, PathSource, StrategyMode};
 pub use context::OperationContext;
+pub use execution::is_streamed_media_type;
 pub use finality::{Finality, ServerErrorPolicy};
 pub use layer::{
     DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_LIMIT, DEFAULT_TTL, DEFAULT_WAIT,

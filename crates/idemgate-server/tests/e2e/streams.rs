@@ -131,6 +131,65 @@ async fn streams_through_and_replays(store: &str) {
     assert_eq!(upstream.executions(), 1);
 }
 
+/// An NDJSON stream to a client that accepts gzip (as most HTTP libraries
+/// say by default): each record reaches it as the upstream sends it, not held
+/// in a compressor's buffer until the end, and the replay is the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ndjson_stream_flows_uncompressed_to_a_gzip_client() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+    let key = new_key();
+    let records = upstream.stream_next_as("application/x-ndjson");
+    let record = |n: usize| Bytes::from(format!("{{\"row\":{n}}}\n"));
+    records.send(Ok(record(1))).await.unwrap();
+    let client = Client::new();
+    let mut response = tokio::time::timeout(
+        Duration::from_secs(5),
+        reqwest::Client::new()
+            .post(proxy.url("/v1/exports"))
+            .header("content-type", "application/json")
+            .header("accept-encoding", "gzip")
+            .header("idempotency-key", &key)
+            .bearer_auth(&client.token)
+            .body("{}")
+            .send(),
+    )
+    .await
+    .expect("the head arrives while the stream is still produced")
+    .expect("the head");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers().get("content-encoding").is_none(),
+        "a stream is not compressed: {:?}",
+        response.headers()
+    );
+    let mut seen = Vec::new();
+    read_until(&mut response, &mut seen, &record(1)).await;
+    records.send(Ok(record(2))).await.unwrap();
+    read_until(&mut response, &mut seen, &record(2)).await;
+    drop(records);
+    let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+        .await
+        .expect("the end within 10 s");
+    assert!(matches!(end, Ok(None)), "a clean end: {end:?}");
+    let retry = client
+        .send(
+            reqwest::Method::POST,
+            &proxy.url("/v1/exports"),
+            Some(&key),
+            &[
+                ("content-type", "application/json"),
+                ("accept-encoding", "gzip"),
+            ],
+            Some("{}"),
+        )
+        .await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert!(retry.headers.get("content-encoding").is_none(), "{retry:?}");
+    assert_eq!(retry.body, seen);
+    assert_eq!(upstream.executions(), 1);
+}
+
 async fn a_cut_stream_is_never_complete(store: &str) {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;

@@ -42,7 +42,7 @@ struct UpstreamState {
     holds: Mutex<VecDeque<oneshot::Receiver<()>>>,
     /// Event streams the next executions answer with; see
     /// [`Upstream::stream_next`].
-    streams: Mutex<VecDeque<tokio::sync::mpsc::Receiver<StreamedEvent>>>,
+    streams: Mutex<VecDeque<(&'static str, tokio::sync::mpsc::Receiver<StreamedEvent>)>>,
 }
 
 /// One event of a streamed answer, or the stream breaking off (the upstream
@@ -137,8 +137,20 @@ impl Upstream {
     /// each event as it is sent, the end when the sender drops, a reset on an
     /// `Err`.
     pub fn stream_next(&self) -> tokio::sync::mpsc::Sender<StreamedEvent> {
+        self.stream_next_as("text/event-stream")
+    }
+
+    /// As [`Upstream::stream_next`], answering `content_type`.
+    pub fn stream_next_as(
+        &self,
+        content_type: &'static str,
+    ) -> tokio::sync::mpsc::Sender<StreamedEvent> {
         let (events, streamed) = tokio::sync::mpsc::channel(64);
-        self.state.streams.lock().unwrap().push_back(streamed);
+        self.state
+            .streams
+            .lock()
+            .unwrap()
+            .push_back((content_type, streamed));
         events
     }
 }
@@ -162,16 +174,13 @@ async fn execute(State(state): State<Arc<UpstreamState>>, request: Request) -> R
         let _ = held.await;
     }
     let streamed = state.streams.lock().unwrap().pop_front();
-    if let Some(mut events) = streamed {
+    if let Some((content_type, mut events)) = streamed {
         let body = axum::body::Body::from_stream(futures_util::stream::poll_fn(move |cx| {
             events.poll_recv(cx)
         }));
         let mut response = (StatusCode::OK, body).into_response();
         let headers = response.headers_mut();
-        headers.insert(
-            "content-type",
-            HeaderValue::from_static("text/event-stream"),
-        );
+        headers.insert("content-type", HeaderValue::from_static(content_type));
         headers.insert("cache-control", HeaderValue::from_static("no-cache"));
         headers.insert("x-upstream-run", HeaderValue::from(run));
         return response;
