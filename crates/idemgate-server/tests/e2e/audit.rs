@@ -16,7 +16,8 @@ use sqlx::Connection;
 
 use crate::support::client::{Client, ORDER, new_key};
 use crate::support::gateway::{Fault, MockGateway};
-use crate::support::server::{Options, Server, postgres_url, redis_url, sqlite_url};
+use crate::support::proxy::{Proxy, ProxyOptions, Upstream};
+use crate::support::server::{Options, Server, TempDir, postgres_url, redis_url, sqlite_url};
 
 /// What one `idemgate audit|keys …` run printed and returned.
 #[derive(Debug)]
@@ -486,6 +487,93 @@ async fn the_admin_api_pages_the_journal() {
         .await
         .unwrap();
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+}
+
+/// Through `idemgate proxy` (SQLite, the journal on by default): a new key, its
+/// replay and a 422 leave their events in order, under the route's template,
+/// with a keyed digest and never the raw key; `GET /v1/audit` on the proxy's
+/// admin listener and `audit export` give the same entries; `audit verify`
+/// passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_proxy_journals_its_operations() {
+    let upstream = Upstream::start().await;
+    let dir = TempDir::new("idemgate-proxy-audit");
+    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
+    let routes = dir.path().join("routes.toml");
+    std::fs::write(
+        &routes,
+        "[[route]]\nmethod = \"POST\"\npath = \"/v1/payments/{account}\"\n",
+    )
+    .unwrap();
+    let token = "proxy-audit-token";
+    let proxy = Proxy::start(
+        ProxyOptions::new(upstream.url())
+            .store(&store)
+            .arg("--config", routes.display())
+            .env("IDEMGATE_ADMIN_TOKEN", token),
+    )
+    .await;
+    let client = Client::new();
+    let key = new_key();
+    let url = proxy.url("/v1/payments/acc-1");
+    let first = client.post(&url, Some(&key), r#"{"amount":5}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let replay = client.post(&url, Some(&key), r#"{"amount":5}"#).await;
+    assert!(replay.replayed(), "{replay:?}");
+    let reused = client.post(&url, Some(&key), r#"{"amount":6}"#).await;
+    assert_eq!(
+        reused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{reused:?}"
+    );
+    assert_eq!(upstream.executions(), 1);
+
+    let http = reqwest::Client::new();
+    let mut served: Vec<Value> = Vec::new();
+    for _ in 0..50 {
+        let answer = http
+            .get(proxy.admin_url("/v1/audit?limit=1000"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        served = answer
+            .text()
+            .await
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+        if served.len() >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let names: Vec<&str> = served
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["claimed", "executed", "replayed", "mismatch"],
+        "{served:#?}"
+    );
+    for entry in &served {
+        assert_eq!(entry["route"], "/v1/payments/{account}", "{entry}");
+        assert_eq!(entry["method"], "POST", "{entry}");
+        let digest = entry["key_digest"].as_str().unwrap();
+        assert_eq!(digest.len(), 64, "{entry}");
+        assert!(!entry.to_string().contains(&key), "the raw key: {entry}");
+    }
+    assert_eq!(served[0]["operation_id"], served[1]["operation_id"]);
+    assert_eq!(served[1]["operation_id"], served[2]["operation_id"]);
+    assert_eq!(served[1]["status"], 201);
+
+    let exported = export(&store, None).await;
+    assert_eq!(exported, served, "the CLI and the admin API agree");
+    let verified = idemgate(&["audit", "verify", "--store", &store]).await;
+    assert_eq!(verified.code, 0, "{verified:?}");
 }
 
 /// In the transactional mode the `executed` entry commits with the order: a
