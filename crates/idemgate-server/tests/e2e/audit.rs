@@ -372,15 +372,34 @@ async fn scenario(options: Options, store: &str, journal: Journal) {
             journal.delete(&one[2]).await;
             let deleted = idemgate(&["audit", "verify", "--store", store]).await;
             assert_eq!(deleted.code, 1, "{deleted:?}");
-            assert!(deleted.stderr.contains("deleted or moved"), "{deleted:?}");
+            assert_names_the_gap(&deleted, &whole, &one[2]);
         }
-        Journal::Redis { .. } => {
-            assert!(
-                broken.stderr.contains("deleted or moved")
-                    || broken.stderr.contains("newest entries were deleted"),
-                "{broken:?}"
-            );
-        }
+        // A stream entry cannot be edited in place: `edit` deleted it.
+        Journal::Redis { .. } => assert_names_the_gap(&broken, &whole, executed),
+    }
+}
+
+/// `verify`'s failure after `deleted` went names where the chain breaks: the
+/// entry of the same instance that followed it, or, had it been the newest,
+/// the head it no longer reaches.
+fn assert_names_the_gap(verify: &Run, whole: &[Value], deleted: &Value) {
+    let seq = deleted["seq"].as_u64().unwrap();
+    let next = whole
+        .iter()
+        .filter(|e| e["instance"] == deleted["instance"])
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|&s| s > seq)
+        .min();
+    match next {
+        Some(next) => assert!(
+            verify.stderr.contains(&format!("entry seq {next} "))
+                && verify.stderr.contains("deleted or moved"),
+            "names entry {next}, after the deleted {seq}: {verify:?}"
+        ),
+        None => assert!(
+            verify.stderr.contains("newest entries were deleted"),
+            "{verify:?}"
+        ),
     }
 }
 
