@@ -3,8 +3,8 @@
 
 use idemgate_model::check::{Outcome, exhaustive, exhaustive_up_to, random_walks, trace};
 use idemgate_model::protocol::{
-    Bounds, FENCED_NEVER_COMPLETES, Faults, Guards, LIVE_LEASE_EXCLUDES, ONE_OUTCOME, OWN_REQUEST,
-    ProtocolModel, State,
+    AT_MOST_ONE_EFFECT, Bounds, FENCED_NEVER_COMPLETES, Faults, Guards, LIVE_LEASE_EXCLUDES,
+    ONE_OUTCOME, OWN_REQUEST, ProtocolModel, State,
 };
 use std::time::Duration;
 
@@ -112,6 +112,29 @@ fn without_the_lease_check_a_live_holder_is_taken_over() {
         ..Guards::ALL
     });
     counterexample("no lease check", model, LIVE_LEASE_EXCLUDES);
+}
+
+/// TTL expiry, exercised: every other check runs with records that outlive the
+/// clock, because the protocol's promise ends with the record (a retry after
+/// the TTL is a new operation; PROTOCOL §10 — the TTL must outlive the
+/// clients' retries). Here a record expires while its clients still retry
+/// (a TTL of lease + 1 ticks on a clock of 3), and the checker finds what
+/// expiry may cause: the operation runs again (a holder paused past its
+/// record's TTL while a duplicate claims the key afresh, under a new operation
+/// id). docs/reliability.md reads the trace.
+#[test]
+fn a_record_expiring_within_the_retry_window_lets_a_retry_run_again() {
+    let mut bounds = guard_bounds();
+    bounds.ttl = bounds.lease + 1;
+    assert!(
+        bounds.ttl <= bounds.horizon,
+        "the record expires on the clock"
+    );
+    counterexample(
+        "a TTL inside the retry window",
+        ProtocolModel::new(bounds),
+        AT_MOST_ONE_EFFECT,
+    );
 }
 
 /// PROTOCOL §8's chosen exception, shown: a holder that could not store its
