@@ -108,6 +108,9 @@ pub(crate) struct Config {
     pub(crate) path_fold: PathFold,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) fingerprint_body: BodySelection,
+    /// A JSON-RPC route (PROTOCOL §20): the envelope's `id` is no part of the
+    /// fingerprint, replays answer with the retry's `id`, batches are refused.
+    pub(crate) jsonrpc: bool,
     /// Which response headers are stored for replays.
     pub(crate) replayed_headers: ReplayedHeaders,
     /// Stored bodies larger than this are kept zstd-compressed
@@ -142,4 +145,27 @@ pub(crate) struct WaitMode {
     /// How often a waiter looks even without a notification
     /// ([`crate::waiting::RECHECK`]).
     pub(crate) recheck: Duration,
+}
+
+impl Config {
+    /// The part of a JSON body the fingerprint reads: the configured selection,
+    /// and on a JSON-RPC route never the envelope's `id`, which names one
+    /// attempt, not the operation (PROTOCOL §20).
+    pub(crate) fn fingerprint_selection(&self) -> std::borrow::Cow<'_, BodySelection> {
+        use std::borrow::Cow;
+        if !self.jsonrpc {
+            return Cow::Borrowed(&self.fingerprint_body);
+        }
+        let id: idemgate_core::fingerprint::JsonPointer =
+            "/id".parse().expect("`/id` is a JSON pointer");
+        match &self.fingerprint_body {
+            BodySelection::Whole => Cow::Owned(BodySelection::Except(vec![id])),
+            BodySelection::Except(pointers) => {
+                let mut pointers = pointers.clone();
+                pointers.push(id);
+                Cow::Owned(BodySelection::Except(pointers))
+            }
+            only => Cow::Borrowed(only),
+        }
+    }
 }

@@ -122,6 +122,7 @@ impl IdempotencyLayer {
                 path_fold: PathFold::NONE,
                 fingerprint_headers: Vec::new(),
                 fingerprint_body: BodySelection::Whole,
+                jsonrpc: false,
                 replayed_headers: ReplayedHeaders::default(),
                 compression_threshold: idemgate_core::compression::DEFAULT_THRESHOLD,
                 unavailable_retry_after: Duration::from_secs(1),
@@ -226,6 +227,24 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_observed_responses(self, kept: ObservedResponses) -> Self {
         self.with(|c| c.observed_responses = kept)
+    }
+
+    /// A JSON-RPC 2.0 endpoint (PROTOCOL §20; an MCP server's Streamable HTTP
+    /// endpoint): the envelope's `id` — new on every attempt — is left out of
+    /// the fingerprint, a replay answers with the retry's own `id` (in a JSON
+    /// body, or in each event of an event stream that carries the response),
+    /// and a batch (a JSON array) is refused with `400 jsonrpc-batch` before
+    /// any claim. The key is read as on any route: the header, or a body field
+    /// such as `json:/params/_meta/idempotency_key`.
+    ///
+    /// ```
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer
+    ///     .with_key_source("json:/params/_meta/idempotency_key".parse().unwrap())
+    ///     .with_jsonrpc(true);
+    /// ```
+    pub fn with_jsonrpc(self, on: bool) -> Self {
+        self.with(|c| c.jsonrpc = on)
     }
 
     /// Content-based deduplication (PROTOCOL §16): a covered request without a

@@ -8,6 +8,7 @@ mod execution;
 pub mod finality;
 mod handler;
 pub mod journal;
+mod jsonrpc;
 mod layer;
 mod live;
 pub mod principal;

@@ -228,6 +228,17 @@ impl ProblemDetails {
         )
     }
 
+    /// 400 `jsonrpc-batch`: a JSON-RPC batch on a JSON-RPC route (PROTOCOL
+    /// §20): several operations, which one key cannot name; nothing was claimed.
+    pub fn jsonrpc_batch() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "jsonrpc-batch",
+            "JSON-RPC batch on an idempotent endpoint",
+            "this endpoint makes each JSON-RPC request idempotent on its own; a batch (an array) holds several operations one key cannot name: send its requests one by one",
+        )
+    }
+
     /// 400 `ambiguous-key`: the standard header and the route's key source carry
     /// different keys (PROTOCOL §15); nothing was claimed.
     pub fn ambiguous_key() -> Self {

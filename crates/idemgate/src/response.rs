@@ -12,6 +12,8 @@ use idemgate_core::compression::{STORED_CODING, decompress};
 use idemgate_core::encoding::acceptable;
 use idemgate_core::record::{StoredBody, StoredResponse};
 
+use crate::jsonrpc::{self, RequestId};
+
 pub use idemgate_core::wire::IDEMPOTENT_REPLAYED;
 
 /// Sent with a replay whose body was too large to keep.
@@ -242,12 +244,26 @@ pub(crate) struct ReplayRequest {
     /// The request's `Last-Event-ID` (the HTML standard's reconnection header),
     /// when it is text.
     last_event_id: Option<String>,
+    /// On a JSON-RPC route, the request's `id`: the replay answers with it
+    /// (PROTOCOL §20).
+    jsonrpc_id: Option<RequestId>,
 }
 
 impl ReplayRequest {
     /// The id of the last event the client received, when it resumes a stream.
     pub(crate) fn last_event_id(&self) -> Option<&str> {
         self.last_event_id.as_deref()
+    }
+
+    /// The JSON-RPC `id` a replay answers with, on a JSON-RPC route.
+    pub(crate) fn jsonrpc_id(&self) -> Option<&RequestId> {
+        self.jsonrpc_id.as_ref()
+    }
+
+    /// This request, answered on a JSON-RPC route with `id`.
+    pub(crate) fn with_jsonrpc_id(mut self, id: RequestId) -> Self {
+        self.jsonrpc_id = Some(id);
+        self
     }
 
     /// Read from a request's headers.
@@ -263,6 +279,7 @@ impl ReplayRequest {
                 .get(LAST_EVENT_ID)
                 .and_then(|value| value.to_str().ok())
                 .map(str::to_owned),
+            jsonrpc_id: None,
         }
     }
 }
@@ -373,15 +390,26 @@ pub(crate) fn replay(stored: &StoredResponse, wants: &ReplayRequest) -> Response
         (StoredBody::Retained(bytes), None) => Some(bytes.clone()),
         (StoredBody::NotRetained, None) => None,
     };
-    let body = match (bytes, &wants.last_event_id) {
-        (None, _) => Body::empty(),
-        (Some(bytes), Some(last_event_id))
-            if (coding.is_empty() || decoded.is_some()) && is_event_stream(&stored.headers) =>
-        {
+    let readable = coding.is_empty() || decoded.is_some();
+    let event_stream = is_event_stream(&stored.headers);
+    let bytes = match (bytes, &wants.last_event_id) {
+        (Some(bytes), Some(last_event_id)) if readable && event_stream => {
             let from = resume_offset(&bytes, last_event_id).unwrap_or(0);
-            Body::from(bytes.slice(from..))
+            Some(bytes.slice(from..))
         }
-        (Some(bytes), _) => Body::from(bytes),
+        (bytes, _) => bytes,
+    };
+    // A JSON-RPC retry's answer carries its own `id` (PROTOCOL §20): other
+    // bytes, so no stored length is repeated.
+    let answered = match (&bytes, &wants.jsonrpc_id) {
+        (Some(bytes), Some(id)) if readable => jsonrpc::answer_for(bytes, event_stream, id),
+        _ => None,
+    };
+    let rewritten = answered.is_some();
+    let body = match (answered, bytes) {
+        (Some(answered), _) => Body::from(answered),
+        (None, Some(bytes)) => Body::from(bytes),
+        (None, None) => Body::empty(),
     };
     let mut response = Response::new(body);
     *response.status_mut() = stored.status;
@@ -389,6 +417,9 @@ pub(crate) fn replay(stored: &StoredResponse, wants: &ReplayRequest) -> Response
     headers.reserve(stored.headers.len() + 2);
     for (name, value) in &stored.headers {
         if decoded.is_some() && *name == header::CONTENT_ENCODING {
+            continue;
+        }
+        if rewritten && *name == header::CONTENT_LENGTH {
             continue;
         }
         if decoded.is_some() && *name == header::ETAG && !value.as_bytes().starts_with(b"W/") {

@@ -34,6 +34,7 @@ use crate::durations::route_key;
 use crate::execution::Execution;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::{BoxFuture, Handler};
+use crate::jsonrpc::Envelope;
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
 use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, ReplayRequest, replay};
@@ -151,14 +152,20 @@ where
     }
     let (parts, body) = request.into_parts();
     // A key in the body: the body is read (within the limit) before the key.
-    let (body, buffered) = if config.key_source.reads_body() || config.dedup.is_some() {
-        match read_body(&parts, body, config.body_limit).await {
-            Ok(bytes) => (Body::from(bytes.clone()), Some(bytes)),
-            Err(problem) => return Ok(problem.into_response()),
-        }
-    } else {
-        (body, None)
-    };
+    // So is a JSON-RPC request's, whose envelope decides first.
+    let (body, buffered) =
+        if config.key_source.reads_body() || config.dedup.is_some() || config.jsonrpc {
+            match read_body(&parts, body, config.body_limit).await {
+                Ok(bytes) => (Body::from(bytes.clone()), Some(bytes)),
+                Err(problem) => return Ok(problem.into_response()),
+            }
+        } else {
+            (body, None)
+        };
+    if config.jsonrpc && Envelope::of(buffered.as_deref().unwrap_or_default()) == Envelope::Batch {
+        count_outcome(Outcome::Rejected);
+        return Ok(ProblemDetails::jsonrpc_batch().into_response());
+    }
     let found = {
         // Only a path or query key reads the URI: the usual header key costs no
         // path normalization here.
@@ -311,8 +318,13 @@ async fn keyed(
         return ProblemDetails::overloaded(config.busy_retry_after).into_response();
     };
     // What the retry asks of a replay: a coding it can read, where its
-    // event stream resumes.
-    let wants = ReplayRequest::of(&parts.headers);
+    // event stream resumes, the JSON-RPC `id` it is answered with.
+    let mut wants = ReplayRequest::of(&parts.headers);
+    if config.jsonrpc
+        && let Envelope::Single(Some(id)) = Envelope::of(&body)
+    {
+        wants = wants.with_jsonrpc_id(id);
+    }
     match claim_or_answer(&config, &claim, &wants).await {
         Claimed::Lease(lease, claimed_at) => {
             tracing::Span::current()
@@ -481,7 +493,7 @@ async fn prepare(
     // lets a 422 name the fields another body under this key changed.
     let (fingerprint, field_digests) = Fingerprint::with_field_digests(
         fingerprint_input(parts, &path, &query, &header_values, &body),
-        &config.fingerprint_body,
+        &config.fingerprint_selection(),
         identity.digest().as_bytes(),
     );
     let claim = ClaimRequest {
@@ -765,12 +777,14 @@ async fn answer_from_existing(
             }
             Decision::Claimable => return None,
             // A stream in flight on this process: joined, from its first byte
-            // (PROTOCOL §20).
+            // (PROTOCOL §20). Not a JSON-RPC retry's: its answer must carry
+            // its own `id`, so it waits for the stored one (§20).
             Decision::InProgress { .. }
-                if let Some(joined) =
-                    config
-                        .live_streams
-                        .join(identity, snapshot.record.operation_id, wants) =>
+                if wants.jsonrpc_id().is_none()
+                    && let Some(joined) =
+                        config
+                            .live_streams
+                            .join(identity, snapshot.record.operation_id, wants) =>
             {
                 count_outcome(Outcome::Replayed);
                 count_duplicate(config.strategy, "replayed");

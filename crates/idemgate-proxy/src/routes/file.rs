@@ -219,6 +219,7 @@ struct RouteEntry {
     replay_headers: Option<Vec<ReplayHeaderName>>,
     replay_set_cookie: Option<bool>,
     webhook: Option<toml::Spanned<WebhookSetting>>,
+    jsonrpc: Option<bool>,
 }
 
 fn yes() -> bool {
@@ -338,6 +339,7 @@ impl RouteEntry {
             dedup,
             mode,
             observe_responses: self.observe_responses,
+            jsonrpc: self.jsonrpc,
             case_insensitive: self.case_insensitive,
             format_suffix: self.format_suffix,
             method_override: self.method_override,
@@ -866,6 +868,30 @@ mod tests {
         assert_eq!(resolved(payments).forward_key, ForwardKey::Original);
         assert_eq!(resolved(&routes.routes[1]).forward_key, ForwardKey::Derived);
         assert!(!resolved(&routes.routes[3]).enabled);
+    }
+
+    #[test]
+    fn the_mcp_and_completion_recipes_of_docs_proxy_md_load() {
+        let doc = include_str!("../../../../docs/proxy.md");
+        let block = |marker: &str| {
+            doc.split("```toml\n")
+                .filter_map(|rest| rest.split("```").next())
+                .find(|block| block.contains(marker))
+                .unwrap_or_else(|| panic!("docs/proxy.md has a TOML block with {marker}"))
+        };
+        let defaults = timed(86_400, 30);
+        let mcp =
+            Routes::from_toml(Path::new("r.toml"), block("jsonrpc = true"), &defaults).unwrap();
+        let tool_calls = resolved(&mcp.routes[0]);
+        assert!(tool_calls.jsonrpc);
+        assert!(tool_calls.key.is_some());
+        let completions = Routes::from_toml(
+            Path::new("r.toml"),
+            block("/v1/chat/completions"),
+            &defaults,
+        )
+        .unwrap();
+        assert!(resolved(&completions.routes[0]).require_key);
     }
 
     #[test]

@@ -150,6 +150,10 @@ policy! {
     /// delivery's own id is claimed; `None`: not one (`webhook`; no flag: a
     /// secret belongs to one endpoint, never to every route).
     webhook: Option<Webhook>,
+    /// A JSON-RPC endpoint (an MCP server's): the envelope's `id` left out of
+    /// the fingerprint, replays answered with the retry's `id`, batches refused
+    /// (`jsonrpc`; no flag: one endpoint's protocol, never every route's).
+    jsonrpc: bool,
 }
 
 impl Default for Policy {
@@ -185,6 +189,7 @@ impl Default for Policy {
             replay_headers: Vec::new(),
             replay_set_cookie: false,
             webhook: None,
+            jsonrpc: false,
         }
     }
 }
@@ -239,7 +244,8 @@ impl Policy {
             .with_fingerprint_body(self.fingerprint.clone())
             .with_mode(self.mode)
             .with_observed_responses(self.observe_responses)
-            .with_replayed_set_cookie(self.replay_set_cookie);
+            .with_replayed_set_cookie(self.replay_set_cookie)
+            .with_jsonrpc(self.jsonrpc);
         if let Some(source) = &self.key {
             layer = layer.with_key_source(source.clone());
         }
