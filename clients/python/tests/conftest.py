@@ -247,13 +247,16 @@ class Relay:
 
 
 class Proxy:
-    """``idemgate proxy`` in front of ``upstream``, on a memory store."""
+    """``idemgate proxy`` in front of ``upstream``, on a memory store, with the
+    route file ``config`` when one is given."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, config: str | None = None) -> None:
         command = [
             binary("idemgate"), "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0",
             "--admin-listen", "127.0.0.1:0", "--idempotency-store", "memory",
         ]  # fmt: skip
+        if config is not None:
+            command += ["--config", config]
         secret = {"IDEMGATE_PRINCIPAL_SECRET": "python-client-suite-secret"}
         self.process, self.addr = _spawn_listening(command, "proxy listening on http://", secret)
 
