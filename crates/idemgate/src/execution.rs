@@ -700,7 +700,8 @@ fn is_streamed(response: &Response<Body>) -> bool {
 }
 
 /// Whether `content_type` is one a client reads as it comes, event by event or
-/// record by record ([`STREAMED_MEDIA_TYPES`], PROTOCOL §20). Such an answer
+/// record by record (`text/event-stream`, `application/x-ndjson`,
+/// `application/jsonl`; PROTOCOL §20). Such an answer
 /// without a length is streamed through; a compressor in front of it would
 /// hold its events back until its buffer fills, so none should encode it.
 ///
