@@ -187,14 +187,9 @@ async fn proxy_names_the_differing_fields(store: Option<&str>) {
     let dir = TempDir::new("idemgate-differing");
     let path = dir.path().join("routes.toml");
     std::fs::write(&path, ROUTES).unwrap();
-    // `None` is the SQLite store, a file in this test's directory.
-    let store = store.map_or_else(
-        || format!("sqlite://{}", dir.path().join("proxy.db").display()),
-        str::to_owned,
-    );
     let options = ProxyOptions::new(upstream.url())
         .arg("--config", path.display().to_string())
-        .store(&store);
+        .store_or_sqlite_in(store, dir.path());
     let proxy = Proxy::start(options).await;
     let client = Client::new();
     let run = uuid::Uuid::new_v4().simple().to_string();

@@ -92,14 +92,9 @@ async fn observe_then_enforce(store: Option<&str>) {
     let dir = TempDir::new("idemgate-strategies");
     let path = dir.path().join("routes.toml");
     std::fs::write(&path, OBSERVING).unwrap();
-    // `None` is the SQLite store, a file in this test's directory.
-    let store = store.map_or_else(
-        || format!("sqlite://{}", dir.path().join("proxy.db").display()),
-        str::to_owned,
-    );
     let options = ProxyOptions::new(upstream.url())
         .arg("--config", path.display().to_string())
-        .store(&store);
+        .store_or_sqlite_in(store, dir.path());
     let proxy = Proxy::start(options).await;
     let client = Client::new();
     // Fresh names per run: the suites share PostgreSQL and Redis.

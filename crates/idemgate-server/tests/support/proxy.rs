@@ -234,6 +234,14 @@ impl ProxyOptions {
         self
     }
 
+    /// `store`, or with `None` the SQLite store: a file `proxy.db` in `dir`.
+    pub fn store_or_sqlite_in(self, store: Option<&str>, dir: &std::path::Path) -> Self {
+        match store {
+            Some(store) => self.store(store),
+            None => self.store(&format!("sqlite://{}", dir.join("proxy.db").display())),
+        }
+    }
+
     pub fn arg(mut self, flag: &str, value: impl ToString) -> Self {
         self.extra.push((flag.to_owned(), value.to_string()));
         self
