@@ -515,6 +515,10 @@ pub(crate) async fn create_transfer(
                     fields.join(" and ")
                 ),
             )
+            // The pointers as a 422 within the record's TTL names them
+            // (`differing`, PROTOCOL §6): one answer on either side of it.
+            .with_member("differing", pointers(&fields))
+            .with_member("differing_complete", true)
             .with_member("fields", fields),
         ),
         TransferOutcome::NoSource => refused(account_not_found(from)),
@@ -537,6 +541,11 @@ pub(crate) async fn create_transfer(
             .with_member("field", "to"),
         ),
     }
+}
+
+/// Top-level body fields as the JSON pointers a `key-reused` 422 lists.
+pub(crate) fn pointers(fields: &[&str]) -> Vec<String> {
+    fields.iter().map(|field| format!("/{field}")).collect()
 }
 
 #[cfg(test)]

@@ -101,7 +101,9 @@ pub(crate) async fn put_order(
                     "order {order_id} already exists with another {}; use a new order id for a new order",
                     differing.join(", ")
                 ),
-            );
+            )
+            .with_member("differing", super::accounts::pointers(&differing))
+            .with_member("differing_complete", true);
             return (Finality::Rejected, answer).into_response();
         }
         Ok(None) => {

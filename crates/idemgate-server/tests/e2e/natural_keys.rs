@@ -140,6 +140,10 @@ async fn order_table_after_ttl(options: Options) {
         "{detail}"
     );
     assert!(!detail.contains("items"), "{detail}");
+    assert_eq!(
+        conflict.json()["differing"],
+        serde_json::json!(["/currency", "/amount"])
+    );
     assert_eq!(gateway.calls().len(), 1);
     // The same order: 200 with the order as it is now.
     let late = client.send_json("PUT", &url, &[], ORDER).await;

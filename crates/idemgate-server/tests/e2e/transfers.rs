@@ -351,6 +351,7 @@ async fn ledger_after_ttl(options: Options) {
     let other = transfer(&server.url(""), &client, from, &other).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{other:?}");
     assert_eq!(other.json()["fields"], serde_json::json!(["amount"]));
+    assert_eq!(other.json()["differing"], serde_json::json!(["/amount"]));
     let same = transfer(&server.url(""), &client, from, &body).await;
     assert!(same.status.is_success(), "{same:?}");
     assert_eq!(same.json()["transfer_id"], first.json()["transfer_id"]);
