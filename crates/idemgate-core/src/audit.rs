@@ -426,6 +426,9 @@ pub struct AuditPartition {
     /// The `prev` the oldest kept entry must have: the hash of the last entry
     /// retention removed, [`ChainHash::GENESIS`] while none was.
     pub anchor: ChainHash,
+    /// How many entries the partition keeps now: with the others', the
+    /// journal's size (`idemgate_audit_journal_entries`).
+    pub entries: u64,
 }
 
 /// Why an entry breaks the journal, naming it.
@@ -508,7 +511,7 @@ impl Break {
 /// let record = AuditRecord { event: Some(AuditEvent::Claimed), instance: "a".into(), ..Default::default() };
 /// let first = AuditEntry::seal(1, Timestamp::from_millis(1), record.clone(), ChainHash::GENESIS);
 /// let second = AuditEntry::seal(2, Timestamp::from_millis(2), record, first.hash);
-/// let partitions = [AuditPartition { instance: "a".into(), head: second.hash, anchor: ChainHash::GENESIS }];
+/// let partitions = [AuditPartition { instance: "a".into(), head: second.hash, anchor: ChainHash::GENESIS, entries: 2 }];
 /// let mut verifier = Verifier::new(&partitions);
 /// verifier.push(&first).unwrap();
 /// verifier.push(&second).unwrap();
@@ -673,6 +676,7 @@ mod tests {
                 instance: (*i).into(),
                 head: heads.get(*i).copied().unwrap_or(ChainHash::GENESIS),
                 anchor: ChainHash::GENESIS,
+                entries: 0,
             })
             .collect();
         (entries, partitions)

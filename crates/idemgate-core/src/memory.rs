@@ -463,6 +463,11 @@ impl Store for MemoryStore {
                     .get(instance)
                     .copied()
                     .unwrap_or(ChainHash::GENESIS),
+                entries: journal
+                    .entries
+                    .iter()
+                    .filter(|entry| entry.record.instance == *instance)
+                    .count() as u64,
             })
             .collect();
         partitions.sort_by(|a, b| a.instance.cmp(&b.instance));

@@ -94,6 +94,15 @@ const PARTITIONS: &str = r"
 return { redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]) }
 ";
 
+/// `KEYS`: partitions' streams. Their lengths, in order.
+const LENGTHS: &str = r"
+local out = {}
+for s = 1, #KEYS do
+  out[s] = redis.call('XLEN', KEYS[s])
+end
+return out
+";
+
 /// `KEYS`: a partition's stream, anchors. `ARGV`: before (ms), limit, instance.
 /// Removes the stream's oldest entries written before `before`, at most `limit`,
 /// and moves the anchor to the last one's hash; a stream left empty goes too
@@ -139,6 +148,7 @@ pub(crate) struct Journal {
     append_script: Script,
     read_script: Script,
     partitions_script: Script,
+    lengths_script: Script,
     trim_script: Script,
     secret_script: Script,
     base: String,
@@ -172,6 +182,7 @@ impl Journal {
             append_script: Script::new(APPEND),
             read_script: Script::new(READ),
             partitions_script: Script::new(PARTITIONS),
+            lengths_script: Script::new(LENGTHS),
             trim_script: Script::new(TRIM),
             secret_script: Script::new(SECRET),
             base: format!("{prefix}{{{prefix}audit}}"),
@@ -299,10 +310,31 @@ impl Journal {
                     head: hash(&head)?,
                     anchor,
                     instance,
+                    entries: 0,
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         partitions.sort_by(|a, b| a.instance.cmp(&b.instance));
+        if partitions.is_empty() {
+            return Ok(partitions);
+        }
+        // A second call, each stream named: every key a script touches is one
+        // it was given (Redis Cluster's rule; they share one slot anyway).
+        let mut invocation = self.lengths_script.prepare_invoke();
+        for partition in &partitions {
+            invocation.key(self.stream(&partition.instance));
+        }
+        let lengths = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+        for (partition, length) in partitions.iter_mut().zip(lengths) {
+            partition.entries = match length {
+                Value::Int(n) => u64::try_from(n).unwrap_or(0),
+                _ => {
+                    return Err(StoreError::corrupt(RedisStoreError::UnexpectedReply(
+                        "XLEN",
+                    )));
+                }
+            };
+        }
         Ok(partitions)
     }
 

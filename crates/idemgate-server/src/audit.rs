@@ -64,7 +64,9 @@ pub async fn journal(
 
 /// Trims entries older than `retention`, every [`RETENTION_EVERY`], at most
 /// [`RETENTION_BATCH`] per run; counts what went
-/// (`idemgate_audit_trimmed_total`).
+/// (`idemgate_audit_trimmed_total`), then how many entries the journal keeps
+/// (`idemgate_audit_journal_entries`, read from the store: every instance's
+/// partitions, so each process reports the whole journal's size).
 fn spawn_retention(store: Arc<dyn Store>, retention: Duration) {
     metrics::counter!("idemgate_audit_trimmed_total").absolute(0);
     tokio::spawn(async move {
@@ -79,6 +81,13 @@ fn spawn_retention(store: Arc<dyn Store>, retention: Duration) {
             match store.trim_audit(None, before, RETENTION_BATCH).await {
                 Ok(removed) => metrics::counter!("idemgate_audit_trimmed_total").increment(removed),
                 Err(error) => tracing::warn!(%error, "journal retention failed; retrying later"),
+            }
+            match store.audit_partitions().await {
+                Ok(partitions) => {
+                    let entries: u64 = partitions.iter().map(|p| p.entries).sum();
+                    metrics::gauge!("idemgate_audit_journal_entries").set(entries as f64);
+                }
+                Err(error) => tracing::warn!(%error, "the journal's size could not be read"),
             }
         }
     });

@@ -333,9 +333,9 @@ pub(crate) async fn partitions(
     pool: &SqlitePool,
     names: &AuditNames,
 ) -> Result<Vec<AuditPartition>, StoreError> {
-    let rows = sqlx::query(AssertSqlSafe(format!(
-        "SELECT instance, head, anchor FROM {} ORDER BY instance",
-        names.partitions
+    let rows = sqlx::query(AssertSqlSafe(idemgate_sqlx::partitions_statement(
+        &names.entries,
+        &names.partitions,
     )))
     .fetch_all(pool)
     .await

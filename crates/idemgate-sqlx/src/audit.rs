@@ -66,19 +66,34 @@ where
     })
 }
 
-/// One partition row: `instance`, `head`, `anchor`.
+/// One partition row: `instance`, `head`, `anchor`, and `entries`, the count
+/// of its entries.
 pub fn decode_audit_partition<R>(row: &R) -> Result<AuditPartition, StoreError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
 {
+    let entries: i64 = row.try_get("entries").map_err(StoreError::corrupt)?;
     Ok(AuditPartition {
         instance: row.try_get("instance").map_err(StoreError::corrupt)?,
         head: hash(row, "head")?,
         anchor: hash(row, "anchor")?,
+        entries: u64::try_from(entries).map_err(|_| corrupt("a negative entry count"))?,
     })
+}
+
+/// `Store::audit_partitions`' statement: each partition row with the count of
+/// its entries (one scan of the entries, grouped).
+pub fn partitions_statement(entries: &str, partitions: &str) -> String {
+    format!(
+        "SELECT p.instance, p.head, p.anchor, COALESCE(c.n, 0) AS entries \
+         FROM {partitions} p \
+         LEFT JOIN (SELECT instance, count(*) AS n FROM {entries} GROUP BY instance) c \
+         ON c.instance = p.instance ORDER BY p.instance"
+    )
 }
 
 fn hash<R>(row: &R, name: &str) -> Result<ChainHash, StoreError>

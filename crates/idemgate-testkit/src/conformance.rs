@@ -1168,6 +1168,11 @@ async fn verify_partition(store: &dyn Store, instance: &str, entries: &[AuditEnt
         .filter(|p| p.instance == instance)
         .collect();
     assert_eq!(partitions.len(), 1, "one partition per instance");
+    assert_eq!(
+        partitions[0].entries,
+        entries.len() as u64,
+        "the partition counts the entries it keeps"
+    );
     let mut verifier = Verifier::new(&partitions);
     for entry in entries {
         verifier.push(entry).unwrap_or_else(|e| panic!("{e}"));

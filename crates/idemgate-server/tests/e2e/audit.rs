@@ -593,6 +593,28 @@ async fn the_proxy_journals_its_operations() {
     assert_eq!(exported, served, "the CLI and the admin API agree");
     let verified = idemgate(&["audit", "verify", "--store", &store]).await;
     assert_eq!(verified.code, 0, "{verified:?}");
+
+    // The journal's size, as a second proxy on the store reads it at start
+    // (`idemgate_audit_journal_entries`, every instance's partitions).
+    let second = Proxy::start(ProxyOptions::new(upstream.url()).store(&store)).await;
+    let mut size = None;
+    for _ in 0..50 {
+        let text = reqwest::get(second.admin_url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        size = text
+            .lines()
+            .find(|line| line.starts_with("idemgate_audit_journal_entries "))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok());
+        if size.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(size, Some(4.0), "the journal's four entries");
 }
 
 /// In the transactional mode the `executed` entry commits with the order: a
