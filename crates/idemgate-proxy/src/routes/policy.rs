@@ -4,10 +4,12 @@
 //! the default route, the one a request no `[[route]]` matches gets. A route
 //! file's table is a [`PolicyOverride`] — the same settings, each `None` unless
 //! the table sets it — laid over that default by [`Policy::overlaid`]. Both
-//! types come from the one list below, so a setting a route can override is
-//! written in four places: its line in that list (with what it does to the
-//! layer, the forwarder or the guard, in this file), its TOML key (`file`), its
-//! flag (the binary's `cli`), and its row in `docs/proxy.md`.
+//! types, and the defaults, come from the one list below, so a setting a route
+//! can override is written in four places: its line in that list (its type,
+//! default and doc; what it does to the layer, the forwarder or the guard is
+//! in this file too), its TOML key (`file`: the key and its reading), its flag
+//! when it has one (the binary's `cli`: the flag and where it sets the
+//! default), and its row in `docs/proxy.md`.
 
 use std::time::Duration;
 
@@ -41,7 +43,7 @@ pub enum Conditional {
 /// Declares [`Policy`] and [`PolicyOverride`] from one list of settings, and the
 /// overlay of one on the other, so the two can never disagree on a field.
 macro_rules! policy {
-    ($( $(#[$doc:meta])* $field:ident: $ty:ty, )*) => {
+    ($( $(#[$doc:meta])* $field:ident: $ty:ty = $default:expr, )*) => {
         /// How the proxy treats the requests of one route, every setting
         /// resolved: the command line's defaults (the default route), or a
         /// `[[route]]`'s [`PolicyOverride`] laid over them. Built with
@@ -66,6 +68,16 @@ macro_rules! policy {
             $( $(#[$doc])* pub $field: Option<$ty>, )*
         }
 
+        impl Default for Policy {
+            /// Every default of PROTOCOL.md and `docs/proxy.md`, each written
+            /// beside its setting below.
+            fn default() -> Self {
+                Self {
+                    $( $field: $default, )*
+                }
+            }
+        }
+
         impl Policy {
             /// This policy with `route`'s settings in place of its own.
             #[must_use]
@@ -81,117 +93,79 @@ macro_rules! policy {
 policy! {
     /// Whether the layer covers the route at all; `false`: every request passes
     /// through untouched (`enabled`).
-    enabled: bool,
+    enabled: bool = true,
     /// A covered request without a key is refused (`400 missing-key`)
     /// (`require_key`, `--require-key`).
-    require_key: bool,
+    require_key: bool = false,
     /// How long a record is kept (`ttl`, `--ttl`).
-    ttl: Duration,
+    ttl: Duration = idemgate::DEFAULT_TTL,
     /// How long a running request's claim lasts without renewal (`lease`,
     /// `--lease`).
-    lease: Duration,
+    lease: Duration = idemgate::DEFAULT_LEASE,
     /// How long a duplicate of a running request waits for its outcome before
     /// `409`; zero: `409` at once (`wait_ms`, `--wait-ms`; by default
     /// [`idemgate::DEFAULT_WAIT`]).
-    wait: Duration,
+    wait: Duration = idemgate::DEFAULT_WAIT,
     /// The largest request body, in bytes (`max_request_body`).
-    max_request_body: usize,
+    max_request_body: usize = idemgate::DEFAULT_BODY_LIMIT,
     /// The largest response stored, in bytes (`max_stored_response`).
-    max_stored_response: usize,
+    max_stored_response: usize = idemgate::DEFAULT_RESPONSE_LIMIT,
     /// What an upstream 5xx leaves: a stored outcome or a released claim
     /// (`server_errors`).
-    server_errors: ServerErrorPolicy,
+    server_errors: ServerErrorPolicy = ServerErrorPolicy::default(),
     /// Which part of a JSON body the fingerprint covers (`fingerprint`).
-    fingerprint: BodySelection,
+    fingerprint: BodySelection = BodySelection::Whole,
     /// Upstream statuses that release the claim: refused before anything
     /// happened (`rejections`).
-    rejections: Vec<StatusCode>,
+    rejections: Vec<StatusCode> = DEFAULT_REJECTIONS.to_vec(),
     /// The `Idempotency-Key` the upstream receives (`forward_key`).
-    forward_key: ForwardKey,
+    forward_key: ForwardKey = ForwardKey::default(),
     /// The problem body's shape (`problem_shape`, `--problem-shape`).
-    problem_shape: ProblemShape,
+    problem_shape: ProblemShape = ProblemShape::default(),
     /// Where the key is read; `None`: the `Idempotency-Key` header, scoped by
     /// the path (`key`).
-    key: Option<KeySource>,
+    key: Option<KeySource> = None,
     /// Content-based deduplication of keyless requests; `None`: off (`dedup`).
-    dedup: Option<ContentDedup>,
+    dedup: Option<ContentDedup> = None,
     /// Whether the route's key strategy decides or only measures (`mode`).
-    mode: StrategyMode,
+    mode: StrategyMode = StrategyMode::default(),
     /// What observe mode keeps of a first run: its outcome only, or its whole
     /// response for the retries after a switch to enforce
     /// (`observe_responses`, `--observe-responses`).
-    observe_responses: ObservedResponses,
+    observe_responses: ObservedResponses = ObservedResponses::default(),
     /// Routes matched and keys scoped with ASCII case folded
     /// (`case_insensitive`, `--case-insensitive-paths`).
-    case_insensitive: bool,
+    case_insensitive: bool = false,
     /// A final `.json`-style suffix is the same path (`format_suffix`).
-    format_suffix: bool,
+    format_suffix: bool = false,
     /// What a method-override header gets (`method_override`,
     /// `--method-override`).
-    method_override: MethodOverride,
+    method_override: MethodOverride = MethodOverride::default(),
     /// What content on `GET`, `HEAD` and `OPTIONS` gets (`safe_method_body`,
     /// `--safe-method-body`).
-    safe_method_bodies: SafeMethodBodies,
+    safe_method_bodies: SafeMethodBodies = SafeMethodBodies::default(),
     /// The longest pause in an upstream response body; `None`: the upstream
     /// timeout (`upstream_idle_timeout_ms`, `--upstream-idle-timeout-ms`).
-    upstream_idle_timeout: Option<Duration>,
+    upstream_idle_timeout: Option<Duration> = None,
     /// The longest a whole upstream response may take; `None`: unbounded
     /// (`upstream_response_timeout_ms`, `--upstream-response-timeout-ms`).
-    upstream_response_timeout: Option<Duration>,
+    upstream_response_timeout: Option<Duration> = None,
     /// Who evaluates preconditions (`conditional`, `require_if_match`).
-    conditional: Conditional,
+    conditional: Conditional = Conditional::default(),
     /// Response headers replays repeat beyond the proxy-wide list
     /// (`replay_headers`; the proxy-wide list is `--replay-header`).
-    replay_headers: Vec<HeaderName>,
+    replay_headers: Vec<HeaderName> = Vec::new(),
     /// Whether replays repeat `Set-Cookie` (`replay_set_cookie`,
     /// `--replay-set-cookie`).
-    replay_set_cookie: bool,
+    replay_set_cookie: bool = false,
     /// A webhook receiver: the provider's signature verified before the
     /// delivery's own id is claimed; `None`: not one (`webhook`; no flag: a
     /// secret belongs to one endpoint, never to every route).
-    webhook: Option<Webhook>,
+    webhook: Option<Webhook> = None,
     /// A JSON-RPC endpoint (an MCP server's): the envelope's `id` left out of
     /// the fingerprint, replays answered with the retry's `id`, batches refused
     /// (`jsonrpc`; no flag: one endpoint's protocol, never every route's).
-    jsonrpc: bool,
-}
-
-impl Default for Policy {
-    /// Every default of PROTOCOL.md and `docs/proxy.md`: covered, keys optional,
-    /// the layer's record timing and limits, 5xx stored, the whole body
-    /// fingerprinted, the derived key forwarded, paths case-sensitive, every
-    /// ambiguous reading refused, preconditions the upstream's.
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            require_key: false,
-            ttl: idemgate::DEFAULT_TTL,
-            lease: idemgate::DEFAULT_LEASE,
-            wait: idemgate::DEFAULT_WAIT,
-            max_request_body: idemgate::DEFAULT_BODY_LIMIT,
-            max_stored_response: idemgate::DEFAULT_RESPONSE_LIMIT,
-            server_errors: ServerErrorPolicy::default(),
-            fingerprint: BodySelection::Whole,
-            rejections: DEFAULT_REJECTIONS.to_vec(),
-            forward_key: ForwardKey::default(),
-            problem_shape: ProblemShape::default(),
-            key: None,
-            dedup: None,
-            mode: StrategyMode::default(),
-            observe_responses: ObservedResponses::default(),
-            case_insensitive: false,
-            format_suffix: false,
-            method_override: MethodOverride::default(),
-            safe_method_bodies: SafeMethodBodies::default(),
-            upstream_idle_timeout: None,
-            upstream_response_timeout: None,
-            conditional: Conditional::default(),
-            replay_headers: Vec::new(),
-            replay_set_cookie: false,
-            webhook: None,
-            jsonrpc: false,
-        }
-    }
+    jsonrpc: bool = false,
 }
 
 impl Policy {
