@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body::Frame;
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -45,16 +49,120 @@ pub(crate) async fn serve_upstream() -> Result<(), BoxError> {
     }
 }
 
-async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// An answer of the upstream: the created order, or a stream (`/stream`,
+/// `/bulk`: the streams suite, [`crate::streams`]).
+type Answer = Either<Full<Bytes>, Streamed>;
+
+async fn answer(request: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
+    let streamed = Streamed::asked_by(request.uri());
     // Read the whole body, as a real handler would.
     let _ = request.into_body().collect().await;
-    let mut response = Response::new(Full::new(Bytes::from_static(UPSTREAM_BODY)));
+    if let Some(streamed) = streamed {
+        let content_type = streamed.content_type();
+        let mut response = Response::new(Either::Right(streamed));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        return Ok(response);
+    }
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from_static(UPSTREAM_BODY))));
     *response.status_mut() = http::StatusCode::CREATED;
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
     Ok(response)
+}
+
+/// A streamed answer, sent without a length: `/stream?events=N&gap_ms=M`,
+/// Server-Sent Events (an LLM's tokens: the first at once, the next `M` ms
+/// apart); `/bulk?mib=N`, N MiB of NDJSON in 64 KiB chunks, as fast as read.
+pub(crate) struct Streamed {
+    kind: StreamKind,
+    sent: u64,
+    total: u64,
+    gap: Duration,
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+enum StreamKind {
+    Events,
+    Bulk(Bytes),
+}
+
+impl Streamed {
+    fn asked_by(uri: &http::Uri) -> Option<Self> {
+        let number = |name: &str| -> u64 {
+            uri.query()
+                .unwrap_or_default()
+                .split('&')
+                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0)
+        };
+        match uri.path() {
+            "/stream" => Some(Self {
+                kind: StreamKind::Events,
+                sent: 0,
+                total: number("events").max(1),
+                gap: Duration::from_millis(number("gap_ms")),
+                wait: None,
+            }),
+            "/bulk" => {
+                let line = b"{\"row\":\"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde\"}\n";
+                let chunk: Vec<u8> = line.iter().copied().cycle().take(64 * 1024).collect();
+                Some(Self {
+                    kind: StreamKind::Bulk(Bytes::from(chunk)),
+                    sent: 0,
+                    total: number("mib").max(1) * 16,
+                    gap: Duration::ZERO,
+                    wait: None,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn content_type(&self) -> &'static str {
+        match self.kind {
+            StreamKind::Events => "text/event-stream",
+            StreamKind::Bulk(_) => "application/x-ndjson",
+        }
+    }
+}
+
+impl http_body::Body for Streamed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.sent == self.total {
+            return Poll::Ready(None);
+        }
+        if self.sent > 0 && !self.gap.is_zero() {
+            let gap = self.gap;
+            let wait = self
+                .wait
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(gap)));
+            if wait.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.wait = None;
+        }
+        let n = self.sent;
+        self.sent += 1;
+        let data = match &self.kind {
+            StreamKind::Events => Bytes::from(format!(
+                "id: {n}\ndata: {{\"token\":{n},\"text\":\"lorem\"}}\n\n"
+            )),
+            StreamKind::Bulk(chunk) => chunk.clone(),
+        };
+        Poll::Ready(Some(Ok(Frame::data(data))))
+    }
 }
 
 /// The upstream child process.

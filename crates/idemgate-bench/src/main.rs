@@ -30,6 +30,7 @@ mod report;
 mod server;
 mod service;
 mod store;
+mod streams;
 
 use std::path::{Path, PathBuf};
 
@@ -56,6 +57,10 @@ enum Suite {
     /// `idemgate proxy` against nginx in front of a minimal upstream: direct,
     /// nginx, keyless pass-through, new-key and replay per store.
     Proxy,
+    /// Streamed answers through `idemgate proxy` against the upstream straight:
+    /// time to the first event and to the end, and throughput (printed; the
+    /// mode and stores do not apply).
+    Streams,
 }
 
 /// How long and how often.
@@ -212,6 +217,10 @@ fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> Result<(), BoxError> {
     let root = workspace_root();
+    if args.suite == Suite::Streams {
+        println!("{}", streams::suite(&root).await?);
+        return Ok(());
+    }
     if args.suite == Suite::Proxy {
         let report = match &args.from_json {
             Some(path) => serde_json::from_slice::<proxy::ProxyReport>(&std::fs::read(path)?)?,

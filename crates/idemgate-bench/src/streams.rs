@@ -1,0 +1,208 @@
+//! The streams suite (`--suite streams`, issue 37): what `idemgate proxy` adds
+//! to a streamed answer (PROTOCOL §20) against the same upstream straight.
+//!
+//! - **Time to the first event and to the end** of a Server-Sent Events answer
+//!   (an LLM's tokens: the first at once, the rest a few ms apart), one request
+//!   per connection, direct and through the proxy with a new key each,
+//!   interleaved; then each of those keys again: the stored stream replayed.
+//! - **Throughput** of a large NDJSON answer (past the stored-response limit:
+//!   it flows through and is not retained), direct and through the proxy.
+//!
+//! Latencies are wall-clock on a shared machine: compare the rows of one run.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::BoxError;
+use crate::hops::UpstreamProcess;
+use crate::server::{ServerProcess, build_server};
+
+/// Requests per row of the latency table.
+const ROUNDS: usize = 200;
+/// Events per streamed answer, and the upstream's pause between them.
+const EVENTS: u64 = 10;
+const GAP_MS: u64 = 5;
+/// The bulk answer's size, and how many times each way.
+const BULK_MIB: u64 = 256;
+const BULK_RUNS: usize = 3;
+
+/// One streamed answer as a client saw it.
+struct Timing {
+    first_event: Duration,
+    end: Duration,
+    replayed: bool,
+    /// The `data:` lines of the body (SSE events; none in NDJSON).
+    events: usize,
+}
+
+/// Runs the suite; its report as Markdown.
+pub(crate) async fn suite(root: &Path) -> Result<String, BoxError> {
+    let binary = build_server(root).await?;
+    let upstream = UpstreamProcess::start().await?;
+    let args = ["--idempotency-store".to_owned(), "memory".to_owned()];
+    let proxy = ServerProcess::start_proxy(&binary, upstream.addr, &args, &[]).await?;
+    let stream_path = format!("/stream?events={EVENTS}&gap_ms={GAP_MS}");
+    let outcome = async {
+        let (mut direct, mut through, mut replayed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut keys = Vec::with_capacity(ROUNDS);
+        for round in 0..ROUNDS {
+            let key = uuid::Uuid::new_v4().to_string();
+            // Alternate which goes first, so neither always follows the other.
+            if round % 2 == 0 {
+                direct.push(request(upstream.addr, &stream_path, None).await?);
+                through.push(request(proxy.addr, &stream_path, Some(&key)).await?);
+            } else {
+                through.push(request(proxy.addr, &stream_path, Some(&key)).await?);
+                direct.push(request(upstream.addr, &stream_path, None).await?);
+            }
+            keys.push(key);
+        }
+        for key in &keys {
+            replayed.push(request(proxy.addr, &stream_path, Some(key)).await?);
+        }
+        if through.iter().any(|t| t.replayed) || replayed.iter().any(|t| !t.replayed) {
+            return Err::<_, BoxError>("a new key was replayed, or a retry was not".into());
+        }
+        if through
+            .iter()
+            .chain(&replayed)
+            .any(|t| t.events != direct[0].events)
+        {
+            return Err("the proxy's stream has other events than the upstream's".into());
+        }
+        let bulk_path = format!("/bulk?mib={BULK_MIB}");
+        let (mut bulk_direct, mut bulk_proxy) = (Vec::new(), Vec::new());
+        for _ in 0..BULK_RUNS {
+            bulk_direct.push(request(upstream.addr, &bulk_path, None).await?);
+            let key = uuid::Uuid::new_v4().to_string();
+            bulk_proxy.push(request(proxy.addr, &bulk_path, Some(&key)).await?);
+        }
+        Ok(markdown(
+            &direct,
+            &through,
+            &replayed,
+            &bulk_direct,
+            &bulk_proxy,
+        ))
+    }
+    .await;
+    proxy.stop().await;
+    upstream.stop().await;
+    outcome
+}
+
+/// `POST path` on a new connection (`Connection: close`), keyed when `key`
+/// is given; read to the end.
+async fn request(addr: SocketAddr, path: &str, key: Option<&str>) -> Result<Timing, BoxError> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let key_line = key.map_or(String::new(), |key| format!("Idempotency-Key: {key}\r\n"));
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer bench\r\n\
+         Content-Type: application/json\r\n{key_line}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    let started = Instant::now();
+    stream.write_all(head.as_bytes()).await?;
+    let mut seen = Vec::with_capacity(64 * 1024);
+    let mut chunk = vec![0; 256 * 1024];
+    let mut header_end = None;
+    let mut first_event = None;
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        // Kept whole while small (the events are counted at the end); a bulk
+        // answer is only read.
+        if seen.len() < 1024 * 1024 {
+            seen.extend_from_slice(&chunk[..n]);
+        }
+        if first_event.is_some() {
+            continue;
+        }
+        if header_end.is_none() {
+            header_end = seen
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map(|at| at + 4);
+        }
+        // The first event (`data:`) or record (`{`) of the body.
+        if let Some(end) = header_end
+            && seen[end..]
+                .windows(5)
+                .any(|w| w == b"data:" || w.starts_with(b"{\""))
+        {
+            first_event = Some(started.elapsed());
+        }
+    }
+    let end = started.elapsed();
+    let header_end = header_end.ok_or("no response head")?;
+    let head = String::from_utf8_lossy(&seen[..header_end]).to_ascii_lowercase();
+    if !head.starts_with("http/1.1 200") {
+        return Err(format!("{path}: {}", head.lines().next().unwrap_or_default()).into());
+    }
+    Ok(Timing {
+        first_event: first_event.ok_or("no event in the body")?,
+        end,
+        replayed: head.contains("idempotent-replayed: true"),
+        events: seen[header_end..]
+            .windows(5)
+            .filter(|w| *w == b"data:")
+            .count(),
+    })
+}
+
+fn percentile(values: &mut [Duration], p: f64) -> Duration {
+    values.sort_unstable();
+    let at = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values[at]
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.2}", duration.as_secs_f64() * 1e3)
+}
+
+fn markdown(
+    direct: &[Timing],
+    through: &[Timing],
+    replayed: &[Timing],
+    bulk_direct: &[Timing],
+    bulk_proxy: &[Timing],
+) -> String {
+    let row = |name: &str, timings: &[Timing]| {
+        let mut first: Vec<Duration> = timings.iter().map(|t| t.first_event).collect();
+        let mut end: Vec<Duration> = timings.iter().map(|t| t.end).collect();
+        format!(
+            "| {name} | {} | {} | {} | {} |\n",
+            ms(percentile(&mut first, 0.5)),
+            ms(percentile(&mut first, 0.99)),
+            ms(percentile(&mut end, 0.5)),
+            ms(percentile(&mut end, 0.99)),
+        )
+    };
+    let rate = |timings: &[Timing]| {
+        let mut ends: Vec<Duration> = timings.iter().map(|t| t.end).collect();
+        BULK_MIB as f64 / percentile(&mut ends, 0.5).as_secs_f64()
+    };
+    let (rate_direct, rate_proxy) = (rate(bulk_direct), rate(bulk_proxy));
+    let mut out = format!(
+        "{ROUNDS} Server-Sent Events answers of {EVENTS} events, {GAP_MS} ms apart, each way \
+         (one request per connection, direct and proxied interleaved; the proxy on the memory store):\n\n\
+         | path | first event p50 ms | first event p99 ms | end p50 ms | end p99 ms |\n\
+         |---|---:|---:|---:|---:|\n"
+    );
+    out.push_str(&row("direct", direct));
+    out.push_str(&row("proxy, new key (streamed through)", through));
+    out.push_str(&row("proxy, replay (the stored stream)", replayed));
+    out.push_str(&format!(
+        "\n{BULK_MIB} MiB of NDJSON, median of {BULK_RUNS} runs each (past the stored-response \
+         limit: streamed through, not retained): direct {rate_direct:.0} MiB/s, through the proxy \
+         {rate_proxy:.0} MiB/s ({:.2}×).\n",
+        rate_proxy / rate_direct
+    ));
+    out
+}
