@@ -262,6 +262,65 @@ async fn a_stream_flows_through_and_replays_on_memory() {
     a_cut_stream_is_never_complete("memory").await;
 }
 
+/// A retry that reaches another instance sharing the store while the stream
+/// runs is in flight there like any duplicate (PROTOCOL §20): it waits for the
+/// stream's end — woken by the store (LISTEN/NOTIFY, pub/sub) — and gets every
+/// event, byte-identical to the first client's, replayed; the upstream ran once.
+async fn a_retry_on_another_instance_gets_the_whole_stream(store: &str) {
+    let upstream = Upstream::start().await;
+    let first = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
+    let second = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
+    let key = new_key();
+    let events = upstream.stream_next();
+    events.send(event(1)).await.unwrap();
+    let client = Client::new();
+    let mut response = open(&first, &client, &key).await;
+    let mut seen = Vec::new();
+    read_until(&mut response, &mut seen, &event(1).unwrap()).await;
+    let retry = {
+        let (client, url, key) = (
+            client.clone(),
+            second.url("/v1/chat/completions"),
+            key.clone(),
+        );
+        tokio::spawn(async move { client.post(&url, Some(&key), COMPLETION).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !retry.is_finished(),
+        "the retry on the other instance waits for the stream in flight"
+    );
+    for n in 2..=5 {
+        events.send(event(n)).await.unwrap();
+        read_until(&mut response, &mut seen, &event(n).unwrap()).await;
+    }
+    drop(events);
+    let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+        .await
+        .expect("the end within 10 s");
+    assert!(matches!(end, Ok(None)), "a clean end: {end:?}");
+    let retry = tokio::time::timeout(Duration::from_secs(5), retry)
+        .await
+        .expect("the waiting retry is answered once the stream is recorded")
+        .unwrap();
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.headers["content-type"], "text/event-stream");
+    assert_eq!(retry.body, bytes_of(1..=5), "every event, in order");
+    assert_eq!(retry.body, seen, "byte-identical to the first client's");
+    assert_eq!(upstream.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_another_instance_gets_the_whole_stream_on_postgres() {
+    a_retry_on_another_instance_gets_the_whole_stream(&postgres_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_another_instance_gets_the_whole_stream_on_redis() {
+    a_retry_on_another_instance_gets_the_whole_stream(&redis_url()).await;
+}
+
 /// The proxy's peak resident memory (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
