@@ -11,16 +11,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::HeaderName;
+use idemgate::Store;
 use idemgate::audit::{AuditQuery, key_digest};
 use idemgate::deadline::WithDeadline;
-use idemgate::{Store, StoreError};
 
+use super::operator::{self, FailureCodes, OperatorError};
 use crate::audit::{EntryView, Filter, Verified, export, parse_time, verify};
 use crate::cli::{AuditArgs, AuditCommand, AuditPrincipalArgs};
-use crate::config::{ConfigError, RedisSafety, StoreUrl};
-use crate::principal::{PrincipalSpec, principal_of};
-use crate::store::{self, OpenError, Opening};
 
 /// Exit code: the journal is not intact.
 pub const EXIT_BROKEN: u8 = 1;
@@ -32,40 +29,19 @@ pub const EXIT_STORE_FAILED: u8 = 3;
 /// Each store call's bound.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-#[derive(Debug, thiserror::Error)]
-enum AuditError {
-    #[error("{0}")]
-    Config(#[from] ConfigError),
-    #[error("invalid {0}: {1}")]
-    Usage(&'static str, String),
-    #[error("cannot open the store: {0}")]
-    Open(#[from] OpenError),
-    #[error("{0}")]
-    Store(#[from] StoreError),
-}
-
 /// Runs `idemgate audit …` and returns the process's exit code.
 pub async fn main(args: AuditArgs) -> ExitCode {
+    let codes = FailureCodes {
+        usage: EXIT_USAGE,
+        store_failed: EXIT_STORE_FAILED,
+    };
     match execute(args).await {
         Ok(code) => ExitCode::from(code),
-        Err(error) => {
-            let code = match &error {
-                AuditError::Config(_) | AuditError::Usage(..) => EXIT_USAGE,
-                AuditError::Open(_) | AuditError::Store(_) => EXIT_STORE_FAILED,
-            };
-            let cause = match &error {
-                AuditError::Store(store) => std::error::Error::source(store)
-                    .map(|cause| format!(": {cause}"))
-                    .unwrap_or_default(),
-                _ => String::new(),
-            };
-            eprintln!("idemgate audit: {error}{cause}");
-            ExitCode::from(code)
-        }
+        Err(error) => error.exit("audit", &codes),
     }
 }
 
-async fn execute(args: AuditArgs) -> Result<u8, AuditError> {
+async fn execute(args: AuditArgs) -> Result<u8, OperatorError> {
     match args.command {
         AuditCommand::Export {
             store,
@@ -75,7 +51,7 @@ async fn execute(args: AuditArgs) -> Result<u8, AuditError> {
             key,
         } => {
             let time = |flag: &'static str, text: Option<String>| {
-                text.map(|t| parse_time(&t).map_err(|reason| AuditError::Usage(flag, reason)))
+                text.map(|t| parse_time(&t).map_err(|reason| OperatorError::Usage(flag, reason)))
                     .transpose()
             };
             let range = AuditQuery {
@@ -106,7 +82,7 @@ async fn execute(args: AuditArgs) -> Result<u8, AuditError> {
             })
             .await?;
             if let Some(error) = failed.or_else(|| out.flush().err()) {
-                return Err(AuditError::Usage("stdout", error.to_string()));
+                return Err(OperatorError::Usage("stdout", error.to_string()));
             }
             Ok(0)
         }
@@ -129,51 +105,18 @@ async fn execute(args: AuditArgs) -> Result<u8, AuditError> {
     }
 }
 
-/// The principal the flags name (the forms of `idemgate keys`), made by the
-/// layer's own code.
-fn principal(whose: &AuditPrincipalArgs) -> Result<Option<String>, AuditError> {
-    let Some(whose) = whose.principal_args() else {
-        return Ok(None);
-    };
-    let spec = if let Some(principal) = whose.principal {
-        PrincipalSpec::Raw(principal)
-    } else if let Some(value) = whose.authorization {
-        let secret = whose.secret.read()?;
-        if secret.is_empty() {
-            return Err(AuditError::Usage(
-                "--authorization",
-                "needs the proxy's principal secret: set IDEMGATE_PRINCIPAL_SECRET or --principal-secret-file PATH".to_owned(),
-            ));
-        }
-        PrincipalSpec::Authorization { value, secret }
-    } else if let Some(token) = whose.bearer {
-        PrincipalSpec::Bearer(token)
-    } else {
-        let header = whose.principal_header.unwrap_or_default();
-        let invalid = |reason: &str| AuditError::Usage("--principal-header", reason.to_owned());
-        let (name, value) = header
-            .split_once(':')
-            .ok_or_else(|| invalid("expected `NAME: VALUE`"))?;
-        let name = HeaderName::from_bytes(name.trim().as_bytes())
-            .map_err(|_| invalid("not a header name"))?;
-        PrincipalSpec::Header(name, value.trim().to_owned())
-    };
-    principal_of(&spec)
-        .map(|p| Some(p.as_str().to_owned()))
-        .map_err(|error| AuditError::Usage("principal", error.to_string()))
+/// The principal the flags name (the forms of `idemgate keys`), when one was.
+fn principal(whose: &AuditPrincipalArgs) -> Result<Option<String>, OperatorError> {
+    whose
+        .principal_args()
+        .map(|whose| operator::principal(&whose).map(|p| p.as_str().to_owned()))
+        .transpose()
 }
 
 /// The store at `url`, as it is (no migration, no purge), each call bounded.
-async fn open(url: &str) -> Result<Arc<dyn Store>, AuditError> {
-    let url = url
-        .parse::<StoreUrl>()
-        .map_err(|reason| AuditError::Usage("--store", reason))?;
-    if url == StoreUrl::Memory {
-        return Err(AuditError::Usage(
-            "--store",
-            "a `memory` journal lives inside the serving process; use its admin API (GET /v1/audit)".to_owned(),
-        ));
-    }
-    let opened = store::open(&url, Opening::Inspect, TIMEOUT, RedisSafety::default()).await?;
-    Ok(Arc::new(WithDeadline::new(opened.store, TIMEOUT)))
+async fn open(url: &str) -> Result<Arc<dyn Store>, OperatorError> {
+    let memory =
+        "a `memory` journal lives inside the serving process; use its admin API (GET /v1/audit)";
+    let store = operator::open_as_is(url, TIMEOUT, memory).await?;
+    Ok(Arc::new(WithDeadline::new(store, TIMEOUT)))
 }

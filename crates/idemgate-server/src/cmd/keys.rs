@@ -9,16 +9,14 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use axum::http::HeaderName;
 use idemgate::deadline::WithDeadline;
 use idemgate::scope::Identity;
-use idemgate::{EvictMode, Eviction, Principal, Store, StoreError};
+use idemgate::{EvictMode, Eviction, Principal, Store};
 
-use crate::cli::{KeyTarget, KeysArgs, KeysCommand, PrincipalArgs};
-use crate::config::{ConfigError, RedisSafety, StoreUrl};
+use super::operator::{FailureCodes, OperatorError, open_as_is, principal, principal_spec};
+use crate::cli::{KeyTarget, KeysArgs, KeysCommand};
 use crate::inspect::{EvictionView, KeyQuery, KeyView};
-use crate::principal::{PrincipalSpec, principal_of};
-use crate::store::{self, OpenError, Opening};
+use crate::principal::PrincipalSpec;
 
 /// Exit code: the store failed (unreachable, misconfigured, corrupt record).
 pub const EXIT_STORE_FAILED: u8 = 1;
@@ -28,43 +26,6 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_ABSENT: u8 = 3;
 /// Exit code: eviction refused, a request may still hold the key.
 pub const EXIT_REFUSED: u8 = 4;
-
-/// Which principal the flags name.
-fn principal_spec(whose: &PrincipalArgs) -> Result<PrincipalSpec, KeysError> {
-    if let Some(principal) = &whose.principal {
-        return Ok(PrincipalSpec::Raw(principal.clone()));
-    }
-    if let Some(value) = &whose.authorization {
-        let secret = whose.secret.read()?;
-        if secret.is_empty() {
-            return Err(KeysError::Usage(
-                "--authorization",
-                "needs the proxy's principal secret: set IDEMGATE_PRINCIPAL_SECRET or --principal-secret-file PATH".to_owned(),
-            ));
-        }
-        return Ok(PrincipalSpec::Authorization {
-            value: value.clone(),
-            secret,
-        });
-    }
-    if let Some(token) = &whose.bearer {
-        return Ok(PrincipalSpec::Bearer(token.clone()));
-    }
-    let header = whose.principal_header.as_deref().unwrap_or_default();
-    let invalid = |reason: &str| KeysError::Usage("--principal-header", reason.to_owned());
-    let (name, value) = header
-        .split_once(':')
-        .ok_or_else(|| invalid("expected `NAME: VALUE`"))?;
-    let name =
-        HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| invalid("not a header name"))?;
-    Ok(PrincipalSpec::Header(name, value.trim().to_owned()))
-}
-
-/// The principal the flags name, made by the layer's own code.
-fn principal(whose: &PrincipalArgs) -> Result<Principal, KeysError> {
-    principal_of(&principal_spec(whose)?)
-        .map_err(|error| KeysError::Usage("principal", error.to_string()))
-}
 
 /// What to tell an operator whose lookup found nothing: which principal mode
 /// the flags used and the principal it made, and why a record written under
@@ -102,7 +63,7 @@ fn absent_hint(spec: &PrincipalSpec, principal: &Principal) -> String {
 }
 
 /// The identity the flags name.
-fn identity(target: &KeyTarget) -> Result<Identity, KeysError> {
+fn identity(target: &KeyTarget) -> Result<Identity, OperatorError> {
     KeyQuery {
         principal: principal(&target.whose)?,
         method: target.method.clone(),
@@ -110,12 +71,12 @@ fn identity(target: &KeyTarget) -> Result<Identity, KeysError> {
         key: target.key.clone(),
     }
     .identity()
-    .map_err(|error| KeysError::Usage("--method/--path/--key", error.to_string()))
+    .map_err(|error| OperatorError::Usage("--method/--path/--key", error.to_string()))
 }
 
-fn store_timeout(target: &KeyTarget) -> Result<Duration, KeysError> {
+fn store_timeout(target: &KeyTarget) -> Result<Duration, OperatorError> {
     if target.store_timeout_ms == 0 {
-        return Err(KeysError::Usage(
+        return Err(OperatorError::Usage(
             "--store-timeout-ms",
             "must be at least 1".to_owned(),
         ));
@@ -123,41 +84,19 @@ fn store_timeout(target: &KeyTarget) -> Result<Duration, KeysError> {
     Ok(Duration::from_millis(target.store_timeout_ms))
 }
 
-/// Why the store could not be opened or did not answer.
-#[derive(Debug, thiserror::Error)]
-enum KeysError {
-    #[error("{0}")]
-    Config(#[from] ConfigError),
-    #[error("invalid {0}: {1}")]
-    Usage(&'static str, String),
-    #[error("cannot open the store: {0}")]
-    Open(#[from] OpenError),
-    #[error("{0}")]
-    Store(#[from] StoreError),
-}
-
 /// Runs `idemgate keys …` and returns the process's exit code.
 pub async fn main(args: KeysArgs) -> ExitCode {
+    let codes = FailureCodes {
+        usage: EXIT_USAGE,
+        store_failed: EXIT_STORE_FAILED,
+    };
     match execute(args).await {
         Ok(code) => ExitCode::from(code),
-        Err(error) => {
-            let code = match &error {
-                KeysError::Config(_) | KeysError::Usage(..) => EXIT_USAGE,
-                KeysError::Open(_) | KeysError::Store(_) => EXIT_STORE_FAILED,
-            };
-            let cause = match &error {
-                KeysError::Store(store) => std::error::Error::source(store)
-                    .map(|cause| format!(": {cause}"))
-                    .unwrap_or_default(),
-                _ => String::new(),
-            };
-            eprintln!("idemgate keys: {error}{cause}");
-            ExitCode::from(code)
-        }
+        Err(error) => error.exit("keys", &codes),
     }
 }
 
-async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
+async fn execute(args: KeysArgs) -> Result<u8, OperatorError> {
     let (target, action) = match args.command {
         KeysCommand::Show { target, body } => (target, Action::Show { body }),
         KeysCommand::Evict { target, force } => (target, Action::Evict { force }),
@@ -170,7 +109,9 @@ async fn execute(args: KeysArgs) -> Result<u8, KeysError> {
     let spec = principal_spec(&target.whose)?;
     let identity = identity(&target)?;
     let timeout = store_timeout(&target)?;
-    let store = WithDeadline::new(open(&target.store, timeout).await?, timeout);
+    let memory =
+        "`memory` records live inside the serving process; use its admin API (GET/DELETE /v1/keys)";
+    let store = WithDeadline::new(open_as_is(&target.store, timeout, memory).await?, timeout);
     match action {
         Action::Show { body } => match store.get(identity.digest()).await? {
             Some(snapshot) => {
@@ -233,20 +174,4 @@ fn print_json(value: &impl serde::Serialize) {
         Ok(json) => println!("{json}"),
         Err(error) => eprintln!("idemgate keys: cannot render JSON: {error}"),
     }
-}
-
-/// The store at `url`, as it is: no migration (a store that was never set up
-/// answers `Misconfigured`) and no purge task; a SQLite file must exist.
-async fn open(url: &str, timeout: Duration) -> Result<std::sync::Arc<dyn Store>, KeysError> {
-    let url = url
-        .parse::<StoreUrl>()
-        .map_err(|reason| KeysError::Usage("--store", reason))?;
-    if url == StoreUrl::Memory {
-        return Err(KeysError::Usage(
-            "--store",
-            "`memory` records live inside the serving process; use its admin API (GET/DELETE /v1/keys)".to_owned(),
-        ));
-    }
-    let opened = store::open(&url, Opening::Inspect, timeout, RedisSafety::default()).await?;
-    Ok(opened.store)
 }
