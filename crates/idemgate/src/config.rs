@@ -156,13 +156,13 @@ impl Config {
         if !self.jsonrpc {
             return Cow::Borrowed(&self.fingerprint_body);
         }
-        let id: idemgate_core::fingerprint::JsonPointer =
-            "/id".parse().expect("`/id` is a JSON pointer");
+        static ID: std::sync::LazyLock<idemgate_core::fingerprint::JsonPointer> =
+            std::sync::LazyLock::new(|| "/id".parse().expect("`/id` is a JSON pointer"));
         match &self.fingerprint_body {
-            BodySelection::Whole => Cow::Owned(BodySelection::Except(vec![id])),
+            BodySelection::Whole => Cow::Owned(BodySelection::Except(vec![ID.clone()])),
             BodySelection::Except(pointers) => {
                 let mut pointers = pointers.clone();
-                pointers.push(id);
+                pointers.push(ID.clone());
                 Cow::Owned(BodySelection::Except(pointers))
             }
             only => Cow::Borrowed(only),

@@ -31,13 +31,20 @@ impl Envelope {
     /// Reads `body`'s envelope: its first significant byte tells a batch, a
     /// JSON object's `id` member its id.
     pub(crate) fn of(body: &[u8]) -> Self {
+        /// Only the `id` member, borrowed; the others are skipped unread.
+        #[derive(serde::Deserialize)]
+        struct Head<'a> {
+            #[serde(borrow)]
+            id: Option<&'a RawValue>,
+        }
         let first = body.iter().find(|byte| !byte.is_ascii_whitespace());
         if first == Some(&b'[') {
             return Self::Batch;
         }
-        let id = serde_json::from_slice::<Members>(body)
+        let id = serde_json::from_slice::<Head<'_>>(body)
             .ok()
-            .and_then(|members| members.get("id").map(|id| RequestId(id.get().to_owned())));
+            .and_then(|head| head.id)
+            .map(|id| RequestId(id.get().to_owned()));
         Self::Single(id)
     }
 }

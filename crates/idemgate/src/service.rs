@@ -34,7 +34,7 @@ use crate::durations::route_key;
 use crate::execution::Execution;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::{BoxFuture, Handler};
-use crate::jsonrpc::Envelope;
+use crate::jsonrpc::{Envelope, RequestId};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
 use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, ReplayRequest, replay};
@@ -150,7 +150,7 @@ where
         ))
         .await);
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     // A key in the body: the body is read (within the limit) before the key.
     // So is a JSON-RPC request's, whose envelope decides first.
     let (body, buffered) =
@@ -162,9 +162,19 @@ where
         } else {
             (body, None)
         };
-    if config.jsonrpc && Envelope::of(buffered.as_deref().unwrap_or_default()) == Envelope::Batch {
-        count_outcome(Outcome::Rejected);
-        return Ok(ProblemDetails::jsonrpc_batch().into_response());
+    // The envelope read once: a batch is refused, a request's `id` goes with it
+    // (in its extensions) to the replay that answers it.
+    if config.jsonrpc {
+        match Envelope::of(buffered.as_deref().unwrap_or_default()) {
+            Envelope::Batch => {
+                count_outcome(Outcome::Rejected);
+                return Ok(ProblemDetails::jsonrpc_batch().into_response());
+            }
+            Envelope::Single(Some(id)) => {
+                parts.extensions.insert(id);
+            }
+            Envelope::Single(None) => {}
+        }
     }
     let found = {
         // Only a path or query key reads the URI: the usual header key costs no
@@ -308,7 +318,7 @@ async fn keyed(
     key: IdempotencyKey,
     by_content: bool,
 ) -> Response<Body> {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let (claim, body) = match prepare(&config, &parts, body, key, by_content).await {
         Ok(prepared) => prepared,
         Err(response) => return response,
@@ -320,9 +330,7 @@ async fn keyed(
     // What the retry asks of a replay: a coding it can read, where its
     // event stream resumes, the JSON-RPC `id` it is answered with.
     let mut wants = ReplayRequest::of(&parts.headers);
-    if config.jsonrpc
-        && let Envelope::Single(Some(id)) = Envelope::of(&body)
-    {
+    if let Some(id) = parts.extensions.remove::<RequestId>() {
         wants = wants.with_jsonrpc_id(id);
     }
     match claim_or_answer(&config, &claim, &wants).await {
