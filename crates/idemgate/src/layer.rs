@@ -634,10 +634,11 @@ impl<S> Layer<S> for IdempotencyLayer {
                 ..(*self.config).clone()
             })
         });
-        // Also when the route enforces its own strategy: a header-keyed
-        // request is then counted as `header`, not as the route's strategy.
-        let has_another_strategy =
-            !self.config.key_source.is_standard_header() || self.config.dedup.is_some();
+        // A route whose own key is not the header: a header-keyed request is
+        // enforced and counted as `header`, in either mode. A header route
+        // observing content dedup: its header-keyed requests are enforced.
+        let has_another_strategy = !self.config.key_source.is_standard_header()
+            || (self.config.mode == StrategyMode::Observe && self.config.dedup.is_some());
         let enforced_header = has_another_strategy.then(|| {
             Arc::new(Config {
                 mode: StrategyMode::Enforce,
