@@ -320,12 +320,18 @@ pub(crate) async fn get(
 }
 
 /// A transfer from the principal's account `from`, in the caller's transaction:
-/// the reference first (a used one answers its transfer or the differing
-/// fields), then the credited account, then the debit that checks the
-/// precondition and the funds in its `WHERE` — so of concurrent transfers that
-/// expect one balance exactly one applies, and no balance goes negative — then
-/// the credit and the record. Only [`TransferOutcome::Applied`] wrote; the
+/// both accounts locked, then the reference (a used one answers its transfer or
+/// the differing fields), then the credited account, then the debit that checks
+/// the precondition and the funds in its `WHERE` — so of concurrent transfers
+/// that expect one balance exactly one applies, and no balance goes negative —
+/// then the credit and the record. Only [`TransferOutcome::Applied`] wrote; the
 /// caller commits it and rolls back everything else.
+///
+/// The locks come before the reference is read: two transfers with one
+/// reference that reach the ledger at once (the layer off, or its record
+/// gone) are then one after the other, and the second finds the first's
+/// transfer — not the reference's unique index (a `503`), nor a debit that
+/// already changed the balance it expects (a false `409`).
 pub(crate) async fn transfer(
     conn: &mut OrdersConn<'_>,
     principal: &str,
@@ -335,6 +341,7 @@ pub(crate) async fn transfer(
     let Some(source) = get(conn, Some(principal), from).await? else {
         return Ok(TransferOutcome::NoSource);
     };
+    lock_in_order(conn, from, request.to).await?;
     if let Some(transfer) = existing(conn, from, &request.reference_id).await? {
         let mut differing = Vec::new();
         if transfer.to != request.to {
@@ -356,7 +363,6 @@ pub(crate) async fn transfer(
         }
         Some(_) => {}
     }
-    lock_in_order(conn, from, request.to).await?;
     let Some(balance) = debit(conn, from, request).await? else {
         // Nothing was debited: say why, with the account as it is now.
         let current = get(conn, Some(principal), from).await?.unwrap_or(source);
@@ -404,9 +410,10 @@ async fn existing(
         .transpose())
 }
 
-/// On PostgreSQL, locks both accounts' rows in id order before the debit, so
-/// two opposite transfers (A→B and B→A) wait for each other instead of
-/// deadlocking between the debit's and the credit's row locks. SQLite needs
+/// On PostgreSQL, locks both accounts' rows in id order before the reference
+/// is read and the debit made, so two opposite transfers (A→B and B→A) wait
+/// for each other instead of deadlocking between the debit's and the credit's
+/// row locks, and two with one reference see each other ([`transfer`]). SQLite needs
 /// nothing: its transaction holds the one write lock from the start.
 async fn lock_in_order(conn: &mut OrdersConn<'_>, a: i64, b: i64) -> Result<(), sqlx::Error> {
     if let OrdersConn::Postgres(conn) = conn {

@@ -303,6 +303,63 @@ async fn lost_transfer_is_replayed_with_one_debit_on_postgres() {
         .await;
 }
 
+/// 16 identical transfers with one `reference_id` at once: one debit, and every
+/// answer is that transfer (201, one `transfer_id`) — some as the layer's
+/// replay, some (the layer off, or its record gone) as the ledger's own
+/// reference answers it; never a `503` from the reference's unique index, and
+/// never a `409` because the winner's debit changed the expected balance.
+async fn one_reference_raced_applies_once(server: &Server) {
+    let client = Client::new();
+    let (from, to) = (
+        open(server, &client, 1000).await,
+        open(server, &client, 0).await,
+    );
+    // With a precondition (the winner's debit falsifies it for the others),
+    // then without one (the others would debit too, but for the reference).
+    let bodies = [
+        format!(r#"{{"to":{to},"amount":100,"expected_balance":1000,"reference_id":"raced"}}"#),
+        format!(r#"{{"to":{to},"amount":100,"reference_id":"raced-again"}}"#),
+    ];
+    for (round, body) in bodies.into_iter().enumerate() {
+        let answers = race(server, &client, from, vec![body; 16]).await;
+        let mut transfers = std::collections::BTreeSet::new();
+        for answer in &answers {
+            assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+            transfers.insert(answer.json()["transfer_id"].as_i64().unwrap());
+        }
+        assert_eq!(transfers.len(), 1, "one transfer: {answers:?}");
+        let debits = i64::try_from(round).unwrap() + 1;
+        assert_eq!(
+            account(server, &client, from).await["balance"],
+            1000 - 100 * debits
+        );
+        assert_eq!(account(server, &client, to).await["balance"], 100 * debits);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_reference_raced_applies_once_on_postgres() {
+    let options = Options::new(&postgres_url());
+    let options = Options {
+        wait_ms: 10_000,
+        ..options
+    };
+    one_reference_raced_applies_once(&Server::start(options).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_reference_raced_applies_once_on_postgres_without_the_layer() {
+    let options = Options::new(&postgres_url()).switch("--no-idempotency");
+    one_reference_raced_applies_once(&Server::start(options).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_reference_raced_applies_once_on_sqlite_without_the_layer() {
+    let (db, _dir) = sqlite_url();
+    let options = Options::new(&db).switch("--no-idempotency");
+    one_reference_raced_applies_once(&Server::start(options).await).await;
+}
+
 /// After the record's TTL the journal no longer knows a reference, but the
 /// ledger does: the same transfer answers the one it made, another amount is
 /// 422 naming the field; neither debits again.
