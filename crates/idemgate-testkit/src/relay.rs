@@ -63,6 +63,11 @@ pub enum Fault {
     /// `Content-Length: 0`) has nothing to cut: it passes whole and the fault is
     /// spent, so it never lands on the next answer of a kept-alive connection.
     CutBody,
+    /// As [`CutBody`](Self::CutBody), with this many bytes of the body passed on
+    /// as they arrive (the raw bytes, chunked framing and all) before the
+    /// client's connection closes: a stream that breaks off after its first
+    /// events.
+    CutAfter(usize),
 }
 
 impl Fault {
@@ -84,6 +89,14 @@ impl Fault {
                     .ok_or("delay takes milliseconds: delay 1500")?;
                 Ok(Self::DelayResponse(Duration::from_millis(millis)))
             }
+            Some("cut-after") => {
+                let bytes = words
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n: &usize| n > 0)
+                    .ok_or("cut-after takes the body bytes to pass: cut-after 120")?;
+                Ok(Self::CutAfter(bytes))
+            }
             Some("trickle") => {
                 let millis = words
                     .next()
@@ -93,7 +106,7 @@ impl Fault {
                 Ok(Self::Trickle(Duration::from_millis(millis)))
             }
             _ => Err(
-                "FAULT is one of: pass, lose-response, reset, delay MILLISECONDS, trickle MILLISECONDS, cut-body",
+                "FAULT is one of: pass, lose-response, reset, delay MILLISECONDS, trickle MILLISECONDS, cut-body, cut-after BYTES",
             ),
         }
     }
@@ -268,8 +281,12 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
     let mut armed = (fault != Fault::Pass).then_some(fault);
     // The interval of a trickling answer, while one trickles.
     let mut trickle = None;
-    // The answer's bytes so far, while an answer is being cut.
+    // The answer's bytes so far, while an answer's head is awaited to cut it;
+    // how many bytes of its body pass before the cut; how many are still to
+    // pass once its head went out.
     let mut cutting: Option<Vec<u8>> = None;
+    let mut cut_after = 1;
+    let mut passing: Option<usize> = None;
     let mut framing = Framing::default();
     let mut forwarded = false;
     let mut client_open = true;
@@ -311,7 +328,8 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
                     Some(Fault::LoseResponse) => return,
                     Some(Fault::DelayResponse(delay)) => tokio::time::sleep(delay).await,
                     Some(Fault::Trickle(interval)) => trickle = Some(interval),
-                    Some(Fault::CutBody) => cutting = Some(Vec::new()),
+                    Some(Fault::CutBody) => (cutting, cut_after) = (Some(Vec::new()), 1),
+                    Some(Fault::CutAfter(bytes)) => (cutting, cut_after) = (Some(Vec::new()), bytes),
                     Some(Fault::Pass | Fault::Reset) | None => {}
                 }
                 if let Some(answer) = cutting.as_mut() {
@@ -335,16 +353,36 @@ async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault, shared: &S
                                 spent = true;
                                 break;
                             }
-                            AnswerBody::Some if answer.len() > end => {
-                                let _ = client.write_all(&answer[..=end]).await;
+                            AnswerBody::Some if answer.len() >= end + cut_after => {
+                                let _ = client.write_all(&answer[..end + cut_after]).await;
                                 let _ = client.flush().await;
-                                return; // the head and one byte of the body, then the end
+                                return; // the head and the body's first bytes, then the end
+                            }
+                            AnswerBody::Some if answer.len() > end => {
+                                // The head and what came of the body pass now;
+                                // the rest of the bytes to pass, as they come.
+                                if client.write_all(answer).await.is_err() {
+                                    return;
+                                }
+                                passing = Some(end + cut_after - answer.len());
+                                spent = true;
+                                break;
                             }
                             AnswerBody::Some => break, // its first body byte is still to come
                         }
                     }
                     if spent {
                         cutting = None;
+                    }
+                } else if let Some(left) = passing.as_mut() {
+                    let pass = n.min(*left);
+                    if client.write_all(&from_server[..pass]).await.is_err() {
+                        return;
+                    }
+                    *left -= pass;
+                    if *left == 0 {
+                        let _ = client.flush().await;
+                        return; // the bytes passed: the end
                     }
                 } else if let Some(interval) = trickle {
                     for byte in from_server[..n].chunks(1) {
@@ -654,5 +692,43 @@ mod tests {
             "the 100 and the head pass, the body is cut"
         );
         assert_eq!(relay.requests(), 6);
+    }
+    #[tokio::test]
+    async fn cut_after_passes_that_many_body_bytes_as_they_come() {
+        const WHOLE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789";
+        let relay = Relay::start(scripted_upstream(&[WHOLE]).await).await;
+        let mut stream = TcpStream::connect(relay.addr()).await.unwrap();
+        relay.inject_request(Fault::CutAfter(4), None);
+        assert_eq!(
+            exchange(&mut stream, WHOLE).await,
+            &WHOLE[..WHOLE.len() - 6],
+            "the head and 4 body bytes, arrived at once"
+        );
+
+        // The head first, then the body in pieces: each piece passes as it
+        // arrives, until 4 bytes of the body did.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = [0; 1024];
+            let _ = stream.read(&mut request).await;
+            for piece in [&WHOLE[..WHOLE.len() - 10], b"01", b"23", b"45", b"6789"] {
+                if stream.write_all(piece).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        });
+        let relay = Relay::start(upstream).await;
+        let mut stream = TcpStream::connect(relay.addr()).await.unwrap();
+        relay.inject_request(Fault::CutAfter(4), None);
+        assert_eq!(
+            exchange(&mut stream, WHOLE).await,
+            &WHOLE[..WHOLE.len() - 6],
+            "the head, then 01 and 23, then the end"
+        );
+        assert_eq!("cut-after 120".parse(), Ok(Fault::CutAfter(120)));
+        assert!("cut-after 0".parse::<Fault>().is_err());
     }
 }

@@ -13,9 +13,10 @@
 //! | `stats` | `{"connections":N,"forwarded":N,"requests":N,"open":N}` |
 //!
 //! `FAULT` is `pass`, `lose-response`, `reset`, `delay MILLISECONDS`,
-//! `trickle MILLISECONDS` (the answer one byte per interval) or `cut-body` (the
+//! `trickle MILLISECONDS` (the answer one byte per interval), `cut-body` (the
 //! answer's head and one byte of its body, then the connection closes; an answer
-//! without a body passes whole and spends it); see
+//! without a body passes whole and spends it) or `cut-after BYTES` (as
+//! `cut-body`, with that many bytes of the body passed as they come); see
 //! [`Fault`]. A line it cannot read is answered `{"error":"…"}`. It exits when its
 //! standard input closes, so it never outlives the test that started it.
 
