@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::answer::is_replayed;
+use crate::events::{Answer, AnswerError, Events};
 use crate::policy::Attempts;
 use crate::{Error, Operation, RetryPolicy};
 
@@ -127,6 +128,59 @@ impl RequestBuilder {
         self
     }
 
+    /// Sends the attempts until one answers, and returns its body as an event
+    /// stream (`text/event-stream`) to read as it arrives: [`Events::next`]
+    /// hands on each event once, in order, and resumes a stream whose
+    /// connection dropped — with the operation's key and the `Last-Event-ID`
+    /// of the last event received — under this request's policy.
+    ///
+    /// Without an [`Operation`] (and for a method that is not idempotent) a
+    /// dropped stream is not asked for again: the error says so.
+    ///
+    /// ```no_run
+    /// use idemgate_client::{Client, Operation};
+    ///
+    /// # async fn chat() -> Result<(), idemgate_client::Error> {
+    /// let client = Client::new(reqwest::Client::new());
+    /// let ask = Operation::new();
+    /// let mut events = client.post("http://127.0.0.1:8080/v1/chat/completions")
+    ///     .json(&serde_json::json!({"stream": true, "messages": []})).operation(&ask)
+    ///     .send_events().await?;
+    /// while let Some(event) = events.next().await {
+    ///     print!("{}", event?.data());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_events(self) -> Result<Events, Error> {
+        let (http, request) = self.inner.build_split();
+        let mut request = request.map_err(Error::Build)?;
+        if let Some(operation) = &self.operation {
+            request
+                .headers_mut()
+                .insert(IDEMPOTENCY_KEY.clone(), operation.header_value());
+        }
+        let mut attempts = Attempts::start(&self.policy, &request)?;
+        let mut pending = Some(request);
+        loop {
+            let attempt = attempts.next(&mut pending);
+            match answer(&http, attempt, &mut attempts).await {
+                Ok(Answer::Streaming(response)) => {
+                    return Ok(Events::new(http, attempts, pending, response));
+                }
+                Ok(Answer::Again) => {}
+                Err(AnswerError::Final(error)) => return Err(error),
+                Err(AnswerError::Transport(error)) => {
+                    if !attempts.again_after_error(&error).await {
+                        return Err(Error::Transport {
+                            source: error,
+                            may_have_run: attempts.may_have_run(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
     /// Sends the attempts and returns the outcome.
     ///
     /// Each attempt reads the whole response body, so a response cut off halfway
@@ -171,6 +225,39 @@ impl RequestBuilder {
             }
         }
     }
+}
+
+/// Sends one attempt and reads its answer's head: a successful answer's body is
+/// left to the caller; an unsuccessful one is read and judged, and waited
+/// for when another attempt is due.
+pub(crate) async fn answer(
+    http: &ClientWithMiddleware,
+    attempt: reqwest::Request,
+    attempts: &mut Attempts,
+) -> Result<Answer, AnswerError> {
+    let response = http
+        .execute(attempt)
+        .await
+        .map_err(AnswerError::Transport)?;
+    let (status, headers) = (response.status(), response.headers().clone());
+    if !(status.is_client_error() || status.is_server_error()) {
+        attempts.again_after_response(status, &headers).await; // a final answer: no wait
+        return Ok(Answer::Streaming(response));
+    }
+    let body = response
+        .bytes()
+        .await
+        .map_err(|cut| AnswerError::Transport(cut.into()))?;
+    if attempts.again_after_response(status, &headers).await {
+        return Ok(Answer::Again);
+    }
+    let may_have_run = attempts.may_have_run();
+    Err(AnswerError::Final(Error::from_answer(
+        status,
+        &headers,
+        &body,
+        may_have_run,
+    )))
 }
 
 async fn read(

@@ -118,6 +118,16 @@ pub enum Error {
         /// See [`Error::may_have_run`].
         may_have_run: bool,
     },
+    /// A streamed answer broke off, and the retry that asked for it again was
+    /// answered by a new run of the operation, not the first one's stream: the
+    /// server did not keep that run (a cut stream is released by the route's
+    /// server-error policy). The events handed on so far were that run's; the
+    /// new run is now the operation's outcome — ask for it with the same
+    /// [`Operation`](crate::Operation) to read its stream whole.
+    #[error(
+        "the stream broke off and the server ran the operation again rather than resume it: the events so far were a run it did not keep"
+    )]
+    StreamRestarted,
     /// The request body is a stream, which cannot be sent again on a retry.
     /// Nothing was sent. Buffer it (`Vec<u8>`, `Bytes`, `String`, `.json(..)`).
     #[error(
@@ -139,7 +149,7 @@ impl Error {
     /// [`Operation`](crate::Operation) to learn the outcome — never with a new one.
     pub fn may_have_run(&self) -> bool {
         match self {
-            Self::StillInProgress { .. } => true,
+            Self::StillInProgress { .. } | Self::StreamRestarted => true,
             Self::Rejected { may_have_run, .. } | Self::Transport { may_have_run, .. } => {
                 *may_have_run
             }

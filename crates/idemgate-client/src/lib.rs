@@ -15,6 +15,9 @@
 //!   backoff and full jitter under a total deadline — never `422`, other `4xx`, or
 //!   a replayed outcome; `max_retries(0)` is one attempt;
 //! - a `POST`/`PATCH` without an operation is sent exactly once;
+//! - a streamed answer (`text/event-stream`, [`RequestBuilder::send_events`]) is
+//!   read event by event; a connection that drops mid-stream is resumed with the
+//!   same key and `Last-Event-ID`, each event handed on once, in order;
 //! - outcomes are typed: a [`Response`] (with [`Response::replayed`]) or an
 //!   [`Error`] — [`KeyReused`](Error::KeyReused), [`StillInProgress`](Error::StillInProgress),
 //!   [`Rejected`](Error::Rejected), [`Transport`](Error::Transport) — that tells
@@ -60,6 +63,7 @@ mod answer;
 pub mod case_files;
 mod client;
 mod error;
+mod events;
 mod middleware;
 mod operation;
 mod policy;
@@ -68,6 +72,7 @@ mod retry_rules;
 
 pub use client::{Client, RequestBuilder, Response};
 pub use error::{Error, Problem};
+pub use events::{Event, Events};
 pub use idemgate_core::key::KeyError;
 pub use middleware::RetryMiddleware;
 pub use operation::Operation;

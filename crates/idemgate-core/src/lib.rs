@@ -48,6 +48,7 @@ pub mod decide;
 mod decode;
 pub mod encoding;
 pub mod estimate;
+pub mod event_stream;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;

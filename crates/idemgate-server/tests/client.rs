@@ -733,3 +733,142 @@ async fn a_503_with_retry_after_is_waited_out_then_retried() {
     assert_eq!(setup.orders().await.len(), 1);
     assert_eq!(setup.gateway.distinct_charges(), 1);
 }
+
+/// A streamed answer read with `send_events` through `idemgate proxy`, its
+/// connection cut by the relay in the middle of the third event: the client
+/// asks again with the same key (and, when the events carry ids,
+/// `Last-Event-ID: 2`), joins the stream the upstream is still producing, and
+/// hands on events 1 to 5 once each, in order. The upstream ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_event_stream_is_resumed_and_each_event_handed_on_once() {
+    use support::proxy::{Proxy, ProxyOptions, Upstream};
+    for with_ids in [true, false] {
+        let event = |n: usize| {
+            let id = if with_ids {
+                format!("id: {n}\n")
+            } else {
+                String::new()
+            };
+            bytes::Bytes::from(format!("{id}data: {{\"token\":{n}}}\n\n"))
+        };
+        let upstream = Upstream::start().await;
+        let proxy = Proxy::start(ProxyOptions::new(upstream.url())).await;
+        let relay = Relay::start(proxy.addr).await;
+        let produced = upstream.stream_next();
+        for n in 1..=2 {
+            produced.send(Ok(event(n))).await.unwrap();
+        }
+        // Each event one chunk: its size line, the event, CRLF. The cut falls
+        // 8 bytes into the third.
+        let chunk = |n: usize| format!("{:x}\r\n", event(n).len()).len() + event(n).len() + 2;
+        relay.inject_request(Fault::CutAfter(chunk(1) + chunk(2) + 8), Some("POST"));
+        let client = Client::new(reqwest::Client::new()).with_policy(
+            RetryPolicy::default().backoff(Duration::from_millis(10), Duration::from_millis(50)),
+        );
+        let token = support::client::Client::new().token;
+        let mut events = client
+            .post(relay.url("/v1/chat/completions"))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"model": "m", "stream": true}))
+            .operation(&Operation::new())
+            .send_events()
+            .await
+            .unwrap();
+        let mut received = Vec::new();
+        for _ in 1..=2 {
+            received.push(next_event(&mut events).await.unwrap().unwrap());
+        }
+        // The third event is cut on its way; the retry joins the stream.
+        produced.send(Ok(event(3))).await.unwrap();
+        received.push(next_event(&mut events).await.unwrap().unwrap());
+        for n in 4..=5 {
+            produced.send(Ok(event(n))).await.unwrap();
+        }
+        drop(produced);
+        while let Some(event) = next_event(&mut events).await {
+            received.push(event.unwrap());
+        }
+        let data: Vec<_> = received.iter().map(|e| e.data().to_owned()).collect();
+        let expected: Vec<_> = (1..=5).map(|n| format!("{{\"token\":{n}}}")).collect();
+        assert_eq!(data, expected, "ids: {with_ids}");
+        if with_ids {
+            assert_eq!(received[4].last_event_id(), Some("5"));
+        }
+        assert_eq!(events.attempts(), 2, "the cut and the resumption");
+        assert_eq!(upstream.executions(), 1, "the upstream ran once");
+        assert_eq!(relay.requests(), 2);
+    }
+}
+
+async fn next_event(
+    events: &mut idemgate_client::Events,
+) -> Option<Result<idemgate_client::Event, Error>> {
+    tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("an event within 10 s")
+}
+
+/// A stream the upstream cuts after two events is never handed on as
+/// complete. Kept failed (the default): the client's resumption gets the
+/// stored failure, replayed, and the upstream ran once. Released (a route's
+/// `server_errors = "release"`): the resumption runs the operation again, and
+/// the client says so rather than splice a new run onto the first one's events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_upstream_cut_is_never_handed_on_as_complete() {
+    use support::proxy::{Proxy, ProxyOptions, Upstream};
+    for released in [false, true] {
+        let dir = support::server::TempDir::new("idemgate-client-stream");
+        let upstream = Upstream::start().await;
+        let mut options = ProxyOptions::new(upstream.url());
+        if released {
+            let routes = dir.path().join("routes.toml");
+            std::fs::write(
+                &routes,
+                "[[route]]\nmethod = \"POST\"\npath = \"/v1/chat/completions\"\nserver_errors = \"release\"\n",
+            )
+            .unwrap();
+            options = options.arg("--config", routes.display());
+        }
+        let proxy = Proxy::start(options).await;
+        let produced = upstream.stream_next();
+        for n in 1..=2 {
+            let event = format!("id: {n}\ndata: {n}\n\n");
+            produced.send(Ok(bytes::Bytes::from(event))).await.unwrap();
+        }
+        let client = Client::new(reqwest::Client::new()).with_policy(
+            RetryPolicy::default().backoff(Duration::from_millis(10), Duration::from_millis(50)),
+        );
+        let mut events = client
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth(support::client::Client::new().token)
+            .json(&serde_json::json!({"stream": true}))
+            .operation(&Operation::new())
+            .send_events()
+            .await
+            .unwrap();
+        for n in 1..=2 {
+            let event = next_event(&mut events).await.unwrap().unwrap();
+            assert_eq!(event.data(), n.to_string());
+        }
+        produced
+            .send(Err(std::io::Error::other("upstream reset")))
+            .await
+            .unwrap();
+        let error = next_event(&mut events)
+            .await
+            .expect("an error, not a clean end")
+            .expect_err("the cut is not an event");
+        assert!(error.may_have_run(), "{error:?}");
+        if released {
+            assert!(matches!(error, Error::StreamRestarted), "{error:?}");
+            assert_eq!(upstream.executions(), 2, "released: it ran again");
+        } else {
+            assert!(
+                matches!(error, Error::Rejected { replayed: true, .. }),
+                "the stored failure: {error:?}"
+            );
+            assert_eq!(upstream.executions(), 1, "kept failed: not run again");
+        }
+        assert!(next_event(&mut events).await.is_none(), "nothing after it");
+    }
+}

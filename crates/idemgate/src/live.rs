@@ -25,10 +25,11 @@ use http_body_util::StreamBody;
 use tokio::sync::Notify;
 
 use idemgate_core::BoxError;
+use idemgate_core::event_stream::resume_offset;
 use idemgate_core::record::OperationId;
 use idemgate_core::scope::IdentityDigest;
 
-use crate::response::{IDEMPOTENT_REPLAYED, ReplayRequest, resume_offset};
+use crate::response::{IDEMPOTENT_REPLAYED, ReplayRequest};
 use crate::telemetry::count_stream;
 
 /// This process's streams in flight, by record identity. Shared by the

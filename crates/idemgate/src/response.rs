@@ -10,6 +10,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use idemgate_core::compression::{STORED_CODING, decompress};
 use idemgate_core::encoding::acceptable;
+use idemgate_core::event_stream::{LAST_EVENT_ID, resume_offset};
 use idemgate_core::record::{StoredBody, StoredResponse};
 
 use crate::jsonrpc::{self, RequestId};
@@ -284,46 +285,6 @@ impl ReplayRequest {
     }
 }
 
-/// The header an event-stream client reconnects with (HTML standard, §9.2).
-const LAST_EVENT_ID: &str = "last-event-id";
-
-/// Where a stored event stream resumes for a client whose last event id is
-/// `last_event_id`: just after the first event that set that id (its `id:`
-/// field, the last one of the event, per the HTML standard's parsing: lines end
-/// in CRLF, LF or CR; an empty line ends an event). `None` when no event set
-/// it: the whole stream is sent, a duplicate being better than a gap.
-pub(crate) fn resume_offset(stream: &[u8], last_event_id: &str) -> Option<usize> {
-    let mut at = 0;
-    let mut sets_it = false;
-    while at < stream.len() {
-        let rest = &stream[at..];
-        let (line_len, ending) = match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
-            Some(i) if rest[i] == b'\r' && rest.get(i + 1) == Some(&b'\n') => (i, 2),
-            Some(i) => (i, 1),
-            None => return None, // an unfinished last line dispatches nothing
-        };
-        let line = &rest[..line_len];
-        at += line_len + ending;
-        if line.is_empty() {
-            if sets_it {
-                return Some(at);
-            }
-            continue;
-        }
-        let (name, value) = match line.iter().position(|&b| b == b':') {
-            Some(colon) => {
-                let value = &line[colon + 1..];
-                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
-            }
-            None => (line, &b""[..]),
-        };
-        if name == b"id" && !value.contains(&0) {
-            sets_it = value == last_event_id.as_bytes();
-        }
-    }
-    None
-}
-
 /// Whether stored headers say the body is an event stream.
 fn is_event_stream(headers: &[(HeaderName, HeaderValue)]) -> bool {
     headers.iter().any(|(name, value)| {
@@ -350,7 +311,8 @@ fn is_event_stream(headers: &[(HeaderName, HeaderValue)]) -> bool {
 /// replayed as stored, with a warning.
 ///
 /// An event stream replayed to a retry that sent `Last-Event-ID` starts after
-/// that event (PROTOCOL §20, [`resume_offset`]).
+/// that event (PROTOCOL §20, [`resume_offset`], the one reading of the format
+/// clients resume by too).
 pub(crate) fn replay(stored: &StoredResponse, wants: &ReplayRequest) -> Response<Body> {
     let accept_encoding = wants.accept_encoding.as_deref();
     // The body as the handler answered it, whatever the store keeps
