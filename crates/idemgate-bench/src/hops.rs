@@ -64,6 +64,12 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Answer>, Infallib
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static(content_type),
         );
+        // As an event-stream server behind nginx says: pass each event on as
+        // it comes (nginx buffers a proxied answer otherwise).
+        response.headers_mut().insert(
+            http::HeaderName::from_static("x-accel-buffering"),
+            http::HeaderValue::from_static("no"),
+        );
         return Ok(response);
     }
     let mut response = Response::new(Either::Left(Full::new(Bytes::from_static(UPSTREAM_BODY))));

@@ -218,6 +218,8 @@ fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> Result<(), BoxError> {
     let root = workspace_root();
     if args.suite == Suite::Streams {
+        // nginx is the suite's reference hop.
+        start_service(&root, "nginx").await?;
         println!("{}", streams::suite(&root).await?);
         return Ok(());
     }
@@ -293,6 +295,19 @@ struct Prepared {
     stores: Vec<StoreKind>,
 }
 
+/// Starts PostgreSQL / Redis when they are down, installs nginx when it is
+/// missing: the test suite's script, `scripts/services.sh which`.
+async fn start_service(root: &Path, which: &str) -> Result<(), BoxError> {
+    let status = tokio::process::Command::new(root.join("scripts/services.sh"))
+        .arg(which)
+        .status()
+        .await?;
+    if !status.success() {
+        return Err(format!("scripts/services.sh {which} failed: {status}").into());
+    }
+    Ok(())
+}
+
 /// Parses the stores and timings, starts the services the stores need (and
 /// `extra_service`), builds the release server, describes the machine.
 async fn prepare(
@@ -328,15 +343,7 @@ async fn prepare(
     }
     services.extend(extra_service);
     for which in services {
-        // Starts PostgreSQL / Redis when they are down, installs nginx when it is
-        // missing (the test suite's script).
-        let status = tokio::process::Command::new(root.join("scripts/services.sh"))
-            .arg(which)
-            .status()
-            .await?;
-        if !status.success() {
-            return Err(format!("scripts/services.sh {which} failed: {status}").into());
-        }
+        start_service(root, which).await?;
     }
     if stores.contains(&StoreKind::Redis) {
         // Every run starts from an empty journal, whatever an earlier run that

@@ -3,10 +3,13 @@
 //!
 //! - **Time to the first event and to the end** of a Server-Sent Events answer
 //!   (an LLM's tokens: the first at once, the rest a few ms apart), one request
-//!   per connection, direct and through the proxy with a new key each,
+//!   per connection, direct, through nginx as a plain reverse proxy (the
+//!   reference hop; the upstream says `X-Accel-Buffering: no`, as an event
+//!   stream behind nginx does) and through the proxy with a new key each,
 //!   interleaved; then each of those keys again: the stored stream replayed.
 //! - **Throughput** of a large NDJSON answer (past the stored-response limit:
-//!   it flows through and is not retained), direct and through the proxy.
+//!   it flows through and is not retained), direct, through nginx and through
+//!   the proxy.
 //!
 //! Latencies are wall-clock on a shared machine: compare the rows of one run.
 
@@ -18,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::BoxError;
-use crate::hops::UpstreamProcess;
+use crate::hops::{NginxProcess, UpstreamProcess};
 use crate::server::{ServerProcess, build_server};
 
 /// Requests per row of the latency table.
@@ -45,19 +48,30 @@ pub(crate) async fn suite(root: &Path) -> Result<String, BoxError> {
     let upstream = UpstreamProcess::start().await?;
     let args = ["--idempotency-store".to_owned(), "memory".to_owned()];
     let proxy = ServerProcess::start_proxy(&binary, upstream.addr, &args, &[]).await?;
+    let nginx = match NginxProcess::start(&root.join("target/bench/streams-nginx"), upstream.addr)
+        .await
+    {
+        Ok(nginx) => nginx,
+        Err(error) => {
+            proxy.stop().await;
+            upstream.stop().await;
+            return Err(error);
+        }
+    };
     let stream_path = format!("/stream?events={EVENTS}&gap_ms={GAP_MS}");
     let outcome = async {
-        let (mut direct, mut through, mut replayed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut direct, mut via_nginx) = (Vec::new(), Vec::new());
+        let (mut through, mut replayed) = (Vec::new(), Vec::new());
         let mut keys = Vec::with_capacity(ROUNDS);
         for round in 0..ROUNDS {
             let key = uuid::Uuid::new_v4().to_string();
-            // Alternate which goes first, so neither always follows the other.
-            if round % 2 == 0 {
-                direct.push(request(upstream.addr, &stream_path, None).await?);
-                through.push(request(proxy.addr, &stream_path, Some(&key)).await?);
-            } else {
-                through.push(request(proxy.addr, &stream_path, Some(&key)).await?);
-                direct.push(request(upstream.addr, &stream_path, None).await?);
+            // Rotate which goes first, so none always follows another.
+            for turn in 0..3 {
+                match (round + turn) % 3 {
+                    0 => direct.push(request(upstream.addr, &stream_path, None).await?),
+                    1 => via_nginx.push(request(nginx.addr, &stream_path, None).await?),
+                    _ => through.push(request(proxy.addr, &stream_path, Some(&key)).await?),
+                }
             }
             keys.push(key);
         }
@@ -70,26 +84,25 @@ pub(crate) async fn suite(root: &Path) -> Result<String, BoxError> {
         if through
             .iter()
             .chain(&replayed)
+            .chain(&via_nginx)
             .any(|t| t.events != direct[0].events)
         {
             return Err("the proxy's stream has other events than the upstream's".into());
         }
         let bulk_path = format!("/bulk?mib={BULK_MIB}");
-        let (mut bulk_direct, mut bulk_proxy) = (Vec::new(), Vec::new());
+        let mut bulk = Bulk::default();
         for _ in 0..BULK_RUNS {
-            bulk_direct.push(request(upstream.addr, &bulk_path, None).await?);
+            bulk.direct
+                .push(request(upstream.addr, &bulk_path, None).await?);
+            bulk.nginx.push(request(nginx.addr, &bulk_path, None).await?);
             let key = uuid::Uuid::new_v4().to_string();
-            bulk_proxy.push(request(proxy.addr, &bulk_path, Some(&key)).await?);
+            bulk.proxy
+                .push(request(proxy.addr, &bulk_path, Some(&key)).await?);
         }
-        Ok(markdown(
-            &direct,
-            &through,
-            &replayed,
-            &bulk_direct,
-            &bulk_proxy,
-        ))
+        Ok(markdown(&direct, &via_nginx, &through, &replayed, &bulk))
     }
     .await;
+    nginx.stop().await;
     proxy.stop().await;
     upstream.stop().await;
     outcome
@@ -166,12 +179,20 @@ fn ms(duration: Duration) -> String {
     format!("{:.2}", duration.as_secs_f64() * 1e3)
 }
 
+/// The bulk answers, each way.
+#[derive(Default)]
+struct Bulk {
+    direct: Vec<Timing>,
+    nginx: Vec<Timing>,
+    proxy: Vec<Timing>,
+}
+
 fn markdown(
     direct: &[Timing],
+    via_nginx: &[Timing],
     through: &[Timing],
     replayed: &[Timing],
-    bulk_direct: &[Timing],
-    bulk_proxy: &[Timing],
+    bulk: &Bulk,
 ) -> String {
     let row = |name: &str, timings: &[Timing]| {
         let mut first: Vec<Duration> = timings.iter().map(|t| t.first_event).collect();
@@ -188,21 +209,26 @@ fn markdown(
         let mut ends: Vec<Duration> = timings.iter().map(|t| t.end).collect();
         BULK_MIB as f64 / percentile(&mut ends, 0.5).as_secs_f64()
     };
-    let (rate_direct, rate_proxy) = (rate(bulk_direct), rate(bulk_proxy));
+    let (rate_direct, rate_nginx, rate_proxy) =
+        (rate(&bulk.direct), rate(&bulk.nginx), rate(&bulk.proxy));
     let mut out = format!(
         "{ROUNDS} Server-Sent Events answers of {EVENTS} events, {GAP_MS} ms apart, each way \
-         (one request per connection, direct and proxied interleaved; the proxy on the memory store):\n\n\
+         (one request per connection, the three ways interleaved; the proxy on the memory store):\n\n\
          | path | first event p50 ms | first event p99 ms | end p50 ms | end p99 ms |\n\
          |---|---:|---:|---:|---:|\n"
     );
     out.push_str(&row("direct", direct));
+    out.push_str(&row("nginx, plain reverse proxy", via_nginx));
     out.push_str(&row("proxy, new key (streamed through)", through));
     out.push_str(&row("proxy, replay (the stored stream)", replayed));
     out.push_str(&format!(
         "\n{BULK_MIB} MiB of NDJSON, median of {BULK_RUNS} runs each (past the stored-response \
-         limit: streamed through, not retained): direct {rate_direct:.0} MiB/s, through the proxy \
-         {rate_proxy:.0} MiB/s ({:.2}×).\n",
-        rate_proxy / rate_direct
+         limit: streamed through, not retained): direct {rate_direct:.0} MiB/s, through nginx \
+         {rate_nginx:.0} MiB/s ({:.2}×), through the proxy {rate_proxy:.0} MiB/s ({:.2}×; \
+         {:.2}× nginx's).\n",
+        rate_nginx / rate_direct,
+        rate_proxy / rate_direct,
+        rate_proxy / rate_nginx,
     ));
     out
 }
