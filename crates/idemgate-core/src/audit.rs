@@ -311,6 +311,31 @@ impl fmt::Debug for AuditSecret {
     }
 }
 
+/// How many chains one instance's transactional `executed` entries are spread
+/// over ([`transaction_partition`]).
+pub const TRANSACTION_PARTITIONS: u8 = 16;
+
+/// The partition — the chain, and the entry's `instance` — of an `executed`
+/// entry appended inside a business transaction: `{instance}/tx{n}`, `n` in
+/// `0..TRANSACTION_PARTITIONS` by the operation's identity.
+///
+/// Such an append locks its partition's head until the transaction commits.
+/// On one partition per instance, every business transaction of the instance
+/// would queue on that head, one commit (one fsync) at a time; spread over
+/// sixteen, concurrent transactions commit together, and one operation's
+/// entries still land on one chain.
+///
+/// ```
+/// use idemgate_core::audit::transaction_partition;
+/// use idemgate_core::scope::IdentityDigest;
+/// let partition = transaction_partition("web-1", &IdentityDigest::from_bytes([0x2a; 32]));
+/// assert_eq!(partition, "web-1/tx10");
+/// ```
+pub fn transaction_partition(instance: &str, identity: &crate::scope::IdentityDigest) -> String {
+    let n = identity.as_bytes()[0] % TRANSACTION_PARTITIONS;
+    format!("{instance}/tx{n}")
+}
+
 /// The journal's `key_digest` of an idempotency key: HMAC-SHA256 under the
 /// store's [`AuditSecret`], hex. Equal keys give equal digests, so one key's
 /// events can be found (`idemgate audit export --key`), and the key cannot be

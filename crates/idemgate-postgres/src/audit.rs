@@ -9,7 +9,8 @@
 //! instances never meet. In the transactional mode the `executed` entry is
 //! appended by the same code on the handler's transaction
 //! ([`append_on`]), so it commits or rolls back with the business writes; the
-//! head row stays locked only from that append to the commit.
+//! head row stays locked only from that append to the commit, and the append
+//! takes two round trips (lock and read the head; insert and move it).
 
 use std::collections::HashMap;
 
@@ -19,9 +20,9 @@ use idemgate_core::audit::{
 };
 use idemgate_sqlx::{
     AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
-    decode_audit_partition, insert_audit_rows,
+    decode_audit_partition, push_audit_rows,
 };
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, QueryBuilder, Row};
 
 use crate::error::store_error;
 use crate::sql::{Names, quote};
@@ -102,69 +103,82 @@ pub(crate) fn schema(names: &Names) -> Vec<String> {
 }
 
 /// The store's clock, in milliseconds.
-const NOW_MS: &str = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+const NOW_MS_EXPRESSION: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// Appends `records` on `connection`, which must be inside a transaction: each
-/// partition's head row is created if missing, locked, and moved.
+/// partition's head row is created if missing, locked and read (one statement
+/// per partition, which also reads the clock once the lock is held), then the
+/// entries are inserted and the heads moved (one statement). The head row stays
+/// locked from the first statement to the commit: in the transactional mode
+/// that is the business transaction's end, so the fewer round trips under the
+/// lock, the less its concurrent transactions queue behind it.
 pub(crate) async fn append_on(
     connection: &mut PgConnection,
     names: &AuditNames,
     records: &[AuditRecord],
 ) -> Result<(), sqlx::Error> {
-    let mut heads: HashMap<&str, ChainHash> = HashMap::new();
+    let mut heads: Vec<(&str, ChainHash)> = Vec::new();
     let genesis = ChainHash::GENESIS.as_bytes().to_vec();
+    // An entry's `at` is read after the lock: never before its predecessor's.
+    let mut now = 0;
     for record in records {
         let instance = record.instance.as_str();
-        if heads.contains_key(instance) {
+        if heads.iter().any(|(known, _)| *known == instance) {
             continue;
         }
-        sqlx::query(AssertSqlSafe(format!(
+        let row = sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {} (instance, head, anchor) VALUES ($1, $2, $2) \
-             ON CONFLICT (instance) DO NOTHING",
+             ON CONFLICT (instance) DO UPDATE SET instance = EXCLUDED.instance \
+             RETURNING head, {NOW_MS_EXPRESSION} AS now_ms",
             names.partitions
         )))
         .bind(instance.to_owned())
         .bind(genesis.clone())
-        .execute(&mut *connection)
-        .await?;
-        let head: Vec<u8> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT head FROM {} WHERE instance = $1 FOR UPDATE",
-            names.partitions
-        )))
-        .bind(instance.to_owned())
         .fetch_one(&mut *connection)
         .await?;
-        let head = chain_hash_of(head).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-        heads.insert(instance, head);
+        let head =
+            chain_hash_of(row.try_get("head")?).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        now = row.try_get("now_ms")?;
+        heads.push((instance, head));
     }
-    // Read after the locks: an entry's `at` is never before its predecessor's.
-    let now: i64 = sqlx::query_scalar(NOW_MS)
-        .fetch_one(&mut *connection)
-        .await?;
     let mut rows = Vec::with_capacity(records.len());
     for record in records {
-        let instance = record.instance.as_str();
-        let prev = heads.get(instance).copied().unwrap_or(ChainHash::GENESIS);
-        let (columns, hash) = AuditColumns::seal(record, now, prev);
+        let head = heads
+            .iter_mut()
+            .find(|(instance, _)| *instance == record.instance)
+            .map(|(_, head)| head)
+            .expect("every record's partition was read above");
+        let (columns, hash) = AuditColumns::seal(record, now, *head);
         rows.push(columns);
-        heads.insert(instance, hash);
+        *head = hash;
     }
     let mut rows = rows.into_iter().peekable();
+    // The heads move in the first `INSERT`'s statement, as its `WITH`.
+    let mut moves = Some(heads);
     while rows.peek().is_some() {
-        insert_audit_rows::<Postgres>(&names.entries, rows.by_ref().take(AUDIT_ROWS_PER_INSERT))
-            .build()
-            .execute(&mut *connection)
-            .await?;
-    }
-    for (instance, head) in heads {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET head = $2 WHERE instance = $1",
-            names.partitions
-        )))
-        .bind(instance.to_owned())
-        .bind(head.as_bytes().to_vec())
-        .execute(&mut *connection)
-        .await?;
+        let mut statement = QueryBuilder::<Postgres>::new("");
+        if let Some(moves) = moves.take() {
+            statement.push("WITH ");
+            for (at, (instance, head)) in moves.into_iter().enumerate() {
+                if at > 0 {
+                    statement.push(", ");
+                }
+                statement.push(format!(
+                    "moved{at} AS (UPDATE {} SET head = ",
+                    names.partitions
+                ));
+                statement.push_bind(head.as_bytes().to_vec());
+                statement.push(" WHERE instance = ");
+                statement.push_bind(instance.to_owned());
+                statement.push(") ");
+            }
+        }
+        push_audit_rows(
+            &mut statement,
+            &names.entries,
+            rows.by_ref().take(AUDIT_ROWS_PER_INSERT),
+        );
+        statement.build().execute(&mut *connection).await?;
     }
     Ok(())
 }

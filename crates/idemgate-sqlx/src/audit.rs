@@ -188,7 +188,27 @@ where
     for<'t> Option<String>: Encode<'t, DB> + Type<DB>,
     for<'t> Vec<u8>: Encode<'t, DB> + Type<DB>,
 {
-    let mut builder = QueryBuilder::new(format!(
+    let mut builder = QueryBuilder::new("");
+    push_audit_rows(&mut builder, table, rows);
+    builder
+}
+
+/// [`insert_audit_rows`]' `INSERT`, pushed onto `builder` (after a `WITH`
+/// clause of the caller's, say).
+pub fn push_audit_rows<DB>(
+    builder: &mut QueryBuilder<DB>,
+    table: &str,
+    rows: impl IntoIterator<Item = AuditColumns>,
+) where
+    DB: Database,
+    DB::Arguments: Default,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Type<DB>,
+    for<'t> String: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<String>: Encode<'t, DB> + Type<DB>,
+    for<'t> Vec<u8>: Encode<'t, DB> + Type<DB>,
+{
+    builder.push(format!(
         "INSERT INTO {table} (at_ms, event, operation_id, method, route, principal, \
              key_digest, fingerprint, status, duration_ms, instance, prev, hash) "
     ));
@@ -207,7 +227,6 @@ where
             .push_bind(columns.prev)
             .push_bind(columns.hash);
     });
-    builder
 }
 
 /// A row's `BLOB`/`BYTEA` as a chain hash (a head or anchor read back).

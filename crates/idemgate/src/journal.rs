@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use idemgate_core::audit::{
     AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
-    key_digest,
+    key_digest, transaction_partition,
 };
 use idemgate_core::record::FencingToken;
 use idemgate_core::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
@@ -475,12 +475,16 @@ impl Store for Journaled {
             .by_lease
             .get(&(lease.identity, lease.token))
             .cloned();
-        Some(self.outcome_entry(
+        let mut entry = self.outcome_entry(
             run,
             lease,
             AuditEvent::Executed,
             Some(completion.response.status.as_u16()),
-        ))
+        );
+        // One of the instance's transaction chains, so concurrent business
+        // transactions do not commit one at a time behind one head row.
+        entry.instance = transaction_partition(&self.config.instance, &lease.identity);
+        Some(entry)
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {
