@@ -156,6 +156,27 @@ export class TransportError extends IdemgateError {
 }
 
 /**
+ * A streamed answer (`Client.stream`) broke off, and the retry that asked for it
+ * again was answered by a new run of the operation, not the first one's stream:
+ * the server did not keep that run (a cut stream is released by the route's
+ * server-error policy, PROTOCOL §20). The events handed on so far were that run's;
+ * the new run is now the operation's outcome — ask for it with the same
+ * {@link Operation} to read its stream whole.
+ */
+export class StreamRestartedError extends IdemgateError {
+  override name = "StreamRestartedError";
+
+  /** @internal */
+  constructor(attempts: number) {
+    super(
+      "the stream broke off and the server ran the operation again rather than resume it: the events so far were a run it did not keep",
+      true,
+      attempts,
+    );
+  }
+}
+
+/**
  * The request body is a stream (or a `FormData`, whose multipart boundary is new
  * on every send), which cannot be sent again byte for byte. Nothing was sent.
  * Buffer it: a string, bytes, a `Blob`, or `json`.

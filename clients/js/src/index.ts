@@ -17,6 +17,9 @@
  *   backoff and full jitter under a total deadline — never `422`, other `4xx`, or a
  *   replayed outcome; `maxRetries: 0` is one attempt;
  * - a `POST`/`PATCH` without an operation is sent exactly once;
+ * - a streamed answer (`text/event-stream`, {@link Client.stream}) is read event by
+ *   event; a connection that drops mid-stream is resumed with the same key and
+ *   `Last-Event-ID`, each event handed on once, in order;
  * - outcomes are typed: a {@link Reply} (`replayed`, `attempts`) or an
  *   {@link IdemgateError} — {@link KeyReusedError}, {@link InProgressError},
  *   {@link RejectedError}, {@link TransportError} — that tells whether the
@@ -37,7 +40,16 @@
  * @module
  */
 
-export { Client, Reply, send, type AttemptReport, type ClientOptions, type ReplayableBody, type SendRequest } from "./client.js";
+export {
+  Client,
+  Reply,
+  send,
+  stream,
+  type AttemptReport,
+  type ClientOptions,
+  type ReplayableBody,
+  type SendRequest,
+} from "./client.js";
 export {
   AbortedError,
   BodyNotReplayableError,
@@ -47,8 +59,10 @@ export {
   KeyReusedError,
   PROBLEM_BASE,
   RejectedError,
+  StreamRestartedError,
   TransportError,
   type Problem,
 } from "./errors.js";
+export { Events, type StreamEvent } from "./events.js";
 export { InvalidKeyError, MAX_KEY_LENGTH, Operation, operation } from "./operation.js";
 export { DEFAULT_POLICY, retryPolicy, type RetryPolicy } from "./policy.js";

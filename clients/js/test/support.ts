@@ -159,6 +159,74 @@ export class MockGateway {
   }
 }
 
+/** One execution's streamed answer, written by the test as it goes. */
+export interface Produced {
+  /** Writes `text` as one chunk of the body (an event, say): it leaves at once. */
+  send(text: string): void;
+  /** Ends the stream cleanly (the last chunk). */
+  end(): void;
+  /** Breaks it off: the connection is destroyed mid-stream. */
+  cut(): void;
+}
+
+/**
+ * A mock of an external streaming API (an LLM's chat completions) with no
+ * idempotency of its own: every request is one execution, counted, and answered
+ * `200 text/event-stream`, chunked, with what the test writes on that
+ * execution's {@link Produced}, when it writes it.
+ */
+export class StreamingApi {
+  executions = 0;
+  readonly #server: http.Server;
+  /** Executions not yet taken by the test, and the test's waits for the next one. */
+  readonly #started: Produced[] = [];
+  readonly #waiting: Array<(produced: Produced) => void> = [];
+
+  private constructor(server: http.Server) {
+    this.#server = server;
+  }
+
+  static async start(t: TestContext): Promise<StreamingApi> {
+    const server = http.createServer();
+    const api = new StreamingApi(server);
+    server.on("request", (request, response) => api.#execute(request, response));
+    await new Promise<void>((done) => server.listen(0, "127.0.0.1", done));
+    t.after(() => {
+      server.closeAllConnections();
+      server.close();
+    });
+    return api;
+  }
+
+  get url(): string {
+    return `http://127.0.0.1:${(this.#server.address() as AddressInfo).port}`;
+  }
+
+  /** The next execution's answer (in arrival order), once its request arrived and its head left. */
+  nextExecution(): Promise<Produced> {
+    const started = this.#started.shift();
+    if (started !== undefined) return Promise.resolve(started);
+    return new Promise((resolvePromise) => this.#waiting.push(resolvePromise));
+  }
+
+  #execute(request: http.IncomingMessage, response: http.ServerResponse): void {
+    request.resume();
+    request.on("end", () => {
+      this.executions += 1;
+      response.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+      response.flushHeaders();
+      const produced: Produced = {
+        send: (text) => void response.write(text),
+        end: () => void response.end(),
+        cut: () => void response.socket?.destroy(),
+      };
+      const waiting = this.#waiting.shift();
+      if (waiting !== undefined) waiting(produced);
+      else this.#started.push(produced);
+    });
+  }
+}
+
 /** How to start `idemgate serve`. */
 export interface ServerOptions {
   /** The mock gateway; without it the built-in simulated one. */
@@ -215,11 +283,22 @@ export class Server {
   }
 }
 
-/** `idemgate proxy` in front of `upstream`, on a memory store. */
-export async function startProxy(t: TestContext, upstream: string): Promise<string> {
+/** `idemgate proxy` in front of `upstream`, on a memory store; `args`: more flags (`--config`, …). */
+export async function startProxy(t: TestContext, upstream: string, args: readonly string[] = []): Promise<string> {
   const { child, addr } = await spawnListening(
     binary("idemgate"),
-    ["proxy", "--upstream", upstream, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--idempotency-store", "memory"],
+    [
+      "proxy",
+      "--upstream",
+      upstream,
+      "--listen",
+      "127.0.0.1:0",
+      "--admin-listen",
+      "127.0.0.1:0",
+      "--idempotency-store",
+      "memory",
+      ...args,
+    ],
     "proxy listening on http://",
     { IDEMGATE_PRINCIPAL_SECRET: "js-client-suite-secret" },
   );
@@ -239,8 +318,19 @@ export interface RelayStats {
   readonly open: number;
 }
 
-/** A fault the relay applies: see `idemgate_testkit::relay::Fault`. */
-export type Fault = "pass" | "lose-response" | "reset" | "cut-body" | { delayMs: number } | { trickleMs: number };
+/**
+ * A fault the relay applies: see `idemgate_testkit::relay::Fault`. `cutAfter`:
+ * the answer's head and that many bytes of its body (the raw bytes, chunked
+ * framing and all) pass as they arrive, then the connection closes.
+ */
+export type Fault =
+  | "pass"
+  | "lose-response"
+  | "reset"
+  | "cut-body"
+  | { delayMs: number }
+  | { trickleMs: number }
+  | { cutAfter: number };
 
 /** The `idemgate-relay` process in front of a server, driven over its standard input. */
 export class Relay {
@@ -300,7 +390,9 @@ export class Relay {
 
 function faultWords(fault: Fault): string {
   if (typeof fault === "string") return fault;
-  return "delayMs" in fault ? `delay ${fault.delayMs}` : `trickle ${fault.trickleMs}`;
+  if ("delayMs" in fault) return `delay ${fault.delayMs}`;
+  if ("trickleMs" in fault) return `trickle ${fault.trickleMs}`;
+  return `cut-after ${fault.cutAfter}`;
 }
 
 /** A fresh bearer token: a principal of its own, so tests share nothing. */

@@ -29,9 +29,13 @@ pub struct Event {
 }
 
 impl Event {
-    /// Its type: the `event` field, `message` without one.
+    /// Its type: the `event` field, `message` without one (or with an empty
+    /// one, as the HTML standard dispatches it).
     pub fn kind(&self) -> &str {
-        self.event.as_deref().unwrap_or("message")
+        self.event
+            .as_deref()
+            .filter(|kind| !kind.is_empty())
+            .unwrap_or("message")
     }
 
     /// Its data: the `data` lines joined with LF.

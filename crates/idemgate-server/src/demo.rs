@@ -66,6 +66,16 @@ const ASSETS: &[Asset] = &[
         "demo/idemgate-client/errors.js"
     ),
     asset!(
+        "/demo/checkout/idemgate-client/event-stream.js",
+        JAVASCRIPT,
+        "demo/idemgate-client/event-stream.js"
+    ),
+    asset!(
+        "/demo/checkout/idemgate-client/events.js",
+        JAVASCRIPT,
+        "demo/idemgate-client/events.js"
+    ),
+    asset!(
         "/demo/checkout/idemgate-client/operation.js",
         JAVASCRIPT,
         "demo/idemgate-client/operation.js"

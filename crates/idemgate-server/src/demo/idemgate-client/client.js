@@ -8,7 +8,9 @@
  *
  * @module
  */
-import { AbortedError, BodyNotReplayableError, InProgressError, isIdemgateProblem, KeyReusedError, readProblem, RejectedError, TransportError, } from "./errors.js";
+import { AbortedError, BodyNotReplayableError, InProgressError, isIdemgateProblem, KeyReusedError, readProblem, RejectedError, StreamRestartedError, TransportError, } from "./errors.js";
+import { LAST_EVENT_ID } from "./event-stream.js";
+import { Events } from "./events.js";
 import { Attempts, DEFAULT_POLICY, isReplayed, retryAfterMs } from "./policy.js";
 /** The successful (`2xx`/`3xx`) outcome of an operation, read whole. */
 export class Reply {
@@ -81,6 +83,50 @@ export class Client {
      *   malformed URL or header, before anything is sent.
      */
     async send(operation, request) {
+        const sending = await this.#prepare(operation, request);
+        const answer = await sending.until(false);
+        return new Reply(answer.status, answer.statusText, answer.headers, answer.body, sending.attempts.made);
+    }
+    /**
+     * Sends `request` as {@link Client.send} does, until an attempt is answered,
+     * and returns that answer's body as an event stream (`text/event-stream`) to
+     * read as it arrives: its {@link Events} hands on each event once, in order,
+     * and resumes a stream whose connection dropped — asking again with the
+     * operation's key and the `Last-Event-ID` of the last event received (PROTOCOL
+     * §20) — under the request's policy: its retries, deadline and attempt timeout
+     * count every attempt, the ones that resume included, and an attempt's timeout
+     * runs until its last body byte. Give a long stream a policy with time for it.
+     *
+     * Without an operation (and for a method that is not idempotent) a dropped
+     * stream is not asked for again: the loop throws a {@link TransportError}. The
+     * `signal` aborts the reading too. Sends `Accept: text/event-stream` unless the
+     * request has an `Accept`; `Last-Event-ID` is the client's to send.
+     *
+     * ```ts
+     * const ask = operation();
+     * const events = await client.stream(ask, { url: "/v1/chat/completions", json: { stream: true, messages } });
+     * for await (const event of events) print(event.data);
+     * ```
+     *
+     * @returns the stream of the `2xx`/`3xx` answer, once its head arrived.
+     * @throws as {@link Client.send} does, for the attempts before an answer; the
+     *   loop over the events throws the same errors, and {@link StreamRestartedError}
+     *   when the server ran the operation again rather than resume its stream.
+     */
+    async stream(operation, request) {
+        if (new Headers(request.headers).has(LAST_EVENT_ID)) {
+            // The client knows where a resumed answer starts only for the ids it sent.
+            throw new TypeError("Last-Event-ID is sent by the client when it resumes a stream: do not set it");
+        }
+        const sending = await this.#prepare(operation, request);
+        if (!sending.headers.has("accept")) {
+            sending.headers.set("accept", "text/event-stream");
+        }
+        const answer = await sending.until(true);
+        return new Events(new StreamAnswers(sending, answer), answer.status, answer.headers);
+    }
+    /** The attempts of `request`: its URL, headers and body checked and fixed once, for every attempt. */
+    async #prepare(operation, request) {
         const method = (request.method ?? "POST").toUpperCase();
         if ((method === "GET" || method === "HEAD") && (request.body != null || request.json !== undefined)) {
             // fetch refuses it on every attempt, which would read as transport failures
@@ -97,50 +143,7 @@ export class Client {
         const body = await fixBody(request, headers, attempts.retryable);
         // Validates the method, URL and headers as fetch will, before any attempt.
         new Request(url, { method, headers });
-        const signal = request.signal;
-        for (;;) {
-            if (signal?.aborted) {
-                throw new AbortedError(signal.reason, attempts.mayHaveRun, attempts.made);
-            }
-            const timeout = attempts.next();
-            const init = { ...request.init, method, headers };
-            if (body !== undefined) {
-                init.body = body;
-                if (isStream(body)) {
-                    init.duplex = "half"; // sent once: see fixBody
-                }
-            }
-            const outcome = await attempt(this.#fetch, url, init, timeout, signal);
-            if (outcome.kind === "aborted") {
-                attempts.interrupted();
-                throw new AbortedError(outcome.reason, attempts.mayHaveRun, attempts.made);
-            }
-            const verdict = outcome.kind === "answer" ? attempts.answered(outcome.status, outcome.headers) : attempts.failed(outcome.error);
-            const wait = attempts.waitFor(verdict);
-            request.onAttempt?.({
-                attempt: attempts.made,
-                status: outcome.kind === "answer" ? outcome.status : undefined,
-                replayed: outcome.kind === "answer" && isReplayed(outcome.headers),
-                error: outcome.kind === "failure" ? outcome.error : undefined,
-                retryInMs: wait,
-            });
-            if (wait !== undefined) {
-                try {
-                    await sleep(wait, signal);
-                }
-                catch (reason) {
-                    throw new AbortedError(reason, attempts.mayHaveRun, attempts.made);
-                }
-                continue;
-            }
-            if (outcome.kind === "failure") {
-                throw new TransportError(outcome.error, attempts.mayHaveRun, attempts.made);
-            }
-            if (outcome.status >= 400) {
-                throw errorFromAnswer(outcome, attempts.mayHaveRun, attempts.made);
-            }
-            return new Reply(outcome.status, outcome.statusText, outcome.headers, outcome.body, attempts.made);
-        }
+        return new Sending(this.#fetch, request, url, method, headers, body, attempts);
     }
 }
 const defaultClient = new Client();
@@ -155,37 +158,248 @@ const defaultClient = new Client();
 export function send(operation, request) {
     return defaultClient.send(operation, request);
 }
-/** One attempt: the answer read whole, or why there was none. */
-async function attempt(fetcher, url, init, timeoutMs, signal) {
-    const controller = new AbortController();
-    let timedOut = false;
-    const timer = setTimeout(() => {
-        timedOut = true;
-        controller.abort(new DOMException(`the attempt took longer than ${Math.round(timeoutMs)} ms`, "TimeoutError"));
-    }, timeoutMs);
-    const onAbort = () => controller.abort(signal?.reason);
-    signal?.addEventListener("abort", onAbort, { once: true });
-    try {
-        const response = await fetcher(url, { ...init, signal: controller.signal });
-        const body = new Uint8Array(await response.arrayBuffer());
-        return {
-            kind: "answer",
-            status: response.status,
-            statusText: response.statusText,
-            headers: response.headers,
-            body,
-        };
+/**
+ * {@link Client.stream} on a client with the defaults: the platform `fetch`, the
+ * default policy. In a browser, relative URLs are the page's.
+ */
+export function stream(operation, request) {
+    return defaultClient.stream(operation, request);
+}
+/**
+ * One attempt's `fetch` in flight, from sending to its answer's last body byte:
+ * aborted by the attempt's timeout or by the caller's signal.
+ */
+class InFlight {
+    #controller = new AbortController();
+    #signal;
+    #timer;
+    #onAbort = () => this.#controller.abort(this.#signal?.reason);
+    #timedOut = false;
+    constructor(timeoutMs, signal) {
+        this.#signal = signal;
+        this.#timer = setTimeout(() => {
+            this.#timedOut = true;
+            this.#controller.abort(new DOMException(`the attempt took longer than ${Math.round(timeoutMs)} ms`, "TimeoutError"));
+        }, timeoutMs);
+        signal?.addEventListener("abort", this.#onAbort, { once: true });
     }
-    catch (error) {
-        if (signal?.aborted && !timedOut) {
-            return { kind: "aborted", reason: signal.reason };
+    /** The signal to give `fetch`. */
+    get signal() {
+        return this.#controller.signal;
+    }
+    /** What `error`, from the `fetch` or a read of its body, means: the caller's abort, or a failure (the timeout's included). */
+    failed(error) {
+        if (this.#signal?.aborted && !this.#timedOut) {
+            return { kind: "aborted", reason: this.#signal.reason };
         }
         return { kind: "failure", error };
     }
-    finally {
-        clearTimeout(timer);
-        signal?.removeEventListener("abort", onAbort);
+    /** The attempt is over: no timeout, no listener. */
+    end() {
+        clearTimeout(this.#timer);
+        this.#signal?.removeEventListener("abort", this.#onAbort);
     }
+}
+/**
+ * One attempt: the answer read whole — or, `streaming`, a `2xx`/`3xx` answer's
+ * head, its body left to read — or why there was none.
+ */
+async function attempt(fetcher, url, init, timeoutMs, signal, streaming) {
+    const flight = new InFlight(timeoutMs, signal);
+    let open = false;
+    try {
+        const response = await fetcher(url, { ...init, signal: flight.signal });
+        const head = { status: response.status, statusText: response.statusText, headers: response.headers };
+        if (streaming && response.status < 400) {
+            open = true; // the flight ends with the body
+            return { kind: "open", ...head, body: response.body?.getReader(), flight };
+        }
+        const body = new Uint8Array(await response.arrayBuffer());
+        return { kind: "answer", ...head, body };
+    }
+    catch (error) {
+        return flight.failed(error);
+    }
+    finally {
+        if (!open)
+            flight.end();
+    }
+}
+/**
+ * The attempts of one request, as {@link Client.send} and {@link Client.stream}
+ * drive them: every one sends the same method, URL, headers and body, under one
+ * {@link Attempts}.
+ */
+class Sending {
+    attempts;
+    /** The headers of every attempt; a streamed answer's resumption sets `Last-Event-ID` in them. */
+    headers;
+    #fetch;
+    #request;
+    #url;
+    #method;
+    #body;
+    constructor(fetcher, request, url, method, headers, body, attempts) {
+        this.#fetch = fetcher;
+        this.#request = request;
+        this.#url = url;
+        this.#method = method;
+        this.headers = headers;
+        this.#body = body;
+        this.attempts = attempts;
+    }
+    async until(streaming) {
+        const attempts = this.attempts;
+        const signal = this.#request.signal;
+        for (;;) {
+            if (signal?.aborted) {
+                throw new AbortedError(signal.reason, attempts.mayHaveRun, attempts.made);
+            }
+            const timeout = attempts.next();
+            const outcome = await attempt(this.#fetch, this.#url, this.#init(), timeout, signal, streaming);
+            if (outcome.kind === "aborted") {
+                attempts.interrupted();
+                throw new AbortedError(outcome.reason, attempts.mayHaveRun, attempts.made);
+            }
+            if (outcome.kind === "open") {
+                attempts.answered(outcome.status, outcome.headers); // a 2xx/3xx: final
+                return outcome;
+            }
+            const verdict = outcome.kind === "answer" ? attempts.answered(outcome.status, outcome.headers) : attempts.failed(outcome.error);
+            const ended = outcome.kind === "answer"
+                ? { status: outcome.status, replayed: isReplayed(outcome.headers), error: undefined }
+                : { status: undefined, replayed: false, error: outcome.error };
+            if (await this.again(verdict, ended)) {
+                continue;
+            }
+            if (outcome.kind === "failure") {
+                throw new TransportError(outcome.error, attempts.mayHaveRun, attempts.made);
+            }
+            if (outcome.status >= 400) {
+                throw errorFromAnswer(outcome, attempts.mayHaveRun, attempts.made);
+            }
+            return outcome;
+        }
+    }
+    /**
+     * After the last attempt `ended` as `verdict` says: tells `onAttempt`, and when
+     * another attempt is due (the verdict asks for one and the policy has it),
+     * waits for it and returns `true`; `false` when there is none.
+     *
+     * @throws {@link AbortedError} when the caller's signal fires during the wait.
+     */
+    async again(verdict, ended) {
+        const wait = this.attempts.waitFor(verdict);
+        this.tell(ended, wait);
+        if (wait === undefined) {
+            return false;
+        }
+        try {
+            await sleep(wait, this.#request.signal);
+        }
+        catch (reason) {
+            throw new AbortedError(reason, this.attempts.mayHaveRun, this.attempts.made);
+        }
+        return true;
+    }
+    /** Tells `onAttempt` how the last attempt ended, and the wait before the next, if any. */
+    tell(ended, retryInMs) {
+        this.#request.onAttempt?.({ attempt: this.attempts.made, ...ended, retryInMs });
+    }
+    /** The `fetch` options of an attempt. */
+    #init() {
+        const init = { ...this.#request.init, method: this.#method, headers: this.headers };
+        if (this.#body !== undefined) {
+            init.body = this.#body;
+            if (isStream(this.#body)) {
+                init.duplex = "half"; // sent once: see fixBody
+            }
+        }
+        return init;
+    }
+}
+/**
+ * The answers of a streamed request, as its {@link Events} reads them: the
+ * first, and each that resumes the stream after a cut, sent by the request's
+ * attempts.
+ */
+class StreamAnswers {
+    #sending;
+    #answer;
+    /** Why the current answer's body broke off. */
+    #cut;
+    #cancelled = false;
+    constructor(sending, first) {
+        this.#sending = sending;
+        this.#answer = first;
+    }
+    get attempts() {
+        return this.#sending.attempts.made;
+    }
+    async read() {
+        const answer = this.#answer;
+        let read;
+        try {
+            read = answer.body === undefined ? { done: true, value: undefined } : await answer.body.read();
+        }
+        catch (error) {
+            answer.flight.end();
+            if (this.#cancelled) {
+                return { kind: "end" };
+            }
+            const failure = answer.flight.failed(error);
+            if (failure.kind === "aborted") {
+                throw new AbortedError(failure.reason, this.#sending.attempts.mayHaveRun, this.attempts);
+            }
+            this.#cut = failure.error;
+            return { kind: "cut" };
+        }
+        if (!read.done) {
+            return { kind: "bytes", bytes: read.value };
+        }
+        answer.flight.end();
+        if (!this.#cancelled) {
+            this.#sending.tell({ status: answer.status, replayed: isReplayed(answer.headers), error: undefined }, undefined);
+        }
+        return { kind: "end" };
+    }
+    async resume(lastEventId) {
+        const sending = this.#sending;
+        const attempts = sending.attempts;
+        const cut = this.#cut;
+        const broken = this.#answer;
+        const ended = { status: broken.status, replayed: isReplayed(broken.headers), error: cut };
+        if (!(await sending.again(attempts.failed(cut), ended))) {
+            throw new TransportError(cut, attempts.mayHaveRun, attempts.made);
+        }
+        if (lastEventId === undefined) {
+            sending.headers.delete(LAST_EVENT_ID);
+        }
+        else {
+            sending.headers.set(LAST_EVENT_ID, lastEventId);
+        }
+        const answer = await sending.until(true);
+        if (this.#cancelled || !isReplayed(answer.headers)) {
+            await release(answer);
+            if (this.#cancelled)
+                return;
+            // The operation ran again: its first run, whose events were handed on,
+            // was not kept (a cut stream released, PROTOCOL §20).
+            sending.tell({ status: answer.status, replayed: false, error: undefined }, undefined);
+            throw new StreamRestartedError(attempts.made);
+        }
+        this.#answer = answer;
+    }
+    async cancel() {
+        this.#cancelled = true;
+        await release(this.#answer);
+    }
+}
+/** Stops reading `answer`: its connection is released, its attempt over. */
+async function release(answer) {
+    answer.flight.end();
+    // A body that broke off rejects its cancel with the failure, already handled.
+    await answer.body?.cancel().catch(() => undefined);
 }
 /** The body to send on every attempt, read once; sets its `Content-Type` when the caller did not. */
 async function fixBody(request, headers, retryable) {

@@ -21,6 +21,9 @@
  *   backoff and full jitter under a total deadline — never `422`, other `4xx`, or a
  *   replayed outcome; `maxRetries: 0` is one attempt;
  * - a `POST`/`PATCH` without an operation is sent exactly once;
+ * - a streamed answer (`text/event-stream`, {@link Client.stream}) is read event by
+ *   event; a connection that drops mid-stream is resumed with the same key and
+ *   `Last-Event-ID`, each event handed on once, in order;
  * - outcomes are typed: a {@link Reply} (`replayed`, `attempts`) or an
  *   {@link IdemgateError} — {@link KeyReusedError}, {@link InProgressError},
  *   {@link RejectedError}, {@link TransportError} — that tells whether the
@@ -40,7 +43,8 @@
  *
  * @module
  */
-export { Client, Reply, send } from "./client.js";
-export { AbortedError, BodyNotReplayableError, IdemgateError, InProgressError, isIdemgateProblem, KeyReusedError, PROBLEM_BASE, RejectedError, TransportError, } from "./errors.js";
+export { Client, Reply, send, stream, } from "./client.js";
+export { AbortedError, BodyNotReplayableError, IdemgateError, InProgressError, isIdemgateProblem, KeyReusedError, PROBLEM_BASE, RejectedError, StreamRestartedError, TransportError, } from "./errors.js";
+export { Events } from "./events.js";
 export { InvalidKeyError, MAX_KEY_LENGTH, Operation, operation } from "./operation.js";
 export { DEFAULT_POLICY, retryPolicy } from "./policy.js";
