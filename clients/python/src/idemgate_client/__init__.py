@@ -15,6 +15,10 @@ right by construction:
   backoff and full jitter under a total deadline — never ``422``, other ``4xx``, or
   a replayed outcome; ``max_retries=0`` is one attempt;
 - a ``POST``/``PATCH`` without an operation is sent exactly once;
+- a streamed answer (``text/event-stream``, :meth:`Client.stream`) is read event
+  by event; a connection that drops mid-stream is asked for again with the same
+  key and ``Last-Event-ID``, each :class:`Event` handed on once, in order
+  (:class:`StreamRestartedError` when the server ran the operation again instead);
 - outcomes are typed: a :class:`Response` (``replayed``, ``attempts``) or an
   :class:`IdemgateError` — :class:`KeyReusedError`, :class:`InProgressError`,
   :class:`RejectedError`, :class:`TransportError` — with ``may_have_run``.
@@ -29,7 +33,7 @@ right by construction:
 transport adapter (the ``requests`` extra).
 """
 
-from ._client import AsyncClient, AttemptReport, Client, Response
+from ._client import AsyncClient, AsyncEvents, AttemptReport, Client, Events, PendingEvents, Response
 from ._errors import (
     PROBLEM_BASE,
     BodyNotReplayableError,
@@ -38,16 +42,21 @@ from ._errors import (
     KeyReusedError,
     Problem,
     RejectedError,
+    StreamRestartedError,
     TransportError,
 )
+from ._events import Event
 from ._operation import MAX_KEY_LENGTH, InvalidKeyError, Operation
 from ._policy import RetryPolicy
 
 __all__ = [
     "AsyncClient",
+    "AsyncEvents",
     "AttemptReport",
     "BodyNotReplayableError",
     "Client",
+    "Event",
+    "Events",
     "IdemgateError",
     "InProgressError",
     "InvalidKeyError",
@@ -55,9 +64,11 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "Operation",
     "PROBLEM_BASE",
+    "PendingEvents",
     "Problem",
     "RejectedError",
     "Response",
     "RetryPolicy",
+    "StreamRestartedError",
     "TransportError",
 ]

@@ -152,6 +152,23 @@ class TransportError(IdemgateError):
         super().__init__("no answer from the server", may_have_run=may_have_run, attempts=attempts)
 
 
+class StreamRestartedError(IdemgateError):
+    """A streamed answer broke off, and the attempt that asked for it again was
+    answered by a new run of the operation, not the first run's stream: the
+    server did not keep that run (a cut stream is released by the route's
+    server-error policy, PROTOCOL §20). The events handed on so far were that
+    run's; the new run is now the operation's outcome — ask for it with the same
+    :class:`Operation` to read its stream whole. It ran: ``may_have_run`` is true."""
+
+    def __init__(self, *, attempts: int) -> None:
+        super().__init__(
+            "the stream broke off and the server ran the operation again rather than resume it: "
+            "the events so far were a run it did not keep",
+            may_have_run=True,
+            attempts=attempts,
+        )
+
+
 class BodyNotReplayableError(IdemgateError):
     """The request body is a stream (an iterator, a generator, a file), which
     cannot be sent again byte for byte on a retry. Nothing was sent: buffer it
