@@ -175,13 +175,17 @@ impl Events {
                     may_have_run: self.attempts.may_have_run(),
                 });
             }
-            let (header, starts_at) = match &self.last_event_id {
-                Some(id) => (HeaderValue::from_str(id).ok(), self.first_end_of[id]),
-                None => (None, 0),
-            };
+            // An id a header cannot carry as it is (not visible ASCII, or with
+            // spaces at an end, which HTTP trims): the whole stream instead, as
+            // the server would answer an id it does not find.
+            let header = self
+                .last_event_id
+                .as_deref()
+                .filter(|id| !id.starts_with([' ', '\t']) && !id.ends_with([' ', '\t']))
+                .and_then(|id| Some((HeaderValue::from_str(id).ok()?, self.first_end_of[id])));
             let (header, starts_at) = match header {
-                Some(value) => (Some(value), starts_at),
-                None => (None, 0), // an id no header can carry: the whole stream
+                Some((value, starts_at)) => (Some(value), starts_at),
+                None => (None, 0),
             };
             if let Some(request) = self.request.as_mut() {
                 let headers = request.headers_mut();
