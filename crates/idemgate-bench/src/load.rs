@@ -1,6 +1,10 @@
-//! The closed-loop load: a fixed number of keep-alive connections, each sending
-//! its next request as soon as the previous answer arrived, for a warm-up and then
-//! a measured window.
+//! The load: a fixed number of keep-alive connections, for a warm-up and then a
+//! measured window. Closed loop by default: each connection sends its next
+//! request as soon as the previous answer arrived, so the rate is what the
+//! server sustains and latency is measured at saturation. Open loop with a rate
+//! ([`LoadPlan::rate`]): the requests are sent on a fixed schedule whatever the
+//! answers do, and a request sent late because its connection was still
+//! waiting for the previous answer counts the wait (no coordinated omission).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -87,6 +91,9 @@ pub(crate) struct LoadPlan {
     pub(crate) measure: Duration,
     /// The bearer token, fresh per run so keys never meet an earlier run's records.
     pub(crate) principal: String,
+    /// Open loop: this many requests a second over all connections, each
+    /// connection's on its own evenly spaced schedule; `None`: closed loop.
+    pub(crate) rate: Option<f64>,
 }
 
 /// What one run measured, inside the measured window only.
@@ -202,8 +209,21 @@ pub(crate) async fn run(
         let keys = Rc::clone(&replay_keys);
         let scenario = plan.scenario;
         let principal = plan.principal.clone();
+        // Connection `index` sends at `started + (index + k · connections) / rate`.
+        let schedule = plan.rate.map(|rate| Schedule {
+            first: started + Duration::from_secs_f64(index as f64 / rate),
+            every: Duration::from_secs_f64(plan.connections as f64 / rate),
+        });
         handles.push(local.spawn_local(async move {
-            drive(addr, index, scenario, &principal, &clock, &template, &keys).await
+            let plan = Drive {
+                scenario,
+                principal: &principal,
+                clock: &clock,
+                template: &template,
+                replay_keys: &keys,
+                schedule,
+            };
+            drive(addr, index, plan).await
         }));
     }
     let sampler = {
@@ -248,24 +268,60 @@ pub(crate) async fn run(
     Ok(total)
 }
 
-/// One connection's loop.
-async fn drive(
-    addr: SocketAddr,
-    index: usize,
+/// An open-loop connection's send times: `first`, then every `every`.
+#[derive(Clone, Copy)]
+struct Schedule {
+    first: Instant,
+    every: Duration,
+}
+
+/// What one connection sends, and when.
+struct Drive<'a> {
     scenario: Scenario,
-    principal: &str,
-    clock: &Clock,
-    template: &RequestTemplate,
-    replay_keys: &[String],
-) -> Result<Tally, BoxError> {
+    principal: &'a str,
+    clock: &'a Clock,
+    template: &'a RequestTemplate,
+    replay_keys: &'a [String],
+    schedule: Option<Schedule>,
+}
+
+/// One connection's loop.
+async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally, BoxError> {
+    let Drive {
+        scenario,
+        principal,
+        clock,
+        template,
+        replay_keys,
+        schedule,
+    } = plan;
     let mut tally = Tally::new();
     let mut connection = Connection::connect(addr).await?;
     let mut request = Vec::with_capacity(512);
     let mut key = String::with_capacity(64);
     let mut rng = XorShift::new(index as u64 + 1);
     let mut replay_next = index;
+    let mut next_due = schedule.map(|s| s.first);
+    // When this connection's previous answer arrived.
+    let mut answered_at = Instant::now();
     loop {
-        let sent_at = Instant::now();
+        // Open loop: wait for the request's time. Its latency counts from that
+        // time when the previous answer held the connection past it (the
+        // server's delay, which a closed loop would hide); from the moment it
+        // is sent when only the timer woke late (tokio's is millisecond-grained:
+        // the generator's delay, not the server's).
+        let sent_at = match (next_due, schedule) {
+            (Some(due), Some(schedule)) => {
+                tokio::time::sleep_until(due).await;
+                next_due = Some(due + schedule.every);
+                if answered_at > due {
+                    due
+                } else {
+                    Instant::now()
+                }
+            }
+            _ => Instant::now(),
+        };
         if sent_at >= clock.until {
             break;
         }
@@ -301,6 +357,7 @@ async fn drive(
         template.write(&mut request, key);
         let reply = connection.send(&request).await;
         let done_at = Instant::now();
+        answered_at = done_at;
         let counted = done_at >= clock.measure_from && done_at < clock.until;
         match reply {
             Ok(reply) => {

@@ -6,6 +6,12 @@
 //! rotated per round); every case is divided by the mean of the two nginx runs
 //! around it. nginx and the upstream stay up for the whole suite; each proxy run
 //! starts a fresh `idemgate proxy` on a fresh store.
+//!
+//! Then replay latency open loop (issue 39): per store, requests on a fixed
+//! schedule at half of that store's saturating replay rate (its closed-loop
+//! median), replays and the direct call at the same rate, alternated per round —
+//! the latency a client sees below saturation, not the queueing of 32 closed-loop
+//! connections on two cores.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -93,6 +99,9 @@ pub(crate) struct ProxyRun {
     pub(crate) upstream_cpu_us: f64,
     pub(crate) client_cpu_us: f64,
     pub(crate) warnings: Vec<String>,
+    /// An open-loop run's rate (requests a second); `None`: closed loop.
+    #[serde(default)]
+    pub(crate) open_loop_rate: Option<f64>,
 }
 
 /// Everything the suite produced; saved as JSON so the report can be rebuilt.
@@ -203,6 +212,7 @@ pub(crate) async fn measure(
                 warmup,
                 measure: window,
                 principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+                rate: None,
             };
             match one_run(context, &hops, case, round, &plan).await {
                 Ok(mut run) => {
@@ -227,9 +237,65 @@ pub(crate) async fn measure(
             }
         }
     }
+    open_loop_replays(context, &hops, stores, settings, &mut report).await;
     nginx.stop().await;
     upstream.stop().await;
     Ok(report)
+}
+
+/// Replays and the direct call open loop, at half of each store's saturating
+/// replay rate; appended to `report.runs` with their rate.
+async fn open_loop_replays(
+    context: &Context,
+    hops: &Hops<'_>,
+    stores: &[StoreKind],
+    settings: &Settings,
+    report: &mut ProxyReport,
+) {
+    for store in stores {
+        let mut saturated: Vec<f64> = report
+            .runs
+            .iter()
+            .filter(|r| r.case == Case::Replay(*store) && r.open_loop_rate.is_none())
+            .map(|r| r.rps)
+            .collect();
+        if saturated.is_empty() {
+            continue;
+        }
+        let rate = median(&mut saturated) / 2.0;
+        for round in 0..settings.rounds {
+            let mut cases = [Case::Direct, Case::Replay(*store)];
+            cases.rotate_left(round % 2);
+            for case in cases {
+                let plan = LoadPlan {
+                    scenario: case.scenario(),
+                    connections: settings.connections,
+                    warmup: Duration::from_secs_f64(settings.warmup_s),
+                    measure: Duration::from_secs_f64(settings.measure_s),
+                    principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+                    rate: Some(rate),
+                };
+                match one_run(context, hops, case, round, &plan).await {
+                    Ok(mut run) => {
+                        run.open_loop_rate = Some(rate);
+                        eprintln!(
+                            "[bench] {:>26} open loop at {rate:.0}/s, round {round}: p50 {:.2} ms, p99 {:.2} ms, errors {}",
+                            case.name(),
+                            run.load.p50_us as f64 / 1000.0,
+                            run.load.p99_us as f64 / 1000.0,
+                            run.load.error_count()
+                        );
+                        report.runs.push(run);
+                    }
+                    Err(error) => {
+                        let failure = format!("{} open loop, round {round}: {error}", case.name());
+                        eprintln!("[bench] FAILED {failure}");
+                        report.failures.push(failure);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The processes that live for the whole suite.
@@ -316,6 +382,7 @@ async fn one_run(
         client_cpu_us: per_request(cpu.client),
         load,
         warnings,
+        open_loop_rate: None,
     })
 }
 
@@ -397,10 +464,10 @@ async fn drive(
 }
 
 impl ProxyReport {
-    /// Every case but nginx, against the nginx runs around it.
+    /// Every case but nginx, against the nginx runs around it (closed loop).
     pub(crate) fn rows(&self) -> BTreeMap<Case, Row> {
         let mut grouped: BTreeMap<Case, Vec<&ProxyRun>> = BTreeMap::new();
-        for run in &self.runs {
+        for run in self.runs.iter().filter(|r| r.open_loop_rate.is_none()) {
             grouped.entry(run.case).or_default().push(run);
         }
         let neighbours = |run: &ProxyRun| -> Option<(f64, f64)> {
@@ -409,6 +476,7 @@ impl ProxyReport {
                 .iter()
                 .filter(|r| {
                     r.case == Case::Nginx
+                        && r.open_loop_rate.is_none()
                         && r.round == run.round
                         && (r.seq + 1 == run.seq || r.seq == run.seq + 1)
                 })
@@ -462,9 +530,43 @@ impl ProxyReport {
             .collect()
     }
 
+    /// Each store's open-loop replay latency against the direct call's at the
+    /// same rate: medians over the rounds.
+    pub(crate) fn open_loop_rows(&self) -> Vec<OpenLoopRow> {
+        let mut rows = Vec::new();
+        for run in &self.runs {
+            let (Case::Replay(store), Some(rate)) = (run.case, run.open_loop_rate) else {
+                continue;
+            };
+            if rows.iter().any(|row: &OpenLoopRow| row.store == store) {
+                continue;
+            }
+            let at_rate = |case: Case, of: &dyn Fn(&LoadResult) -> u64| {
+                let mut values: Vec<f64> = self
+                    .runs
+                    .iter()
+                    .filter(|r| r.case == case && r.open_loop_rate == Some(rate))
+                    .map(|r| of(&r.load) as f64 / 1000.0)
+                    .collect();
+                median(&mut values)
+            };
+            rows.push(OpenLoopRow {
+                store,
+                rate,
+                direct_p50_ms: at_rate(Case::Direct, &|l| l.p50_us),
+                direct_p99_ms: at_rate(Case::Direct, &|l| l.p99_us),
+                replay_p50_ms: at_rate(run.case, &|l| l.p50_us),
+                replay_p99_ms: at_rate(run.case, &|l| l.p99_us),
+            });
+        }
+        rows
+    }
+
     /// The targets of the worker-model issue (25), in one run: the
     /// pass-through's CPU against nginx's, the keyed hop's CPU against the
-    /// pass-through's, and replay p99 against direct's.
+    /// pass-through's, and replay p99 against direct's — closed loop (32
+    /// connections on two cores: queueing) and, where measured, open loop at
+    /// half load (issue 39's reading).
     pub(crate) fn targets(&self, rows: &BTreeMap<Case, Row>) -> Vec<Target> {
         let mut targets = Vec::new();
         let pass = rows.get(&Case::PassThrough);
@@ -496,8 +598,32 @@ impl ProxyReport {
                 }
             }
         }
+        for row in self.open_loop_rows() {
+            targets.push(Target::at_most(
+                &format!(
+                    "replay p99 added over direct ≤ 0.5 ms, open loop at half load ({}, {:.0}/s)",
+                    row.store.name(),
+                    row.rate
+                ),
+                row.replay_p99_ms - row.direct_p99_ms,
+                0.5,
+                " ms",
+            ));
+        }
         targets
     }
+}
+
+/// One store's replays open loop against the direct call at the same rate.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenLoopRow {
+    pub(crate) store: StoreKind,
+    /// Requests a second: half of the store's closed-loop replay rate.
+    pub(crate) rate: f64,
+    pub(crate) direct_p50_ms: f64,
+    pub(crate) direct_p99_ms: f64,
+    pub(crate) replay_p50_ms: f64,
+    pub(crate) replay_p99_ms: f64,
 }
 
 #[cfg(test)]
@@ -519,6 +645,7 @@ mod tests {
             upstream_cpu_us: 10.0,
             client_cpu_us: 5.0,
             warnings: Vec::new(),
+            open_loop_rate: None,
         }
     }
 
@@ -549,5 +676,36 @@ mod tests {
         assert!(targets[0].met, "1.5× is within the bound");
         assert!(!targets[1].met, "replay p99 is 1.5 ms over direct");
         assert_eq!(targets.len(), 2, "no new-key run, no new-key target");
+    }
+    #[test]
+    fn open_loop_runs_are_their_own_rows_and_targets() {
+        let open = |case, p99_us| ProxyRun {
+            open_loop_rate: Some(1500.0),
+            ..run(case, 0, 0, 1500.0, 20.0, p99_us)
+        };
+        let report = ProxyReport {
+            machine: Machine::default(),
+            command: String::new(),
+            settings: Settings::default(),
+            nginx: "1.22".to_owned(),
+            nginx_workers: 2,
+            runs: vec![
+                run(Case::Direct, 0, 1, 2000.0, 10.0, 5000),
+                run(Case::Replay(StoreKind::Memory), 0, 3, 3000.0, 30.0, 6000),
+                open(Case::Direct, 400),
+                open(Case::Replay(StoreKind::Memory), 700),
+            ],
+            failures: Vec::new(),
+        };
+        let rows = report.rows();
+        assert_eq!(rows[&Case::Direct].p99_ms, 5.0, "closed loop only");
+        let open_rows = report.open_loop_rows();
+        assert_eq!(open_rows.len(), 1);
+        assert_eq!(open_rows[0].rate, 1500.0);
+        assert!((open_rows[0].replay_p99_ms - open_rows[0].direct_p99_ms - 0.3).abs() < 1e-9);
+        let targets = report.targets(&rows);
+        assert!(!targets[0].met, "closed loop: 1 ms added");
+        assert!(targets[1].met, "open loop: 0.3 ms added");
+        assert!(report.markdown().contains("#### Replays open loop"));
     }
 }

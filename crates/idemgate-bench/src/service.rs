@@ -70,6 +70,7 @@ pub(crate) async fn suite(args: &Args, root: &Path) -> Result<Report, BoxError> 
                         warmup,
                         measure,
                         principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+                        rate: None,
                     };
                     match one_run(&context, *store, round, &plan).await {
                         Ok(mut record) => {

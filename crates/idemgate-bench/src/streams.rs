@@ -48,16 +48,15 @@ pub(crate) async fn suite(root: &Path) -> Result<String, BoxError> {
     let upstream = UpstreamProcess::start().await?;
     let args = ["--idempotency-store".to_owned(), "memory".to_owned()];
     let proxy = ServerProcess::start_proxy(&binary, upstream.addr, &args, &[]).await?;
-    let nginx = match NginxProcess::start(&root.join("target/bench/streams-nginx"), upstream.addr)
-        .await
-    {
-        Ok(nginx) => nginx,
-        Err(error) => {
-            proxy.stop().await;
-            upstream.stop().await;
-            return Err(error);
-        }
-    };
+    let nginx =
+        match NginxProcess::start(&root.join("target/bench/streams-nginx"), upstream.addr).await {
+            Ok(nginx) => nginx,
+            Err(error) => {
+                proxy.stop().await;
+                upstream.stop().await;
+                return Err(error);
+            }
+        };
     let stream_path = format!("/stream?events={EVENTS}&gap_ms={GAP_MS}");
     let outcome = async {
         let (mut direct, mut via_nginx) = (Vec::new(), Vec::new());
@@ -94,7 +93,8 @@ pub(crate) async fn suite(root: &Path) -> Result<String, BoxError> {
         for _ in 0..BULK_RUNS {
             bulk.direct
                 .push(request(upstream.addr, &bulk_path, None).await?);
-            bulk.nginx.push(request(nginx.addr, &bulk_path, None).await?);
+            bulk.nginx
+                .push(request(nginx.addr, &bulk_path, None).await?);
             let key = uuid::Uuid::new_v4().to_string();
             bulk.proxy
                 .push(request(proxy.addr, &bulk_path, Some(&key)).await?);

@@ -307,6 +307,32 @@ impl ProxyReport {
             );
         }
         let _ = writeln!(out);
+        let open_loop = self.open_loop_rows();
+        if !open_loop.is_empty() {
+            let _ = writeln!(
+                out,
+                "#### Replays open loop\n\n\
+                 Requests on a fixed schedule at half of each store's closed-loop replay rate, \
+                 latency counted from each request's scheduled time; the direct call at the \
+                 same rate beside it.\n\n\
+                 | store | rate req/s | direct p50 ms | direct p99 ms | replay p50 ms | replay p99 ms | p99 added ms |\n\
+                 |---|---:|---:|---:|---:|---:|---:|"
+            );
+            for row in &open_loop {
+                let _ = writeln!(
+                    out,
+                    "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2} |",
+                    row.store.name(),
+                    row.rate,
+                    row.direct_p50_ms,
+                    row.direct_p99_ms,
+                    row.replay_p50_ms,
+                    row.replay_p99_ms,
+                    row.replay_p99_ms - row.direct_p99_ms
+                );
+            }
+            let _ = writeln!(out);
+        }
         if !self.failures.is_empty() {
             let _ = writeln!(out, "Failed runs:\n");
             for failure in &self.failures {
