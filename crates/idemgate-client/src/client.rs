@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::answer::is_replayed;
-use crate::events::{Answer, AnswerError, Events};
+use crate::attempt::{Answer, AnswerError, answer};
+use crate::events::Events;
 use crate::policy::Attempts;
 use crate::{Error, Operation, RetryPolicy};
 
@@ -225,39 +226,6 @@ impl RequestBuilder {
             }
         }
     }
-}
-
-/// Sends one attempt and reads its answer's head: a successful answer's body is
-/// left to the caller; an unsuccessful one is read and judged, and waited
-/// for when another attempt is due.
-pub(crate) async fn answer(
-    http: &ClientWithMiddleware,
-    attempt: reqwest::Request,
-    attempts: &mut Attempts,
-) -> Result<Answer, AnswerError> {
-    let response = http
-        .execute(attempt)
-        .await
-        .map_err(AnswerError::Transport)?;
-    let (status, headers) = (response.status(), response.headers().clone());
-    if !(status.is_client_error() || status.is_server_error()) {
-        attempts.again_after_response(status, &headers).await; // a final answer: no wait
-        return Ok(Answer::Streaming(response));
-    }
-    let body = response
-        .bytes()
-        .await
-        .map_err(|cut| AnswerError::Transport(cut.into()))?;
-    if attempts.again_after_response(status, &headers).await {
-        return Ok(Answer::Again);
-    }
-    let may_have_run = attempts.may_have_run();
-    Err(AnswerError::Final(Error::from_answer(
-        status,
-        &headers,
-        &body,
-        may_have_run,
-    )))
 }
 
 async fn read(

@@ -18,6 +18,7 @@ use reqwest_middleware::ClientWithMiddleware;
 
 use crate::Error;
 use crate::answer::is_replayed;
+use crate::attempt::{Answer, AnswerError, answer};
 use crate::policy::Attempts;
 
 /// One event of a stream, as a browser's `EventSource` dispatches it.
@@ -195,7 +196,7 @@ impl Events {
                 };
             }
             let attempt = self.attempts.next(&mut self.request);
-            match crate::client::answer(&self.http, attempt, &mut self.attempts).await {
+            match answer(&self.http, attempt, &mut self.attempts).await {
                 Ok(Answer::Streaming(response)) if is_replayed(response.headers()) => {
                     self.response = response;
                     self.reader = EventStreamReader::starting_at(starts_at);
@@ -210,20 +211,4 @@ impl Events {
             }
         }
     }
-}
-
-/// What one attempt's answer asks for.
-pub(crate) enum Answer {
-    /// A `2xx`/`3xx` whose body is still to be read.
-    Streaming(reqwest::Response),
-    /// Another attempt, already waited for.
-    Again,
-}
-
-/// Why an attempt ends the request.
-pub(crate) enum AnswerError {
-    /// The outcome: a final unsuccessful answer.
-    Final(Error),
-    /// No answer; the attempts decide whether another is due.
-    Transport(reqwest_middleware::Error),
 }

@@ -59,6 +59,7 @@
 //! (`clients/retry-rules.json`, `clients/scenarios.json`).
 
 mod answer;
+mod attempt;
 #[cfg(any(test, feature = "case-files"))]
 pub mod case_files;
 mod client;
