@@ -183,8 +183,6 @@ pub(crate) async fn measure(
     };
     report.nginx = nginx.version.clone();
     report.nginx_workers = nginx.workers;
-    let warmup = Duration::from_secs_f64(settings.warmup_s);
-    let window = Duration::from_secs_f64(settings.measure_s);
     let mut cases = vec![Case::Direct, Case::PassThrough];
     for store in stores {
         cases.extend([
@@ -206,35 +204,12 @@ pub(crate) async fn measure(
             sequence.extend([case, Case::Nginx]);
         }
         for (seq, case) in sequence.into_iter().enumerate() {
-            let plan = LoadPlan {
-                scenario: case.scenario(),
-                connections: settings.connections,
-                warmup,
-                measure: window,
-                principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+            let at = RunAt {
+                round,
+                seq,
                 rate: None,
             };
-            match one_run(context, &hops, case, round, &plan).await {
-                Ok(mut run) => {
-                    run.seq = seq;
-                    eprintln!(
-                        "[bench] {:>26} round {round}: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms, hop CPU {:.1} µs/req, upstream {:.1}, errors {}",
-                        case.name(),
-                        run.rps,
-                        run.load.p50_us as f64 / 1000.0,
-                        run.load.p99_us as f64 / 1000.0,
-                        run.hop_cpu_us,
-                        run.upstream_cpu_us,
-                        run.load.error_count()
-                    );
-                    report.runs.push(run);
-                }
-                Err(error) => {
-                    let failure = format!("{} round {round}: {error}", case.name());
-                    eprintln!("[bench] FAILED {failure}");
-                    report.failures.push(failure);
-                }
-            }
+            run_into(&mut report, context, &hops, settings, case, at).await;
         }
     }
     open_loop_replays(context, &hops, stores, settings, &mut report).await;
@@ -267,33 +242,67 @@ async fn open_loop_replays(
             let mut cases = [Case::Direct, Case::Replay(*store)];
             cases.rotate_left(round % 2);
             for case in cases {
-                let plan = LoadPlan {
-                    scenario: case.scenario(),
-                    connections: settings.connections,
-                    warmup: Duration::from_secs_f64(settings.warmup_s),
-                    measure: Duration::from_secs_f64(settings.measure_s),
-                    principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+                let at = RunAt {
+                    round,
+                    seq: 0,
                     rate: Some(rate),
                 };
-                match one_run(context, hops, case, round, &plan).await {
-                    Ok(mut run) => {
-                        run.open_loop_rate = Some(rate);
-                        eprintln!(
-                            "[bench] {:>26} open loop at {rate:.0}/s, round {round}: p50 {:.2} ms, p99 {:.2} ms, errors {}",
-                            case.name(),
-                            run.load.p50_us as f64 / 1000.0,
-                            run.load.p99_us as f64 / 1000.0,
-                            run.load.error_count()
-                        );
-                        report.runs.push(run);
-                    }
-                    Err(error) => {
-                        let failure = format!("{} open loop, round {round}: {error}", case.name());
-                        eprintln!("[bench] FAILED {failure}");
-                        report.failures.push(failure);
-                    }
-                }
+                run_into(report, context, hops, settings, case, at).await;
             }
+        }
+    }
+}
+
+/// Where a run stands: its round, its place in the round, and its rate when
+/// open loop.
+#[derive(Clone, Copy)]
+struct RunAt {
+    round: usize,
+    seq: usize,
+    rate: Option<f64>,
+}
+
+/// One run of `case`, logged and kept in `report` (its failure too).
+async fn run_into(
+    report: &mut ProxyReport,
+    context: &Context,
+    hops: &Hops<'_>,
+    settings: &Settings,
+    case: Case,
+    at: RunAt,
+) {
+    let plan = LoadPlan {
+        scenario: case.scenario(),
+        connections: settings.connections,
+        warmup: Duration::from_secs_f64(settings.warmup_s),
+        measure: Duration::from_secs_f64(settings.measure_s),
+        principal: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+        rate: at.rate,
+    };
+    let round = at.round;
+    let what = match at.rate {
+        Some(rate) => format!("{} open loop at {rate:.0}/s, round {round}", case.name()),
+        None => format!("{} round {round}", case.name()),
+    };
+    match one_run(context, hops, case, round, &plan).await {
+        Ok(mut run) => {
+            run.seq = at.seq;
+            run.open_loop_rate = at.rate;
+            eprintln!(
+                "[bench] {what:>40}: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms, hop CPU {:.1} µs/req, upstream {:.1}, errors {}",
+                run.rps,
+                run.load.p50_us as f64 / 1000.0,
+                run.load.p99_us as f64 / 1000.0,
+                run.hop_cpu_us,
+                run.upstream_cpu_us,
+                run.load.error_count()
+            );
+            report.runs.push(run);
+        }
+        Err(error) => {
+            let failure = format!("{what}: {error}");
+            eprintln!("[bench] FAILED {failure}");
+            report.failures.push(failure);
         }
     }
 }

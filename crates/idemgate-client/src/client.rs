@@ -153,15 +153,7 @@ impl RequestBuilder {
     /// # Ok(()) }
     /// ```
     pub async fn send_events(self) -> Result<Events, Error> {
-        let (http, request) = self.inner.build_split();
-        let mut request = request.map_err(Error::Build)?;
-        if let Some(operation) = &self.operation {
-            request
-                .headers_mut()
-                .insert(IDEMPOTENCY_KEY.clone(), operation.header_value());
-        }
-        let mut attempts = Attempts::start(&self.policy, &request)?;
-        let mut pending = Some(request);
+        let (http, mut attempts, mut pending) = self.start()?;
         loop {
             let attempt = attempts.next(&mut pending);
             match answer(&http, attempt, &mut attempts).await {
@@ -182,11 +174,9 @@ impl RequestBuilder {
         }
     }
 
-    /// Sends the attempts and returns the outcome.
-    ///
-    /// Each attempt reads the whole response body, so a response cut off halfway
-    /// is retried like any lost response.
-    pub async fn send(self) -> Result<Response, Error> {
+    /// The request built, with the operation's key, and its attempts begun:
+    /// what `send` and `send_events` send.
+    fn start(self) -> Result<(ClientWithMiddleware, Attempts, Option<reqwest::Request>), Error> {
         let (http, request) = self.inner.build_split();
         let mut request = request.map_err(Error::Build)?;
         if let Some(operation) = &self.operation {
@@ -194,8 +184,16 @@ impl RequestBuilder {
                 .headers_mut()
                 .insert(IDEMPOTENCY_KEY.clone(), operation.header_value());
         }
-        let mut attempts = Attempts::start(&self.policy, &request)?;
-        let mut pending = Some(request);
+        let attempts = Attempts::start(&self.policy, &request)?;
+        Ok((http, attempts, Some(request)))
+    }
+
+    /// Sends the attempts and returns the outcome.
+    ///
+    /// Each attempt reads the whole response body, so a response cut off halfway
+    /// is retried like any lost response.
+    pub async fn send(self) -> Result<Response, Error> {
+        let (http, mut attempts, mut pending) = self.start()?;
         loop {
             let attempt = attempts.next(&mut pending);
             match read(http.execute(attempt).await).await {
