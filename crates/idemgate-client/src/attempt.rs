@@ -37,11 +37,15 @@ pub(crate) async fn answer(
         .execute(attempt)
         .await
         .map_err(AnswerError::Transport)?;
-    let (status, headers) = (response.status(), response.headers().clone());
+    let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) {
-        attempts.again_after_response(status, &headers).await; // a final answer: no wait
+        // A final answer: counted (it may have run), never waited for.
+        attempts
+            .again_after_response(status, response.headers())
+            .await;
         return Ok(Answer::Streaming(response));
     }
+    let headers = response.headers().clone();
     let body = response
         .bytes()
         .await

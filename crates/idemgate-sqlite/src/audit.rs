@@ -18,9 +18,9 @@ use idemgate_core::audit::{
 };
 use idemgate_sqlx::{
     AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
-    decode_audit_partition, insert_audit_rows,
+    decode_audit_partition, push_audit_rows,
 };
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use crate::error::store_error;
 use crate::sql::quote;
@@ -222,10 +222,13 @@ pub(crate) async fn append(
     }
     let mut rows = rows.into_iter().peekable();
     while rows.peek().is_some() {
-        insert_audit_rows::<Sqlite>(&names.entries, rows.by_ref().take(AUDIT_ROWS_PER_INSERT))
-            .build()
-            .execute(&mut *connection)
-            .await?;
+        let mut insert = QueryBuilder::<Sqlite>::new("");
+        push_audit_rows(
+            &mut insert,
+            &names.entries,
+            rows.by_ref().take(AUDIT_ROWS_PER_INSERT),
+        );
+        insert.build().execute(&mut *connection).await?;
     }
     let upsert = format!(
         "INSERT INTO {} (instance, head, anchor) VALUES (?1, ?2, ?3) \

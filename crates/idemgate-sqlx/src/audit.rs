@@ -167,34 +167,15 @@ impl AuditColumns {
     }
 }
 
-/// At most this many entries per `INSERT` of [`insert_audit_rows`]: 13 bound
+/// At most this many entries per `INSERT` of [`push_audit_rows`]: 13 bound
 /// parameters each stays under SQLite's 32,766 and PostgreSQL's 65,535.
 pub const AUDIT_ROWS_PER_INSERT: usize = 1024;
 
 /// One multi-row `INSERT` of `rows` into `table` (at most
 /// [`AUDIT_ROWS_PER_INSERT`]), in their order — so the store's `seq` follows
-/// the chain. One statement per batch, not one per entry: on SQLite every
-/// statement is a trip to sqlx's worker thread, on PostgreSQL a round trip.
-pub fn insert_audit_rows<DB>(
-    table: &str,
-    rows: impl IntoIterator<Item = AuditColumns>,
-) -> QueryBuilder<DB>
-where
-    DB: Database,
-    DB::Arguments: Default,
-    for<'t> i64: Encode<'t, DB> + Type<DB>,
-    for<'t> Option<i64>: Encode<'t, DB> + Type<DB>,
-    for<'t> String: Encode<'t, DB> + Type<DB>,
-    for<'t> Option<String>: Encode<'t, DB> + Type<DB>,
-    for<'t> Vec<u8>: Encode<'t, DB> + Type<DB>,
-{
-    let mut builder = QueryBuilder::new("");
-    push_audit_rows(&mut builder, table, rows);
-    builder
-}
-
-/// [`insert_audit_rows`]' `INSERT`, pushed onto `builder` (after a `WITH`
-/// clause of the caller's, say).
+/// the chain — pushed onto `builder` (after a `WITH` clause of the caller's,
+/// say). One statement per batch, not one per entry: on SQLite every statement
+/// is a trip to sqlx's worker thread, on PostgreSQL a round trip.
 pub fn push_audit_rows<DB>(
     builder: &mut QueryBuilder<DB>,
     table: &str,

@@ -50,7 +50,7 @@ use sqlx::{Database, Pool, Transaction};
 
 pub use audit::{
     AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
-    decode_audit_partition, insert_audit_rows, partitions_statement, push_audit_rows,
+    decode_audit_partition, partitions_statement, push_audit_rows,
 };
 pub use error::{ErrorClass, ErrorCodes, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
