@@ -231,7 +231,7 @@ fn pgbench_script() -> String {
     let headers = hex(&response.encode_headers());
     let body = match &response.body {
         StoredBody::Retained(body) => hex(body),
-        StoredBody::NotRetained => String::new(),
+        StoredBody::NotRetained | StoredBody::InPieces(_) => String::new(),
     };
     let expired = "r.expires_at <= EXCLUDED.created_at";
     let ms = |e: &str| format!("floor(extract(epoch FROM {e}) * 1000)::bigint");

@@ -52,6 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
 use crate::fingerprint::{FieldDigests, Fingerprint};
@@ -64,6 +65,7 @@ use crate::store::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
     StoreError,
 };
+use crate::stream::StreamId;
 use crate::time::Timestamp;
 
 /// The counter of cache lookups, labelled `result="hit"` or `"miss"`.
@@ -332,7 +334,7 @@ fn entry_bytes(record: &Record) -> u64 {
     };
     let body = match &response.body {
         StoredBody::Retained(body) => body.len(),
-        StoredBody::NotRetained => 0,
+        StoredBody::NotRetained | StoredBody::InPieces(_) => 0,
     };
     let headers: usize = response
         .headers
@@ -391,6 +393,24 @@ impl Store for ReplayCache {
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.new_claims.remove(&lease.identity);
         self.inner.release(lease).await
+    }
+
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        self.inner.append_stream_piece(lease, index, piece).await
+    }
+
+    async fn read_stream_pieces(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        self.inner.read_stream_pieces(stream, from, limit).await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {

@@ -86,7 +86,9 @@ pub fn decompress(response: &StoredResponse) -> Result<StoredResponse, DecodeErr
             zstd::bulk::decompress(body, MAX_DECOMPRESSED)
                 .map_err(|_| DecodeError("a stored body that does not decompress"))?,
         )),
-        StoredBody::NotRetained => return Err(DecodeError("a compressed body that was not kept")),
+        StoredBody::NotRetained | StoredBody::InPieces(_) => {
+            return Err(DecodeError("a compressed body that was not kept whole"));
+        }
     };
     Ok(StoredResponse {
         status: response.status,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
 use crate::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
@@ -24,6 +25,7 @@ use crate::store::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
     StoreError,
 };
+use crate::stream::StreamId;
 use crate::time::Timestamp;
 
 /// The default bound on one store operation: well under the few seconds after which
@@ -115,6 +117,32 @@ impl Store for WithDeadline {
 
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.bounded("release", self.inner.release(lease)).await
+    }
+
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        self.bounded(
+            "append_stream_piece",
+            self.inner.append_stream_piece(lease, index, piece),
+        )
+        .await
+    }
+
+    async fn read_stream_pieces(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        self.bounded(
+            "read_stream_pieces",
+            self.inner.read_stream_pieces(stream, from, limit),
+        )
+        .await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {
@@ -249,6 +277,22 @@ mod tests {
             std::future::pending().await
         }
         async fn release(&self, _: &Lease) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn append_stream_piece(
+            &self,
+            _: &Lease,
+            _: u32,
+            _: &Bytes,
+        ) -> Result<FencedWrite, StoreError> {
+            std::future::pending().await
+        }
+        async fn read_stream_pieces(
+            &self,
+            _: &StreamId,
+            _: u32,
+            _: u32,
+        ) -> Result<Vec<Bytes>, StoreError> {
             std::future::pending().await
         }
         async fn renew(&self, _: &Lease, _: Duration) -> Result<FencedWrite, StoreError> {

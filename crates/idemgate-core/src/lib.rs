@@ -58,6 +58,7 @@ pub mod resource_lease;
 pub mod scope;
 pub mod signals;
 pub mod store;
+pub mod stream;
 pub mod time;
 pub mod transaction;
 pub mod wire;

@@ -6,6 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ChainHash, seal_all,
@@ -18,6 +19,7 @@ use crate::store::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, LeaseOrigin,
     Snapshot, Store, StoreError,
 };
+use crate::stream::StreamId;
 use crate::time::Timestamp;
 
 const SHARDS: usize = 64;
@@ -98,7 +100,25 @@ const RESOURCE_LEASE_SWEEP_AT: usize = 1024;
 #[derive(Debug, Default)]
 struct Shard {
     records: HashMap<IdentityDigest, Record>,
+    /// The streams recorded in pieces (`crate::stream`), at most one per
+    /// identity: a new run's first piece replaces an earlier run's stream, and
+    /// the sweep drops those whose record no longer names their run.
+    streams: HashMap<IdentityDigest, RecordedStream>,
     next_sweep: Option<Timestamp>,
+}
+
+/// One run's stream, as the memory store keeps it.
+#[derive(Debug)]
+struct RecordedStream {
+    operation_id: OperationId,
+    token: FencingToken,
+    pieces: Vec<Bytes>,
+}
+
+impl RecordedStream {
+    fn of_run(&self, operation_id: OperationId, token: FencingToken) -> bool {
+        self.operation_id == operation_id && self.token == token
+    }
 }
 
 impl Default for MemoryStore {
@@ -174,6 +194,14 @@ impl MemoryStore {
         let before = shard.records.len();
         shard.records.retain(|_, record| record.expires_at > now);
         shard.records.shrink_to(shard.records.len() * 2);
+        let Shard {
+            records, streams, ..
+        } = shard;
+        streams.retain(|identity, stream| {
+            records
+                .get(identity)
+                .is_some_and(|record| stream.of_run(record.operation_id, record.token))
+        });
         shard.next_sweep = Some(now.saturating_add(SWEEP_INTERVAL));
         let removed = before - shard.records.len();
         self.len.fetch_sub(removed, Ordering::Relaxed);
@@ -314,6 +342,70 @@ impl Store for MemoryStore {
         Ok(write)
     }
 
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        let write = self.fenced(lease, |shard, _| {
+            let stream = shard
+                .streams
+                .entry(lease.identity)
+                .or_insert_with(|| RecordedStream {
+                    operation_id: lease.operation_id,
+                    token: lease.token,
+                    pieces: Vec::new(),
+                });
+            if !stream.of_run(lease.operation_id, lease.token) {
+                *stream = RecordedStream {
+                    operation_id: lease.operation_id,
+                    token: lease.token,
+                    pieces: Vec::new(),
+                };
+            }
+            let index = index as usize;
+            match index.cmp(&stream.pieces.len()) {
+                std::cmp::Ordering::Less => stream.pieces[index] = piece.clone(),
+                std::cmp::Ordering::Equal => stream.pieces.push(piece.clone()),
+                // Out of order: kept nowhere, as a missing piece ends a read.
+                std::cmp::Ordering::Greater => {}
+            }
+        });
+        self.signals.notify(&lease.identity);
+        Ok(write)
+    }
+
+    async fn read_stream_pieces(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let now = Timestamp::now();
+        let shard = self.lock(Self::shard_of(&stream.identity));
+        let named = shard.records.get(&stream.identity).is_some_and(|record| {
+            record.expires_at > now
+                && record.operation_id == stream.operation_id
+                && record.token == stream.token
+        });
+        let pieces = shard
+            .streams
+            .get(&stream.identity)
+            .filter(|recorded| named && recorded.of_run(stream.operation_id, stream.token))
+            .map(|recorded| {
+                recorded
+                    .pieces
+                    .iter()
+                    .skip(from as usize)
+                    .take(limit as usize)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(pieces)
+    }
+
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         let write = self.fenced(lease, |shard, _| {
             if let Some(record) = shard.records.get_mut(&lease.identity) {
@@ -339,6 +431,7 @@ impl Store for MemoryStore {
             if shard.records.remove(&lease.identity).is_some() {
                 self.len.fetch_sub(1, Ordering::Relaxed);
             }
+            shard.streams.remove(&lease.identity);
         });
         self.signals.notify(&lease.identity);
         Ok(write)
@@ -361,6 +454,7 @@ impl Store for MemoryStore {
                     _ => {
                         let status = record.status();
                         shard.records.remove(identity);
+                        shard.streams.remove(identity);
                         self.len.fetch_sub(1, Ordering::Relaxed);
                         Eviction::Evicted { status }
                     }

@@ -122,9 +122,10 @@ impl FromStr for RecordStatus {
     }
 }
 
-/// A stored body, or the fact that it was too large to keep (PROTOCOL §8).
+/// A stored body, where it is kept, or the fact that it was too large to keep
+/// (PROTOCOL §8).
 ///
-/// Exhaustive on purpose: a replay must handle both.
+/// Exhaustive on purpose: a replay must handle each.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum StoredBody {
     /// The body, byte for byte.
@@ -132,6 +133,10 @@ pub enum StoredBody {
     /// The response exceeded the stored-response limit; it was streamed to the first
     /// client and replays as status + headers only.
     NotRetained,
+    /// A stream recorded as it flowed (PROTOCOL §20): the body is the `n` body
+    /// pieces of the run's stream in the store ([`crate::stream`]), replayed
+    /// piece by piece, never loaded whole.
+    InPieces(u32),
 }
 
 /// The response a replay gives back.
@@ -166,11 +171,11 @@ impl StoredResponse {
     }
 
     /// Encodes the whole response into one binary value (for key-value stores):
-    /// `version:u8 status:u16 headers body_tag:u8 [body]`.
+    /// `version:u8 status:u16 headers body_tag:u8 [body | pieces:u32]`.
     pub fn encode(&self) -> Bytes {
         let body_len = match &self.body {
             StoredBody::Retained(body) => body.len(),
-            StoredBody::NotRetained => 0,
+            StoredBody::NotRetained | StoredBody::InPieces(_) => 0,
         };
         let mut out = BytesMut::with_capacity(8 + body_len + 64 * self.headers.len());
         out.put_u8(1);
@@ -182,6 +187,10 @@ impl StoredResponse {
                 out.put_slice(body);
             }
             StoredBody::NotRetained => out.put_u8(0),
+            StoredBody::InPieces(count) => {
+                out.put_u8(2);
+                out.put_u32(*count);
+            }
         }
         out.freeze()
     }
@@ -203,6 +212,7 @@ impl StoredResponse {
         let body = match bytes.get_u8() {
             0 if !bytes.has_remaining() => StoredBody::NotRetained,
             1 => StoredBody::Retained(bytes),
+            2 if bytes.remaining() == 4 => StoredBody::InPieces(bytes.get_u32()),
             _ => return Err(DecodeError("invalid body tag")),
         };
         Ok(Self {
@@ -496,6 +506,8 @@ mod tests {
             StoredBody::Retained(Bytes::from_static(b"\x00\x01\xffbinary\r\n")),
             StoredBody::Retained(Bytes::new()),
             StoredBody::NotRetained,
+            StoredBody::InPieces(0),
+            StoredBody::InPieces(70_000),
         ] {
             let response = sample(body);
             assert_eq!(StoredResponse::decode(response.encode()).unwrap(), response);

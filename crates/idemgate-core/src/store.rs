@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
 
@@ -11,6 +12,7 @@ pub use crate::record::LeaseOrigin;
 use crate::record::{FencingToken, OperationId, Record, RecordState, RecordStatus, StoredResponse};
 use crate::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use crate::scope::{Identity, IdentityDigest};
+use crate::stream::StreamId;
 use crate::time::Timestamp;
 
 /// How long [`Store::wait_for_change`]'s default sleeps at most: the polling
@@ -128,6 +130,32 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<u64, StoreError>;
 
+    /// Appends piece `index` of the stream `lease`'s run records (PROTOCOL §20,
+    /// [`crate::stream`]), only while the record still holds the lease (in
+    /// progress, same operation id and token, not expired): otherwise
+    /// [`FencedWrite::Refused`] and nothing is kept. A run appends its pieces
+    /// in order from [`crate::stream::HEAD_PIECE`], one at a time; appending an
+    /// index again replaces it (a write retried after an unknown outcome). The
+    /// append is announced like the end of a run ([`Store::wait_for_change`]),
+    /// so readers of a stream in flight, on any instance, read on at once.
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError>;
+
+    /// At most `limit` pieces of `stream` from index `from` on, in order: the
+    /// ones appended so far, stopping at the first missing one; none when the
+    /// record no longer names the stream's run (gone, expired, or another
+    /// run's), whose pieces are gone with it.
+    async fn read_stream_pieces(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError>;
+
     /// The journal's secret, the key of [`crate::audit::key_digest`]: made at
     /// random by the first call on a store and the same for every later one
     /// (an insert-if-absent, never a read that decides whether to write).
@@ -189,7 +217,8 @@ pub trait Store: Send + Sync + 'static {
     /// for nothing.
     ///
     /// A store announces the end of a run — completion, release, deletion,
-    /// eviction, on this instance or any other sharing the store — so a waiter
+    /// eviction, on this instance or any other sharing the store — and each
+    /// piece a stream appends ([`Store::append_stream_piece`]), so a waiter
     /// wakes the moment the outcome is recorded: the memory store in process,
     /// Redis through pub/sub, PostgreSQL through `LISTEN/NOTIFY`; SQLite polls
     /// its file. The default sleeps at most [`DEFAULT_POLL`], which turns waiting

@@ -55,6 +55,24 @@ impl Store for Counting {
         self.count();
         self.inner.complete(lease, c).await
     }
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &bytes::Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        self.count();
+        self.inner.append_stream_piece(lease, index, piece).await
+    }
+    async fn read_stream_pieces(
+        &self,
+        stream: &idemgate_core::stream::StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<bytes::Bytes>, StoreError> {
+        self.count();
+        self.inner.read_stream_pieces(stream, from, limit).await
+    }
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.count();
         self.inner.release(lease).await

@@ -11,6 +11,14 @@
 //! the waiter reads at once. A notification is sent at commit, never for a
 //! rolled-back completion.
 //!
+//! A stream's appended piece (`crate::pieces`) is announced the same way, when
+//! the record is marked, with the payload `<identity>+piece`: it wakes the
+//! waiters on the identity, but the run goes on, so this instance keeps its mark
+//! (and its waiters need not write it again). The first wait of an instance on
+//! a run marks the record after its caller read the stream: a piece appended in
+//! between, before the mark, is announced to nobody, and that waiter learns of
+//! it from the next announcement or its timeout (the layer's recheck).
+//!
 //! One listener per store (its own connection, outside the store's pool, opened at
 //! the first wait) wakes the waiters of this instance whose record was announced.
 //! A hint only: while it reconnects, waiters fall back to their timeouts, and
@@ -117,10 +125,7 @@ pub(crate) async fn run(
                     };
                     match next {
                         Ok(Some(notification)) => {
-                            if let Some(identity) = parse(notification.payload()) {
-                                announcements.ended(&identity);
-                                signals.notify(&identity);
-                            }
+                            hear(notification.payload(), &signals, &announcements);
                         }
                         // The connection was lost and made again (LISTEN
                         // included): what was announced meanwhile is lost, so
@@ -149,17 +154,45 @@ pub(crate) async fn run(
     }
 }
 
-/// An identity from a notification's payload (its 64 hex digits).
-fn parse(payload: &str) -> Option<IdentityDigest> {
-    if payload.len() != 64 {
+/// Acts on one notification: wakes this instance's waiters on its identity,
+/// and forgets the mark when the run ended (a piece leaves it: the run goes on).
+fn hear(payload: &str, signals: &ChangeSignals, announcements: &Announcements) {
+    if let Some((identity, news)) = parse(payload) {
+        if news == News::Ended {
+            announcements.ended(&identity);
+        }
+        signals.notify(&identity);
+    }
+}
+
+/// What follows the identity in the payload announcing an appended piece.
+pub(crate) const PIECE_SUFFIX: &str = "+piece";
+
+/// What a notification announces of its identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum News {
+    /// The run ended (completed, released, deleted, evicted): the payload is
+    /// the identity alone.
+    Ended,
+    /// The run appended a piece of its stream and goes on ([`PIECE_SUFFIX`]).
+    Piece,
+}
+
+/// The identity (its 64 hex digits) and the news of a notification's payload.
+fn parse(payload: &str) -> Option<(IdentityDigest, News)> {
+    let (hex, news) = match payload.strip_suffix(PIECE_SUFFIX) {
+        Some(hex) => (hex, News::Piece),
+        None => (payload, News::Ended),
+    };
+    if hex.len() != 64 {
         return None;
     }
     let mut bytes = [0_u8; 32];
-    for (byte, pair) in bytes.iter_mut().zip(payload.as_bytes().chunks_exact(2)) {
+    for (byte, pair) in bytes.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
         let pair = std::str::from_utf8(pair).ok()?;
         *byte = u8::from_str_radix(pair, 16).ok()?;
     }
-    Some(IdentityDigest::from_bytes(bytes))
+    Some((IdentityDigest::from_bytes(bytes), news))
 }
 
 #[cfg(test)]
@@ -169,9 +202,62 @@ mod tests {
     #[test]
     fn a_payload_names_the_identity_and_nothing_else_parses() {
         let identity = IdentityDigest::from_bytes([0xab; 32]);
-        assert_eq!(parse(&"ab".repeat(32)), Some(identity));
+        assert_eq!(parse(&"ab".repeat(32)), Some((identity, News::Ended)));
         assert_eq!(parse("ab"), None);
         assert_eq!(parse(&"zz".repeat(32)), None);
+    }
+
+    #[test]
+    fn a_piece_payload_names_the_identity_and_does_not_end_the_run() {
+        let identity = IdentityDigest::from_bytes([0x0f; 32]);
+        let hex = "0f".repeat(32);
+        assert_eq!(
+            parse(&format!("{hex}{PIECE_SUFFIX}")),
+            Some((identity, News::Piece))
+        );
+        // Upper-case hex parses too (`encode(…, 'hex')` writes lower case).
+        assert_eq!(
+            parse(&format!("{}{PIECE_SUFFIX}", "0F".repeat(32))),
+            Some((identity, News::Piece))
+        );
+        for bad in [
+            PIECE_SUFFIX.to_owned(),
+            format!("ab{PIECE_SUFFIX}"),
+            format!("{}{PIECE_SUFFIX}", "zz".repeat(32)),
+            format!("{hex}{PIECE_SUFFIX}{PIECE_SUFFIX}"),
+            format!("{hex}+other"),
+            format!("{hex}{}", PIECE_SUFFIX.to_uppercase()),
+            format!("{PIECE_SUFFIX}{hex}"),
+        ] {
+            assert_eq!(parse(&bad), None, "{bad}");
+        }
+    }
+
+    /// A piece wakes the identity's waiters but keeps this instance's mark; the
+    /// end of the run wakes them and forgets it.
+    #[tokio::test]
+    async fn a_piece_wakes_waiters_and_only_the_end_of_a_run_forgets_the_mark() {
+        let identity = IdentityDigest::from_bytes([0x42; 32]);
+        let signals = ChangeSignals::new();
+        let announcements = Announcements::default();
+        announcements.marked(&identity);
+        for (payload, still_marked) in [
+            (format!("{}{PIECE_SUFFIX}", "42".repeat(32)), true),
+            ("42".repeat(32), false),
+        ] {
+            let wait = signals.wait(&identity, Duration::from_secs(30));
+            tokio::pin!(wait);
+            assert!(futures_util::FutureExt::now_or_never(wait.as_mut()).is_none());
+            hear(&payload, &signals, &announcements);
+            tokio::time::timeout(Duration::from_secs(5), wait)
+                .await
+                .unwrap_or_else(|_| panic!("{payload} woke no waiter"));
+            assert_eq!(
+                announcements.is_marked(&identity),
+                still_marked,
+                "{payload}"
+            );
+        }
     }
 
     #[test]

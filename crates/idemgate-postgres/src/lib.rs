@@ -84,6 +84,14 @@
 //!     recorded_at TIMESTAMPTZ NOT NULL,                -- the least recently recorded route makes way
 //!     PRIMARY KEY (route, slot)
 //! );
+//! CREATE TABLE idemgate_records_stream_pieces (      -- Store::append_stream_piece (schema version 7)
+//!     identity     BYTEA REFERENCES idemgate_records (identity) ON DELETE CASCADE,
+//!     operation_id UUID,                               -- the run whose stream it is
+//!     token        BIGINT,
+//!     idx          INTEGER,                            -- 0: the head, then the body's pieces
+//!     piece        BYTEA NOT NULL,
+//!     PRIMARY KEY (identity, operation_id, token, idx)
+//! );
 //! CREATE TABLE idemgate_schema_versions (table_name TEXT PRIMARY KEY, version BIGINT, migrated_at TIMESTAMPTZ);
 //! ```
 //!
@@ -105,14 +113,25 @@
 //! - **complete / release / renew / delete**: one statement each, matching identity,
 //!   operation id, token, `status = 'PROCESSING'` and `expires_at > clock_timestamp()`;
 //!   zero rows is [`FencedWrite::Refused`](idemgate_core::FencedWrite::Refused).
+//! - **Stream pieces**: an append is one `INSERT … SELECT` from the record under
+//!   the same fence, `FOR SHARE` (so it is ordered with the run's end), `ON CONFLICT
+//!   … DO UPDATE` (an index appended again is replaced); zero rows is `Refused`. A
+//!   read is one `SELECT` joined to the record: only while the record names the
+//!   run (operation id, token, not expired), in order, up to the first missing index.
+//! - **Pieces' lifetime**: they reference the record `ON DELETE CASCADE`, so purge,
+//!   eviction and deletion take them along. A takeover or the replacement of an
+//!   expired record (same row, another run) leaves the earlier run's pieces until
+//!   the row goes — the claim statement does not look at them — and no read
+//!   returns them.
 //! - **Expiry**: every statement treats a record past `expires_at` as absent, purged
 //!   or not. [`PostgresStore::purge_expired`] deletes them in bounded batches
 //!   (`FOR UPDATE SKIP LOCKED`); [`PostgresStore::spawn_purge`] runs it periodically.
 //! - **Wait mode**: [`Store::wait_for_change`](idemgate_core::Store::wait_for_change)
-//!   is woken in process by completions, releases and deletes made through this store
-//!   (transactional commits included), and across instances by `LISTEN/NOTIFY`: a
-//!   waiter marks the record (`waited`), and the statement that ends a marked run
-//!   calls `pg_notify` (delivered at commit). Unmarked runs notify nothing. Each
+//!   is woken in process by completions, releases, deletes and stream pieces made
+//!   through this store (transactional commits included), and across instances by
+//!   `LISTEN/NOTIFY`: a waiter marks the record (`waited`), and the statement that
+//!   ends a marked run, or appends a piece to its stream, calls `pg_notify`
+//!   (delivered at commit). Unmarked runs notify nothing. Each
 //!   store listens on one connection of its own (not one of its pool's), opened at
 //!   the first wait.
 //!
@@ -211,6 +230,7 @@ mod changes;
 mod durations;
 mod error;
 mod migrate;
+mod pieces;
 mod sql;
 mod store;
 mod tx;

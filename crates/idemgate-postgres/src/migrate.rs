@@ -7,6 +7,7 @@ use idemgate_sqlx::SchemaStep;
 use crate::audit;
 use crate::durations;
 use crate::error::Error;
+use crate::pieces;
 use crate::sql::{self, Names, SCHEMA_VERSION};
 
 /// Every idemgate migrator takes this transaction-scoped advisory lock, so concurrent
@@ -54,6 +55,7 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
         (4, sql::schema_v4(names)),
         (5, audit::schema(names)),
         (6, durations::schema(names)),
+        (7, pieces::schema(names)),
     ];
     for (version, statements) in steps {
         if found.is_some_and(|found| found >= version) {

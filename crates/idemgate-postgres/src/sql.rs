@@ -65,7 +65,7 @@ fn ms(expr: &str) -> String {
 
 /// The fence every write after the claim carries: `$1` identity, `$2` operation id,
 /// `$3` token.
-const FENCE: &str = "identity = $1 AND operation_id = $2 AND token = $3 \
+pub(crate) const FENCE: &str = "identity = $1 AND operation_id = $2 AND token = $3 \
      AND status = 'PROCESSING' AND expires_at > clock_timestamp()";
 
 /// The statements of one store.
@@ -301,8 +301,8 @@ impl Statements {
 /// The schema version this build writes: 1 the record table, 2 its resource
 /// lease table, 3 the record's `waited` mark, 4 its `field_digests`, 5 the
 /// journal's tables (`crate::audit`), 6 the routes' execution histories
-/// (`crate::durations`).
-pub const SCHEMA_VERSION: i64 = 6;
+/// (`crate::durations`), 7 the streams recorded in pieces (`crate::pieces`).
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The statements that create schema version 1, in order.
 pub(crate) fn schema_v1(names: &Names) -> Vec<String> {
@@ -395,6 +395,7 @@ mod tests {
         assert_eq!(names.table(), "\"s\".\"t\"");
         assert_eq!(names.sequence(), "\"s\".\"t_token_seq\"");
         assert_eq!(names.resource_leases(), "\"s\".\"t_resource_leases\"");
+        assert_eq!(names.suffixed("stream_pieces"), "\"s\".\"t_stream_pieces\"");
         assert_eq!(names.expires_index(), "\"t_expires_at_idx\"");
         assert_eq!(names.versions(), "\"s\".\"idemgate_schema_versions\"");
     }

@@ -3,6 +3,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use idemgate_core::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
 };
@@ -10,8 +11,9 @@ use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
+use idemgate_core::stream::StreamId;
 use idemgate_core::time::Timestamp;
-use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
+use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{PurgeTask, millis};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool, Row};
@@ -22,6 +24,7 @@ use crate::audit::{self, AuditNames};
 use crate::changes::{self, Announcements};
 use crate::durations::{self, DurationStatements};
 use crate::error::{ClaimContended, Error, store_error};
+use crate::pieces::{self, PieceStatements};
 use crate::sql::{self, Names, Statements};
 
 /// The pool size [`PostgresStore::connect`] opens.
@@ -73,6 +76,8 @@ struct Inner {
     audit: AuditNames,
     /// The routes' execution histories (`crate::durations`).
     durations: DurationStatements,
+    /// The streams recorded in pieces (`crate::pieces`).
+    pieces: PieceStatements,
     signals: Arc<ChangeSignals>,
     /// What this instance marked; see [`crate::changes`].
     announcements: Arc<Announcements>,
@@ -142,6 +147,7 @@ impl PostgresStore {
                 sql: Statements::new(&names),
                 audit: AuditNames::new(&names),
                 durations: DurationStatements::new(&names),
+                pieces: PieceStatements::new(&names),
                 names,
                 signals: Arc::new(ChangeSignals::new()),
                 announcements: Arc::default(),
@@ -295,6 +301,32 @@ impl PostgresStore {
 
     async fn durations_of(&self, route: &str) -> Result<Vec<Duration>, StoreError> {
         durations::read(&self.inner.pool, &self.inner.durations, route).await
+    }
+
+    /// `Store::append_stream_piece`: one fenced statement (`crate::pieces`),
+    /// which announces the piece to other instances' waiters when the record is
+    /// marked; this instance's waiters are woken here.
+    async fn pieces_append(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        let write =
+            pieces::append(&self.inner.pool, &self.inner.pieces, lease, index, piece).await?;
+        if write == FencedWrite::Applied {
+            self.inner.signals.notify(&lease.identity);
+        }
+        Ok(write)
+    }
+
+    async fn pieces_read(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        pieces::read(&self.inner.pool, &self.inner.pieces, stream, from, limit).await
     }
 
     /// The claim: one statement, and a read when it returned nothing; see the

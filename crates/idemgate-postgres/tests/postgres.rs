@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use idemgate_core::record::OperationId;
 use idemgate_core::scope::IdentityDigest;
+use idemgate_core::stream::StreamId;
 use idemgate_core::{Claim, FencedWrite, LeaseOrigin, Store, StoreError};
 use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx};
 use idemgate_testkit::fixtures::{
@@ -405,6 +407,27 @@ async fn hash_partitioned_table_works() {
         .expect("get")
         .expect("record");
     assert_eq!(snapshot.record.response(), Some(&awkward_response()));
+    // The pieces' foreign key references the partitioned table.
+    let streaming = acquire(&store, &fresh_request()).await;
+    let piece = Bytes::from_static(b"head");
+    assert_eq!(
+        store
+            .append_stream_piece(&streaming, 0, &piece)
+            .await
+            .expect("append"),
+        FencedWrite::Applied
+    );
+    assert_eq!(
+        store
+            .read_stream_pieces(&StreamId::of_lease(&streaming), 0, 10)
+            .await
+            .expect("read"),
+        [piece]
+    );
+    assert_eq!(
+        store.delete(&streaming).await.expect("delete"),
+        FencedWrite::Applied
+    );
     for _ in 0..12 {
         claim_with_ttl(&store, Duration::from_millis(50)).await;
     }
@@ -487,7 +510,8 @@ async fn unmigrated_store_answers_500_misconfigured_until_migrated() {
         idemgate_testkit::setup::misconfigured_until_migrated(&app, &executions, migrate).await;
     }
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}\"; \
+        "DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}_stream_pieces\"; \
+         DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}\"; \
          DROP TABLE \"{SHARED_SCHEMA}\".\"{fresh_table}_resource_leases\"; \
          DROP SEQUENCE \"{SHARED_SCHEMA}\".\"{fresh_table}_token_seq\"; \
          DELETE FROM \"{SHARED_SCHEMA}\".idemgate_schema_versions \
@@ -569,6 +593,172 @@ async fn another_instances_end_of_run_wakes_a_waiter_through_notify() {
             "{end} on another instance woke the waiter only after {waited:?}"
         );
     }
+}
+
+/// Two instances on one database read each other's stream pieces, and a reader
+/// waiting on one instance (which marked the record at its first wait) wakes at
+/// each piece appended through the other — through `LISTEN/NOTIFY`, well before
+/// its 10 s timeout — and, the piece announcements having kept its mark, at the
+/// run's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instances_pieces_are_read_and_wake_a_waiter_through_notify() {
+    let a = shared_store(4).await;
+    let b = shared_store(4).await;
+    b.wait_for_change(
+        &IdentityDigest::from_bytes([0; 32]),
+        Duration::from_millis(300),
+    )
+    .await;
+    let request = fresh_request();
+    let digest = *request.identity.digest();
+    let lease = acquire(&a, &request).await;
+    let stream = StreamId::of_lease(&lease);
+    let read = |store: &PostgresStore| {
+        let store = store.clone();
+        async move {
+            store
+                .read_stream_pieces(&stream, 0, 100)
+                .await
+                .expect("read")
+        }
+    };
+    assert!(read(&b).await.is_empty());
+    let sent: Vec<Bytes> = (0..4)
+        .map(|i| Bytes::from(format!("data: piece {i}\n\n")))
+        .collect();
+    for (index, piece) in sent.iter().enumerate() {
+        let waited = waiter(&b, digest);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The last piece goes through b: either instance appends for the run.
+        let through = if index + 1 < sent.len() { &a } else { &b };
+        assert_eq!(
+            through
+                .append_stream_piece(&lease, index as u32, piece)
+                .await
+                .expect("append"),
+            FencedWrite::Applied
+        );
+        let waited = waited.await.expect("waiter");
+        assert!(
+            waited < Duration::from_millis(300 + 500),
+            "piece {index} woke the waiter only after {waited:?}"
+        );
+        assert_eq!(read(&b).await, sent[..=index], "b after piece {index}");
+        assert_eq!(read(&a).await, sent[..=index], "a after piece {index}");
+    }
+    let waited = waiter(&b, digest);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let response = idemgate_core::record::StoredResponse {
+        body: idemgate_core::record::StoredBody::InPieces(3),
+        ..awkward_response()
+    };
+    assert_eq!(
+        a.complete(&lease, &completion(response))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
+    let waited = waited.await.expect("waiter");
+    assert!(
+        waited < Duration::from_millis(300 + 500),
+        "the end of a streamed run woke the waiter only after {waited:?}"
+    );
+    assert_eq!(
+        read(&b).await,
+        sent,
+        "the completed record names its stream"
+    );
+}
+
+/// An appended piece notifies only for a marked record, with a payload that
+/// says "a piece" (so it does not end the waiting instance's mark).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pieces_notify_only_when_waited_and_say_so() {
+    let schema = TempSchema::new().await;
+    let store = schema.store();
+    store.migrate().await.expect("migrate");
+    let mut listener = sqlx::postgres::PgListener::connect(&url())
+        .await
+        .expect("listener");
+    listener
+        .listen(&idemgate_channel(&store.table_name()))
+        .await
+        .expect("listen");
+    // The first wait starts the store's listener; let it settle.
+    store
+        .wait_for_change(
+            &IdentityDigest::from_bytes([0; 32]),
+            Duration::from_millis(300),
+        )
+        .await;
+    let request = fresh_request();
+    let lease = acquire(&store, &request).await;
+    let piece = Bytes::from_static(b"head");
+    assert_eq!(
+        store
+            .append_stream_piece(&lease, 0, &piece)
+            .await
+            .expect("append"),
+        FencedWrite::Applied
+    );
+    let heard = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(heard.is_err(), "an unwaited piece notified: {heard:?}");
+    // A waiter marks the record; the next piece is announced.
+    let waited = waiter(&store, *request.identity.digest());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        store
+            .append_stream_piece(&lease, 1, &piece)
+            .await
+            .expect("append"),
+        FencedWrite::Applied
+    );
+    let heard = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a waited piece notifies")
+        .expect("notification");
+    let hex: String = request
+        .identity
+        .digest()
+        .as_bytes()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    assert_eq!(heard.payload(), format!("{hex}+piece"));
+    assert!(waited.await.expect("waiter") < Duration::from_secs(5));
+    schema.drop_schema().await;
+}
+
+/// Pieces go with their record when the purge deletes it (the foreign key's
+/// cascade), and a refused append keeps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purged_records_take_their_pieces_along() {
+    let schema = TempSchema::new().await;
+    let store = schema.store();
+    store.migrate().await.expect("migrate");
+    let lease = claim_with_ttl(&store, Duration::from_millis(200)).await;
+    for index in 0..3 {
+        assert_eq!(
+            store
+                .append_stream_piece(&lease, index, &Bytes::from_static(b"piece"))
+                .await
+                .expect("append"),
+            FencedWrite::Applied
+        );
+    }
+    assert_eq!(schema.count("idemgate_records_stream_pieces").await, 3);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        store
+            .append_stream_piece(&lease, 3, &Bytes::from_static(b"late"))
+            .await
+            .expect("append"),
+        FencedWrite::Refused,
+        "an expired record takes no piece"
+    );
+    assert_eq!(store.purge_expired(10).await.expect("purge"), 1);
+    assert_eq!(schema.count("idemgate_records_stream_pieces").await, 0);
+    schema.drop_schema().await;
 }
 
 /// A run that ends between the waiter's read and its wait is not missed: the

@@ -49,8 +49,9 @@
 //! # How it works
 //!
 //! - **One round trip, atomic.** `try_claim`, `complete`, `release`, `renew`,
-//!   `delete` and `get` are each one `EVALSHA` of a Lua script (loaded with `SCRIPT
-//!   LOAD` when a server does not know it yet). The claim script creates the record
+//!   `delete`, `get`, `append_stream_piece` and `read_stream_pieces` are each one
+//!   `EVALSHA` of a Lua script (loaded with `SCRIPT LOAD` when a server does not
+//!   know it yet). The claim script creates the record
 //!   (with an operation id the client generated as a UUID v4 and passed in, used only
 //!   when creating), or — same fingerprint only — takes over a `RELEASED` record or a
 //!   `PROCESSING` one whose lease lapsed (same operation id, token + 1), or else
@@ -65,7 +66,8 @@
 //!   key's expiry: a dead holder's record keeps its operation id for the next
 //!   claimant.
 //! - **Only Redis 7.0 commands** (`HSET HGET HGETALL HMGET HINCRBY HDEL PEXPIREAT
-//!   DEL PUBLISH TIME`, and `WAIT` with the replication wait), tested against 7.0.15.
+//!   DEL PUBLISH TIME`, `LLEN LSET RPUSH LRANGE PEXPIRETIME` for stream pieces, and
+//!   `WAIT` with the replication wait), tested against 7.0.15.
 //!   No `HEXPIRE` (7.4), no `WAITAOF` (7.2).
 //!
 //! # Key layout
@@ -84,6 +86,33 @@
 //! | `ca`, `ea` | created at, expires at (ms); `ea` is also the key's `PEXPIREAT` |
 //! | `rs` | the response: a codec byte (0 raw, 1 zstd) + `StoredResponse::encode` |
 //! | `w` | `1` while a waiter waits for the run to end (see Wait mode); a hint, not record data |
+//!
+//! A streamed answer recorded in pieces (`Store::append_stream_piece`,
+//! `idemgate_core::stream`) is a list per run beside its record, under
+//! `<record key>:pieces:<operation id, 32 hex>:<token>`
+//! ([`RedisStore::stream_pieces_key`]), piece `i` at index `i`:
+//!
+//! - **append** is one script, fenced as `complete` is (the record held by this
+//!   run, in progress): the next index is `RPUSH`ed, an index appended again (a
+//!   write retried after an unknown outcome) replaced with `LSET`, a gap dropped;
+//!   the list's `PEXPIREAT` is set to the record's own expiry (`PEXPIRETIME`), and
+//!   the append is announced like the end of a run (see Wait mode);
+//! - **read** is one script: `LRANGE` of the run's list while the record still
+//!   names the run (same operation id and token, whatever its status), else
+//!   nothing;
+//! - **complete** moves the run's list's expiry to the completed record's, so an
+//!   `InPieces` replay finds its pieces as long as the record lives; **delete** and
+//!   **evict** delete the list of the run the record names with the record. A
+//!   takeover or a reclaim streams under its new token into a new list, and the
+//!   earlier run's list, which no record names any more, expires on its own (at
+//!   the record's expiry as it was before the takeover).
+//!
+//! A list rather than a Redis stream: readers address pieces by index (`LRANGE
+//! from from+limit-1`, from any piece on, in bounded batches), and a write retried
+//! after an unknown outcome must replace its piece, not add a second (`LSET`); a
+//! stream's entry ids are times, not indexes, and `XADD` cannot replace an entry.
+//! The consumer groups and blocking reads a stream offers are not needed: readers
+//! wait through the store's change announcements like every waiter.
 //!
 //! A resource lease (`Store::acquire_resource_lease`) is a plain string under
 //! `<prefix>lease:{<resource digest, 64 hex>}` holding the holder's 16-byte
@@ -109,9 +138,9 @@
 //! 16384 slots. The same layout works unchanged on a single server and on a cluster.
 //! The prefix may not contain braces (the constructor refuses it).
 //!
-//! Completions, releases and deletions of records someone waits for are announced
-//! on the pub/sub channel `<prefix>changes` (message: the 32-byte digest),
-//! published by the scripts themselves. See
+//! Completions, releases, deletions and appended stream pieces of records someone
+//! waits for are announced on the pub/sub channel `<prefix>changes` (message: the
+//! 32-byte digest), published by the scripts themselves. See
 //! [`Store::wait_for_change`](idemgate_core::Store::wait_for_change) below.
 //!
 //! # Wait mode
@@ -126,7 +155,11 @@
 //! subscribed, marks the record (`w`, one small script: set only while the record
 //! is in progress, so a run that ended since the waiter's read ends the wait at
 //! once instead of being missed); the write that ends the run publishes only when
-//! the mark is there, and clears it. Ordinary traffic — keys nobody waits for —
+//! the mark is there, and clears it. An appended stream piece publishes when the
+//! mark is there and keeps it, so a reader of a stream in flight, on any instance,
+//! is woken by every piece after its first wait (a piece appended between its
+//! read and its first mark is seen at the next piece, the run's end, or the
+//! waiter's recheck). Ordinary traffic — keys nobody waits for —
 //! publishes nothing, so no instance reads a message per completion (before the
 //! mark, every subscribed instance received every completion's 32 bytes). Each
 //! wait costs one extra round trip, on the slow path of a request that found the

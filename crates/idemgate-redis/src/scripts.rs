@@ -1,13 +1,17 @@
 //! The Lua scripts: each store operation is one `EVALSHA` of one of these, so it is
 //! one round trip and atomic (Redis runs a script to the end before anything else).
 //!
-//! Every script touches exactly one key, `KEYS[1]`, so it runs unchanged on Redis
-//! Cluster. Times come from the server's `TIME`, in milliseconds. Numbers are
-//! written with `%.0f`, which prints every integer below 2^53 exactly (Lua numbers
-//! are doubles; `tostring` could switch to exponent notation).
+//! A record's scripts touch its hash, `KEYS[1]`, and at most the list of a run's
+//! stream pieces beside it (`KEYS[2]`, or built from the record's fields by
+//! `pieces_key` where the run is known only inside the script), whose key carries
+//! the record's hash tag: one slot, so they run unchanged on Redis Cluster. Times
+//! come from the server's `TIME`, in milliseconds. Numbers are written with
+//! `%.0f`, which prints every integer below 2^53 exactly (Lua numbers are
+//! doubles; `tostring` could switch to exponent notation).
 //!
 //! Only Redis 7.0 commands: `HGET HGETALL HMGET HSET HDEL HINCRBY PEXPIREAT DEL
-//! PUBLISH TIME`, and for resource leases `SET NX PXAT`, `GET`.
+//! PUBLISH TIME`, for stream pieces `LLEN LSET RPUSH LRANGE PEXPIRETIME`, and for
+//! resource leases `SET NX PXAT`, `GET`.
 //!
 //! # Announcements only when someone waits
 //!
@@ -18,6 +22,12 @@
 //! key of ordinary traffic — costs no `PUBLISH`, and no subscribed instance reads
 //! a message for it. The mark is a hint beside the record, never read by the
 //! protocol: claims, fencing and decoding ignore it.
+//!
+//! An appended stream piece (`APPEND_PIECE`) is announced the same way, when the
+//! record is marked, but leaves the mark in place: the run goes on, and a reader
+//! of its stream waits again for the next piece. The message is the same digest
+//! (a hint to look again, whatever changed), so subscribers need not tell them
+//! apart.
 
 use redis::Script;
 
@@ -40,6 +50,13 @@ end
 -- Announces a change on `channel` when a waiter marked the record.
 local function announce(mark, channel, digest)
   if mark and mark ~= '' then redis.call('PUBLISH', channel, digest) end
+end
+-- The list of the stream pieces of the run (op, tk) of the record at `key`:
+-- `<record key>:pieces:<op, 32 lowercase hex>:<tk>`, as
+-- `RedisStore::stream_pieces_key` builds it; the record's hash tag, so its slot.
+local function pieces_key(key, op, tk)
+  local hex = string.gsub(op, '.', function(c) return string.format('%02x', string.byte(c)) end)
+  return key .. ':pieces:' .. hex .. ':' .. tk
 end
 ";
 
@@ -89,8 +106,10 @@ end
 return {'E', num(now), fields}
 ";
 
-/// `KEYS[1]` record; `ARGV`: operation id, token, `C` or `F`, encoded response,
-/// ttl ms, channel, identity digest. Returns 1 when applied, 0 when refused.
+/// `KEYS[1]` record, `KEYS[2]` the run's stream pieces; `ARGV`: operation id,
+/// token, `C` or `F`, encoded response, ttl ms, channel, identity digest. Returns
+/// 1 when applied, 0 when refused. The run's pieces, if it streamed, now expire
+/// with the completed record (a no-op on a list that does not exist).
 const COMPLETE: &str = r"
 local key = KEYS[1]
 local mark = held(key, ARGV[1], ARGV[2])
@@ -99,6 +118,7 @@ local expires = now_ms() + tonumber(ARGV[5])
 redis.call('HSET', key, 'st', ARGV[3], 'rs', ARGV[4], 'ea', num(expires))
 redis.call('HDEL', key, 'lu', 'w')
 redis.call('PEXPIREAT', key, num(expires))
+redis.call('PEXPIREAT', KEYS[2], num(expires))
 announce(mark, ARGV[6], ARGV[7])
 return 1
 ";
@@ -122,12 +142,13 @@ redis.call('HSET', key, 'lu', num(now_ms() + tonumber(ARGV[3])))
 return 1
 ";
 
-/// `KEYS[1]` record; `ARGV`: operation id, token, channel, identity digest.
+/// `KEYS[1]` record, `KEYS[2]` the run's stream pieces; `ARGV`: operation id,
+/// token, channel, identity digest. The pieces go with the record.
 const DELETE: &str = r"
 local key = KEYS[1]
 local mark = held(key, ARGV[1], ARGV[2])
 if not mark then return 0 end
-redis.call('DEL', key)
+redis.call('DEL', key, KEYS[2])
 announce(mark, ARGV[3], ARGV[4])
 return 1
 ";
@@ -135,19 +156,58 @@ return 1
 /// `KEYS[1]` record; `ARGV`: `1` to force, channel, identity digest. The operator's
 /// unfenced delete: refuses a live lease unless forced. Returns `{'A', now}` (no
 /// record), `{'L', now, locked_until}` (a live lease, left alone) or
-/// `{'E', now, status}` (deleted).
+/// `{'E', now, status}` (deleted). The stream pieces of the run the record names
+/// go with it: their key is known only once the record is read, so it is built
+/// here (`pieces_key`, the record's hash tag: the same slot).
 const EVICT: &str = r"
 local key = KEYS[1]
 local now = now_ms()
-local h = redis.call('HMGET', key, 'st', 'lu', 'w')
+local h = redis.call('HMGET', key, 'st', 'lu', 'w', 'op', 'tk')
 if not h[1] then return {'A', num(now)} end
 local lu = tonumber(h[2])
 if ARGV[1] ~= '1' and h[1] == 'P' and lu ~= nil and lu > now then
   return {'L', num(now), num(lu)}
 end
 redis.call('DEL', key)
+if h[4] and h[5] then redis.call('DEL', pieces_key(key, h[4], h[5])) end
 announce(h[3], ARGV[2], ARGV[3])
 return {'E', num(now), h[1]}
+";
+
+/// `KEYS[1]` record, `KEYS[2]` the list of the run's stream pieces; `ARGV`:
+/// operation id, token, piece index, piece, channel, identity digest. Fenced as
+/// `COMPLETE` is (the record held by this run, in progress): returns 0, nothing
+/// kept, when it is not. Otherwise an index below the list's length replaces that
+/// piece (a write retried), the next index is pushed, and a later one — a gap,
+/// which an in-order writer never leaves — is dropped, as a missing piece ends a
+/// read; returns 1. The list expires when the record does (`PEXPIRETIME`, exact),
+/// and the append is announced when a waiter marked the record, the mark kept for
+/// the pieces to come.
+const APPEND_PIECE: &str = r"
+local key, pieces = KEYS[1], KEYS[2]
+local mark = held(key, ARGV[1], ARGV[2])
+if not mark then return 0 end
+local index = tonumber(ARGV[3])
+local len = redis.call('LLEN', pieces)
+if index < len then
+  redis.call('LSET', pieces, ARGV[3], ARGV[4])
+elseif index == len then
+  redis.call('RPUSH', pieces, ARGV[4])
+end
+local expires = redis.call('PEXPIRETIME', key)
+if expires > 0 then redis.call('PEXPIREAT', pieces, expires) end
+announce(mark, ARGV[5], ARGV[6])
+return 1
+";
+
+/// `KEYS[1]` record, `KEYS[2]` the list of the run's stream pieces; `ARGV`:
+/// operation id, token, first index, last index (inclusive). The pieces in that
+/// range while the record names the run (same operation id and token, whatever its
+/// status); none when it does not (gone, expired, or another run's record).
+const READ_PIECES: &str = r"
+local h = redis.call('HMGET', KEYS[1], 'op', 'tk')
+if h[1] ~= ARGV[1] or h[2] ~= ARGV[2] then return {} end
+return redis.call('LRANGE', KEYS[2], ARGV[3], ARGV[4])
 ";
 
 /// `KEYS[1]` record. A waiter's mark: when the record is in progress (`P`, whatever
@@ -233,6 +293,8 @@ pub(crate) struct Scripts {
     pub(crate) evict: Script,
     pub(crate) mark_waiting: Script,
     pub(crate) get: Script,
+    pub(crate) append_piece: Script,
+    pub(crate) read_pieces: Script,
     pub(crate) acquire_resource_lease: Script,
     pub(crate) release_resource_lease: Script,
     pub(crate) record_duration: Script,
@@ -251,6 +313,8 @@ impl Scripts {
             evict: script(EVICT),
             mark_waiting: script(MARK_WAITING),
             get: script(GET),
+            append_piece: script(APPEND_PIECE),
+            read_pieces: script(READ_PIECES),
             acquire_resource_lease: script(ACQUIRE_RESOURCE_LEASE),
             release_resource_lease: script(RELEASE_RESOURCE_LEASE),
             record_duration: Script::new(RECORD_DURATION),

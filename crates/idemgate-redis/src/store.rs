@@ -4,12 +4,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use idemgate_core::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
 use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
+use idemgate_core::stream::StreamId;
 use idemgate_core::time::Timestamp;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, LeaseOrigin,
@@ -387,6 +389,22 @@ impl RedisStore {
         format!("{}{{{}}}", self.inner.key_prefix, identity.to_hex())
     }
 
+    /// The Redis key of the list of `stream`'s pieces (`Store::append_stream_piece`):
+    /// `<record key>:pieces:<operation id, 32 lowercase hex>:<token>`, one list
+    /// per run, piece `i` at index `i`. The record key's hash tag, so on Redis
+    /// Cluster it lives in its record's slot, and one script reads or writes both.
+    /// It expires with the record (and is deleted with it); a takeover's run
+    /// streams under its new token, leaving the earlier run's list to expire at
+    /// the record's expiry as it stood then.
+    pub fn stream_pieces_key(&self, stream: &StreamId) -> String {
+        format!(
+            "{}:pieces:{}:{}",
+            self.record_key(&stream.identity),
+            hex::encode(stream.operation_id.as_bytes()),
+            stream.token.0
+        )
+    }
+
     /// The Redis key of the resource lease on `resource`:
     /// `<prefix>lease:{<hex digest>}`, a string holding the holder's token and
     /// the lease's end, which is also its expiry. One key per lease, its digest the hash tag,
@@ -417,9 +435,10 @@ impl RedisStore {
         (format!("{base}:routes"), format!("{base}:route:"))
     }
 
-    /// The pub/sub channel completions, releases and deletions of records someone
-    /// waits for are announced on: `<prefix>changes`, with the 32-byte identity
-    /// digest as the message (writes nobody waits for announce nothing).
+    /// The pub/sub channel completions, releases, deletions and stream pieces of
+    /// records someone waits for are announced on: `<prefix>changes`, with the
+    /// 32-byte identity digest as the message (writes nobody waits for announce
+    /// nothing).
     pub fn change_channel(&self) -> &str {
         &self.inner.channel
     }
@@ -701,9 +720,11 @@ impl Store for RedisStore {
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
         let key = self.record_key(&lease.identity);
+        let pieces = self.stream_pieces_key(&StreamId::of_lease(lease));
         let response = self.inner.codec.encode(&completion.response);
         let mut invocation = self.inner.scripts.complete.key(&key);
         invocation
+            .key(&pieces)
             .arg(lease.operation_id.as_bytes())
             .arg(token_arg(lease.token))
             .arg(status_code(completion.status.into()))
@@ -762,8 +783,10 @@ impl Store for RedisStore {
 
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         let key = self.record_key(&lease.identity);
+        let pieces = self.stream_pieces_key(&StreamId::of_lease(lease));
         let mut invocation = self.inner.scripts.delete.key(&key);
         invocation
+            .key(&pieces)
             .arg(lease.operation_id.as_bytes())
             .arg(token_arg(lease.token))
             .arg(&self.inner.channel)
@@ -790,6 +813,64 @@ impl Store for RedisStore {
             self.inner.signals.notify(identity);
         }
         Ok(eviction)
+    }
+
+    /// One script (see `scripts.rs`): fenced as `complete` is, then `LSET` (an
+    /// index appended again), `RPUSH` (the next one) or nothing (a gap) on the
+    /// run's list, which expires with the record; announced on the change channel
+    /// when a waiter marked the record. Not followed by the replication wait: a
+    /// completion that reached the replicas brings every piece appended before it
+    /// (one primary's replication stream is in order), and a lost piece costs a
+    /// reader of the stream in flight at most what a failover costs the run.
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        let key = self.record_key(&lease.identity);
+        let pieces = self.stream_pieces_key(&StreamId::of_lease(lease));
+        let mut invocation = self.inner.scripts.append_piece.key(&key);
+        invocation
+            .key(&pieces)
+            .arg(lease.operation_id.as_bytes())
+            .arg(token_arg(lease.token))
+            .arg(index)
+            .arg(piece.as_ref())
+            .arg(&self.inner.channel)
+            .arg(lease.identity.as_bytes());
+        let write = self.fenced(&invocation).await?;
+        self.notify(&lease.identity, write);
+        Ok(write)
+    }
+
+    /// One script: `LRANGE` of the run's list while the record names the run.
+    async fn read_stream_pieces(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let key = self.record_key(&stream.identity);
+        let pieces = self.stream_pieces_key(stream);
+        let mut invocation = self.inner.scripts.read_pieces.key(&key);
+        invocation
+            .key(&pieces)
+            .arg(stream.operation_id.as_bytes())
+            .arg(token_arg(stream.token))
+            .arg(from)
+            .arg(u64::from(from) + u64::from(limit) - 1);
+        let reply = self.run(&invocation).await?;
+        let decode = || -> Result<Vec<Bytes>, RedisStoreError> {
+            array_of(reply)?
+                .into_iter()
+                .map(|piece| bytes_of(piece).map(Bytes::from))
+                .collect()
+        };
+        decode().map_err(StoreError::corrupt)
     }
 
     async fn get(&self, identity: &IdentityDigest) -> Result<Option<Snapshot>, StoreError> {
@@ -913,10 +994,11 @@ impl Store for RedisStore {
         self.fenced(&invocation).await
     }
 
-    /// Wakes on this store's own completions, releases and deletions at once, and on
-    /// other instances' through the pub/sub channel. Once subscribed (the first wait
-    /// subscribes, and waits for the confirmation within its timeout), it marks the
-    /// record as waited on, so that the write ending the run announces it (writes
+    /// Wakes on this store's own completions, releases, deletions and appended
+    /// stream pieces at once, and on other instances' through the pub/sub channel.
+    /// Once subscribed (the first wait subscribes, and waits for the confirmation
+    /// within its timeout), it marks the record as waited on, so that the write
+    /// ending the run, and each piece appended before it, announces it (writes
     /// nobody waits for announce nothing); a record that is no longer in progress
     /// when marked ends the wait at once. The timeout is the floor either way.
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {

@@ -58,6 +58,12 @@ async fn a_completion_on_another_instance_wakes_waiters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_pieces_are_shared_and_wake_readers_on_another_instance() {
+    let (a, b) = (cluster_store().await, cluster_store().await);
+    support::other_instance_reads_and_wakes_on_pieces(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_completions_someone_waits_for_are_announced() {
     let (a, b) = (cluster_store().await, cluster_store().await);
     // PUBLISH on a cluster reaches every node: listen on any.

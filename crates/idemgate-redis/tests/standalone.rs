@@ -137,6 +137,150 @@ async fn a_completion_on_another_instance_wakes_waiters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_pieces_are_shared_and_wake_readers_on_another_instance() {
+    let (a, b) = (redis_store().await, redis_store().await);
+    support::other_instance_reads_and_wakes_on_pieces(&a, &b).await;
+}
+
+/// A run's pieces are a list beside its record, in the record's hash tag,
+/// expiring with the record: at its claim's expiry while the run goes on, at
+/// the completion's after it; gone with the record when it is evicted or
+/// deleted. A takeover's run gets a list of its own, the earlier one left to
+/// expire.
+#[tokio::test]
+async fn stream_pieces_are_a_list_per_run_expiring_with_the_record() {
+    use idemgate_core::stream::StreamId;
+    use idemgate_core::{EvictMode, Eviction};
+
+    let store = redis_store().await;
+    let mut admin = admin().await;
+    let expiry_admin = admin.clone();
+    let pexpiretime = |key: String| {
+        let mut admin = expiry_admin.clone();
+        async move {
+            redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query_async::<i64>(&mut admin)
+                .await
+                .unwrap()
+        }
+    };
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    };
+    let record = store.record_key(request.identity.digest());
+    let lease = acquire(&store, &request).await;
+    let stream = StreamId::of_lease(&lease);
+    let pieces = store.stream_pieces_key(&stream);
+    assert_eq!(
+        pieces,
+        format!(
+            "{record}:pieces:{}:{}",
+            lease.operation_id.as_uuid().simple(),
+            lease.token.0
+        )
+    );
+    for index in 0..3 {
+        let piece = Bytes::from(vec![index; 10]);
+        assert_eq!(
+            store
+                .append_stream_piece(&lease, u32::from(index), &piece)
+                .await
+                .unwrap(),
+            FencedWrite::Applied
+        );
+    }
+    // A gap is dropped, a piece appended again replaced.
+    assert_eq!(
+        store
+            .append_stream_piece(&lease, 5, &Bytes::from_static(b"gap"))
+            .await
+            .unwrap(),
+        FencedWrite::Applied
+    );
+    assert_eq!(
+        store
+            .append_stream_piece(&lease, 1, &Bytes::from_static(b"again"))
+            .await
+            .unwrap(),
+        FencedWrite::Applied
+    );
+    let kind: String = redis::cmd("TYPE")
+        .arg(&pieces)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(kind, "list");
+    let stored: Vec<Vec<u8>> = admin.lrange(&pieces, 0, -1).await.unwrap();
+    assert_eq!(stored, [vec![0; 10], b"again".to_vec(), vec![2; 10]]);
+    assert_eq!(
+        pexpiretime(pieces.clone()).await,
+        pexpiretime(record.clone()).await,
+        "the pieces expire with the record in progress"
+    );
+    // A takeover streams into a list of its own; the old one is left to expire.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = acquire(&store, &request).await;
+    assert_eq!(second.operation_id, lease.operation_id);
+    let second_pieces = store.stream_pieces_key(&StreamId::of_lease(&second));
+    assert_ne!(second_pieces, pieces);
+    assert_eq!(
+        store
+            .append_stream_piece(&second, 0, &Bytes::from_static(b"head"))
+            .await
+            .unwrap(),
+        FencedWrite::Applied
+    );
+    let old_expiry = pexpiretime(pieces.clone()).await;
+    assert!(old_expiry > 0, "the old run's list keeps its expiry");
+
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: StoredResponse {
+            body: StoredBody::InPieces(0),
+            ..awkward_response()
+        },
+        ttl: Duration::from_secs(600_000),
+    };
+    assert_eq!(
+        store.complete(&second, &completion).await.unwrap(),
+        FencedWrite::Applied
+    );
+    let completed_expiry = pexpiretime(record.clone()).await;
+    assert_eq!(
+        pexpiretime(second_pieces.clone()).await,
+        completed_expiry,
+        "completion moved the pieces' expiry with the record's"
+    );
+    assert!(completed_expiry > old_expiry);
+    assert_eq!(pexpiretime(pieces.clone()).await, old_expiry);
+
+    assert!(matches!(
+        store
+            .evict(request.identity.digest(), EvictMode::UnlessRunning)
+            .await
+            .unwrap(),
+        Eviction::Evicted { .. }
+    ));
+    let exists: i64 = admin.exists(&second_pieces).await.unwrap();
+    assert_eq!(exists, 0, "evicted with the record");
+    let _: () = admin.del(&pieces).await.unwrap();
+
+    let lease = acquire(&store, &request).await;
+    let pieces = store.stream_pieces_key(&StreamId::of_lease(&lease));
+    let _ = store
+        .append_stream_piece(&lease, 0, &Bytes::from_static(b"head"))
+        .await
+        .unwrap();
+    let exists: i64 = admin.exists(&pieces).await.unwrap();
+    assert_eq!(exists, 1);
+    assert_eq!(store.delete(&lease).await.unwrap(), FencedWrite::Applied);
+    let exists: i64 = admin.exists(&pieces).await.unwrap();
+    assert_eq!(exists, 0, "deleted with the record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_completions_someone_waits_for_are_announced() {
     let (a, b) = (redis_store().await, redis_store().await);
     support::announcements_only_when_waited(&a, &b, &support::standalone_url()).await;

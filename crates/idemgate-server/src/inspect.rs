@@ -133,6 +133,10 @@ pub struct ResponseView {
     /// `body_bytes` when it is stored compressed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stored_body_bytes: Option<usize>,
+    /// A stream recorded in pieces (PROTOCOL §20): how many pieces follow its
+    /// head in the store (`body_bytes` and `body` are not read from them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_pieces: Option<u32>,
     /// The headers in replay order, when asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<Vec<(String, String)>>,
@@ -180,19 +184,24 @@ fn response_view(record: &Record, with_body: bool) -> Option<ResponseView> {
     let stored = record.response()?;
     let stored_body_bytes = match &stored.body {
         StoredBody::Retained(body) => Some(body.len()),
-        StoredBody::NotRetained => None,
+        StoredBody::NotRetained | StoredBody::InPieces(_) => None,
+    };
+    let stream_pieces = match stored.body {
+        StoredBody::InPieces(pieces) => Some(pieces),
+        _ => None,
     };
     // What replays send: the body as the handler answered it. A body that does
     // not decompress is shown as stored (a replay of it answers store-corrupt).
     let response = &decompress(stored).unwrap_or_else(|_| stored.clone());
     let body = match &response.body {
         StoredBody::Retained(body) => Some(body),
-        StoredBody::NotRetained => None,
+        StoredBody::NotRetained | StoredBody::InPieces(_) => None,
     };
     Some(ResponseView {
         status: response.status.as_u16(),
         header_count: response.headers.len(),
-        body_retained: body.is_some(),
+        body_retained: body.is_some() || stream_pieces.is_some(),
+        stream_pieces,
         body_bytes: body.map(|body| body.len()),
         stored_body_bytes,
         headers: with_body.then(|| {

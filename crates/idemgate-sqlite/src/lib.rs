@@ -208,6 +208,7 @@ mod audit;
 mod durations;
 mod error;
 mod migrate;
+mod pieces;
 mod sql;
 mod store;
 mod tx;

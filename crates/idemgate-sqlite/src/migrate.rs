@@ -86,6 +86,15 @@ pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
                 .map_err(Error::Migrate)?;
         }
     }
+    // Version 6: the streams recorded in pieces (`crate::pieces`).
+    if found.is_none_or(|found| found < 6) {
+        for statement in crate::pieces::schema(table) {
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
+    }
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {versions} (table_name, version, migrated_at) VALUES (?1, ?2, {now}) \
          ON CONFLICT (table_name) DO UPDATE \

@@ -178,8 +178,9 @@ impl Statements {
 
 /// The schema version this build writes: 1 the record table, 2 its resource
 /// lease table, 3 the records' `field_digests`, 4 the journal's tables
-/// (`crate::audit`), 5 the routes' execution histories (`crate::durations`).
-pub const SCHEMA_VERSION: i64 = 5;
+/// (`crate::audit`), 5 the routes' execution histories (`crate::durations`),
+/// 6 the streams recorded in pieces (`crate::pieces`).
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The statements that create schema version 1, in order.
 pub(crate) fn schema_v1(table: &str) -> Vec<String> {

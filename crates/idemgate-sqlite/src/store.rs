@@ -1,16 +1,19 @@
 //! `SqliteStore`: the [`Store`](idemgate_core::Store) on a `sqlx::SqlitePool`.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use idemgate_core::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
 };
 use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
+use idemgate_core::stream::StreamId;
 use idemgate_core::time::Timestamp;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, Snapshot, Store,
@@ -23,6 +26,7 @@ use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
 use crate::audit::{self, AuditNames, AuditWrite};
 use crate::durations::{self, DurationStatements};
 use crate::error::{Error, store_error};
+use crate::pieces::PieceStatements;
 use crate::sql::{self, Statements, quote};
 use crate::writer::{Op, Statement, Writer, WriterStats, WriterTransaction};
 
@@ -68,6 +72,8 @@ struct Inner {
     audit: AuditNames,
     /// The routes' execution histories (`crate::durations`).
     durations: DurationStatements,
+    /// Streams recorded in pieces (`crate::pieces`).
+    pieces: PieceStatements,
     /// Set once the journal is on: purges journal what they delete
     /// (`Store::journal_expiries`).
     expiries: OnceLock<ExpiryJournal>,
@@ -137,6 +143,7 @@ impl SqliteStore {
                 sql,
                 audit: AuditNames::new(&table),
                 durations: DurationStatements::new(&table),
+                pieces: PieceStatements::new(&table),
                 table,
                 signals: ChangeSignals::new(),
                 expiries: OnceLock::new(),
@@ -287,7 +294,7 @@ impl SqliteStore {
                 .bind(columns.status)
                 .bind(i32::from(columns.response_status))
                 .bind(columns.headers)
-                .bind(columns.body.map(<[u8]>::to_vec))
+                .bind(columns.body.map(Cow::into_owned))
                 .bind(columns.retained)
                 .bind(columns.ttl_ms),
         )
@@ -508,6 +515,33 @@ impl Store for SqliteStore {
             .run(|reply| Op::Execute { statement, reply })
             .await
             .map(drop)
+    }
+
+    /// Through the writer, fenced (`crate::pieces`); wakes this process's
+    /// readers (another process sharing the file reads on at its next poll).
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        let statement = self
+            .inner
+            .pieces
+            .append(&StreamId::of_lease(lease), index, piece);
+        self.write(statement, lease, true).await
+    }
+
+    async fn read_stream_pieces(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        self.inner
+            .pieces
+            .read(&self.inner.pool, stream, from, limit)
+            .await
     }
 
     async fn route_durations(&self, route: &str) -> Result<Vec<Duration>, StoreError> {

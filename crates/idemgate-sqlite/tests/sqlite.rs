@@ -89,6 +89,22 @@ impl Store for TempStore {
     async fn complete(&self, lease: &Lease, c: &Completion) -> Result<FencedWrite, StoreError> {
         self.store.complete(lease, c).await
     }
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &bytes::Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        self.store.append_stream_piece(lease, index, piece).await
+    }
+    async fn read_stream_pieces(
+        &self,
+        stream: &idemgate_core::stream::StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<bytes::Bytes>, StoreError> {
+        self.store.read_stream_pieces(stream, from, limit).await
+    }
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.store.release(lease).await
     }

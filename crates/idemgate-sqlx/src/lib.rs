@@ -65,6 +65,7 @@ pub use setup::{SchemaStep, SchemaTooNew, SetupError, schema_step};
 #[doc(hidden)]
 pub mod __private {
     pub use async_trait;
+    pub use bytes;
     pub use idemgate_core;
     pub use sqlx;
     pub use tokio;

@@ -11,6 +11,7 @@
 //! `uuid::Uuid` (PostgreSQL's `UUID`, SQLite's 16-byte `BLOB`), `format_version`
 //! and `response_status` as `i32`, times and tokens as `i64`.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -74,12 +75,30 @@ pub struct CompletionColumns<'a> {
     pub response_status: u16,
     /// [`StoredResponse::encode_headers`].
     pub headers: Vec<u8>,
-    /// The body; `None` when it was not retained.
-    pub body: Option<&'a [u8]>,
+    /// The body; `None` when it was not retained. A stream recorded in pieces
+    /// keeps their count here instead ([`pieces_marker`]), with `retained`
+    /// false: a build that predates streams reads it as not retained.
+    pub body: Option<Cow<'a, [u8]>>,
     /// `false`: the body was too large to keep (replayed without one).
     pub retained: bool,
     /// How long the completed record lives, in milliseconds.
     pub ttl_ms: i64,
+}
+
+/// The body column of a stream recorded in pieces (`StoredBody::InPieces`):
+/// `P` and the count, big-endian.
+fn pieces_marker(count: u32) -> [u8; 5] {
+    let mut marker = [b'P', 0, 0, 0, 0];
+    marker[1..].copy_from_slice(&count.to_be_bytes());
+    marker
+}
+
+/// Reverses [`pieces_marker`].
+fn pieces_count(marker: &[u8]) -> Option<u32> {
+    match marker {
+        [b'P', count @ ..] => Some(u32::from_be_bytes(count.try_into().ok()?)),
+        _ => None,
+    }
 }
 
 impl<'a> CompletionColumns<'a> {
@@ -87,8 +106,11 @@ impl<'a> CompletionColumns<'a> {
     pub fn of(completion: &'a Completion) -> Self {
         let response = &completion.response;
         let (body, retained) = match &response.body {
-            StoredBody::Retained(body) => (Some(body.as_ref()), true),
+            StoredBody::Retained(body) => (Some(Cow::Borrowed(body.as_ref())), true),
             StoredBody::NotRetained => (None, false),
+            StoredBody::InPieces(count) => {
+                (Some(Cow::Owned(pieces_marker(*count).to_vec())), false)
+            }
         };
         Self {
             status: RecordStatus::from(completion.status).as_str(),
@@ -283,7 +305,10 @@ where
     .map_err(StoreError::corrupt)?;
     let body = match (retained, body) {
         (Some(true), Some(body)) => StoredBody::Retained(Bytes::from(body)),
-        (Some(false), _) => StoredBody::NotRetained,
+        (Some(false), None) => StoredBody::NotRetained,
+        (Some(false), Some(marker)) => StoredBody::InPieces(
+            pieces_count(&marker).ok_or_else(|| corrupt("a stream's body without its count"))?,
+        ),
         _ => return Err(corrupt("final record without a body")),
     };
     Ok(StoredResponse {

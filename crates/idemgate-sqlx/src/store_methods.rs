@@ -32,6 +32,8 @@
 /// `audit_partitions_of`, `audit_trim` and `audit_secret_of` (the `Store`'s
 /// `append_audit`, `read_audit`, `audit_partitions`, `trim_audit` and
 /// `audit_secret`: each dialect chains and locks its own way);
+/// the inherent `pieces_append` and `pieces_read` (the `Store`'s
+/// `append_stream_piece` and `read_stream_pieces`, in-process signal included);
 /// an inherent `async fn wait_announced(&self, &IdentityDigest, Duration)` (its
 /// [`Store::wait_for_change`](idemgate_core::Store::wait_for_change): in-process
 /// signals plus however the dialect hears other instances);
@@ -69,7 +71,7 @@ macro_rules! sql_store_methods {
                     .bind(columns.status)
                     .bind(i32::from(columns.response_status))
                     .bind(columns.headers)
-                    .bind(columns.body.map(<[u8]>::to_vec))
+                    .bind(columns.body.map(::std::borrow::Cow::into_owned))
                     .bind(columns.retained)
                     .bind(columns.ttl_ms),
                 )
@@ -379,6 +381,30 @@ macro_rules! sql_store_methods {
                 route: &str,
             ) -> ::std::result::Result<::std::vec::Vec<::std::time::Duration>, $crate::__private::idemgate_core::StoreError> {
                 self.durations_of(route).await
+            }
+
+            async fn append_stream_piece(
+                &self,
+                lease: &$crate::__private::idemgate_core::Lease,
+                index: u32,
+                piece: &$crate::__private::bytes::Bytes,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::FencedWrite,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                self.pieces_append(lease, index, piece).await
+            }
+
+            async fn read_stream_pieces(
+                &self,
+                stream: &$crate::__private::idemgate_core::stream::StreamId,
+                from: u32,
+                limit: u32,
+            ) -> ::std::result::Result<
+                ::std::vec::Vec<$crate::__private::bytes::Bytes>,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                self.pieces_read(stream, from, limit).await
             }
 
             async fn wait_for_change(

@@ -15,9 +15,11 @@ use idemgate_core::audit::{
     AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, ChainHash, Verifier,
 };
 use idemgate_core::fingerprint::{FieldDigests, Fingerprint};
+use idemgate_core::record::FencingToken;
 use idemgate_core::record::{RecordStatus, StoredBody, StoredResponse};
 use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
+use idemgate_core::stream::{PIECE_BUDGET, StreamId};
 use idemgate_core::{
     Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, FinalStatus, Lease,
     LeaseOrigin, Snapshot, Store,
@@ -1487,5 +1489,205 @@ pub async fn route_history_keeps_a_bounded_number_of_routes(store: Arc<dyn Store
     assert!(
         kept >= MAX_ROUTES - TASKS,
         "only {kept} routes kept history"
+    );
+}
+
+/// `n` stream pieces of assorted sizes: the empty piece, one byte, a full
+/// budget of binary bytes.
+fn pieces(n: usize) -> Vec<Bytes> {
+    (0..n)
+        .map(|i| match i % 3 {
+            0 => Bytes::from(format!("id: {i}\ndata: piece {i}\n\n")),
+            1 => Bytes::from(
+                (0..PIECE_BUDGET)
+                    .map(|b| ((b + i) % 256) as u8)
+                    .collect::<Vec<_>>(),
+            ),
+            _ => Bytes::new(),
+        })
+        .collect()
+}
+
+async fn append(store: &dyn Store, lease: &Lease, index: u32, piece: &Bytes) -> FencedWrite {
+    store
+        .append_stream_piece(lease, index, piece)
+        .await
+        .expect("append_stream_piece")
+}
+
+async fn read(store: &dyn Store, stream: &StreamId, from: u32, limit: u32) -> Vec<Bytes> {
+    store
+        .read_stream_pieces(stream, from, limit)
+        .await
+        .expect("read_stream_pieces")
+}
+
+/// A run's stream pieces (PROTOCOL §20) come back byte for byte, in order,
+/// from any index and in bounded batches, while the run goes on and after its
+/// completion (which names them, `InPieces`); a completed record takes no more
+/// pieces, and a stream id of another token reads nothing.
+pub async fn stream_pieces_round_trip_in_order(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let lease = acquire(&*store, &request).await;
+    let stream = StreamId::of_lease(&lease);
+    let sent = pieces(7);
+    assert!(read(&*store, &stream, 0, 10).await.is_empty());
+    for (index, piece) in sent.iter().enumerate() {
+        assert_eq!(
+            append(&*store, &lease, index as u32, piece).await,
+            FencedWrite::Applied
+        );
+        let so_far = read(&*store, &stream, 0, 100).await;
+        assert_eq!(so_far, sent[..=index], "read after piece {index}");
+    }
+    assert_eq!(read(&*store, &stream, 2, 3).await, sent[2..5]);
+    assert_eq!(read(&*store, &stream, 6, 3).await, sent[6..]);
+    assert!(read(&*store, &stream, 7, 3).await.is_empty());
+    // Appended again (a write retried): replaced, not doubled.
+    assert_eq!(
+        append(&*store, &lease, 6, &sent[6]).await,
+        FencedWrite::Applied
+    );
+    assert_eq!(read(&*store, &stream, 0, 100).await, sent);
+
+    let response = StoredResponse {
+        body: StoredBody::InPieces(6),
+        ..awkward_response()
+    };
+    assert_eq!(
+        store
+            .complete(&lease, &completion(response.clone()))
+            .await
+            .expect("complete"),
+        FencedWrite::Applied
+    );
+    let done = existing(&*store, &request).await;
+    assert_eq!(done.record.response(), Some(&response));
+    let named = StreamId::of_record(*request.identity.digest(), &done.record);
+    assert_eq!(named, stream, "the completed record names its run's stream");
+    assert_eq!(read(&*store, &named, 1, 100).await, sent[1..]);
+    assert_eq!(
+        append(&*store, &lease, 7, &sent[0]).await,
+        FencedWrite::Refused,
+        "a completed run takes no more pieces"
+    );
+    assert_eq!(read(&*store, &stream, 0, 100).await, sent);
+    let other = StreamId {
+        token: FencingToken(stream.token.0.wrapping_add(1)),
+        ..stream
+    };
+    assert!(read(&*store, &other, 0, 100).await.is_empty());
+}
+
+/// Pieces are fenced like every write after the claim: a run whose lease was
+/// taken over appends nothing, the old run's pieces are not the new run's, and
+/// the new run's stream starts empty.
+pub async fn stream_pieces_are_the_runs_own(store: Arc<dyn Store>) {
+    let request = ClaimRequest {
+        lease: Duration::from_millis(300),
+        ..fresh_request()
+    };
+    let first = acquire(&*store, &request).await;
+    let sent = pieces(3);
+    for (index, piece) in sent.iter().enumerate() {
+        assert_eq!(
+            append(&*store, &first, index as u32, piece).await,
+            FencedWrite::Applied
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let second = acquire(
+        &*store,
+        &ClaimRequest {
+            lease: LONG,
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(second.origin, LeaseOrigin::TakenOver);
+    assert_eq!(
+        append(&*store, &first, 3, &sent[0]).await,
+        FencedWrite::Refused,
+        "the run taken over appends nothing"
+    );
+    assert!(
+        read(&*store, &StreamId::of_lease(&first), 0, 10)
+            .await
+            .is_empty(),
+        "the old run's stream is not named by the record any more"
+    );
+    let new = StreamId::of_lease(&second);
+    assert!(read(&*store, &new, 0, 10).await.is_empty());
+    assert_eq!(
+        append(&*store, &second, 0, &sent[2]).await,
+        FencedWrite::Applied
+    );
+    assert_eq!(read(&*store, &new, 0, 10).await, [sent[2].clone()]);
+}
+
+/// A stream's pieces go with its record: evicted or deleted, nothing is read;
+/// the key's next run streams afresh.
+pub async fn stream_pieces_go_with_the_record(store: Arc<dyn Store>) {
+    let sent = pieces(2);
+    let request = fresh_request();
+    let lease = acquire(&*store, &request).await;
+    let stream = StreamId::of_lease(&lease);
+    for (index, piece) in sent.iter().enumerate() {
+        let _ = append(&*store, &lease, index as u32, piece).await;
+    }
+    let response = StoredResponse {
+        body: StoredBody::InPieces(1),
+        ..awkward_response()
+    };
+    let _ = store
+        .complete(&lease, &completion(response))
+        .await
+        .expect("complete");
+    assert!(matches!(
+        evict(&*store, request.identity.digest(), EvictMode::UnlessRunning).await,
+        Eviction::Evicted { .. }
+    ));
+    assert!(read(&*store, &stream, 0, 10).await.is_empty());
+
+    let lease = acquire(&*store, &request).await;
+    let stream = StreamId::of_lease(&lease);
+    let _ = append(&*store, &lease, 0, &sent[0]).await;
+    assert_eq!(
+        store.delete(&lease).await.expect("delete"),
+        FencedWrite::Applied
+    );
+    assert!(read(&*store, &stream, 0, 10).await.is_empty());
+}
+
+/// A reader of a stream in flight that waits for changes learns of each new
+/// piece well before its timeout: appends are announced like completions.
+pub async fn appended_pieces_wake_waiters(store: Arc<dyn Store>) {
+    let request = fresh_request();
+    let lease = acquire(&*store, &request).await;
+    let stream = StreamId::of_lease(&lease);
+    let reader = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            loop {
+                store
+                    .wait_for_change(&stream.identity, Duration::from_secs(10))
+                    .await;
+                let read = store
+                    .read_stream_pieces(&stream, 0, 10)
+                    .await
+                    .expect("read");
+                if !read.is_empty() || start.elapsed() > Duration::from_secs(20) {
+                    return start.elapsed();
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _ = append(&*store, &lease, 0, &Bytes::from_static(b"head")).await;
+    let waited = reader.await.expect("reader");
+    assert!(
+        waited < Duration::from_secs(5),
+        "the reader saw the piece only after {waited:?}: appends must wake waiters"
     );
 }

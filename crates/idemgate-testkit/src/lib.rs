@@ -122,6 +122,10 @@ macro_rules! store_conformance {
             resource_lease_release_is_fenced,
             audit_journal_round_trips_and_chains,
             route_history_round_trips_bounded_per_route,
+            stream_pieces_round_trip_in_order,
+            stream_pieces_are_the_runs_own,
+            stream_pieces_go_with_the_record,
+            appended_pieces_wake_waiters,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {

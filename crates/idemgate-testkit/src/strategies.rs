@@ -42,6 +42,7 @@ pub fn stored_response() -> impl Strategy<Value = StoredResponse> {
         (any::<u8>(), 0usize..20_000)
             .prop_map(|(byte, len)| StoredBody::Retained(Bytes::from(vec![byte; len]))),
         Just(StoredBody::NotRetained),
+        any::<u32>().prop_map(StoredBody::InPieces),
     ];
     (
         100u16..=999,

@@ -16,7 +16,6 @@ use idemgate_core::path::PathFold;
 
 use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
-use crate::live::LiveStreams;
 use crate::principal::PrincipalExtractor;
 use crate::problem::ProblemStyle;
 use crate::response::ReplayedHeaders;
@@ -133,9 +132,6 @@ pub(crate) struct Config {
     /// in the store), for the 409's `Retry-After`; created once with the layer
     /// and shared by its clones.
     pub(crate) durations: Arc<RouteDurations>,
-    /// This process's streams in flight, for retries to join (PROTOCOL §20);
-    /// created once with the layer and shared by its clones.
-    pub(crate) live_streams: Arc<LiveStreams>,
 }
 
 /// How long a duplicate waits for the first request instead of getting 409.

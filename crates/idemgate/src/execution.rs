@@ -18,6 +18,7 @@ use tracing::Instrument;
 use idemgate_core::compression::compress;
 use idemgate_core::deadline::DeadlineExceeded;
 use idemgate_core::record::{StoredBody, StoredResponse};
+use idemgate_core::stream::encode_head;
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
 use idemgate_core::{
     BoxError, Completion, Decision, FencedWrite, Lease, Store, StoreError, decide,
@@ -27,8 +28,8 @@ use crate::config::Config;
 use crate::context::OperationContext;
 use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::Handler;
-use crate::live::End;
 use crate::problem::ProblemDetails;
+use crate::recording::{Lost, Recorded, Recording};
 use crate::response::{ReplayRequest, replay};
 use crate::telemetry::{count, count_stream, timed};
 
@@ -237,8 +238,8 @@ impl Execution {
     }
 
     /// Forwards a streamed answer (PROTOCOL §20) frame by frame as the handler
-    /// produces it, keeping its bytes for the record up to the stored-response
-    /// limit, and settles the record when it ends. The stream's end reaches
+    /// produces it, recording it in the store in pieces ([`Recording`]) up to
+    /// the stored-response limit, and settles the record when it ends. The stream's end reaches
     /// the client only once the record is written, so a client that saw a
     /// clean end holds what a retry will replay; a stream that breaks off is
     /// never a success: it is settled like a failed handler, and the client's
@@ -259,32 +260,33 @@ impl Execution {
         let forwarded = futures_util::stream::poll_fn(move |cx| forwarded.poll_recv(cx));
         let head = Response::from_parts(parts, Body::new(StreamBody::new(forwarded)));
         let mut client = answer.send(head).is_ok().then_some(frames);
-        let mut kept = KeptStream::new(self.config.response_limit);
-        // Joinable by retries while it flows (dropped unended: they are cut).
-        let mut live = self.config.live_streams.register(
-            self.lease.identity,
-            self.lease.operation_id,
-            status,
-            self.config.replayed_headers.storable(&headers),
+        // Recorded in the store as it flows, where retries on any instance
+        // join it (PROTOCOL §20, `crate::replaying`).
+        let recording = Recording::start(
+            self.config.store.clone(),
+            self.lease.clone(),
+            encode_head(status, self.config.replayed_headers.storable(&headers)),
+            self.config.response_limit,
         );
         let broke_off = loop {
             match body.frame().await {
                 None => break None,
                 Some(Err(error)) => break Some(BoxError::from(error)),
                 Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
-                        kept.push(data);
-                        live.push(data, kept.is_kept());
-                    }
+                    let data = frame.data_ref().cloned();
                     if let Some(sender) = &client
                         && sender.send(Ok::<_, BoxError>(frame)).await.is_err()
                     {
                         // The client left; the operation goes on to its end.
                         client = None;
                     }
+                    if let Some(data) = data {
+                        recording.push(data).await;
+                    }
                 }
             }
         };
+        let recorded = recording.finish().await;
         let (transaction, kept_transaction) = lent_transaction(slot.take());
         let written = match broke_off {
             None => {
@@ -306,7 +308,15 @@ impl Execution {
                         self.config.server_error_policy,
                         transaction.is_some(),
                     );
-                    let stored_body = kept.into_body();
+                    let stored_body = match recorded {
+                        Recorded::Pieces(pieces) => StoredBody::InPieces(pieces),
+                        Recorded::NotRetained(lost) => {
+                            if lost == Lost::OverLimit {
+                                count("idemgate_not_retained_total");
+                            }
+                            StoredBody::NotRetained
+                        }
+                    };
                     self.settle(settlement, transaction, status, &headers, stored_body)
                         .await
                 }
@@ -325,8 +335,6 @@ impl Execution {
                 Written::Refused
             }
         };
-        let clean = matches!(written, Written::Applied | Written::GaveUp(_));
-        live.end(if clean { End::Recorded } else { End::Cut });
         match (written, client) {
             // A clean end: the sender drops here, after the record is written.
             (Written::Applied | Written::GaveUp(_), _) | (_, None) => {}
@@ -715,49 +723,6 @@ pub fn is_streamed_media_type(content_type: &str) -> bool {
     STREAMED_MEDIA_TYPES
         .iter()
         .any(|streamed| essence.eq_ignore_ascii_case(streamed))
-}
-
-/// What a streamed answer keeps for its record: its bytes while they fit the
-/// stored-response limit; past it, nothing (the record is "not retained",
-/// §8), while the stream itself flows on.
-struct KeptStream {
-    frames: Option<Vec<Bytes>>,
-    len: usize,
-    limit: usize,
-}
-
-impl KeptStream {
-    fn new(limit: usize) -> Self {
-        Self {
-            frames: Some(Vec::new()),
-            len: 0,
-            limit,
-        }
-    }
-
-    /// Whether every byte so far is kept (the stream is within the limit).
-    fn is_kept(&self) -> bool {
-        self.frames.is_some()
-    }
-
-    fn push(&mut self, data: &Bytes) {
-        self.len = self.len.saturating_add(data.len());
-        if self.len > self.limit {
-            self.frames = None;
-        } else if let Some(frames) = &mut self.frames {
-            frames.push(data.clone());
-        }
-    }
-
-    fn into_body(self) -> StoredBody {
-        match self.frames {
-            Some(frames) => StoredBody::Retained(frames.concat().into()),
-            None => {
-                count("idemgate_not_retained_total");
-                StoredBody::NotRetained
-            }
-        }
-    }
 }
 
 /// Reads a response body up to `limit` bytes.

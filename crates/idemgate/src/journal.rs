@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use idemgate_core::audit::{
     AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
     key_digest, transaction_partition,
@@ -37,6 +38,7 @@ use idemgate_core::audit::{
 use idemgate_core::record::FencingToken;
 use idemgate_core::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
+use idemgate_core::stream::StreamId;
 use idemgate_core::time::Timestamp;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, Lease,
@@ -369,6 +371,24 @@ impl Store for Journaled {
         let write = self.inner.release(lease).await?;
         self.written(lease, write, AuditEvent::Released, None);
         Ok(write)
+    }
+
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        self.inner.append_stream_piece(lease, index, piece).await
+    }
+
+    async fn read_stream_pieces(
+        &self,
+        stream: &StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        self.inner.read_stream_pieces(stream, from, limit).await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<FencedWrite, StoreError> {

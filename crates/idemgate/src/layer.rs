@@ -131,7 +131,6 @@ impl IdempotencyLayer {
                 problem_style: ProblemStyle::default(),
                 tasks: DetachedTasks::new(),
                 durations: Arc::new(RouteDurations::default()),
-                live_streams: Arc::default(),
             }),
         }
     }

@@ -286,7 +286,7 @@ impl ReplayRequest {
 }
 
 /// Whether stored headers say the body is an event stream.
-fn is_event_stream(headers: &[(HeaderName, HeaderValue)]) -> bool {
+pub(crate) fn is_event_stream(headers: &[(HeaderName, HeaderValue)]) -> bool {
     headers.iter().any(|(name, value)| {
         *name == header::CONTENT_TYPE
             && value.to_str().is_ok_and(|v| {
@@ -350,7 +350,9 @@ pub(crate) fn replay(stored: &StoredResponse, wants: &ReplayRequest) -> Response
     let bytes = match (&stored.body, &decoded) {
         (_, Some(decoded)) => Some(decoded.clone()),
         (StoredBody::Retained(bytes), None) => Some(bytes.clone()),
-        (StoredBody::NotRetained, None) => None,
+        // A stream in pieces is replayed from the store (`crate::replaying`),
+        // never through here.
+        (StoredBody::NotRetained | StoredBody::InPieces(_), None) => None,
     };
     let readable = coding.is_empty() || decoded.is_some();
     let event_stream = is_event_stream(&stored.headers);

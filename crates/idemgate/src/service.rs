@@ -23,6 +23,7 @@ use idemgate_core::fingerprint::{Fingerprint, FingerprintInput};
 use idemgate_core::key::{IdempotencyKey, KeyInput, KeyOrigin, KeySource};
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::scope::{Identity, Scope, normalize_path};
+use idemgate_core::stream::StreamId;
 use idemgate_core::transaction::{SlotContents, TransactionSlot};
 use idemgate_core::{
     BoxError, Claim, ClaimRequest, Completion, Decision, LeaseOrigin, Snapshot, Store, StoreError,
@@ -37,6 +38,7 @@ use crate::handler::{BoxFuture, Handler};
 use crate::jsonrpc::{Envelope, RequestId};
 use crate::principal::PrincipalError;
 use crate::problem::ProblemDetails;
+use crate::replaying::{join, replay_pieces};
 use crate::response::{IDEMPOTENCY_DEDUP, IDEMPOTENT_REPLAYED, ReplayRequest, replay};
 use crate::telemetry::{
     Outcome, count, count_duplicate, count_outcome, count_webhook, timed, timed_request,
@@ -781,22 +783,29 @@ async fn answer_from_existing(
             Decision::Replay(stored) => {
                 count_outcome(Outcome::Replayed);
                 count_duplicate(config.strategy, "replayed");
-                return Some(replay(stored, wants));
+                let StoredBody::InPieces(pieces) = stored.body else {
+                    return Some(replay(stored, wants));
+                };
+                let stream = StreamId::of_record(*identity, &snapshot.record);
+                let replayed =
+                    replay_pieces(config.store.clone(), stream, stored, pieces, wants).await;
+                return Some(replayed.unwrap_or_else(|error| store_failure(config, &error)));
             }
             Decision::Claimable => return None,
-            // A stream in flight on this process: joined, from its first byte
-            // (PROTOCOL §20). Not a JSON-RPC retry's: its answer must carry
-            // its own `id`, so it waits for the stored one (§20).
-            Decision::InProgress { .. }
-                if wants.jsonrpc_id().is_none()
-                    && let Some(joined) =
-                        config
-                            .live_streams
-                            .join(identity, snapshot.record.operation_id, wants) =>
-            {
-                count_outcome(Outcome::Replayed);
-                count_duplicate(config.strategy, "replayed");
-                return Some(joined);
+            // A stream in flight, on this instance or another: joined, from
+            // its first byte (PROTOCOL §20). Not a JSON-RPC retry's: its
+            // answer must carry its own `id`, so it waits for the stored one.
+            Decision::InProgress { retry_after } if wants.jsonrpc_id().is_none() => {
+                let stream = StreamId::of_record(*identity, &snapshot.record);
+                match join(config.store.clone(), stream, wants).await {
+                    Ok(Some(joined)) => {
+                        count_outcome(Outcome::Replayed);
+                        count_duplicate(config.strategy, "replayed");
+                        return Some(joined);
+                    }
+                    Ok(None) => retry_after,
+                    Err(error) => return Some(store_failure(config, &error)),
+                }
             }
             // The lease left; the hint is worked out only if a 409 is sent.
             Decision::InProgress { retry_after } => retry_after,

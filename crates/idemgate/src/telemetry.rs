@@ -9,7 +9,7 @@
 //! | `idemgate_replay_cache_total` | counter | `result`: hit, miss (claims and reads that asked the [replay cache](crate::cache); a hit made no store round trip and still counts in `idemgate_store_seconds{op="claim"}`) |
 //! | `idemgate_duplicates_total` | counter | `strategy` ([`STRATEGIES`]: where the key came from), `action` ([`DUPLICATE_ACTIONS`]: what the strategy did, or in observe mode would have done) |
 //! | `idemgate_webhooks_total` | counter | `provider` ([`crate::webhook::Provider::as_str`]), `outcome` ([`crate::webhook::WEBHOOK_OUTCOMES`]): each webhook delivery once |
-//! | `idemgate_streams_total` | counter | `result` ([`STREAM_RESULTS`]): each streamed answer (PROTOCOL §20) once, when it ends; each retry that joined one |
+//! | `idemgate_streams_total` | counter | `result` ([`STREAM_RESULTS`]): each streamed answer (PROTOCOL §20) once, when it ends; each retry that joined one or replayed one from its pieces |
 //! | `idemgate_lease_takeovers_total` | counter | — |
 //! | `idemgate_fenced_completions_total` | counter | — |
 //! | `idemgate_not_retained_total` | counter | — |
@@ -125,8 +125,10 @@ pub(crate) fn count_duplicate(strategy: &'static str, action: &'static str) {
 
 /// What happened to streamed answers: `completed` (one ran to its end and its
 /// record was written), `cut` (one broke off, and was settled as a failure),
-/// `joined` (a retry joined one in flight on this process).
-pub const STREAM_RESULTS: [&str; 3] = ["completed", "cut", "joined"];
+/// `joined` (a retry joined one in flight, on this instance or another
+/// sharing the store), `replayed` (a retry got a completed one, read from its
+/// pieces in the store).
+pub const STREAM_RESULTS: [&str; 4] = ["completed", "cut", "joined", "replayed"];
 
 /// Counts one streamed answer in `idemgate_streams_total`.
 pub(crate) fn count_stream(result: &'static str) {

@@ -403,3 +403,124 @@ async fn a_stream_past_the_limit_cannot_be_joined_from_its_first_byte() {
     while next_data(&mut first).await.is_some() {}
     assert_eq!(upstream.runs(), 1);
 }
+
+/// Events of about `size` bytes each, so a stream of them spans many store
+/// pieces (`idemgate_core::stream::PIECE_BUDGET`).
+fn large_event(n: usize, size: usize) -> Bytes {
+    let filler: String = std::iter::repeat_n(char::from(b'a' + (n % 26) as u8), size).collect();
+    Bytes::from(format!("id: {n}\ndata: {filler}\n\n"))
+}
+
+/// A stream of many store pieces is recorded in the store, not in the
+/// record: the record names its pieces, and a replay reads them back
+/// byte-identical; `Last-Event-ID` resumes after an event that ends inside a
+/// piece, and an id no event has gets the whole stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_of_many_pieces_replays_from_the_store() {
+    let store: Arc<dyn idemgate::Store> = Arc::new(MemoryStore::new());
+    let (app, upstream) =
+        app(IdempotencyLayer::from_arc(Arc::clone(&store)).with_response_limit(4 << 20));
+    let key = new_key();
+    let events = upstream.prepare();
+    let sent: Vec<Bytes> = (1..=40).map(|n| large_event(n, 10_000)).collect();
+    let feeding = {
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            for event in sent {
+                events.send(Ok(event)).await.unwrap();
+            }
+        })
+    };
+    let first = send(&app, completion(&key)).await;
+    feeding.await.unwrap();
+    assert_eq!(first.status, StatusCode::OK);
+    let whole: Vec<u8> = sent.concat();
+    assert_eq!(first.body, whole);
+
+    let record = record_of(&*store, &key).await;
+    let pieces = match record.response().map(|response| &response.body) {
+        Some(idemgate_core::record::StoredBody::InPieces(pieces)) => *pieces,
+        other => panic!("the stream's body is in pieces, not {other:?}"),
+    };
+    assert!(pieces >= 6, "400 kB in pieces of at most 64 KiB: {pieces}");
+
+    let replayed = send(&app, completion(&key)).await;
+    assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    assert_eq!(replayed.body, whole, "byte-identical, read from the pieces");
+
+    let resumed = |id: &'static str| {
+        let mut request = completion(&key);
+        request
+            .headers_mut()
+            .insert("last-event-id", header::HeaderValue::from_static(id));
+        send(&app, request)
+    };
+    assert_eq!(resumed("17").await.body, sent[17..].concat());
+    assert_eq!(resumed("40").await.body, Bytes::new(), "after the last");
+    assert_eq!(resumed("nope").await.body, whole, "no such id: the whole");
+    assert_eq!(upstream.runs(), 1);
+}
+
+/// The record of alice's completion under `key`, read from `store`.
+async fn record_of(store: &dyn idemgate::Store, key: &str) -> idemgate_core::record::Record {
+    use idemgate_core::key::IdempotencyKey;
+    use idemgate_core::scope::{Identity, Principal, Scope};
+    let identity = Identity::new(
+        Scope {
+            principal: Principal::new("user:alice"),
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+        },
+        IdempotencyKey::parse(key.as_bytes(), 255).unwrap(),
+    );
+    store
+        .get(identity.digest())
+        .await
+        .unwrap()
+        .expect("the completion's record")
+        .record
+}
+
+/// Two layers (two instances) over one store: a retry reaching the other
+/// one joins the stream in flight from the store, then live, and ends when
+/// the first ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_on_another_layer_over_the_store_joins_live() {
+    let store: Arc<dyn idemgate::Store> = Arc::new(MemoryStore::new());
+    let (first_app, upstream) = app(IdempotencyLayer::from_arc(Arc::clone(&store)));
+    let (second_app, second_upstream) = app(IdempotencyLayer::from_arc(Arc::clone(&store)));
+    let key = new_key();
+    let events = upstream.prepare();
+    events.send(event(1)).await.unwrap();
+    let mut first = open(&first_app, completion(&key)).await.into_body();
+    assert_eq!(
+        next_data(&mut first).await.unwrap().unwrap(),
+        bytes_of(&[1])
+    );
+    let joined = open(&second_app, completion(&key)).await;
+    assert_eq!(joined.headers()["idempotent-replayed"], "true");
+    let mut joined = joined.into_body();
+    assert_eq!(
+        next_data(&mut joined).await.unwrap().unwrap(),
+        bytes_of(&[1])
+    );
+    for n in 2..=4 {
+        events.send(event(n)).await.unwrap();
+        assert_eq!(
+            next_data(&mut first).await.unwrap().unwrap(),
+            bytes_of(&[n])
+        );
+        assert_eq!(
+            next_data(&mut joined).await.unwrap().unwrap(),
+            bytes_of(&[n])
+        );
+    }
+    drop(events);
+    assert!(next_data(&mut first).await.is_none(), "a clean end");
+    assert!(
+        next_data(&mut joined).await.is_none(),
+        "a clean end, joined"
+    );
+    assert_eq!(upstream.runs(), 1);
+    assert_eq!(second_upstream.runs(), 0);
+}

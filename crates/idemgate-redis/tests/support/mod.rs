@@ -355,3 +355,87 @@ pub async fn announcements_only_when_waited(
         start.elapsed()
     );
 }
+
+/// A stream recorded through store `a` is read through store `b` (another
+/// client, as on another instance), piece for piece, while it flows and once
+/// completed; and a reader waiting on `b` is woken by each piece `a` appends
+/// (through pub/sub), well before its timeout.
+pub async fn other_instance_reads_and_wakes_on_pieces(
+    a: &idemgate_redis::RedisStore,
+    b: &idemgate_redis::RedisStore,
+) {
+    use bytes::Bytes;
+    use idemgate_core::record::{StoredBody, StoredResponse};
+    use idemgate_core::stream::StreamId;
+    use idemgate_core::{Claim, Completion, FencedWrite, FinalStatus, Store};
+
+    let request = idemgate_testkit::fixtures::fresh_request();
+    let Claim::Acquired(lease) = a.try_claim(&request).await.expect("claim") else {
+        panic!("fresh identity not acquired");
+    };
+    let stream = StreamId::of_lease(&lease);
+    let digest = stream.identity;
+    let sent: Vec<Bytes> = (0..4)
+        .map(|i| Bytes::from(format!("id: {i}\ndata: piece {i}\n\n")))
+        .collect();
+    assert_eq!(
+        a.append_stream_piece(&lease, 0, &sent[0])
+            .await
+            .expect("append"),
+        FencedWrite::Applied
+    );
+    assert_eq!(
+        b.read_stream_pieces(&stream, 0, 10).await.expect("read"),
+        sent[..1],
+        "the other instance reads the piece"
+    );
+    // The first wait subscribes; give the subscription a moment before measuring.
+    b.wait_for_change(&digest, Duration::from_millis(300)).await;
+    for index in 1..sent.len() {
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                b.wait_for_change(&digest, Duration::from_secs(10)).await;
+                start.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            a.append_stream_piece(&lease, index as u32, &sent[index])
+                .await
+                .expect("append"),
+            FencedWrite::Applied
+        );
+        let waited = waiter.await.expect("waiter");
+        assert!(
+            waited < Duration::from_secs(3),
+            "the other instance's reader woke only after {waited:?} for piece {index}"
+        );
+        assert_eq!(
+            b.read_stream_pieces(&stream, 0, 10).await.expect("read"),
+            sent[..=index]
+        );
+    }
+    let response = StoredResponse {
+        body: StoredBody::InPieces(3),
+        ..idemgate_testkit::fixtures::awkward_response()
+    };
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: response.clone(),
+        ttl: Duration::from_secs(60),
+    };
+    assert_eq!(
+        a.complete(&lease, &completion).await.expect("complete"),
+        FencedWrite::Applied
+    );
+    let done = b.get(&digest).await.expect("get").expect("record");
+    assert_eq!(done.record.response(), Some(&response));
+    let named = StreamId::of_record(digest, &done.record);
+    assert_eq!(
+        b.read_stream_pieces(&named, 1, 10).await.expect("read"),
+        sent[1..],
+        "the completed record's pieces, read on the other instance"
+    );
+}

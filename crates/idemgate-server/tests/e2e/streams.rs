@@ -263,10 +263,13 @@ async fn a_stream_flows_through_and_replays_on_memory() {
 }
 
 /// A retry that reaches another instance sharing the store while the stream
-/// runs is in flight there like any duplicate (PROTOCOL §20): it waits for the
-/// stream's end — woken by the store (LISTEN/NOTIFY, pub/sub) — and gets every
-/// event, byte-identical to the first client's, replayed; the upstream ran once.
-async fn a_retry_on_another_instance_gets_the_whole_stream(store: &str) {
+/// runs joins it there (PROTOCOL §20): the stream from its first byte, read
+/// from the store's pieces, then live — each event before the upstream has
+/// produced the next, woken by the store (LISTEN/NOTIFY, pub/sub) — ending
+/// cleanly with the first client's, byte-identical; a second one resuming
+/// with `Last-Event-ID: 2` gets the events after 2; after the end, the other
+/// instance replays the same bytes from the store; the upstream ran once.
+async fn a_retry_on_another_instance_joins_the_stream(store: &str) {
     let upstream = Upstream::start().await;
     let first = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
     let second = Proxy::start(ProxyOptions::new(upstream.url()).store(store)).await;
@@ -277,48 +280,73 @@ async fn a_retry_on_another_instance_gets_the_whole_stream(store: &str) {
     let mut response = open(&first, &client, &key).await;
     let mut seen = Vec::new();
     read_until(&mut response, &mut seen, &event(1).unwrap()).await;
-    let retry = {
-        let (client, url, key) = (
-            client.clone(),
-            second.url("/v1/chat/completions"),
-            key.clone(),
-        );
-        tokio::spawn(async move { client.post(&url, Some(&key), COMPLETION).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !retry.is_finished(),
-        "the retry on the other instance waits for the stream in flight"
-    );
-    for n in 2..=5 {
+    let mut joined = open(&second, &client, &key).await;
+    assert_eq!(joined.headers()["idempotent-replayed"], "true");
+    let mut joined_seen = Vec::new();
+    read_until(&mut joined, &mut joined_seen, &event(1).unwrap()).await;
+    events.send(event(2)).await.unwrap();
+    read_until(&mut response, &mut seen, &event(2).unwrap()).await;
+    read_until(&mut joined, &mut joined_seen, &event(2).unwrap()).await;
+    let mut resumed = tokio::time::timeout(
+        Duration::from_secs(5),
+        reqwest::Client::new()
+            .post(second.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", &key)
+            .header("last-event-id", "2")
+            .bearer_auth(&client.token)
+            .body(COMPLETION)
+            .send(),
+    )
+    .await
+    .expect("the resumed head while the stream is produced")
+    .expect("the resumed head");
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let mut resumed_seen = Vec::new();
+    for n in 3..=5 {
         events.send(event(n)).await.unwrap();
         read_until(&mut response, &mut seen, &event(n).unwrap()).await;
+        read_until(&mut joined, &mut joined_seen, &event(n).unwrap()).await;
+        read_until(&mut resumed, &mut resumed_seen, &event(n).unwrap()).await;
     }
     drop(events);
-    let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
-        .await
-        .expect("the end within 10 s");
-    assert!(matches!(end, Ok(None)), "a clean end: {end:?}");
-    let retry = tokio::time::timeout(Duration::from_secs(5), retry)
-        .await
-        .expect("the waiting retry is answered once the stream is recorded")
-        .unwrap();
+    for (who, response) in [
+        ("first", &mut response),
+        ("joined", &mut joined),
+        ("resumed", &mut resumed),
+    ] {
+        let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+            .await
+            .expect("the end within 10 s");
+        assert!(
+            matches!(end, Ok(None)),
+            "{who}: a clean end once the stream is recorded: {end:?}"
+        );
+    }
+    assert_eq!(seen, bytes_of(1..=5));
+    assert_eq!(joined_seen, seen, "byte-identical to the first client's");
+    assert_eq!(resumed_seen, bytes_of(3..=5), "the events after id 2");
+    let retry = client
+        .post(&second.url("/v1/chat/completions"), Some(&key), COMPLETION)
+        .await;
     assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(retry.headers["content-type"], "text/event-stream");
-    assert_eq!(retry.body, bytes_of(1..=5), "every event, in order");
-    assert_eq!(retry.body, seen, "byte-identical to the first client's");
+    assert_eq!(
+        retry.body, seen,
+        "the replay from the store, byte-identical"
+    );
     assert_eq!(upstream.executions(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_on_another_instance_gets_the_whole_stream_on_postgres() {
-    a_retry_on_another_instance_gets_the_whole_stream(&postgres_url()).await;
+async fn a_retry_on_another_instance_joins_the_stream_on_postgres() {
+    a_retry_on_another_instance_joins_the_stream(&postgres_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_on_another_instance_gets_the_whole_stream_on_redis() {
-    a_retry_on_another_instance_gets_the_whole_stream(&redis_url()).await;
+async fn a_retry_on_another_instance_joins_the_stream_on_redis() {
+    a_retry_on_another_instance_joins_the_stream(&redis_url()).await;
 }
 
 /// The proxy's peak resident memory (`VmHWM`), in bytes.
@@ -386,4 +414,116 @@ async fn a_gibibyte_stream_flows_in_bounded_memory() {
     assert_eq!(retry.headers["idempotency-response"], "not-retained");
     assert!(retry.body.is_empty());
     assert_eq!(upstream.executions(), 1);
+}
+
+/// A 256 MiB stream recorded whole (the route's `max_stored_response` is
+/// 512 MiB) on the SQLite store: it flows to the client, is appended to the
+/// store in pieces as it flows — the proxy's memory stays bounded, there is
+/// no whole-stream buffer — and the retry's replay, read back from the store
+/// piece by piece, is every byte, identical, again in bounded memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_stream_is_recorded_and_replayed_in_bounded_memory() {
+    const CHUNK: usize = 64 * 1024;
+    const CHUNKS: usize = 4 * 1024; // 256 MiB
+    let upstream = Upstream::start().await;
+    let dir = TempDir::new("idemgate-large-stream");
+    let routes = dir.path().join("routes.toml");
+    std::fs::write(
+        &routes,
+        "[[route]]\nmethod = \"POST\"\npath = \"/v1/chat/completions\"\n\
+         max_stored_response = 536870912\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start(
+        ProxyOptions::new(upstream.url())
+            .arg("--config", routes.display())
+            .store_or_sqlite_in(None, dir.path()),
+    )
+    .await;
+    // Every chunk differs (its number in its first bytes), so a replay that
+    // misses, repeats or reorders one is found.
+    let chunk = |n: usize| {
+        let mut chunk = vec![b'a' + (n % 26) as u8; CHUNK];
+        chunk[..8].copy_from_slice(&(n as u64).to_be_bytes());
+        Bytes::from(chunk)
+    };
+    let key = new_key();
+    let events = upstream.stream_next_as("application/x-ndjson");
+    let producer = tokio::spawn(async move {
+        for n in 0..CHUNKS {
+            if events.send(Ok(chunk(n))).await.is_err() {
+                return;
+            }
+        }
+    });
+    let client = Client::new();
+    let mut response = reqwest::Client::new()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", &key)
+        .bearer_auth(&client.token)
+        .body(COMPLETION)
+        .send()
+        .await
+        .expect("the head");
+    assert_eq!(response.status(), StatusCode::OK);
+    let received = read_counting(&mut response, &chunk).await;
+    producer.await.unwrap();
+    assert_eq!(received, CHUNK * CHUNKS, "every byte flows");
+    let streamed_peak = peak_rss(proxy.pid());
+
+    let mut replay = reqwest::Client::new()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", &key)
+        .bearer_auth(&client.token)
+        .body(COMPLETION)
+        .send()
+        .await
+        .expect("the replay's head");
+    assert_eq!(replay.status(), StatusCode::OK);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert!(replay.headers().get("idempotency-response").is_none());
+    let replayed = read_counting(&mut replay, &chunk).await;
+    assert_eq!(replayed, CHUNK * CHUNKS, "the replay is every byte");
+    let peak = peak_rss(proxy.pid());
+    eprintln!(
+        "256 MiB recorded in pieces: the proxy's peak RSS {} MiB streaming, {} MiB after the replay",
+        streamed_peak >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak < 128 << 20,
+        "the proxy's peak RSS is {} MiB",
+        peak >> 20
+    );
+    assert_eq!(upstream.executions(), 1);
+}
+
+/// Reads `response` to its clean end, checking each byte against the chunks
+/// `chunk` makes (in order); the count read.
+async fn read_counting(response: &mut reqwest::Response, chunk: &impl Fn(usize) -> Bytes) -> usize {
+    let mut read = 0_usize;
+    let mut expected = chunk(0);
+    let done = tokio::time::timeout(Duration::from_secs(240), async {
+        while let Some(mut data) = response.chunk().await.expect("the stream goes on") {
+            while !data.is_empty() {
+                let offset = read % expected.len();
+                if offset == 0 && read > 0 {
+                    expected = chunk(read / expected.len());
+                }
+                let take = data.len().min(expected.len() - offset);
+                assert_eq!(
+                    data[..take],
+                    expected[offset..offset + take],
+                    "the bytes at offset {read}"
+                );
+                read += take;
+                data = data.split_off(take);
+            }
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "read within 240 s; got {read} bytes");
+    read
 }

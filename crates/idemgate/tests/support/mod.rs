@@ -262,6 +262,22 @@ impl Store for FakeTransactionalStore {
     ) -> Result<FencedWrite, StoreError> {
         self.memory.complete(lease, completion).await
     }
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &bytes::Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        self.memory.append_stream_piece(lease, index, piece).await
+    }
+    async fn read_stream_pieces(
+        &self,
+        stream: &idemgate_core::stream::StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<bytes::Bytes>, StoreError> {
+        self.memory.read_stream_pieces(stream, from, limit).await
+    }
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.memory.release(lease).await
     }
@@ -390,6 +406,22 @@ impl Store for FaultyStore {
             return Err(outage());
         }
         self.memory.complete(lease, completion).await
+    }
+    async fn append_stream_piece(
+        &self,
+        lease: &Lease,
+        index: u32,
+        piece: &bytes::Bytes,
+    ) -> Result<FencedWrite, StoreError> {
+        self.memory.append_stream_piece(lease, index, piece).await
+    }
+    async fn read_stream_pieces(
+        &self,
+        stream: &idemgate_core::stream::StreamId,
+        from: u32,
+        limit: u32,
+    ) -> Result<Vec<bytes::Bytes>, StoreError> {
+        self.memory.read_stream_pieces(stream, from, limit).await
     }
     async fn release(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         self.memory.release(lease).await

@@ -1,0 +1,222 @@
+//! A streamed answer recorded in the store as it flows (PROTOCOL §20,
+//! `idemgate_core::stream`).
+//!
+//! The run hands each frame to a [`Recording`] after sending it to its client;
+//! a task of the recording appends the frames to the store in pieces of at
+//! most [`PIECE_BUDGET`] bytes, the frames that came while it wrote coalesced
+//! into the next piece (so a slow store sees fewer, larger writes and a fast
+//! one each event at once, for readers following the stream live). Memory per
+//! stream is bounded: at most [`FRAMES_QUEUED`] frames wait for the writer,
+//! and past them the run waits for it (the producer is read no faster than the
+//! store takes it), plus the piece being written.
+//!
+//! What it recorded decides the record's body: the count of pieces
+//! ([`StoredBody::InPieces`](idemgate_core::record::StoredBody::InPieces)), or
+//! nothing — past the stored-response limit, when the store refused the run's
+//! pieces (fenced: the run lost its lease) or stayed unavailable — in which
+//! case the record completes "not retained" (§7) and is never replayed
+//! truncated.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use idemgate_core::stream::{HEAD_PIECE, PIECE_BUDGET};
+use idemgate_core::{FencedWrite, Lease, Store, StoreError};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How many frames may wait for the writer before the run waits for it.
+const FRAMES_QUEUED: usize = 16;
+
+/// How often one piece's append is tried against an unavailable store.
+const APPEND_ATTEMPTS: u32 = 3;
+
+/// The pause between two attempts of one append.
+const APPEND_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// One stream's recording in progress.
+pub(crate) struct Recording {
+    frames: mpsc::Sender<Bytes>,
+    writer: JoinHandle<Recorded>,
+}
+
+/// What a recording kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recorded {
+    /// The whole body, in this many pieces after the head.
+    Pieces(u32),
+    /// Not all of it: past the limit, fenced off, or the store failed.
+    NotRetained(Lost),
+}
+
+/// Why a recording kept less than the whole stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lost {
+    /// The stream outgrew the stored-response limit.
+    OverLimit,
+    /// The store refused a piece: the record no longer holds the run's lease.
+    Fenced,
+    /// The store stayed unavailable through an append's attempts.
+    StoreFailed,
+}
+
+impl Recording {
+    /// Starts recording the stream of `lease`'s run, whose head piece is
+    /// `head` ([`idemgate_core::stream::encode_head`]), keeping at most
+    /// `limit` body bytes.
+    pub(crate) fn start(store: Arc<dyn Store>, lease: Lease, head: Bytes, limit: usize) -> Self {
+        let (frames, queued) = mpsc::channel(FRAMES_QUEUED);
+        let writer = tokio::spawn(write_pieces(store, lease, head, limit, queued));
+        Self { frames, writer }
+    }
+
+    /// Hands the writer one more frame, waiting while [`FRAMES_QUEUED`]
+    /// frames wait already.
+    pub(crate) async fn push(&self, data: Bytes) {
+        // A writer that stopped early keeps reading (and dropping) frames, so
+        // the send fails only if it panicked; `finish` reports that.
+        let _ = self.frames.send(data).await;
+    }
+
+    /// The stream ended: waits for the last pieces and says what was kept.
+    pub(crate) async fn finish(self) -> Recorded {
+        drop(self.frames);
+        match self.writer.await {
+            Ok(recorded) => recorded,
+            Err(error) => {
+                tracing::error!(%error, "the stream's recording task failed");
+                Recorded::NotRetained(Lost::StoreFailed)
+            }
+        }
+    }
+}
+
+/// The writer: the head, then the frames in pieces until the stream ends.
+async fn write_pieces(
+    store: Arc<dyn Store>,
+    lease: Lease,
+    head: Bytes,
+    limit: usize,
+    mut queued: mpsc::Receiver<Bytes>,
+) -> Recorded {
+    let mut lost = append(store.as_ref(), &lease, HEAD_PIECE, &head)
+        .await
+        .err();
+    let mut next = HEAD_PIECE + 1;
+    let mut len = 0usize;
+    let mut frames = Vec::with_capacity(FRAMES_QUEUED);
+    while queued.recv_many(&mut frames, FRAMES_QUEUED).await > 0 {
+        if lost.is_some() {
+            frames.clear();
+            continue;
+        }
+        len = frames
+            .iter()
+            .fold(len, |len, frame| len.saturating_add(frame.len()));
+        if len > limit {
+            lost = Some(Lost::OverLimit);
+        } else {
+            for piece in pieces(frames.drain(..)) {
+                if let Err(why) = append(store.as_ref(), &lease, next, &piece).await {
+                    lost = Some(why);
+                    break;
+                }
+                next += 1;
+            }
+        }
+        frames.clear();
+        if let Some(why) = lost
+            && why != Lost::Fenced
+        {
+            abandon(store.as_ref(), &lease, next).await;
+        }
+    }
+    match lost {
+        None => Recorded::Pieces(next - 1),
+        Some(why) => Recorded::NotRetained(why),
+    }
+}
+
+/// Marks the recording stopped, in two empty pieces (a recorded piece is
+/// never empty): one where the next would have gone, which cuts the readers
+/// following the stream, and one over the head, so that a later retry does
+/// not join a stream that cannot be replayed but waits for the outcome.
+/// Best effort: readers also learn it from the record, completed not retained.
+async fn abandon(store: &dyn Store, lease: &Lease, next: u32) {
+    for index in [next, HEAD_PIECE] {
+        if append(store, lease, index, &Bytes::new()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `frames` joined into pieces of at most [`PIECE_BUDGET`] bytes, in order:
+/// small frames share a piece, a larger one is split.
+fn pieces(frames: impl Iterator<Item = Bytes>) -> Vec<Bytes> {
+    let mut pieces = Vec::new();
+    let mut joined = BytesMut::new();
+    for mut frame in frames {
+        while !frame.is_empty() {
+            let room = PIECE_BUDGET - joined.len();
+            let part = frame.split_to(frame.len().min(room));
+            joined.extend_from_slice(&part);
+            if joined.len() == PIECE_BUDGET {
+                pieces.push(joined.split().freeze());
+            }
+        }
+    }
+    if !joined.is_empty() {
+        pieces.push(joined.freeze());
+    }
+    pieces
+}
+
+/// Appends one piece, trying again while the store is unavailable.
+async fn append(store: &dyn Store, lease: &Lease, index: u32, piece: &Bytes) -> Result<(), Lost> {
+    let mut attempt = 1;
+    loop {
+        match store.append_stream_piece(lease, index, piece).await {
+            Ok(FencedWrite::Applied) => return Ok(()),
+            Ok(FencedWrite::Refused) => return Err(Lost::Fenced),
+            Err(error @ StoreError::Unavailable(_)) if attempt < APPEND_ATTEMPTS => {
+                tracing::warn!(%error, attempt, "appending a stream piece failed; trying again");
+                attempt += 1;
+                tokio::time::sleep(APPEND_RETRY_PAUSE).await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "appending a stream piece failed; the stream is not retained");
+                return Err(Lost::StoreFailed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sizes(pieces: &[Bytes]) -> Vec<usize> {
+        pieces.iter().map(Bytes::len).collect()
+    }
+
+    #[test]
+    fn frames_are_coalesced_and_split_at_the_budget() {
+        let frame = |len: usize| Bytes::from(vec![7u8; len]);
+        assert_eq!(sizes(&pieces([frame(10), frame(20)].into_iter())), [30]);
+        assert_eq!(
+            sizes(&pieces([frame(PIECE_BUDGET * 2 + 5)].into_iter())),
+            [PIECE_BUDGET, PIECE_BUDGET, 5]
+        );
+        assert_eq!(
+            sizes(&pieces(
+                [frame(PIECE_BUDGET - 1), frame(3), frame(0)].into_iter()
+            )),
+            [PIECE_BUDGET, 2]
+        );
+        assert!(pieces(std::iter::empty()).is_empty());
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let joined: Vec<u8> = pieces(bytes.chunks(777).map(Bytes::copy_from_slice)).concat();
+        assert_eq!(joined, bytes, "the bytes, in order");
+    }
+}
