@@ -218,9 +218,15 @@ fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> Result<(), BoxError> {
     let root = workspace_root();
     if args.suite == Suite::Streams {
-        // nginx is the suite's reference hop.
-        start_service(&root, "nginx").await?;
-        println!("{}", streams::suite(&root).await?);
+        // nginx is the suite's reference hop; the proxy streams through
+        // every store.
+        for service in ["nginx", "postgres", "redis"] {
+            start_service(&root, service).await?;
+        }
+        println!(
+            "{}",
+            streams::suite(&root, &args.postgres_url, &args.redis_url).await?
+        );
         return Ok(());
     }
     if args.suite == Suite::Proxy {

@@ -348,6 +348,7 @@ impl Store for MemoryStore {
         index: u32,
         piece: &Bytes,
     ) -> Result<FencedWrite, StoreError> {
+        let mut gap = false;
         let write = self.fenced(lease, |shard, _| {
             let stream = shard
                 .streams
@@ -368,10 +369,12 @@ impl Store for MemoryStore {
             match index.cmp(&stream.pieces.len()) {
                 std::cmp::Ordering::Less => stream.pieces[index] = piece.clone(),
                 std::cmp::Ordering::Equal => stream.pieces.push(piece.clone()),
-                // Out of order: kept nowhere, as a missing piece ends a read.
-                std::cmp::Ordering::Greater => {}
+                std::cmp::Ordering::Greater => gap = true,
             }
         });
+        if gap {
+            return Err(StoreError::corrupt("a stream piece past the next index"));
+        }
         self.signals.notify(&lease.identity);
         Ok(write)
     }

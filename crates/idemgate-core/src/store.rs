@@ -135,7 +135,11 @@ pub trait Store: Send + Sync + 'static {
     /// progress, same operation id and token, not expired): otherwise
     /// [`FencedWrite::Refused`] and nothing is kept. A run appends its pieces
     /// in order from [`crate::stream::HEAD_PIECE`], one at a time; appending an
-    /// index again replaces it (a write retried after an unknown outcome). The
+    /// index again replaces it (a write retried after an unknown outcome). An
+    /// index past the next is an error ([`StoreError::Corrupt`]) where earlier
+    /// pieces can be lost on their own (the memory store refuses it, Redis,
+    /// whose lists may be evicted, finds it); the SQL stores keep pieces with
+    /// their record and store it as given, a read stopping at the gap. The
     /// append is announced like the end of a run ([`Store::wait_for_change`]),
     /// so readers of a stream in flight, on any instance, read on at once.
     async fn append_stream_piece(
@@ -300,6 +304,17 @@ pub struct Lease {
     pub origin: LeaseOrigin,
     /// Until when the store will not let others take over (store clock).
     pub locked_until: Timestamp,
+}
+
+impl Lease {
+    /// The stream this lease's run records (PROTOCOL §20).
+    pub fn stream(&self) -> StreamId {
+        StreamId {
+            identity: self.identity,
+            operation_id: self.operation_id,
+            token: self.token,
+        }
+    }
 }
 
 /// The final status of a completion.

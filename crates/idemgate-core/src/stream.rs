@@ -20,7 +20,6 @@ use http::header::{HeaderName, HeaderValue};
 
 use crate::record::{DecodeError, FencingToken, OperationId, Record, StoredBody, StoredResponse};
 use crate::scope::IdentityDigest;
-use crate::store::Lease;
 
 /// The most bytes one body piece holds: what a stream's recording keeps in
 /// memory at once beyond the frames on their way, and what a reader holds
@@ -31,7 +30,7 @@ pub const PIECE_BUDGET: usize = 64 * 1024;
 pub const HEAD_PIECE: u32 = 0;
 
 /// Which run's stream: the record's identity and the run's operation id and
-/// fencing token.
+/// fencing token ([`crate::Lease::stream`] names its run's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StreamId {
     /// The record's identity.
@@ -43,15 +42,6 @@ pub struct StreamId {
 }
 
 impl StreamId {
-    /// The stream `lease`'s run records.
-    pub fn of_lease(lease: &Lease) -> Self {
-        Self {
-            identity: lease.identity,
-            operation_id: lease.operation_id,
-            token: lease.token,
-        }
-    }
-
     /// The stream of the run `record` (found under `identity`) names: the one
     /// in flight, or the one its completion replays.
     pub fn of_record(identity: IdentityDigest, record: &Record) -> Self {

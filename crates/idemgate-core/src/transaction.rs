@@ -125,6 +125,13 @@ impl TransactionSlot {
         // here rolls it back.
     }
 
+    /// Whether the handler took a transaction (lent, or given back and not
+    /// yet taken): its writes then wait for the settlement.
+    pub fn is_in_use(&self) -> bool {
+        let state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        matches!(*state, State::Lent | State::Returned(_))
+    }
+
     /// Takes what the slot holds; later `give_back`s are rolled back by drop.
     pub fn take(&self) -> SlotContents {
         let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);

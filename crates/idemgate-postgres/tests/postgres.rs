@@ -15,7 +15,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_core::record::OperationId;
 use idemgate_core::scope::IdentityDigest;
-use idemgate_core::stream::StreamId;
 use idemgate_core::{Claim, FencedWrite, LeaseOrigin, Store, StoreError};
 use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx};
 use idemgate_testkit::fixtures::{
@@ -419,7 +418,7 @@ async fn hash_partitioned_table_works() {
     );
     assert_eq!(
         store
-            .read_stream_pieces(&StreamId::of_lease(&streaming), 0, 10)
+            .read_stream_pieces(&streaming.stream(), 0, 10)
             .await
             .expect("read"),
         [piece]
@@ -612,7 +611,7 @@ async fn another_instances_pieces_are_read_and_wake_a_waiter_through_notify() {
     let request = fresh_request();
     let digest = *request.identity.digest();
     let lease = acquire(&a, &request).await;
-    let stream = StreamId::of_lease(&lease);
+    let stream = lease.stream();
     let read = |store: &PostgresStore| {
         let store = store.clone();
         async move {

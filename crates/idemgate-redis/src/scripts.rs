@@ -178,9 +178,11 @@ return {'E', num(now), h[1]}
 /// operation id, token, piece index, piece, channel, identity digest. Fenced as
 /// `COMPLETE` is (the record held by this run, in progress): returns 0, nothing
 /// kept, when it is not. Otherwise an index below the list's length replaces that
-/// piece (a write retried), the next index is pushed, and a later one — a gap,
-/// which an in-order writer never leaves — is dropped, as a missing piece ends a
-/// read; returns 1. The list expires when the record does (`PEXPIRETIME`, exact),
+/// piece (a write retried), the next index is pushed — returns 1 — and a later
+/// one — a gap: an in-order writer leaves none, so the list lost its earlier
+/// pieces (evicted under `maxmemory`) — is not kept and returns 2, which the
+/// store reports as corrupt so the recording stops rather than count pieces
+/// that are gone. The list expires when the record does (`PEXPIRETIME`, exact),
 /// and the append is announced when a waiter marked the record, the mark kept for
 /// the pieces to come.
 const APPEND_PIECE: &str = r"
@@ -193,6 +195,8 @@ if index < len then
   redis.call('LSET', pieces, ARGV[3], ARGV[4])
 elseif index == len then
   redis.call('RPUSH', pieces, ARGV[4])
+else
+  return 2
 end
 local expires = redis.call('PEXPIRETIME', key)
 if expires > 0 then redis.call('PEXPIREAT', pieces, expires) end

@@ -720,7 +720,7 @@ impl Store for RedisStore {
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError> {
         let key = self.record_key(&lease.identity);
-        let pieces = self.stream_pieces_key(&StreamId::of_lease(lease));
+        let pieces = self.stream_pieces_key(&lease.stream());
         let response = self.inner.codec.encode(&completion.response);
         let mut invocation = self.inner.scripts.complete.key(&key);
         invocation
@@ -759,7 +759,15 @@ impl Store for RedisStore {
             .arg(token_arg(lease.token))
             .arg(&self.inner.channel)
             .arg(lease.identity.as_bytes());
-        let write = self.fenced(&invocation).await?;
+        let write = match int_of(self.run(&invocation).await?).map_err(StoreError::corrupt)? {
+            1 => FencedWrite::Applied,
+            2 => {
+                return Err(StoreError::corrupt(
+                    "a stream piece past the end of its list: earlier pieces are gone",
+                ));
+            }
+            _ => FencedWrite::Refused,
+        };
         self.notify(&lease.identity, write);
         Ok(write)
     }
@@ -783,7 +791,7 @@ impl Store for RedisStore {
 
     async fn delete(&self, lease: &Lease) -> Result<FencedWrite, StoreError> {
         let key = self.record_key(&lease.identity);
-        let pieces = self.stream_pieces_key(&StreamId::of_lease(lease));
+        let pieces = self.stream_pieces_key(&lease.stream());
         let mut invocation = self.inner.scripts.delete.key(&key);
         invocation
             .key(&pieces)
@@ -829,7 +837,7 @@ impl Store for RedisStore {
         piece: &Bytes,
     ) -> Result<FencedWrite, StoreError> {
         let key = self.record_key(&lease.identity);
-        let pieces = self.stream_pieces_key(&StreamId::of_lease(lease));
+        let pieces = self.stream_pieces_key(&lease.stream());
         let mut invocation = self.inner.scripts.append_piece.key(&key);
         invocation
             .key(&pieces)

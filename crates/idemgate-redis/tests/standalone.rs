@@ -149,7 +149,6 @@ async fn stream_pieces_are_shared_and_wake_readers_on_another_instance() {
 /// expire.
 #[tokio::test]
 async fn stream_pieces_are_a_list_per_run_expiring_with_the_record() {
-    use idemgate_core::stream::StreamId;
     use idemgate_core::{EvictMode, Eviction};
 
     let store = redis_store().await;
@@ -171,7 +170,7 @@ async fn stream_pieces_are_a_list_per_run_expiring_with_the_record() {
     };
     let record = store.record_key(request.identity.digest());
     let lease = acquire(&store, &request).await;
-    let stream = StreamId::of_lease(&lease);
+    let stream = lease.stream();
     let pieces = store.stream_pieces_key(&stream);
     assert_eq!(
         pieces,
@@ -191,14 +190,14 @@ async fn stream_pieces_are_a_list_per_run_expiring_with_the_record() {
             FencedWrite::Applied
         );
     }
-    // A gap is dropped, a piece appended again replaced.
-    assert_eq!(
+    // A gap (earlier pieces lost, say evicted) is refused as corrupt, and
+    // kept nowhere; a piece appended again is replaced.
+    assert!(matches!(
         store
             .append_stream_piece(&lease, 5, &Bytes::from_static(b"gap"))
-            .await
-            .unwrap(),
-        FencedWrite::Applied
-    );
+            .await,
+        Err(StoreError::Corrupt(_))
+    ));
     assert_eq!(
         store
             .append_stream_piece(&lease, 1, &Bytes::from_static(b"again"))
@@ -223,7 +222,7 @@ async fn stream_pieces_are_a_list_per_run_expiring_with_the_record() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let second = acquire(&store, &request).await;
     assert_eq!(second.operation_id, lease.operation_id);
-    let second_pieces = store.stream_pieces_key(&StreamId::of_lease(&second));
+    let second_pieces = store.stream_pieces_key(&second.stream());
     assert_ne!(second_pieces, pieces);
     assert_eq!(
         store
@@ -268,7 +267,7 @@ async fn stream_pieces_are_a_list_per_run_expiring_with_the_record() {
     let _: () = admin.del(&pieces).await.unwrap();
 
     let lease = acquire(&store, &request).await;
-    let pieces = store.stream_pieces_key(&StreamId::of_lease(&lease));
+    let pieces = store.stream_pieces_key(&lease.stream());
     let _ = store
         .append_stream_piece(&lease, 0, &Bytes::from_static(b"head"))
         .await

@@ -525,10 +525,7 @@ impl Store for SqliteStore {
         index: u32,
         piece: &Bytes,
     ) -> Result<FencedWrite, StoreError> {
-        let statement = self
-            .inner
-            .pieces
-            .append(&StreamId::of_lease(lease), index, piece);
+        let statement = self.inner.pieces.append(&lease.stream(), index, piece);
         self.write(statement, lease, true).await
     }
 

@@ -802,3 +802,82 @@ async fn a_rolled_back_turn_leaves_its_batch_intact() {
     assert_eq!(orders, 0, "the rolled-back turn's order stayed");
     assert_eq!(record_count(&store).await, 9);
 }
+
+// --- a streamed answer in the transactional mode ------------------------------------
+
+/// A handler that writes through a `Tx` and answers a stream (PROTOCOL §20):
+/// its transaction holds the SQLite writer until the layer settles, so the
+/// stream is kept in memory and stored with the completion in that
+/// transaction — it flows at once (no wait on the writer it holds), its row
+/// commits, and the retry replays it byte-identical without running it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transactional_streamed_answer_commits_with_its_record() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode, header};
+    use axum::response::Response;
+    use idemgate_core::scope::Principal;
+    use idemgate_testkit::http::Answer;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+
+    const EVENTS: [&str; 3] = ["data: a\n\n", "data: b\n\n", "data: c\n\n"];
+    let db = TempDb::new();
+    let store = db.store(4).await;
+    sqlx::query("CREATE TABLE stream_notes (n INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("create");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = Arc::clone(&runs);
+        move |mut tx: Tx| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            sqlx::query("INSERT INTO stream_notes (n) VALUES (1)")
+                .execute(&mut *tx)
+                .await
+                .expect("insert");
+            drop(tx);
+            let events = futures_util::stream::iter(
+                EVENTS.map(|event| Ok::<_, std::io::Error>(axum::body::Bytes::from(event))),
+            );
+            Response::builder()
+                .header(header::CONTENT_TYPE, "text/event-stream")
+                .body(Body::from_stream(events))
+                .expect("response")
+        }
+    };
+    let app = axum::Router::new()
+        .route("/v1/completions", axum::routing::post(handler))
+        .route_layer(idemgate::IdempotencyLayer::new(store.clone()))
+        .with_state(store.clone());
+    let send = || {
+        let mut request = Request::post("/v1/completions")
+            .header("idempotency-key", "stream-in-a-transaction")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from("{}"))
+            .expect("request");
+        request
+            .extensions_mut()
+            .insert(Principal::new("user:streamer"));
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await.expect("infallible");
+            tokio::time::timeout(Duration::from_secs(3), Answer::read(response))
+                .await
+                .expect("the stream ends within 3 s: nothing waits for the writer the transaction holds")
+        }
+    };
+    let first = send().await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    assert_eq!(first.body, EVENTS.concat());
+    let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM stream_notes")
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+    assert_eq!(notes, 1, "the handler's row committed with the record");
+    let retry = send().await;
+    assert_eq!(retry.status, StatusCode::OK, "{retry:?}");
+    assert_eq!(retry.headers["idempotent-replayed"], "true");
+    assert_eq!(retry.body, first.body, "byte-identical");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

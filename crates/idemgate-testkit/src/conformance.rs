@@ -1529,7 +1529,7 @@ async fn read(store: &dyn Store, stream: &StreamId, from: u32, limit: u32) -> Ve
 pub async fn stream_pieces_round_trip_in_order(store: Arc<dyn Store>) {
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
-    let stream = StreamId::of_lease(&lease);
+    let stream = lease.stream();
     let sent = pieces(7);
     assert!(read(&*store, &stream, 0, 10).await.is_empty());
     for (index, piece) in sent.iter().enumerate() {
@@ -1611,12 +1611,10 @@ pub async fn stream_pieces_are_the_runs_own(store: Arc<dyn Store>) {
         "the run taken over appends nothing"
     );
     assert!(
-        read(&*store, &StreamId::of_lease(&first), 0, 10)
-            .await
-            .is_empty(),
+        read(&*store, &first.stream(), 0, 10).await.is_empty(),
         "the old run's stream is not named by the record any more"
     );
-    let new = StreamId::of_lease(&second);
+    let new = second.stream();
     assert!(read(&*store, &new, 0, 10).await.is_empty());
     assert_eq!(
         append(&*store, &second, 0, &sent[2]).await,
@@ -1631,7 +1629,7 @@ pub async fn stream_pieces_go_with_the_record(store: Arc<dyn Store>) {
     let sent = pieces(2);
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
-    let stream = StreamId::of_lease(&lease);
+    let stream = lease.stream();
     for (index, piece) in sent.iter().enumerate() {
         let _ = append(&*store, &lease, index as u32, piece).await;
     }
@@ -1650,7 +1648,7 @@ pub async fn stream_pieces_go_with_the_record(store: Arc<dyn Store>) {
     assert!(read(&*store, &stream, 0, 10).await.is_empty());
 
     let lease = acquire(&*store, &request).await;
-    let stream = StreamId::of_lease(&lease);
+    let stream = lease.stream();
     let _ = append(&*store, &lease, 0, &sent[0]).await;
     assert_eq!(
         store.delete(&lease).await.expect("delete"),
@@ -1664,7 +1662,7 @@ pub async fn stream_pieces_go_with_the_record(store: Arc<dyn Store>) {
 pub async fn appended_pieces_wake_waiters(store: Arc<dyn Store>) {
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
-    let stream = StreamId::of_lease(&lease);
+    let stream = lease.stream();
     let reader = {
         let store = Arc::clone(&store);
         tokio::spawn(async move {

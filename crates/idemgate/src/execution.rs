@@ -261,13 +261,18 @@ impl Execution {
         let head = Response::from_parts(parts, Body::new(StreamBody::new(forwarded)));
         let mut client = answer.send(head).is_ok().then_some(frames);
         // Recorded in the store as it flows, where retries on any instance
-        // join it (PROTOCOL §20, `crate::replaying`).
-        let recording = Recording::start(
-            self.config.store.clone(),
-            self.lease.clone(),
-            encode_head(status, self.config.replayed_headers.storable(&headers)),
-            self.config.response_limit,
-        );
+        // join it (PROTOCOL §20, `crate::replaying`); in memory when the
+        // handler holds a transaction (`crate::recording`).
+        let mut recording = if slot.is_in_use() {
+            Recording::in_memory(self.config.response_limit)
+        } else {
+            Recording::start(
+                self.config.store.clone(),
+                self.lease.clone(),
+                encode_head(status, self.config.replayed_headers.storable(&headers)),
+                self.config.response_limit,
+            )
+        };
         let broke_off = loop {
             match body.frame().await {
                 None => break None,
@@ -310,6 +315,7 @@ impl Execution {
                     );
                     let stored_body = match recorded {
                         Recorded::Pieces(pieces) => StoredBody::InPieces(pieces),
+                        Recorded::Whole(body) => StoredBody::Retained(body),
                         Recorded::NotRetained(lost) => {
                             if lost == Lost::OverLimit {
                                 count("idemgate_not_retained_total");

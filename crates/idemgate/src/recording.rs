@@ -8,7 +8,14 @@
 //! one each event at once, for readers following the stream live). Memory per
 //! stream is bounded: at most [`FRAMES_QUEUED`] frames wait for the writer,
 //! and past them the run waits for it (the producer is read no faster than the
-//! store takes it), plus the piece being written.
+//! store takes it), plus the batch of at most as many frames being written.
+//!
+//! A handler that took a transaction (the transactional mode) is the one
+//! exception: on SQLite its transaction holds the store's one writer until
+//! the run is settled, so no piece could be appended before then. Its stream
+//! is kept in memory up to the stored-response limit and stored whole with
+//! the completion, in its transaction ([`Recording::in_memory`]); retries wait
+//! for its outcome instead of joining it.
 //!
 //! What it recorded decides the record's body: the count of pieces
 //! ([`StoredBody::InPieces`](idemgate_core::record::StoredBody::InPieces)), or
@@ -29,23 +36,37 @@ use tokio::task::JoinHandle;
 /// How many frames may wait for the writer before the run waits for it.
 const FRAMES_QUEUED: usize = 16;
 
-/// How often one piece's append is tried against an unavailable store.
-const APPEND_ATTEMPTS: u32 = 3;
+/// How often one piece's append is tried against an unavailable store: the
+/// run's producer waits meanwhile (each try is bounded by the store's
+/// deadline), so once more, then the stream goes on unrecorded.
+const APPEND_ATTEMPTS: u32 = 2;
 
 /// The pause between two attempts of one append.
 const APPEND_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// One stream's recording in progress.
-pub(crate) struct Recording {
-    frames: mpsc::Sender<Bytes>,
-    writer: JoinHandle<Recorded>,
+pub(crate) enum Recording {
+    /// Appended to the store as it flows, by a writer task.
+    InStore {
+        frames: mpsc::Sender<Bytes>,
+        writer: JoinHandle<Recorded>,
+    },
+    /// Kept in memory, to be stored whole with the completion.
+    InMemory {
+        /// Every frame so far; `None` once past the limit.
+        frames: Option<Vec<Bytes>>,
+        len: usize,
+        limit: usize,
+    },
 }
 
 /// What a recording kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Recorded {
     /// The whole body, in this many pieces after the head.
     Pieces(u32),
+    /// The whole body, in memory ([`Recording::in_memory`]).
+    Whole(Bytes),
     /// Not all of it: past the limit, fenced off, or the store failed.
     NotRetained(Lost),
 }
@@ -68,26 +89,55 @@ impl Recording {
     pub(crate) fn start(store: Arc<dyn Store>, lease: Lease, head: Bytes, limit: usize) -> Self {
         let (frames, queued) = mpsc::channel(FRAMES_QUEUED);
         let writer = tokio::spawn(write_pieces(store, lease, head, limit, queued));
-        Self { frames, writer }
+        Self::InStore { frames, writer }
     }
 
-    /// Hands the writer one more frame, waiting while [`FRAMES_QUEUED`]
-    /// frames wait already.
-    pub(crate) async fn push(&self, data: Bytes) {
-        // A writer that stopped early keeps reading (and dropping) frames, so
-        // the send fails only if it panicked; `finish` reports that.
-        let _ = self.frames.send(data).await;
+    /// Keeps the stream in memory, at most `limit` bytes: for a run whose
+    /// handler holds a transaction (see the module's docs).
+    pub(crate) fn in_memory(limit: usize) -> Self {
+        Self::InMemory {
+            frames: Some(Vec::new()),
+            len: 0,
+            limit,
+        }
+    }
+
+    /// One more frame. In the store: handed to the writer, waiting while
+    /// [`FRAMES_QUEUED`] frames wait already.
+    pub(crate) async fn push(&mut self, data: Bytes) {
+        match self {
+            // A writer that stopped early keeps reading (and dropping)
+            // frames, so the send fails only if it panicked; `finish` says so.
+            Self::InStore { frames, .. } => drop(frames.send(data).await),
+            Self::InMemory { frames, len, limit } => {
+                *len = len.saturating_add(data.len());
+                if *len > *limit {
+                    *frames = None;
+                } else if let Some(frames) = frames {
+                    frames.push(data);
+                }
+            }
+        }
     }
 
     /// The stream ended: waits for the last pieces and says what was kept.
     pub(crate) async fn finish(self) -> Recorded {
-        drop(self.frames);
-        match self.writer.await {
-            Ok(recorded) => recorded,
-            Err(error) => {
-                tracing::error!(%error, "the stream's recording task failed");
-                Recorded::NotRetained(Lost::StoreFailed)
+        match self {
+            Self::InStore { frames, writer } => {
+                drop(frames);
+                match writer.await {
+                    Ok(recorded) => recorded,
+                    Err(error) => {
+                        tracing::error!(%error, "the stream's recording task failed");
+                        Recorded::NotRetained(Lost::StoreFailed)
+                    }
+                }
             }
+            Self::InMemory {
+                frames: Some(frames),
+                ..
+            } => Recorded::Whole(frames.concat().into()),
+            Self::InMemory { frames: None, .. } => Recorded::NotRetained(Lost::OverLimit),
         }
     }
 }
@@ -142,10 +192,12 @@ async fn write_pieces(
 /// never empty): one where the next would have gone, which cuts the readers
 /// following the stream, and one over the head, so that a later retry does
 /// not join a stream that cannot be replayed but waits for the outcome.
-/// Best effort: readers also learn it from the record, completed not retained.
+/// Best effort, one try each: readers also learn it from the record,
+/// completed not retained, and the stream must not wait for a failing store.
 async fn abandon(store: &dyn Store, lease: &Lease, next: u32) {
     for index in [next, HEAD_PIECE] {
-        if append(store, lease, index, &Bytes::new()).await.is_err() {
+        let marked = store.append_stream_piece(lease, index, &Bytes::new()).await;
+        if !matches!(marked, Ok(FencedWrite::Applied)) {
             return;
         }
     }

@@ -40,29 +40,38 @@ const BATCH: u32 = 16;
 /// again anyway (an announcement is a hint and may be missed).
 const RECHECK: Duration = Duration::from_millis(200);
 
+/// The pause before a failed read of pieces is tried again.
+const READ_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
 /// The stream of a run in flight, joined: its head, then its pieces, live.
 /// `None` when the run has recorded no head (its answer is no stream, or has
-/// not begun) or stopped recording (past the limit): the retry waits for the
-/// outcome as for any run in flight.
+/// not begun), stopped recording (past the limit), or its head cannot be
+/// read: the retry waits for the outcome as for any run in flight.
 pub(crate) async fn join(
     store: Arc<dyn Store>,
     stream: StreamId,
     wants: &ReplayRequest,
-) -> Result<Option<Response<Body>>, StoreError> {
+) -> Option<Response<Body>> {
     // An empty head: the recording stopped (`crate::recording::abandon`),
     // so the stream cannot be joined from its first byte.
-    let Some(head) = store
-        .read_stream_pieces(&stream, HEAD_PIECE, 1)
-        .await?
-        .pop()
-        .filter(|head| !head.is_empty())
-    else {
-        return Ok(None);
+    let head = match store.read_stream_pieces(&stream, HEAD_PIECE, 1).await {
+        Ok(mut pieces) => pieces.pop().filter(|head| !head.is_empty())?,
+        Err(error) => {
+            // The retry waits for the outcome instead, as for any run.
+            tracing::warn!(%error, "reading a stream's head to join it failed");
+            return None;
+        }
     };
-    let (status, headers) = decode_head(head).map_err(StoreError::corrupt)?;
+    let (status, headers) = match decode_head(head) {
+        Ok(head) => head,
+        Err(error) => {
+            tracing::error!(%error, "a stream's recorded head does not decode");
+            return None;
+        }
+    };
     count_stream("joined");
     let reader = PieceReader::new(store, stream, None, wants, &headers);
-    Ok(Some(streamed(status, &headers, reader)))
+    Some(streamed(status, &headers, reader))
 }
 
 /// The replay of a completed stream of `count` pieces: its stored head, then
@@ -76,17 +85,11 @@ pub(crate) async fn replay_pieces(
     count: u32,
     wants: &ReplayRequest,
 ) -> Result<Response<Body>, StoreError> {
-    count_stream("replayed");
     if wants.jsonrpc_id().is_some() {
         let mut body = Vec::new();
         let mut next = HEAD_PIECE + 1;
         while next <= count {
-            let pieces = store
-                .read_stream_pieces(&stream, next, BATCH.min(count - next + 1))
-                .await?;
-            if pieces.is_empty() {
-                return Err(StoreError::corrupt("a stored stream lacks pieces"));
-            }
+            let pieces = read_more(store.as_ref(), &stream, next, count).await?;
             next += pieces.len() as u32;
             body.extend(pieces.iter().flat_map(|piece| piece.iter()));
         }
@@ -94,10 +97,36 @@ pub(crate) async fn replay_pieces(
             body: StoredBody::Retained(body.into()),
             ..stored.clone()
         };
+        count_stream("replayed");
         return Ok(replay(&whole, wants));
     }
-    let reader = PieceReader::new(store, stream, Some(count), wants, &stored.headers);
+    let mut reader = PieceReader::new(store, stream, Some(count), wants, &stored.headers);
+    // The first batch before the head, so that a stream whose pieces are gone
+    // is answered with an error, not a 200 cut at once.
+    if count > 0 {
+        let first = read_more(reader.store.as_ref(), &stream, reader.next, count).await?;
+        reader.next += first.len() as u32;
+        reader.take(first);
+    }
+    count_stream("replayed");
     Ok(streamed(stored.status, &stored.headers, reader))
+}
+
+/// The next batch of a completed stream of `count` pieces, from `next`: an
+/// error when none is there, since the record says they are.
+async fn read_more(
+    store: &dyn Store,
+    stream: &StreamId,
+    next: u32,
+    count: u32,
+) -> Result<Vec<Bytes>, StoreError> {
+    let pieces = store
+        .read_stream_pieces(stream, next, BATCH.min(count - next + 1))
+        .await?;
+    if pieces.is_empty() {
+        return Err(StoreError::corrupt("a stored stream lacks its pieces"));
+    }
+    Ok(pieces)
 }
 
 /// A response with `status` and `headers`, marked replayed, whose body
@@ -228,11 +257,19 @@ impl PieceReader {
         let limit = self
             .last
             .map_or(BATCH, |last| BATCH.min(last - self.next + 1));
-        match self
+        let mut read = self
             .store
             .read_stream_pieces(&self.stream, self.next, limit)
-            .await
-        {
+            .await;
+        if read.is_err() {
+            // Once more after a pause: one failed read need not cut a stream.
+            tokio::time::sleep(READ_RETRY_PAUSE).await;
+            read = self
+                .store
+                .read_stream_pieces(&self.stream, self.next, limit)
+                .await;
+        }
+        match read {
             Err(error) => {
                 tracing::warn!(%error, "reading a stored stream failed; its reader is cut");
                 Step::Cut("the stored stream could not be read")

@@ -781,15 +781,22 @@ async fn answer_from_existing(
                 return Some(problem.into_response());
             }
             Decision::Replay(stored) => {
-                count_outcome(Outcome::Replayed);
-                count_duplicate(config.strategy, "replayed");
                 let StoredBody::InPieces(pieces) = stored.body else {
+                    count_outcome(Outcome::Replayed);
+                    count_duplicate(config.strategy, "replayed");
                     return Some(replay(stored, wants));
                 };
                 let stream = StreamId::of_record(*identity, &snapshot.record);
                 let replayed =
                     replay_pieces(config.store.clone(), stream, stored, pieces, wants).await;
-                return Some(replayed.unwrap_or_else(|error| store_failure(config, &error)));
+                return Some(match replayed {
+                    Ok(replayed) => {
+                        count_outcome(Outcome::Replayed);
+                        count_duplicate(config.strategy, "replayed");
+                        replayed
+                    }
+                    Err(error) => store_failure(config, &error),
+                });
             }
             Decision::Claimable => return None,
             // A stream in flight, on this instance or another: joined, from
@@ -798,13 +805,12 @@ async fn answer_from_existing(
             Decision::InProgress { retry_after } if wants.jsonrpc_id().is_none() => {
                 let stream = StreamId::of_record(*identity, &snapshot.record);
                 match join(config.store.clone(), stream, wants).await {
-                    Ok(Some(joined)) => {
+                    Some(joined) => {
                         count_outcome(Outcome::Replayed);
                         count_duplicate(config.strategy, "replayed");
                         return Some(joined);
                     }
-                    Ok(None) => retry_after,
-                    Err(error) => return Some(store_failure(config, &error)),
+                    None => retry_after,
                 }
             }
             // The lease left; the hint is worked out only if a 409 is sent.

@@ -373,7 +373,7 @@ pub async fn other_instance_reads_and_wakes_on_pieces(
     let Claim::Acquired(lease) = a.try_claim(&request).await.expect("claim") else {
         panic!("fresh identity not acquired");
     };
-    let stream = StreamId::of_lease(&lease);
+    let stream = lease.stream();
     let digest = stream.identity;
     let sent: Vec<Bytes> = (0..4)
         .map(|i| Bytes::from(format!("id: {i}\ndata: piece {i}\n\n")))
