@@ -759,15 +759,7 @@ impl Store for RedisStore {
             .arg(token_arg(lease.token))
             .arg(&self.inner.channel)
             .arg(lease.identity.as_bytes());
-        let write = match int_of(self.run(&invocation).await?).map_err(StoreError::corrupt)? {
-            1 => FencedWrite::Applied,
-            2 => {
-                return Err(StoreError::corrupt(
-                    "a stream piece past the end of its list: earlier pieces are gone",
-                ));
-            }
-            _ => FencedWrite::Refused,
-        };
+        let write = self.fenced(&invocation).await?;
         self.notify(&lease.identity, write);
         Ok(write)
     }
@@ -847,7 +839,15 @@ impl Store for RedisStore {
             .arg(piece.as_ref())
             .arg(&self.inner.channel)
             .arg(lease.identity.as_bytes());
-        let write = self.fenced(&invocation).await?;
+        let write = match int_of(self.run(&invocation).await?).map_err(StoreError::corrupt)? {
+            1 => FencedWrite::Applied,
+            2 => {
+                return Err(StoreError::corrupt(
+                    "a stream piece past the end of its list: earlier pieces are gone",
+                ));
+            }
+            _ => FencedWrite::Refused,
+        };
         self.notify(&lease.identity, write);
         Ok(write)
     }
