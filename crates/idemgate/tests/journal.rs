@@ -170,3 +170,40 @@ async fn a_takeover_and_the_fenced_holder_are_journalled() {
         entries[0].record.key_digest
     );
 }
+
+/// Before a transactional completion commits its `executed` entry, the run's
+/// `claimed` entry still queued is written (`journal_queued_before_commit`),
+/// so the journal never shows an operation executed before it was claimed.
+/// On a current-thread runtime the writer task runs only when the test
+/// yields: without the wait, the entry would not be there yet.
+#[tokio::test(flavor = "current_thread")]
+async fn a_runs_queued_claim_is_written_before_its_transaction_commits() {
+    use idemgate_testkit::fixtures::fresh_request;
+
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let secret = memory.audit_secret().await.unwrap();
+    let journaled = Journaled::new(
+        Arc::clone(&memory),
+        JournalConfig {
+            instance: "test-instance".into(),
+            secret,
+        },
+    );
+    let request = fresh_request();
+    let lease = match journaled.try_claim(&request).await.unwrap() {
+        idemgate::Claim::Acquired(lease) => lease,
+        other => panic!("a new key is acquired: {other:?}"),
+    };
+    let written = || async {
+        memory
+            .read_audit(&AuditQuery::all(100))
+            .await
+            .unwrap()
+            .iter()
+            .filter(|entry| entry.record.event() == AuditEvent::Claimed)
+            .count()
+    };
+    assert_eq!(written().await, 0, "queued, not yet written");
+    journaled.journal_queued_before_commit(&lease).await;
+    assert_eq!(written().await, 1, "written before the commit");
+}
