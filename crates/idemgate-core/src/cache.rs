@@ -509,10 +509,6 @@ impl Store for ReplayCache {
         self.inner.completed_in_transaction(lease, completion);
     }
 
-    async fn journal_queued_before_commit(&self, lease: &Lease) {
-        self.inner.journal_queued_before_commit(lease).await;
-    }
-
     fn transaction_journal_entry(
         &self,
         lease: &Lease,

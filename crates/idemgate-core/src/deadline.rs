@@ -241,12 +241,6 @@ impl Store for WithDeadline {
         self.inner.completed_in_transaction(lease, completion);
     }
 
-    async fn journal_queued_before_commit(&self, lease: &Lease) {
-        // Bounded like every call: an ordering hint must not hold a commit.
-        let _ = tokio::time::timeout(self.timeout, self.inner.journal_queued_before_commit(lease))
-            .await;
-    }
-
     fn transaction_journal_entry(
         &self,
         lease: &Lease,

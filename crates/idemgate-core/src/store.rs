@@ -189,16 +189,6 @@ pub trait Store: Send + Sync + 'static {
         let _ = (lease, completion);
     }
 
-    /// Returns once the journal entries already queued for `lease`'s run (its
-    /// `claimed`) are written, so that the `executed` entry its transaction
-    /// commits ([`Store::transaction_journal_entry`]) follows them in the
-    /// journal. The layer calls it just before that commit. Nothing to wait
-    /// for by default; the journal writer (`idemgate::journal::Journaled`)
-    /// waits only when its batch outlasted the handler.
-    async fn journal_queued_before_commit(&self, lease: &Lease) {
-        let _ = lease;
-    }
-
     /// The journal entry a transactional completion of `lease` appends inside
     /// the handler's transaction
     /// ([`crate::transaction::PendingTransaction::complete_and_commit`]), so

@@ -577,12 +577,7 @@ impl Execution {
         // mid-commit must not hold the client. Timing out leaves the commit as
         // ambiguous as any commit error, and is resolved the same way below.
         let timeout = self.config.store.timeout();
-        // The journal's `executed` entry commits in the same transaction,
-        // after the run's entries still queued.
-        self.config
-            .store
-            .journal_queued_before_commit(&self.lease)
-            .await;
+        // The journal's `executed` entry commits in the same transaction.
         let journal = self
             .config
             .store

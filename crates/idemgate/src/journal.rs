@@ -26,7 +26,6 @@
 //! API), where the key is known; [`Journaled`] passes `evict` through.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -75,11 +74,6 @@ pub struct Journaled {
     config: JournalConfig,
     queue: mpsc::Sender<Message>,
     runs: Mutex<Runs>,
-    /// The last ticket given: each queued entry takes the next, under this
-    /// lock with its send, so tickets reach the writer in ascending order.
-    tickets: Mutex<u64>,
-    /// The last ticket the writer is done with (written or given up on).
-    done: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Journaled {
@@ -91,9 +85,7 @@ impl std::fmt::Debug for Journaled {
 }
 
 enum Message {
-    /// An entry (boxed: the channel's slots stay small), when it was
-    /// queued, and its ticket.
-    Entry(Box<AuditRecord>, Instant, u64),
+    Entry(AuditRecord, Instant),
     Flush(oneshot::Sender<()>),
 }
 
@@ -102,8 +94,6 @@ enum Message {
 struct Run {
     template: AuditRecord,
     started: Instant,
-    /// The ticket of the run's first entry (`claimed`, `taken_over`).
-    claim_ticket: u64,
 }
 
 #[derive(Default)]
@@ -134,8 +124,7 @@ impl Journaled {
             secret: config.secret.clone(),
         });
         let (queue, receiver) = mpsc::channel(QUEUE);
-        let done = Arc::new(AtomicU64::new(0));
-        tokio::spawn(write(Arc::clone(&inner), receiver, Arc::clone(&done)));
+        tokio::spawn(write(Arc::clone(&inner), receiver));
         metrics::counter!("idemgate_audit_entries_total").absolute(0);
         metrics::counter!("idemgate_audit_dropped_total").absolute(0);
         metrics::counter!("idemgate_audit_errors_total").absolute(0);
@@ -146,8 +135,6 @@ impl Journaled {
             config,
             queue,
             runs: Mutex::default(),
-            tickets: Mutex::new(0),
-            done,
         }
     }
 
@@ -160,23 +147,16 @@ impl Journaled {
         }
     }
 
-    /// Queues `record`; its ticket.
-    fn queue(&self, record: AuditRecord) -> u64 {
+    fn queue(&self, record: AuditRecord) {
         metrics::gauge!("idemgate_audit_queue").increment(1.0);
-        // A ticket and its send under one lock (the send never waits): the
-        // writer sees tickets in ascending order.
-        let mut tickets = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
-        *tickets += 1;
-        let ticket = *tickets;
-        let sent = self
+        if self
             .queue
-            .try_send(Message::Entry(Box::new(record), Instant::now(), ticket));
-        drop(tickets);
-        if sent.is_err() {
+            .try_send(Message::Entry(record, Instant::now()))
+            .is_err()
+        {
             metrics::gauge!("idemgate_audit_queue").decrement(1.0);
             metrics::counter!("idemgate_audit_dropped_total").increment(1);
         }
-        ticket
     }
 
     fn template(&self, request: &ClaimRequest, event: AuditEvent) -> AuditRecord {
@@ -200,7 +180,7 @@ impl Journaled {
         self.runs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn remember(&self, lease: &Lease, template: AuditRecord, claim_ticket: u64) {
+    fn remember(&self, lease: &Lease, template: AuditRecord) {
         let key = (lease.identity, lease.token);
         let mut runs = self.runs();
         if runs.by_lease.len() >= RUNS
@@ -214,7 +194,6 @@ impl Journaled {
             Run {
                 template,
                 started: Instant::now(),
-                claim_ticket,
             },
         );
     }
@@ -285,17 +264,15 @@ impl Journaled {
 }
 
 /// The writer task: batches of whatever is queued, appended in one call each.
-async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>, done: Arc<AtomicU64>) {
+async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
     let mut batch: Vec<AuditRecord> = Vec::with_capacity(BATCH);
     let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = queue.recv().await {
         let mut oldest = None;
-        let mut last_ticket = None;
         let mut take = |message: Message, batch: &mut Vec<AuditRecord>| match message {
-            Message::Entry(record, queued, ticket) => {
+            Message::Entry(record, queued) => {
                 oldest.get_or_insert(queued);
-                last_ticket = Some(ticket);
-                batch.push(*record);
+                batch.push(record);
             }
             Message::Flush(done) => flushes.push(done),
         };
@@ -309,9 +286,6 @@ async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>, done: 
         if !batch.is_empty() {
             metrics::gauge!("idemgate_audit_queue").decrement(batch.len() as f64);
             append(store.as_ref(), &batch).await;
-            if let Some(ticket) = last_ticket {
-                done.fetch_max(ticket, Ordering::SeqCst);
-            }
             if let Some(oldest) = oldest {
                 metrics::gauge!("idemgate_audit_lag_seconds").set(oldest.elapsed().as_secs_f64());
             }
@@ -359,8 +333,8 @@ impl Store for Journaled {
                 };
                 let mut record = self.template(request, event);
                 record.operation_id = Some(lease.operation_id.to_string());
-                let ticket = self.queue(record.clone());
-                self.remember(lease, record, ticket);
+                self.remember(lease, record.clone());
+                self.queue(record);
             }
             Claim::Existing(snapshot) => {
                 let (event, status) = match decide(snapshot, &request.fingerprint) {
@@ -507,20 +481,6 @@ impl Store for Journaled {
         // Its `executed` entry committed with it
         // (`Journaled::transaction_journal_entry`): the run is over.
         self.settle(lease);
-    }
-
-    /// Waits for the writer to be done with the run's first entry when it is
-    /// still queued (rare: the writer's batch outlasted the handler), so the
-    /// `executed` entry its transaction commits comes after it in the journal.
-    async fn journal_queued_before_commit(&self, lease: &Lease) {
-        let ticket = self
-            .runs()
-            .by_lease
-            .get(&(lease.identity, lease.token))
-            .map(|run| run.claim_ticket);
-        if ticket.is_some_and(|ticket| self.done.load(Ordering::SeqCst) < ticket) {
-            self.flush().await;
-        }
     }
 
     fn transaction_journal_entry(
