@@ -509,12 +509,14 @@ impl Store for ReplayCache {
         self.inner.completed_in_transaction(lease, completion);
     }
 
-    fn transaction_journal_entry(
+    async fn transaction_journal_entries(
         &self,
         lease: &Lease,
         completion: &Completion,
-    ) -> Option<crate::audit::AuditRecord> {
-        self.inner.transaction_journal_entry(lease, completion)
+    ) -> Vec<crate::audit::AuditRecord> {
+        self.inner
+            .transaction_journal_entries(lease, completion)
+            .await
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {

@@ -189,20 +189,22 @@ pub trait Store: Send + Sync + 'static {
         let _ = (lease, completion);
     }
 
-    /// The journal entry a transactional completion of `lease` appends inside
-    /// the handler's transaction
-    /// ([`crate::transaction::PendingTransaction::complete_and_commit`]), so
-    /// that it commits or rolls back with the business writes; `None` (the
-    /// default) when nothing journals through this store. The journal writer
-    /// (`idemgate::journal::Journaled`) answers the run's `executed` entry and
-    /// then leaves it out of its own queue.
-    fn transaction_journal_entry(
+    /// The journal entries a transactional completion of `lease` appends
+    /// inside the handler's transaction
+    /// ([`crate::transaction::PendingTransaction::complete_and_commit`]), in
+    /// order, so that they commit or roll back with the business writes; none
+    /// (the default) when nothing journals through this store. The journal
+    /// writer (`idemgate::journal::Journaled`) answers the run's `executed`
+    /// entry — preceded by its `claimed` entry when that is still queued, which
+    /// it then leaves out of its queue, so the journal does not show a run
+    /// executed before it was claimed.
+    async fn transaction_journal_entries(
         &self,
         lease: &Lease,
         completion: &Completion,
-    ) -> Option<AuditRecord> {
+    ) -> Vec<AuditRecord> {
         let _ = (lease, completion);
-        None
+        Vec::new()
     }
 
     /// Told that the journal is on, with what an `expired` entry needs: a

@@ -31,7 +31,7 @@ pub trait PendingTransaction: Send {
         self: Box<Self>,
         lease: &Lease,
         completion: &Completion,
-        journal: Option<&AuditRecord>,
+        journal: &[AuditRecord],
     ) -> Result<FencedWrite, StoreError>;
 
     /// Commits the business writes alone: for requests without an idempotency key,
@@ -155,7 +155,7 @@ mod tests {
             self: Box<Self>,
             _: &Lease,
             _: &Completion,
-            _: Option<&AuditRecord>,
+            _: &[AuditRecord],
         ) -> Result<FencedWrite, StoreError> {
             Ok(FencedWrite::Applied)
         }

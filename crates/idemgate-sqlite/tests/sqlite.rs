@@ -718,7 +718,7 @@ async fn transactional_turns_share_commits() {
                     panic!("the transaction did not come back");
                 };
                 let write = pending
-                    .complete_and_commit(&lease, &completion(awkward_response()), None)
+                    .complete_and_commit(&lease, &completion(awkward_response()), &[])
                     .await
                     .expect("commit");
                 assert_eq!(write, FencedWrite::Applied);

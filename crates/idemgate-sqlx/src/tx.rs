@@ -184,26 +184,22 @@ impl<S: SqlStore> PendingTransaction for Pending<S> {
         self: Box<Self>,
         lease: &Lease,
         completion: &Completion,
-        journal: Option<&AuditRecord>,
+        journal: &[AuditRecord],
     ) -> Result<FencedWrite, StoreError> {
         let Self { transaction, store } = *self;
-        let mut transaction = match (transaction, journal) {
-            (Some(transaction), _) => transaction,
-            (None, None) => return store.complete(lease, completion).await,
-            // No business writes, but an entry that must not go without the
+        let mut transaction = match transaction {
+            Some(transaction) => transaction,
+            None if journal.is_empty() => return store.complete(lease, completion).await,
+            // No business writes, but entries that must not go without the
             // completion: a transaction of their own.
-            (None, Some(_)) => store.begin().await?,
+            None => store.begin().await?,
         };
         // An error drops the transaction, which rolls it back.
         let write = store
             .complete_in(&mut *transaction, lease, completion)
             .await?;
-        if write == FencedWrite::Applied
-            && let Some(entry) = journal
-        {
-            store
-                .append_audit_in(&mut *transaction, std::slice::from_ref(entry))
-                .await?;
+        if write == FencedWrite::Applied && !journal.is_empty() {
+            store.append_audit_in(&mut *transaction, journal).await?;
         }
         if write == FencedWrite::Refused {
             // The record moved on: the business writes go with the refused result.

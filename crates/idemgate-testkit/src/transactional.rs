@@ -149,7 +149,7 @@ pub async fn rollback_leaves_no_order_and_release_reclaims_the_operation<
     );
     let write = handler_writes_order(&*harness, &store, retry.operation_id)
         .await
-        .complete_and_commit(&retry, &completion(awkward_response()), None)
+        .complete_and_commit(&retry, &completion(awkward_response()), &[])
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Applied);
@@ -219,7 +219,7 @@ pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: Transa
 
     let write = handler_writes_order(&*harness, &store, stale.operation_id)
         .await
-        .complete_and_commit(&stale, &completion(awkward_response()), None)
+        .complete_and_commit(&stale, &completion(awkward_response()), &[])
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Refused);
@@ -238,7 +238,7 @@ pub async fn stale_transactional_completion_is_refused_and_rolled_back<H: Transa
 
     let write = handler_writes_order(&*harness, &store, current.operation_id)
         .await
-        .complete_and_commit(&current, &completion(awkward_response()), None)
+        .complete_and_commit(&current, &completion(awkward_response()), &[])
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Applied);
@@ -301,7 +301,11 @@ pub async fn the_executed_entry_commits_with_the_business_write_or_not_at_all<
     let executed = entry(stale.operation_id, AuditEvent::Executed);
     let write = handler_writes_order(&*harness, &store, stale.operation_id)
         .await
-        .complete_and_commit(&stale, &completion(awkward_response()), Some(&executed))
+        .complete_and_commit(
+            &stale,
+            &completion(awkward_response()),
+            std::slice::from_ref(&executed),
+        )
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Refused);
@@ -311,7 +315,11 @@ pub async fn the_executed_entry_commits_with_the_business_write_or_not_at_all<
     let executed = entry(current.operation_id, AuditEvent::Executed);
     let write = handler_writes_order(&*harness, &store, current.operation_id)
         .await
-        .complete_and_commit(&current, &completion(awkward_response()), Some(&executed))
+        .complete_and_commit(
+            &current,
+            &completion(awkward_response()),
+            std::slice::from_ref(&executed),
+        )
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Applied);
@@ -377,7 +385,7 @@ async fn transactional_request<H: TransactionalHarness>(
                     ..awkward_response()
                 };
                 match pending
-                    .complete_and_commit(&lease, &completion(body), None)
+                    .complete_and_commit(&lease, &completion(body), &[])
                     .await
                     .expect("complete")
                 {
@@ -479,7 +487,7 @@ pub async fn completed_records_survive_reopening<H: TransactionalHarness>(harnes
         let lease = acquire(&store, &request).await;
         let write = handler_writes_order(&*harness, &store, lease.operation_id)
             .await
-            .complete_and_commit(&lease, &completion(awkward_response()), None)
+            .complete_and_commit(&lease, &completion(awkward_response()), &[])
             .await
             .expect("complete");
         assert_eq!(write, FencedWrite::Applied);
@@ -539,7 +547,7 @@ pub async fn transactional_commit_wakes_waiters<H: TransactionalHarness>(harness
     let slot = TransactionSlot::new();
     drop(begin(&store, &slot).await);
     let write = returned(&slot)
-        .complete_and_commit(&lease, &completion(awkward_response()), None)
+        .complete_and_commit(&lease, &completion(awkward_response()), &[])
         .await
         .expect("complete");
     assert_eq!(write, FencedWrite::Applied);

@@ -581,12 +581,13 @@ impl Execution {
         let journal = self
             .config
             .store
-            .transaction_journal_entry(&self.lease, completion);
+            .transaction_journal_entries(&self.lease, completion)
+            .await;
         let commit = tokio::time::timeout(
             timeout,
             timed(
                 "commit",
-                transaction.complete_and_commit(&self.lease, completion, journal.as_ref()),
+                transaction.complete_and_commit(&self.lease, completion, &journal),
             ),
         );
         let committed = commit.await.unwrap_or_else(|_elapsed| {

@@ -9,11 +9,14 @@
 //! deletion (`released`), a refused write (`fenced`).
 //!
 //! In the transactional mode the `executed` entry is not queued: the layer
-//! asks for it ([`Store::transaction_journal_entry`]) and the SQL store appends
-//! it inside the handler's transaction, with the completion and the business
-//! writes — so the journal never reports an effect that rolled back and never
-//! misses one that committed, even when the process dies right after the
-//! commit.
+//! asks for it ([`Store::transaction_journal_entries`]) and the SQL store
+//! appends it inside the handler's transaction, with the completion and the
+//! business writes — so the journal never reports an effect that rolled back
+//! and never misses one that committed, even when the process dies right
+//! after the commit. The run's `claimed` entry goes with it when the writer
+//! has not taken it yet (its batch outlasted the handler), so the journal
+//! never shows a run executed before it was claimed; should that commit fail,
+//! the entry is queued again before the run's next outcome.
 //!
 //! Entries are queued, never awaited on the request path: a task appends them
 //! in batches, one store round trip for everything queued meanwhile (group
@@ -26,6 +29,7 @@
 //! API), where the key is known; [`Journaled`] passes `evict` through.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -85,8 +89,50 @@ impl std::fmt::Debug for Journaled {
 }
 
 enum Message {
-    Entry(AuditRecord, Instant),
+    /// An entry (boxed: the channel's slots stay small).
+    Entry(Box<Queued>),
     Flush(oneshot::Sender<()>),
+}
+
+/// An entry in the queue.
+struct Queued {
+    record: AuditRecord,
+    at: Instant,
+    /// A run's first entry: who takes it, the writer or the run's
+    /// transaction ([`Claim`]).
+    claim: Option<Arc<ClaimEntry>>,
+}
+
+/// A run's first entry (`claimed`, `taken_over`) is taken once: by the writer
+/// from the queue, or by the run's transaction while still queued. Once the
+/// writer took it, the transaction does not wait for its append (it holds its
+/// locks meanwhile): should the writer's append wait longer than the whole
+/// run (a lock, a connection), the run's `executed` entry comes first.
+#[derive(Default)]
+struct ClaimEntry {
+    state: AtomicU8,
+}
+
+impl ClaimEntry {
+    const QUEUED: u8 = 0;
+    const WRITING: u8 = 1;
+    const WRITTEN: u8 = 2;
+    const TRANSACTION: u8 = 3;
+
+    fn take(&self, by: u8) -> bool {
+        self.state
+            .compare_exchange(Self::QUEUED, by, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    fn taken_by_transaction(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == Self::TRANSACTION
+    }
+
+    /// The writer is done with it (written, or given up on).
+    fn done(&self) {
+        self.state.store(Self::WRITTEN, Ordering::SeqCst);
+    }
 }
 
 /// A run between its claim and its outcome.
@@ -94,6 +140,7 @@ enum Message {
 struct Run {
     template: AuditRecord,
     started: Instant,
+    claim: Arc<ClaimEntry>,
 }
 
 #[derive(Default)]
@@ -148,10 +195,19 @@ impl Journaled {
     }
 
     fn queue(&self, record: AuditRecord) {
+        self.enqueue(record, None);
+    }
+
+    fn enqueue(&self, record: AuditRecord, claim: Option<Arc<ClaimEntry>>) {
         metrics::gauge!("idemgate_audit_queue").increment(1.0);
+        let queued = Queued {
+            record,
+            at: Instant::now(),
+            claim,
+        };
         if self
             .queue
-            .try_send(Message::Entry(record, Instant::now()))
+            .try_send(Message::Entry(Box::new(queued)))
             .is_err()
         {
             metrics::gauge!("idemgate_audit_queue").decrement(1.0);
@@ -180,7 +236,7 @@ impl Journaled {
         self.runs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn remember(&self, lease: &Lease, template: AuditRecord) {
+    fn remember(&self, lease: &Lease, template: AuditRecord, claim: Arc<ClaimEntry>) {
         let key = (lease.identity, lease.token);
         let mut runs = self.runs();
         if runs.by_lease.len() >= RUNS
@@ -194,6 +250,7 @@ impl Journaled {
             Run {
                 template,
                 started: Instant::now(),
+                claim,
             },
         );
     }
@@ -214,6 +271,12 @@ impl Journaled {
     /// The outcome of `lease`'s run: `event`, with `status` where one exists.
     fn outcome(&self, lease: &Lease, event: AuditEvent, status: Option<u16>) {
         let run = self.settle(lease);
+        // Taken into a transaction that did not commit: queued again, first.
+        if let Some(run) = &run
+            && run.claim.taken_by_transaction()
+        {
+            self.queue(run.template.clone());
+        }
         self.queue(self.outcome_entry(run, lease, event, status));
     }
 
@@ -266,13 +329,23 @@ impl Journaled {
 /// The writer task: batches of whatever is queued, appended in one call each.
 async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
     let mut batch: Vec<AuditRecord> = Vec::with_capacity(BATCH);
+    let mut claims: Vec<Arc<ClaimEntry>> = Vec::new();
     let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = queue.recv().await {
         let mut oldest = None;
         let mut take = |message: Message, batch: &mut Vec<AuditRecord>| match message {
-            Message::Entry(record, queued) => {
-                oldest.get_or_insert(queued);
-                batch.push(record);
+            Message::Entry(queued) => {
+                oldest.get_or_insert(queued.at);
+                let Queued { record, claim, .. } = *queued;
+                match claim {
+                    None => batch.push(record),
+                    Some(claim) if claim.take(ClaimEntry::WRITING) => {
+                        batch.push(record);
+                        claims.push(claim);
+                    }
+                    // A run's first entry its transaction took: not written here.
+                    Some(_) => metrics::gauge!("idemgate_audit_queue").decrement(1.0),
+                }
             }
             Message::Flush(done) => flushes.push(done),
         };
@@ -286,6 +359,9 @@ async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
         if !batch.is_empty() {
             metrics::gauge!("idemgate_audit_queue").decrement(batch.len() as f64);
             append(store.as_ref(), &batch).await;
+            for claim in claims.drain(..) {
+                claim.done();
+            }
             if let Some(oldest) = oldest {
                 metrics::gauge!("idemgate_audit_lag_seconds").set(oldest.elapsed().as_secs_f64());
             }
@@ -333,8 +409,9 @@ impl Store for Journaled {
                 };
                 let mut record = self.template(request, event);
                 record.operation_id = Some(lease.operation_id.to_string());
-                self.remember(lease, record.clone());
-                self.queue(record);
+                let claim = Arc::new(ClaimEntry::default());
+                self.remember(lease, record.clone(), Arc::clone(&claim));
+                self.enqueue(record, Some(claim));
             }
             Claim::Existing(snapshot) => {
                 let (event, status) = match decide(snapshot, &request.fingerprint) {
@@ -479,15 +556,15 @@ impl Store for Journaled {
     fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
         self.inner.completed_in_transaction(lease, completion);
         // Its `executed` entry committed with it
-        // (`Journaled::transaction_journal_entry`): the run is over.
+        // (`Journaled::transaction_journal_entries`): the run is over.
         self.settle(lease);
     }
 
-    fn transaction_journal_entry(
+    async fn transaction_journal_entries(
         &self,
         lease: &Lease,
         completion: &Completion,
-    ) -> Option<AuditRecord> {
+    ) -> Vec<AuditRecord> {
         // Not settled yet: a commit that fails leaves the run to be released
         // (or fenced) like any other.
         let run = self
@@ -495,16 +572,26 @@ impl Store for Journaled {
             .by_lease
             .get(&(lease.identity, lease.token))
             .cloned();
-        let mut entry = self.outcome_entry(
+        // One of the instance's transaction chains, so concurrent business
+        // transactions do not commit one at a time behind one head row.
+        let partition = transaction_partition(&self.config.instance, &lease.identity);
+        let mut entries = Vec::with_capacity(2);
+        if let Some(run) = &run
+            && run.claim.take(ClaimEntry::TRANSACTION)
+        {
+            let mut claimed = run.template.clone();
+            claimed.instance = partition.clone();
+            entries.push(claimed);
+        }
+        let mut executed = self.outcome_entry(
             run,
             lease,
             AuditEvent::Executed,
             Some(completion.response.status.as_u16()),
         );
-        // One of the instance's transaction chains, so concurrent business
-        // transactions do not commit one at a time behind one head row.
-        entry.instance = transaction_partition(&self.config.instance, &lease.identity);
-        Some(entry)
+        executed.instance = partition;
+        entries.push(executed);
+        entries
     }
 
     async fn wait_for_change(&self, identity: &IdentityDigest, timeout: Duration) {

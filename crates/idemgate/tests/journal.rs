@@ -170,3 +170,87 @@ async fn a_takeover_and_the_fenced_holder_are_journalled() {
         entries[0].record.key_digest
     );
 }
+
+/// A transactional run's `claimed` entry still queued when its transaction
+/// commits goes into that transaction, before `executed`, and the writer
+/// leaves it out; a commit that fails queues it again before the run's next
+/// outcome. So the journal never shows a run executed before it was claimed,
+/// nor claimed twice. On a current-thread runtime the writer runs only when
+/// the test yields: the entry is still queued when the transaction asks.
+#[tokio::test(flavor = "current_thread")]
+async fn a_queued_claim_goes_with_the_runs_transaction_once() {
+    use idemgate::{Claim, Completion, FinalStatus};
+    use idemgate_testkit::fixtures::{awkward_response, fresh_request};
+
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let secret = memory.audit_secret().await.unwrap();
+    let journaled = Journaled::new(
+        Arc::clone(&memory),
+        JournalConfig {
+            instance: "test-instance".into(),
+            secret,
+        },
+    );
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(60),
+    };
+    let claim = |request| {
+        let journaled = &journaled;
+        async move {
+            match journaled.try_claim(&request).await.unwrap() {
+                Claim::Acquired(lease) => lease,
+                other => panic!("a new key is acquired: {other:?}"),
+            }
+        }
+    };
+    let written = || async {
+        memory
+            .read_audit(&AuditQuery::all(100))
+            .await
+            .unwrap()
+            .iter()
+            .map(|entry| entry.record.event())
+            .collect::<Vec<_>>()
+    };
+
+    // Taken into the transaction: claimed, then executed, one partition.
+    let lease = claim(fresh_request()).await;
+    let entries = journaled
+        .transaction_journal_entries(&lease, &completion)
+        .await;
+    let events: Vec<_> = entries.iter().map(|e| e.event()).collect();
+    assert_eq!(events, [AuditEvent::Claimed, AuditEvent::Executed]);
+    assert_eq!(entries[0].instance, entries[1].instance);
+    memory.append_audit(&entries).await.unwrap();
+    journaled.completed_in_transaction(&lease, &completion);
+    journaled.flush().await;
+    assert_eq!(
+        written().await,
+        [AuditEvent::Claimed, AuditEvent::Executed],
+        "the writer left the taken entry out"
+    );
+
+    // Taken, and the commit failed: the release queues it again, first.
+    let lease = claim(fresh_request()).await;
+    let entries = journaled
+        .transaction_journal_entries(&lease, &completion)
+        .await;
+    assert_eq!(entries.len(), 2);
+    let _ = journaled.release(&lease).await.unwrap();
+    journaled.flush().await;
+    assert_eq!(
+        written().await[2..],
+        [AuditEvent::Claimed, AuditEvent::Released]
+    );
+
+    // Written before the transaction asks: only executed goes with it.
+    let lease = claim(fresh_request()).await;
+    journaled.flush().await;
+    let entries = journaled
+        .transaction_journal_entries(&lease, &completion)
+        .await;
+    let events: Vec<_> = entries.iter().map(|e| e.event()).collect();
+    assert_eq!(events, [AuditEvent::Executed]);
+}

@@ -215,20 +215,15 @@ impl PendingTransaction for FakeTransaction {
         self: Box<Self>,
         lease: &Lease,
         completion: &Completion,
-        journal: Option<&AuditRecord>,
+        journal: &[AuditRecord],
     ) -> Result<FencedWrite, StoreError> {
         if self.store.commit_fails.swap(false, Ordering::SeqCst) {
             self.store.rollbacks.fetch_add(1, Ordering::SeqCst);
             return Err(outage());
         }
         let write = self.store.memory.complete(lease, completion).await?;
-        if write == FencedWrite::Applied
-            && let Some(entry) = journal
-        {
-            self.store
-                .memory
-                .append_audit(std::slice::from_ref(entry))
-                .await?;
+        if write == FencedWrite::Applied && !journal.is_empty() {
+            self.store.memory.append_audit(journal).await?;
         }
         match write {
             FencedWrite::Applied => self.store.commits.fetch_add(1, Ordering::SeqCst),
