@@ -256,13 +256,10 @@ impl Execution {
         let status = parts.status;
         let headers = parts.headers.clone();
         let mark = parts.extensions.get::<Finality>().copied();
-        let (frames, mut forwarded) = mpsc::channel(STREAM_FRAMES_IN_FLIGHT);
-        let forwarded = futures_util::stream::poll_fn(move |cx| forwarded.poll_recv(cx));
-        let head = Response::from_parts(parts, Body::new(StreamBody::new(forwarded)));
-        let mut client = answer.send(head).is_ok().then_some(frames);
         // Recorded in the store as it flows, where retries on any instance
-        // join it (PROTOCOL §20, `crate::replaying`); in memory when the
-        // handler holds a transaction (`crate::recording`).
+        // join it (PROTOCOL §20, `crate::replaying`); its head before the
+        // client gets it, so whoever follows the client finds the stream. In
+        // memory when the handler holds a transaction (`crate::recording`).
         let mut recording = if slot.is_in_use() {
             Recording::in_memory(self.config.response_limit)
         } else {
@@ -272,7 +269,12 @@ impl Execution {
                 encode_head(status, self.config.replayed_headers.storable(&headers)),
                 self.config.response_limit,
             )
+            .await
         };
+        let (frames, mut forwarded) = mpsc::channel(STREAM_FRAMES_IN_FLIGHT);
+        let forwarded = futures_util::stream::poll_fn(move |cx| forwarded.poll_recv(cx));
+        let head = Response::from_parts(parts, Body::new(StreamBody::new(forwarded)));
+        let mut client = answer.send(head).is_ok().then_some(frames);
         let broke_off = loop {
             match body.frame().await {
                 None => break None,

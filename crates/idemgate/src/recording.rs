@@ -86,9 +86,26 @@ impl Recording {
     /// Starts recording the stream of `lease`'s run, whose head piece is
     /// `head` ([`idemgate_core::stream::encode_head`]), keeping at most
     /// `limit` body bytes.
-    pub(crate) fn start(store: Arc<dyn Store>, lease: Lease, head: Bytes, limit: usize) -> Self {
+    ///
+    /// The head is appended before this returns, and the run sends its client
+    /// the answer's head only then: a retry that follows anything the client
+    /// saw finds the stream to join. That is one store write before the first
+    /// byte; the body's pieces follow it without holding the client.
+    pub(crate) async fn start(
+        store: Arc<dyn Store>,
+        lease: Lease,
+        head: Bytes,
+        limit: usize,
+    ) -> Self {
+        let lost = append(store.as_ref(), &lease, HEAD_PIECE, &head)
+            .await
+            .err();
+        if lost == Some(Lost::StoreFailed) {
+            // The head may have landed all the same (an unknown outcome).
+            abandon(store.as_ref(), &lease, HEAD_PIECE + 1).await;
+        }
         let (frames, queued) = mpsc::channel(FRAMES_QUEUED);
-        let writer = tokio::spawn(write_pieces(store, lease, head, limit, queued));
+        let writer = tokio::spawn(write_pieces(store, lease, lost, limit, queued));
         Self::InStore { frames, writer }
     }
 
@@ -142,17 +159,15 @@ impl Recording {
     }
 }
 
-/// The writer: the head, then the frames in pieces until the stream ends.
+/// The writer: the frames in pieces after the head, until the stream ends;
+/// `lost` when the head already was.
 async fn write_pieces(
     store: Arc<dyn Store>,
     lease: Lease,
-    head: Bytes,
+    mut lost: Option<Lost>,
     limit: usize,
     mut queued: mpsc::Receiver<Bytes>,
 ) -> Recorded {
-    let mut lost = append(store.as_ref(), &lease, HEAD_PIECE, &head)
-        .await
-        .err();
     let mut next = HEAD_PIECE + 1;
     let mut len = 0usize;
     let mut frames = Vec::with_capacity(FRAMES_QUEUED);
@@ -189,13 +204,14 @@ async fn write_pieces(
 }
 
 /// Marks the recording stopped, in two empty pieces (a recorded piece is
-/// never empty): one where the next would have gone, which cuts the readers
-/// following the stream, and one over the head, so that a later retry does
-/// not join a stream that cannot be replayed but waits for the outcome.
+/// never empty): first one over the head, so that a later retry does not join
+/// a stream that cannot be replayed but waits for the outcome, then one where
+/// the next would have gone, which cuts the readers following the stream (in
+/// this order, a retry that follows a cut reader's never joins).
 /// Best effort, one try each: readers also learn it from the record,
 /// completed not retained, and the stream must not wait for a failing store.
 async fn abandon(store: &dyn Store, lease: &Lease, next: u32) {
-    for index in [next, HEAD_PIECE] {
+    for index in [HEAD_PIECE, next] {
         let marked = store.append_stream_piece(lease, index, &Bytes::new()).await;
         if !matches!(marked, Ok(FencedWrite::Applied)) {
             return;
