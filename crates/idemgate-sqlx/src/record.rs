@@ -76,7 +76,7 @@ pub struct CompletionColumns<'a> {
     /// [`StoredResponse::encode_headers`].
     pub headers: Vec<u8>,
     /// The body; `None` when it was not retained. A stream recorded in pieces
-    /// keeps their count here instead ([`pieces_marker`]), with `retained`
+    /// keeps their count here instead (`pieces_marker`), with `retained`
     /// false: a build that predates streams reads it as not retained.
     pub body: Option<Cow<'a, [u8]>>,
     /// `false`: the body was too large to keep (replayed without one).
