@@ -97,3 +97,23 @@ async fn route_history_keeps_a_bounded_number_of_routes() {
     idemgate_testkit::conformance::route_history_keeps_a_bounded_number_of_routes(store().await)
         .await;
 }
+
+/// A stream piece past the next index is refused as corrupt and kept
+/// nowhere: a recording that lost pieces must not count them as kept.
+#[tokio::test]
+async fn a_stream_piece_past_the_next_is_an_error() {
+    let store = MemoryStore::new();
+    let lease = idemgate_testkit::fixtures::acquire(&store, &fresh_request()).await;
+    let piece = bytes::Bytes::from_static(b"piece");
+    assert!(matches!(
+        store.append_stream_piece(&lease, 1, &piece).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(
+        store
+            .read_stream_pieces(&lease.stream(), 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -99,7 +99,7 @@ struct Queued {
     record: AuditRecord,
     at: Instant,
     /// A run's first entry: who takes it, the writer or the run's
-    /// transaction ([`Claim`]).
+    /// transaction ([`ClaimEntry`]).
     claim: Option<Arc<ClaimEntry>>,
 }
 
@@ -109,29 +109,22 @@ struct Queued {
 /// locks meanwhile): should the writer's append wait longer than the whole
 /// run (a lock, a connection), the run's `executed` entry comes first.
 #[derive(Default)]
-struct ClaimEntry {
-    state: AtomicU8,
-}
+struct ClaimEntry(AtomicU8);
 
 impl ClaimEntry {
     const QUEUED: u8 = 0;
-    const WRITING: u8 = 1;
-    const WRITTEN: u8 = 2;
-    const TRANSACTION: u8 = 3;
+    const WRITER: u8 = 1;
+    const TRANSACTION: u8 = 2;
 
+    /// Takes it for `by`, unless the other one has.
     fn take(&self, by: u8) -> bool {
-        self.state
+        self.0
             .compare_exchange(Self::QUEUED, by, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
     }
 
     fn taken_by_transaction(&self) -> bool {
-        self.state.load(Ordering::SeqCst) == Self::TRANSACTION
-    }
-
-    /// The writer is done with it (written, or given up on).
-    fn done(&self) {
-        self.state.store(Self::WRITTEN, Ordering::SeqCst);
+        self.0.load(Ordering::SeqCst) == Self::TRANSACTION
     }
 }
 
@@ -329,7 +322,6 @@ impl Journaled {
 /// The writer task: batches of whatever is queued, appended in one call each.
 async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
     let mut batch: Vec<AuditRecord> = Vec::with_capacity(BATCH);
-    let mut claims: Vec<Arc<ClaimEntry>> = Vec::new();
     let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = queue.recv().await {
         let mut oldest = None;
@@ -337,14 +329,11 @@ async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
             Message::Entry(queued) => {
                 oldest.get_or_insert(queued.at);
                 let Queued { record, claim, .. } = *queued;
-                match claim {
-                    None => batch.push(record),
-                    Some(claim) if claim.take(ClaimEntry::WRITING) => {
-                        batch.push(record);
-                        claims.push(claim);
-                    }
+                if claim.is_none_or(|claim| claim.take(ClaimEntry::WRITER)) {
+                    batch.push(record);
+                } else {
                     // A run's first entry its transaction took: not written here.
-                    Some(_) => metrics::gauge!("idemgate_audit_queue").decrement(1.0),
+                    metrics::gauge!("idemgate_audit_queue").decrement(1.0);
                 }
             }
             Message::Flush(done) => flushes.push(done),
@@ -359,9 +348,6 @@ async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
         if !batch.is_empty() {
             metrics::gauge!("idemgate_audit_queue").decrement(batch.len() as f64);
             append(store.as_ref(), &batch).await;
-            for claim in claims.drain(..) {
-                claim.done();
-            }
             if let Some(oldest) = oldest {
                 metrics::gauge!("idemgate_audit_lag_seconds").set(oldest.elapsed().as_secs_f64());
             }

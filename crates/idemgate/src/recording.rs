@@ -220,24 +220,67 @@ async fn abandon(store: &dyn Store, lease: &Lease, next: u32) {
 }
 
 /// `frames` joined into pieces of at most [`PIECE_BUDGET`] bytes, in order:
-/// small frames share a piece, a larger one is split.
+/// small frames share a piece (copied together), a larger one is split into
+/// slices of itself; a frame that makes a piece alone is not copied.
 fn pieces(frames: impl Iterator<Item = Bytes>) -> Vec<Bytes> {
     let mut pieces = Vec::new();
-    let mut joined = BytesMut::new();
+    let mut pending = Pending::Empty;
     for mut frame in frames {
         while !frame.is_empty() {
-            let room = PIECE_BUDGET - joined.len();
-            let part = frame.split_to(frame.len().min(room));
-            joined.extend_from_slice(&part);
-            if joined.len() == PIECE_BUDGET {
-                pieces.push(joined.split().freeze());
+            let room = PIECE_BUDGET - pending.len();
+            pending = pending.add(frame.split_to(frame.len().min(room)));
+            if pending.len() == PIECE_BUDGET {
+                pieces.push(pending.take());
             }
         }
     }
-    if !joined.is_empty() {
-        pieces.push(joined.freeze());
+    if pending.len() > 0 {
+        pieces.push(pending.take());
     }
     pieces
+}
+
+/// The piece being made.
+enum Pending {
+    Empty,
+    /// One part, as it came.
+    One(Bytes),
+    /// Several parts, copied together.
+    Joined(BytesMut),
+}
+
+impl Pending {
+    fn len(&self) -> usize {
+        match self {
+            Self::Empty => 0,
+            Self::One(part) => part.len(),
+            Self::Joined(joined) => joined.len(),
+        }
+    }
+
+    fn add(self, part: Bytes) -> Self {
+        match self {
+            Self::Empty => Self::One(part),
+            Self::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + part.len());
+                joined.extend_from_slice(&first);
+                joined.extend_from_slice(&part);
+                Self::Joined(joined)
+            }
+            Self::Joined(mut joined) => {
+                joined.extend_from_slice(&part);
+                Self::Joined(joined)
+            }
+        }
+    }
+
+    fn take(&mut self) -> Bytes {
+        match std::mem::replace(self, Self::Empty) {
+            Self::Empty => Bytes::new(),
+            Self::One(part) => part,
+            Self::Joined(joined) => joined.freeze(),
+        }
+    }
 }
 
 /// Appends one piece, trying again while the store is unavailable.
@@ -283,6 +326,18 @@ mod tests {
             [PIECE_BUDGET, 2]
         );
         assert!(pieces(std::iter::empty()).is_empty());
+        // A frame that makes a piece alone, or a budget's slice of a larger
+        // one, is passed on, not copied.
+        let event = frame(300);
+        assert_eq!(
+            pieces([event.clone()].into_iter())[0].as_ptr(),
+            event.as_ptr()
+        );
+        let large = frame(PIECE_BUDGET + 7);
+        assert_eq!(
+            pieces([large.clone()].into_iter())[0].as_ptr(),
+            large.as_ptr()
+        );
         let bytes: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
         let joined: Vec<u8> = pieces(bytes.chunks(777).map(Bytes::copy_from_slice)).concat();
         assert_eq!(joined, bytes, "the bytes, in order");

@@ -25,22 +25,33 @@ fn bytes_of(events: std::ops::RangeInclusive<usize>) -> Vec<u8> {
     events.flat_map(|n| event(n).unwrap().to_vec()).collect()
 }
 
-/// A streaming client (reqwest, as an application's would be): the keyed POST
-/// as `client`, its head within 5 s.
+/// A streaming client (reqwest, as an application's would be): the keyed
+/// completion POST as `client`, resuming after `last_event_id` when given;
+/// its head within 5 s, its body unread.
+async fn post_completion(
+    proxy: &Proxy,
+    client: &Client,
+    key: &str,
+    last_event_id: Option<&str>,
+) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .bearer_auth(&client.token)
+        .body(COMPLETION);
+    if let Some(id) = last_event_id {
+        request = request.header("last-event-id", id);
+    }
+    tokio::time::timeout(Duration::from_secs(5), request.send())
+        .await
+        .expect("the head arrives while the stream is still produced")
+        .expect("the head")
+}
+
+/// [`post_completion`]'s answer, checked to be an event stream sent as one.
 async fn open(proxy: &Proxy, client: &Client, key: &str) -> reqwest::Response {
-    let response = tokio::time::timeout(
-        Duration::from_secs(5),
-        reqwest::Client::new()
-            .post(proxy.url("/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .bearer_auth(&client.token)
-            .body(COMPLETION)
-            .send(),
-    )
-    .await
-    .expect("the head arrives while the stream is still produced")
-    .expect("the head");
+    let response = post_completion(proxy, client, key, None).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     assert!(
@@ -48,6 +59,17 @@ async fn open(proxy: &Proxy, client: &Client, key: &str) -> reqwest::Response {
         "a stream is not re-framed with a length"
     );
     response
+}
+
+/// Reads `response`'s clean end (within 10 s), nothing before it.
+async fn expect_clean_end(who: &str, response: &mut reqwest::Response) {
+    let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+        .await
+        .expect("the end within 10 s");
+    assert!(
+        matches!(end, Ok(None)),
+        "{who}: a clean end once the stream is recorded: {end:?}"
+    );
 }
 
 /// Reads from `response` until `seen` ends with `expected`.
@@ -91,15 +113,8 @@ async fn streams_through_and_replays(store: &str) {
         read_until(&mut joined, &mut joined_seen, &event(n).unwrap()).await;
     }
     drop(events);
-    for (who, response) in [("first", &mut response), ("joined", &mut joined)] {
-        let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
-            .await
-            .expect("the end within 10 s");
-        assert!(
-            matches!(end, Ok(None)),
-            "{who}: a clean end once the upstream ended: {end:?}"
-        );
-    }
+    expect_clean_end("first", &mut response).await;
+    expect_clean_end("joined", &mut joined).await;
     assert_eq!(seen, bytes_of(1..=5));
     assert_eq!(joined_seen, seen, "the joined stream is byte-identical");
 
@@ -287,20 +302,7 @@ async fn a_retry_on_another_instance_joins_the_stream(store: &str) {
     events.send(event(2)).await.unwrap();
     read_until(&mut response, &mut seen, &event(2).unwrap()).await;
     read_until(&mut joined, &mut joined_seen, &event(2).unwrap()).await;
-    let mut resumed = tokio::time::timeout(
-        Duration::from_secs(5),
-        reqwest::Client::new()
-            .post(second.url("/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", &key)
-            .header("last-event-id", "2")
-            .bearer_auth(&client.token)
-            .body(COMPLETION)
-            .send(),
-    )
-    .await
-    .expect("the resumed head while the stream is produced")
-    .expect("the resumed head");
+    let mut resumed = post_completion(&second, &client, &key, Some("2")).await;
     assert_eq!(resumed.status(), StatusCode::OK);
     let mut resumed_seen = Vec::new();
     for n in 3..=5 {
@@ -310,19 +312,9 @@ async fn a_retry_on_another_instance_joins_the_stream(store: &str) {
         read_until(&mut resumed, &mut resumed_seen, &event(n).unwrap()).await;
     }
     drop(events);
-    for (who, response) in [
-        ("first", &mut response),
-        ("joined", &mut joined),
-        ("resumed", &mut resumed),
-    ] {
-        let end = tokio::time::timeout(Duration::from_secs(10), response.chunk())
-            .await
-            .expect("the end within 10 s");
-        assert!(
-            matches!(end, Ok(None)),
-            "{who}: a clean end once the stream is recorded: {end:?}"
-        );
-    }
+    expect_clean_end("first", &mut response).await;
+    expect_clean_end("joined", &mut joined).await;
+    expect_clean_end("resumed", &mut resumed).await;
     assert_eq!(seen, bytes_of(1..=5));
     assert_eq!(joined_seen, seen, "byte-identical to the first client's");
     assert_eq!(resumed_seen, bytes_of(3..=5), "the events after id 2");
@@ -457,30 +449,14 @@ async fn a_large_stream_is_recorded_and_replayed_in_bounded_memory() {
         }
     });
     let client = Client::new();
-    let mut response = reqwest::Client::new()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("idempotency-key", &key)
-        .bearer_auth(&client.token)
-        .body(COMPLETION)
-        .send()
-        .await
-        .expect("the head");
+    let mut response = post_completion(&proxy, &client, &key, None).await;
     assert_eq!(response.status(), StatusCode::OK);
     let received = read_counting(&mut response, &chunk).await;
     producer.await.unwrap();
     assert_eq!(received, CHUNK * CHUNKS, "every byte flows");
     let streamed_peak = peak_rss(proxy.pid());
 
-    let mut replay = reqwest::Client::new()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("idempotency-key", &key)
-        .bearer_auth(&client.token)
-        .body(COMPLETION)
-        .send()
-        .await
-        .expect("the replay's head");
+    let mut replay = post_completion(&proxy, &client, &key, None).await;
     assert_eq!(replay.status(), StatusCode::OK);
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert!(replay.headers().get("idempotency-response").is_none());
