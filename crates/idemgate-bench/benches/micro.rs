@@ -137,6 +137,7 @@ fn created_response(body_len: usize) -> StoredResponse {
         json_body(body_len)
     };
     StoredResponse {
+        trailers: Vec::new(),
         status: StatusCode::CREATED,
         headers: vec![
             (
@@ -211,8 +212,8 @@ fn record_codec(c: &mut Criterion) {
         group.bench_function(format!("decode/{name}"), |b| {
             b.iter(|| StoredResponse::decode(black_box(encoded.clone())).expect("decodes"))
         });
-        group.bench_function(format!("encode_headers/{name}"), |b| {
-            b.iter(|| black_box(&response).encode_headers())
+        group.bench_function(format!("encode_fields/{name}"), |b| {
+            b.iter(|| black_box(&response).encode_fields())
         });
     }
     group.finish();

@@ -286,6 +286,7 @@ fn fresh_request() -> ClaimRequest {
 fn created() -> StoredResponse {
     let id = 1_000_000 + u64::from(uuid::Uuid::new_v4().as_fields().0 % 1_000_000);
     StoredResponse {
+        trailers: Vec::new(),
         status: StatusCode::CREATED,
         headers: vec![
             (

@@ -197,6 +197,7 @@ pub(crate) async fn redis(
 /// A stored response like the orders service's 201, as the completion writes it.
 fn sample_response() -> StoredResponse {
     StoredResponse {
+        trailers: Vec::new(),
         status: StatusCode::CREATED,
         headers: vec![
             (
@@ -228,7 +229,7 @@ fn hex(bytes: &[u8]) -> String {
 /// computes the identity in SQL (`sha256`) where the store sends it as a parameter.
 fn pgbench_script() -> String {
     let response = sample_response();
-    let headers = hex(&response.encode_headers());
+    let headers = hex(&response.encode_fields());
     let body = match &response.body {
         StoredBody::Retained(body) => hex(body),
         StoredBody::NotRetained | StoredBody::InPieces(_) => String::new(),

@@ -31,6 +31,7 @@ pub const MAX_DECOMPRESSED: usize = 64 * 1024 * 1024;
 /// use idemgate_core::record::{StoredBody, StoredResponse};
 /// let body = "{\"items\":[".to_owned() + &"{\"id\":42},".repeat(200) + "{}]}";
 /// let response = StoredResponse {
+///     trailers: Vec::new(),
 ///     status: http::StatusCode::OK,
 ///     headers: vec![],
 ///     body: StoredBody::Retained(body.clone().into()),
@@ -51,6 +52,7 @@ pub fn compress(response: StoredResponse, threshold: usize) -> StoredResponse {
             let mut headers = response.headers;
             headers.push((STORED_CODING.clone(), HeaderValue::from_static("zstd")));
             StoredResponse {
+                trailers: response.trailers,
                 status: response.status,
                 headers,
                 body: StoredBody::Retained(Bytes::from(compressed)),
@@ -91,6 +93,7 @@ pub fn decompress(response: &StoredResponse) -> Result<StoredResponse, DecodeErr
         }
     };
     Ok(StoredResponse {
+        trailers: response.trailers.clone(),
         status: response.status,
         headers: response
             .headers
@@ -109,6 +112,7 @@ mod tests {
 
     fn response(body: &[u8]) -> StoredResponse {
         StoredResponse {
+            trailers: Vec::new(),
             status: StatusCode::CREATED,
             headers: vec![(
                 http::header::CONTENT_TYPE,
@@ -183,6 +187,7 @@ mod measure {
     fn stored_bytes_and_cpu() {
         for (name, body) in [("order", order_body()), ("100 KiB JSON", json_100k())] {
             let response = StoredResponse {
+                trailers: Vec::new(),
                 status: http::StatusCode::CREATED,
                 headers: vec![(
                     http::header::CONTENT_TYPE,

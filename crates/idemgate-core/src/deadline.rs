@@ -398,6 +398,7 @@ mod tests {
         let completion = Completion {
             status: crate::FinalStatus::Completed,
             response: StoredResponse {
+                trailers: Vec::new(),
                 status: http::StatusCode::CREATED,
                 headers: vec![],
                 body: StoredBody::Retained("done".into()),

@@ -62,6 +62,7 @@ mod tests {
 
     fn snapshot(status: RecordStatus, locked_until: Option<i64>, now: i64) -> Snapshot {
         let response = status.is_final().then(|| StoredResponse {
+            trailers: Vec::new(),
             status: StatusCode::CREATED,
             headers: vec![],
             body: StoredBody::Retained("done".into()),

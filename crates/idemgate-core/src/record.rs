@@ -148,39 +148,63 @@ pub struct StoredResponse {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body.
     pub body: StoredBody,
+    /// Trailer fields sent after the body, in order, repeats kept: a gRPC
+    /// call's outcome (`grpc-status`, `grpc-message`, trailing metadata) lives
+    /// here (PROTOCOL §24). Empty for nearly every HTTP answer.
+    pub trailers: Vec<(HeaderName, HeaderValue)>,
 }
+
+/// A header or trailer section as it is encoded: its fields in order.
+pub type FieldList = Vec<(HeaderName, HeaderValue)>;
 
 pub use crate::decode::DecodeError;
 
 impl StoredResponse {
-    /// Encodes the header list: `count:u16`, then per header `name_len:u16 name
-    /// value_len:u32 value`. Values are bytes, so obs-text survives.
-    pub fn encode_headers(&self) -> Vec<u8> {
+    /// Encodes the header list, then the trailer list when there are trailers
+    /// (the column SQL stores keep): each list is `count:u16`, then per field
+    /// `name_len:u16 name value_len:u32 value`. Values are bytes, so obs-text
+    /// survives. A response without trailers encodes as the header list alone,
+    /// byte for byte what builds before trailers wrote and read.
+    pub fn encode_fields(&self) -> Vec<u8> {
         let mut out = BytesMut::new();
-        self.put_headers(&mut out);
+        put_fields(&mut out, &self.headers);
+        if !self.trailers.is_empty() {
+            put_fields(&mut out, &self.trailers);
+        }
         out.to_vec()
     }
 
-    /// Reverses [`StoredResponse::encode_headers`].
-    pub fn decode_headers(mut bytes: &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, DecodeError> {
-        let headers = get_headers(&mut bytes)?;
+    /// Reverses [`StoredResponse::encode_fields`]: the headers and the trailers.
+    pub fn decode_fields(mut bytes: &[u8]) -> Result<(FieldList, FieldList), DecodeError> {
+        let headers = get_fields(&mut bytes)?;
+        let trailers = match bytes.has_remaining() {
+            true => get_fields(&mut bytes)?,
+            false => Vec::new(),
+        };
         if bytes.has_remaining() {
-            return Err(DecodeError("trailing bytes after headers"));
+            return Err(DecodeError("trailing bytes after trailers"));
         }
-        Ok(headers)
+        Ok((headers, trailers))
     }
 
     /// Encodes the whole response into one binary value (for key-value stores):
-    /// `version:u8 status:u16 headers body_tag:u8 [body | pieces:u32]`.
+    /// `version:u8 status:u16 headers [trailers] body_tag:u8 [body | pieces:u32]`.
+    /// Version 1 has no trailers and is what a response without them is
+    /// written as, so builds before trailers still read it; version 2 carries
+    /// the trailer list after the headers.
     pub fn encode(&self) -> Bytes {
         let body_len = match &self.body {
             StoredBody::Retained(body) => body.len(),
             StoredBody::NotRetained | StoredBody::InPieces(_) => 0,
         };
         let mut out = BytesMut::with_capacity(8 + body_len + 64 * self.headers.len());
-        out.put_u8(1);
+        let version = if self.trailers.is_empty() { 1 } else { 2 };
+        out.put_u8(version);
         out.put_u16(self.status.as_u16());
-        self.put_headers(&mut out);
+        put_fields(&mut out, &self.headers);
+        if version == 2 {
+            put_fields(&mut out, &self.trailers);
+        }
         match &self.body {
             StoredBody::Retained(body) => {
                 out.put_u8(1);
@@ -197,13 +221,22 @@ impl StoredResponse {
 
     /// Reverses [`StoredResponse::encode`]. The body shares `bytes`' buffer.
     pub fn decode(mut bytes: Bytes) -> Result<Self, DecodeError> {
-        if bytes.remaining() < 3 || bytes.get_u8() != 1 {
+        if bytes.remaining() < 3 {
             return Err(DecodeError("unknown response encoding"));
         }
+        let with_trailers = match bytes.get_u8() {
+            1 => false,
+            2 => true,
+            _ => return Err(DecodeError("unknown response encoding")),
+        };
         let status =
             StatusCode::from_u16(bytes.get_u16()).map_err(|_| DecodeError("invalid status"))?;
         let mut cursor = &bytes[..];
-        let headers = get_headers(&mut cursor)?;
+        let headers = get_fields(&mut cursor)?;
+        let trailers = match with_trailers {
+            true => get_fields(&mut cursor)?,
+            false => Vec::new(),
+        };
         let consumed = bytes.len() - cursor.len();
         bytes.advance(consumed);
         if !bytes.has_remaining() {
@@ -219,23 +252,24 @@ impl StoredResponse {
             status,
             headers,
             body,
+            trailers,
         })
-    }
-
-    fn put_headers(&self, out: &mut BytesMut) {
-        // HTTP/1 and h2 servers refuse far fewer headers than u16::MAX, and names
-        // are capped by `http` well below u16::MAX, so the casts cannot truncate.
-        out.put_u16(self.headers.len() as u16);
-        for (name, value) in &self.headers {
-            out.put_u16(name.as_str().len() as u16);
-            out.put_slice(name.as_str().as_bytes());
-            out.put_u32(value.as_bytes().len() as u32);
-            out.put_slice(value.as_bytes());
-        }
     }
 }
 
-fn get_headers(bytes: &mut &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, DecodeError> {
+fn put_fields(out: &mut BytesMut, fields: &[(HeaderName, HeaderValue)]) {
+    // HTTP/1 and h2 servers refuse far fewer fields than u16::MAX, and names
+    // are capped by `http` well below u16::MAX, so the casts cannot truncate.
+    out.put_u16(fields.len() as u16);
+    for (name, value) in fields {
+        out.put_u16(name.as_str().len() as u16);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value.as_bytes().len() as u32);
+        out.put_slice(value.as_bytes());
+    }
+}
+
+fn get_fields(bytes: &mut &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, DecodeError> {
     let truncated = DecodeError("truncated headers");
     if bytes.remaining() < 2 {
         return Err(truncated);
@@ -477,6 +511,7 @@ mod tests {
 
     fn sample(body: StoredBody) -> StoredResponse {
         StoredResponse {
+            trailers: Vec::new(),
             status: StatusCode::CREATED,
             headers: vec![
                 (
@@ -509,13 +544,44 @@ mod tests {
             StoredBody::InPieces(0),
             StoredBody::InPieces(70_000),
         ] {
-            let response = sample(body);
-            assert_eq!(StoredResponse::decode(response.encode()).unwrap(), response);
-            assert_eq!(
-                StoredResponse::decode_headers(&response.encode_headers()).unwrap(),
-                response.headers
-            );
+            let mut response = sample(body);
+            for trailers in [Vec::new(), grpc_trailers()] {
+                response.trailers = trailers;
+                assert_eq!(StoredResponse::decode(response.encode()).unwrap(), response);
+                assert_eq!(
+                    StoredResponse::decode_fields(&response.encode_fields()).unwrap(),
+                    (response.headers.clone(), response.trailers.clone())
+                );
+            }
         }
+    }
+
+    fn grpc_trailers() -> FieldList {
+        vec![
+            (
+                HeaderName::from_static("grpc-status"),
+                HeaderValue::from_static("0"),
+            ),
+            (
+                HeaderName::from_static("x-trace-bin"),
+                HeaderValue::from_static("AAEC"),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_response_without_trailers_encodes_as_before_trailers() {
+        // Builds that predate trailers read version 1 and a bare header list;
+        // records without trailers stay readable by them during an upgrade.
+        let plain = sample(StoredBody::NotRetained);
+        assert_eq!(plain.encode()[0], 1);
+        let mut with = plain.clone();
+        with.trailers = grpc_trailers();
+        assert_eq!(with.encode()[0], 2);
+        assert_eq!(
+            with.encode_fields()[..plain.encode_fields().len()],
+            plain.encode_fields()[..]
+        );
     }
 
     #[test]
@@ -528,7 +594,8 @@ mod tests {
             );
         }
         assert!(StoredResponse::decode(Bytes::from_static(b"\x02\x00\xc8\x00\x00\x00")).is_err());
-        assert!(StoredResponse::decode_headers(b"\x00\x01\x00\x02a").is_err());
+        assert!(StoredResponse::decode_fields(b"\x00\x01\x00\x02a").is_err());
+        assert!(StoredResponse::decode(Bytes::from_static(b"\x03\x00\xc8\x00\x00\x00")).is_err());
     }
 
     fn record(state: RecordState) -> Record {

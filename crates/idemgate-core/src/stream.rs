@@ -57,6 +57,7 @@ impl StreamId {
 /// [`StoredResponse::encode`]'s layout with no body.
 pub fn encode_head(status: StatusCode, headers: Vec<(HeaderName, HeaderValue)>) -> Bytes {
     StoredResponse {
+        trailers: Vec::new(),
         status,
         headers,
         body: StoredBody::NotRetained,

@@ -17,8 +17,8 @@ proptest! {
         // Decoding is stable: the decoded response encodes to the same bytes.
         prop_assert_eq!(StoredResponse::decode(encoded.clone()).unwrap().encode(), encoded);
         prop_assert_eq!(
-            StoredResponse::decode_headers(&response.encode_headers()).unwrap(),
-            response.headers
+            StoredResponse::decode_fields(&response.encode_fields()).unwrap(),
+            (response.headers.clone(), response.trailers.clone())
         );
     }
 
@@ -48,7 +48,7 @@ proptest! {
     #[test]
     fn any_bytes_decode_without_panicking(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = StoredResponse::decode(Bytes::from(bytes.clone()));
-        let _ = StoredResponse::decode_headers(&bytes);
+        let _ = StoredResponse::decode_fields(&bytes);
     }
 
     #[test]

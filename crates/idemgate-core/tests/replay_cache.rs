@@ -383,6 +383,7 @@ async fn the_byte_bound_holds() {
     let bound = 100_000;
     let (inner, cache) = cache_over(config(100_000, bound, Duration::from_secs(60)));
     let big = StoredResponse {
+        trailers: Vec::new(),
         status: StatusCode::OK,
         headers: vec![],
         body: StoredBody::Retained(Bytes::from(vec![7u8; 4_000])),

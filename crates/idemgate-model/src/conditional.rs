@@ -320,6 +320,7 @@ fn record(rec: &Rec) -> Record {
             locked_until: Timestamp::from_millis(i64::from(rec.until)),
         },
         Some(reply) => RecordState::Completed(StoredResponse {
+            trailers: Vec::new(),
             status: match reply {
                 Reply::Done => StatusCode::OK,
                 Reply::Refused => StatusCode::PRECONDITION_FAILED,

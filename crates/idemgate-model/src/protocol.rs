@@ -563,6 +563,7 @@ fn stored(reply: Reply) -> StoredResponse {
         Reply::GatewayTimeout { op } => (StatusCode::GATEWAY_TIMEOUT, vec![op]),
     };
     StoredResponse {
+        trailers: Vec::new(),
         status,
         headers: Vec::new(),
         body: StoredBody::Retained(Bytes::from(body)),

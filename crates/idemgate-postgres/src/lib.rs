@@ -64,7 +64,7 @@
 //!     lease_origin     TEXT NOT NULL,                   -- NEW | RELEASED | TAKEN_OVER: how the last claim came about
 //!     locked_until     TIMESTAMPTZ,                     -- end of the lease while PROCESSING
 //!     response_status  INTEGER,                         -- set when COMPLETED / FAILED
-//!     response_headers BYTEA,                           -- StoredResponse::encode_headers
+//!     response_headers BYTEA,                           -- StoredResponse::encode_fields
 //!     response_body    BYTEA,                           -- NULL when not retained
 //!     body_retained    BOOLEAN,                         -- false: "not retained", true: body (maybe empty)
 //!     created_at       TIMESTAMPTZ NOT NULL,

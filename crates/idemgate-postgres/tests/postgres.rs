@@ -648,6 +648,7 @@ async fn another_instances_pieces_are_read_and_wake_a_waiter_through_notify() {
     let waited = waiter(&b, digest);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let response = idemgate_core::record::StoredResponse {
+        trailers: Vec::new(),
         body: idemgate_core::record::StoredBody::InPieces(3),
         ..awkward_response()
     };

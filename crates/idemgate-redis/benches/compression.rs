@@ -39,6 +39,7 @@ fn json_response() -> StoredResponse {
         }
     }
     StoredResponse {
+        trailers: Vec::new(),
         status: StatusCode::OK,
         headers: vec![
             (

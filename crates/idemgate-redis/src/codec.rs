@@ -37,6 +37,7 @@ const MAX_DECOMPRESSED: usize = 512 * 1024 * 1024;
 /// use idemgate_redis::ResponseCodec;
 /// # use idemgate_core::record::{StoredBody, StoredResponse};
 /// let response = StoredResponse {
+///     trailers: Vec::new(),
 ///     status: http::StatusCode::OK,
 ///     headers: vec![],
 ///     body: StoredBody::Retained(vec![b'a'; 10_000].into()),
@@ -255,6 +256,7 @@ mod tests {
 
     fn response(body: Vec<u8>) -> StoredResponse {
         StoredResponse {
+            trailers: Vec::new(),
             status: http::StatusCode::OK,
             headers: vec![(
                 http::HeaderName::from_static("content-type"),

@@ -532,6 +532,7 @@ async fn aof_always_keeps_every_record_across_kill_9() {
     let completed = fresh_request();
     let lease = acquire(&store, &completed).await;
     let large = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::Retained(Bytes::from(
             br#"{"line":"compressed on the way in"},"#.repeat(500),
         )),
@@ -630,6 +631,7 @@ async fn a_full_server_refuses_new_records_and_keeps_the_old_ones() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
         .collect();
     let response = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::Retained(noise.into()),
         ..awkward_response()
     };

@@ -237,6 +237,7 @@ async fn stream_pieces_are_a_list_per_run_expiring_with_the_record() {
     let completion = Completion {
         status: FinalStatus::Completed,
         response: StoredResponse {
+            trailers: Vec::new(),
             body: StoredBody::InPieces(0),
             ..awkward_response()
         },
@@ -436,6 +437,7 @@ async fn stored_response_field(
 async fn the_layers_codec_is_the_one_and_whole_record_compression_is_opt_in() {
     let body = Bytes::from(br#"{"sku":"SKU-00042","qty":1,"price":"19.99"},"#.repeat(2000));
     let response = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::Retained(body.clone()),
         ..awkward_response()
     };

@@ -61,7 +61,7 @@
 //!     lease_origin     TEXT NOT NULL,        -- NEW | RELEASED | TAKEN_OVER
 //!     locked_until     INTEGER,              -- end of the lease while PROCESSING
 //!     response_status  INTEGER,              -- set when COMPLETED / FAILED
-//!     response_headers BLOB,                 -- StoredResponse::encode_headers
+//!     response_headers BLOB,                 -- StoredResponse::encode_fields
 //!     response_body    BLOB,                 -- NULL when not retained
 //!     body_retained    INTEGER,              -- 0: "not retained", 1: body (maybe empty)
 //!     created_at       INTEGER NOT NULL,

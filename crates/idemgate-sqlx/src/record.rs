@@ -73,7 +73,7 @@ pub struct CompletionColumns<'a> {
     pub status: &'static str,
     /// The response's HTTP status.
     pub response_status: u16,
-    /// [`StoredResponse::encode_headers`].
+    /// [`StoredResponse::encode_fields`]: the headers, then any trailers.
     pub headers: Vec<u8>,
     /// The body; `None` when it was not retained. A stream recorded in pieces
     /// keeps their count here instead (`pieces_marker`), with `retained`
@@ -115,7 +115,7 @@ impl<'a> CompletionColumns<'a> {
         Self {
             status: RecordStatus::from(completion.status).as_str(),
             response_status: response.status.as_u16(),
-            headers: response.encode_headers(),
+            headers: response.encode_fields(),
             body,
             retained,
             ttl_ms: millis(completion.ttl),
@@ -297,7 +297,7 @@ where
         .and_then(|code| u16::try_from(code).ok())
         .and_then(|code| StatusCode::from_u16(code).ok())
         .ok_or_else(|| corrupt("final record without a valid response status"))?;
-    let headers = StoredResponse::decode_headers(
+    let (headers, trailers) = StoredResponse::decode_fields(
         headers
             .as_deref()
             .ok_or_else(|| corrupt("final record without headers"))?,
@@ -312,6 +312,7 @@ where
         _ => return Err(corrupt("final record without a body")),
     };
     Ok(StoredResponse {
+        trailers,
         status,
         headers,
         body,

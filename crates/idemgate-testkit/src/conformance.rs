@@ -212,6 +212,7 @@ pub async fn failed_completion_is_stored(store: Arc<dyn Store>) {
     let request = fresh_request();
     let lease = acquire(&*store, &request).await;
     let response = StoredResponse {
+        trailers: Vec::new(),
         status: StatusCode::INTERNAL_SERVER_ERROR,
         headers: vec![],
         body: StoredBody::Retained(Bytes::from_static(b"boom")),
@@ -590,6 +591,7 @@ pub async fn completed_record_refuses_further_writes(store: Arc<dyn Store>) {
         FencedWrite::Applied
     );
     let other = StoredResponse {
+        trailers: Vec::new(),
         status: StatusCode::OK,
         headers: vec![],
         body: StoredBody::NotRetained,
@@ -652,17 +654,20 @@ pub async fn scopes_are_isolated(store: Arc<dyn Store>) {
 /// "not retained" body stays distinct from an empty one.
 pub async fn responses_round_trip_byte_exact(store: Arc<dyn Store>) {
     let big = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::Retained(Bytes::from(
             (0..200_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
         )),
         ..awkward_response()
     };
     let empty = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::Retained(Bytes::new()),
         headers: vec![],
         ..awkward_response()
     };
     let not_retained = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::NotRetained,
         ..awkward_response()
     };
@@ -1551,6 +1556,7 @@ pub async fn stream_pieces_round_trip_in_order(store: Arc<dyn Store>) {
     assert_eq!(read(&*store, &stream, 0, 100).await, sent);
 
     let response = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::InPieces(6),
         ..awkward_response()
     };
@@ -1634,6 +1640,7 @@ pub async fn stream_pieces_go_with_the_record(store: Arc<dyn Store>) {
         let _ = append(&*store, &lease, index as u32, piece).await;
     }
     let response = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::InPieces(1),
         ..awkward_response()
     };

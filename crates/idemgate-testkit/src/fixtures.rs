@@ -51,10 +51,25 @@ pub fn request_for(principal: &str, method: &str, path: &str, key: &str, body: u
     }
 }
 
-/// A response with repeated headers, a non-UTF-8 header value and every byte value in
-/// the body: what a store must give back exactly.
+/// A response with repeated headers, a non-UTF-8 header value, every byte value in
+/// the body and trailers with a repeated name (a gRPC call's outcome): what a
+/// store must give back exactly.
 pub fn awkward_response() -> StoredResponse {
     StoredResponse {
+        trailers: vec![
+            (
+                HeaderName::from_static("grpc-status"),
+                HeaderValue::from_static("0"),
+            ),
+            (
+                HeaderName::from_static("x-receipt-bin"),
+                HeaderValue::from_static("AAEC"),
+            ),
+            (
+                HeaderName::from_static("x-receipt-bin"),
+                HeaderValue::from_static("AwQF"),
+            ),
+        ],
         status: StatusCode::CREATED,
         headers: vec![
             (

@@ -48,8 +48,10 @@ pub fn stored_response() -> impl Strategy<Value = StoredResponse> {
         100u16..=999,
         prop::collection::vec((header_name(), header_value()), 0..12),
         body,
+        prop::collection::vec((header_name(), header_value()), 0..3),
     )
-        .prop_map(|(status, headers, body)| StoredResponse {
+        .prop_map(|(status, headers, body, trailers)| StoredResponse {
+            trailers,
             status: StatusCode::from_u16(status).expect("100..=999 is a status"),
             headers,
             body,

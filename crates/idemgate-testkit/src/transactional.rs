@@ -381,6 +381,7 @@ async fn transactional_request<H: TransactionalHarness>(
                     continue;
                 }
                 let body = StoredResponse {
+                    trailers: Vec::new(),
                     body: StoredBody::Retained(Bytes::from(lease.operation_id.to_string())),
                     ..awkward_response()
                 };

@@ -100,6 +100,9 @@ pub(crate) struct Config {
     pub(crate) ttl: Duration,
     pub(crate) wait: Option<WaitMode>,
     pub(crate) server_error_policy: ServerErrorPolicy,
+    /// The gRPC statuses whose call is released rather than stored
+    /// (PROTOCOL §24).
+    pub(crate) grpc_released: Vec<crate::grpc::GrpcCode>,
     pub(crate) principal: Arc<dyn PrincipalExtractor>,
     pub(crate) path_source: PathSource,
     /// Spellings of the request path that share one scope (case, a format

@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use idemgate_core::compression::compress;
 use idemgate_core::deadline::DeadlineExceeded;
-use idemgate_core::record::{StoredBody, StoredResponse};
+use idemgate_core::record::{FieldList, StoredBody, StoredResponse};
 use idemgate_core::stream::encode_head;
 use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
 use idemgate_core::{
@@ -30,7 +30,8 @@ use crate::finality::{Finality, Settlement, settlement_for};
 use crate::handler::Handler;
 use crate::problem::ProblemDetails;
 use crate::recording::{Lost, Recorded, Recording};
-use crate::response::{ReplayRequest, replay};
+use crate::grpc;
+use crate::response::{ReplayRequest, body_with_trailers, field_list, replay};
 use crate::telemetry::{count, count_stream, timed};
 
 /// One claimed operation, from spawn to settled record.
@@ -56,8 +57,8 @@ struct Handled {
 }
 
 enum CollectedBody {
-    /// The whole body, within the limit.
-    Complete(Bytes),
+    /// The whole body, within the limit, and the trailers that followed it.
+    Complete { body: Bytes, trailers: FieldList },
     /// Over the limit: the frames read, and the rest, still to stream.
     Overflow { head: Vec<Bytes>, rest: Body },
 }
@@ -190,7 +191,7 @@ impl Execution {
         answer: Answer,
     ) {
         let limit = self.config.response_limit;
-        let style = self.config.problem_style.clone();
+        let style = self.config.problem_style.for_request(self.wants.is_grpc());
         let started = Instant::now();
         let handled = async move {
             // The handler's problems in the layer's style before they are
@@ -325,8 +326,17 @@ impl Execution {
                             StoredBody::NotRetained
                         }
                     };
-                    self.settle(settlement, transaction, status, &headers, stored_body)
-                        .await
+                    // The trailers of an event stream or NDJSON answer are not
+                    // kept: those formats end with their last record.
+                    self.settle(
+                        settlement,
+                        transaction,
+                        status,
+                        &headers,
+                        stored_body,
+                        Vec::new(),
+                    )
+                    .await
                 }
             }
             Some(error) => {
@@ -424,26 +434,38 @@ impl Execution {
             return ProblemDetails::handler_failed().into_response();
         }
         let mark = handled.parts.extensions.get::<Finality>().copied();
+        // A gRPC answer is 200 whatever happened: its outcome is `grpc-status`.
+        let (status, mark) = match &handled.body {
+            CollectedBody::Complete { trailers, .. }
+                if mark.is_none() && grpc::is_grpc(&handled.parts.headers) =>
+            {
+                let code = grpc::status_of(&handled.parts.headers, trailers);
+                grpc::settlement_status(code, &self.config.grpc_released)
+            }
+            _ => (handled.parts.status, mark),
+        };
         let settlement = settlement_for(
-            handled.parts.status,
+            status,
             mark,
             self.config.server_error_policy,
             transaction.is_some(),
         );
-        let (response, stored_body) = match handled.body {
-            CollectedBody::Complete(bytes) => (
-                Response::from_parts(handled.parts, Body::from(bytes.clone())),
-                StoredBody::Retained(bytes),
+        let (response, stored_body, trailers) = match handled.body {
+            CollectedBody::Complete { body, trailers } => (
+                Response::from_parts(handled.parts, body_with_trailers(body.clone(), &trailers)),
+                StoredBody::Retained(body),
+                trailers,
             ),
             CollectedBody::Overflow { head, rest } => {
                 count("idemgate_not_retained_total");
                 (
                     Response::from_parts(handled.parts, chain(head, rest)),
                     StoredBody::NotRetained,
+                    Vec::new(),
                 )
             }
         };
-        self.write_settlement(settlement, transaction, response, stored_body)
+        self.write_settlement(settlement, transaction, response, stored_body, trailers)
             .await
     }
 
@@ -461,12 +483,14 @@ impl Execution {
         let status =
             StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let settlement = settlement_for(status, None, self.config.server_error_policy, rolled_back);
-        let (response, body) = problem.render(&self.config.problem_style);
+        let style = self.config.problem_style.for_request(self.wants.is_grpc());
+        let (response, body) = problem.render(&style);
         self.write_settlement(
             settlement,
             transaction,
             response,
             StoredBody::Retained(body),
+            Vec::new(),
         )
         .await
     }
@@ -479,6 +503,7 @@ impl Execution {
         transaction: Option<Box<dyn PendingTransaction>>,
         response: Response<Body>,
         stored_body: StoredBody,
+        trailers: FieldList,
     ) -> Response<Body> {
         let written = self
             .settle(
@@ -487,6 +512,7 @@ impl Execution {
                 response.status(),
                 response.headers(),
                 stored_body,
+                trailers,
             )
             .await;
         if !matches!(settlement, Settlement::Complete(_)) {
@@ -512,8 +538,9 @@ impl Execution {
     }
 
     /// Writes `settlement` to the record: the answer (`status`, the storable
-    /// part of `headers`, `stored_body`) as its outcome, or its release or
-    /// deletion; in the handler's transaction when it lent one.
+    /// part of `headers`, `stored_body`, the `trailers` whole — a gRPC call's
+    /// outcome is in them) as its outcome, or its release or deletion; in the
+    /// handler's transaction when it lent one.
     async fn settle(
         &self,
         settlement: Settlement,
@@ -521,6 +548,7 @@ impl Execution {
         status: StatusCode,
         headers: &HeaderMap,
         stored_body: StoredBody,
+        trailers: FieldList,
     ) -> Written {
         let store = &self.config.store;
         let final_status = match settlement {
@@ -550,6 +578,7 @@ impl Execution {
             // the one codec every store shares.
             response: compress(
                 StoredResponse {
+                    trailers,
                     status,
                     headers: self.config.replayed_headers.storable(headers),
                     body: stored_body,
@@ -741,9 +770,18 @@ async fn collect(response: Response<Body>, limit: usize) -> Result<Handled, BoxE
     // stored and sent on without a copy.
     let mut head = Vec::new();
     let mut len = 0;
+    let mut trailers = Vec::new();
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else {
-            continue; // trailers are not stored
+        let data = match frame?.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                // Kept whole, repeats included: a gRPC call's
+                // outcome is its trailers (PROTOCOL §24).
+                if let Ok(fields) = frame.into_trailers() {
+                    trailers.extend(field_list(fields));
+                }
+                continue;
+            }
         };
         len += data.len();
         head.push(data);
@@ -761,7 +799,10 @@ async fn collect(response: Response<Body>, limit: usize) -> Result<Handled, BoxE
     };
     Ok(Handled {
         parts,
-        body: CollectedBody::Complete(whole),
+        body: CollectedBody::Complete {
+            body: whole,
+            trailers,
+        },
     })
 }
 

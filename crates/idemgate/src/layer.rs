@@ -15,6 +15,7 @@ use idemgate_core::path::PathFold;
 use crate::config::{Config, ObservedResponses, PathSource, StrategyMode, WaitMode};
 use crate::durations::RouteDurations;
 use crate::finality::ServerErrorPolicy;
+use crate::grpc::GrpcCode;
 use crate::principal::{DefaultPrincipal, PrincipalExtractor};
 use crate::problem::{ProblemShape, ProblemStyle};
 use crate::response::ReplayedHeaders;
@@ -117,6 +118,7 @@ impl IdempotencyLayer {
                 ttl: DEFAULT_TTL,
                 wait: None,
                 server_error_policy: ServerErrorPolicy::Store,
+                grpc_released: GrpcCode::RELEASED_BY_DEFAULT.to_vec(),
                 principal: Arc::new(DefaultPrincipal::new()),
                 path_source: PathSource::Request,
                 path_fold: PathFold::NONE,
@@ -389,6 +391,23 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_server_error_policy(self, policy: ServerErrorPolicy) -> Self {
         self.with(|c| c.server_error_policy = policy)
+    }
+
+    /// The gRPC statuses that release a call's claim, so that the retry runs
+    /// it (default [`GrpcCode::RELEASED_BY_DEFAULT`]: `UNAVAILABLE`,
+    /// `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`). `OK` and the other
+    /// deterministic statuses are stored and replayed; `UNKNOWN`, `INTERNAL`,
+    /// `DATA_LOSS` and `CANCELLED` follow the server-error policy
+    /// (PROTOCOL §24).
+    ///
+    /// ```
+    /// use idemgate::GrpcCode;
+    /// # let layer = idemgate::IdempotencyLayer::new(idemgate::MemoryStore::new());
+    /// let layer = layer.with_grpc_released([GrpcCode::Unavailable, GrpcCode::Aborted]);
+    /// ```
+    pub fn with_grpc_released(self, codes: impl IntoIterator<Item = GrpcCode>) -> Self {
+        let codes: Vec<GrpcCode> = codes.into_iter().collect();
+        self.with(|c| c.grpc_released = codes)
     }
 
     /// How to find the principal; see [`PrincipalExtractor`] and

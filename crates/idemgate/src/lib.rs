@@ -6,6 +6,7 @@ pub mod context;
 mod durations;
 mod execution;
 pub mod finality;
+pub mod grpc;
 mod handler;
 pub mod journal;
 mod jsonrpc;
@@ -39,6 +40,7 @@ pub use config::{ObservedResponses, PathSource, StrategyMode};
 pub use context::OperationContext;
 pub use execution::is_streamed_media_type;
 pub use finality::{Finality, ServerErrorPolicy};
+pub use grpc::GrpcCode;
 pub use layer::{
     DEFAULT_BODY_LIMIT, DEFAULT_LEASE, DEFAULT_RESPONSE_LIMIT, DEFAULT_TTL, DEFAULT_WAIT,
     IdempotencyLayer,

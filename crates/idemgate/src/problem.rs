@@ -113,6 +113,11 @@ impl ProblemDetails {
     /// the body back. The response carries the problem in its extensions, so a
     /// [`ProblemStyle`] further out can render it again in its own style.
     pub(crate) fn render(self, style: &ProblemStyle) -> (Response<Body>, Bytes) {
+        if style.grpc {
+            let (mut response, body) = crate::grpc::render(&self);
+            response.extensions_mut().insert(Rendered(self));
+            return (response, body);
+        }
         let mut status =
             StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let type_uri = style.type_uri(&self.type_uri);
@@ -501,6 +506,10 @@ pub struct ProblemStyle {
     base: Arc<str>,
     link: bool,
     shape: ProblemShape,
+    /// Problems answered to a gRPC call, as gRPC statuses
+    /// ([`crate::grpc::render`]) whatever the shape: set by the layer per
+    /// request, never by a route.
+    grpc: bool,
 }
 
 impl Default for ProblemStyle {
@@ -509,6 +518,7 @@ impl Default for ProblemStyle {
             base: Arc::from(PROBLEM_BASE),
             link: false,
             shape: ProblemShape::Rfc9457,
+            grpc: false,
         }
     }
 }
@@ -544,6 +554,15 @@ impl ProblemStyle {
     pub fn with_shape(mut self, shape: ProblemShape) -> Self {
         self.shape = shape;
         self
+    }
+
+    /// This style for the answers to a request: a gRPC call's problems are
+    /// gRPC statuses (PROTOCOL §24), whatever the route's shape.
+    pub(crate) fn for_request(&self, grpc: bool) -> Self {
+        Self {
+            grpc,
+            ..self.clone()
+        }
     }
 
     /// The base type URIs start with.

@@ -50,7 +50,7 @@ fn is_never_stored(name: &HeaderName) -> bool {
 }
 
 /// [`ReplayedHeaders::defaults`].
-static REPLAYED_BY_DEFAULT: [HeaderName; 28] = [
+static REPLAYED_BY_DEFAULT: [HeaderName; 32] = [
     // The representation: what the body is and how to read it.
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,
@@ -79,6 +79,12 @@ static REPLAYED_BY_DEFAULT: [HeaderName; 28] = [
     // `last_response.request_id`).
     HeaderName::from_static("request-id"),
     HeaderName::from_static("x-request-id"),
+    // A gRPC answer's coding, and a Trailers-Only answer's outcome, which is
+    // in its headers (PROTOCOL §24).
+    HeaderName::from_static("grpc-encoding"),
+    HeaderName::from_static("grpc-status"),
+    HeaderName::from_static("grpc-message"),
+    HeaderName::from_static("grpc-status-details-bin"),
     // What a browser needs to hand the replay to the page that asked.
     header::ACCESS_CONTROL_ALLOW_ORIGIN,
     header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
@@ -248,6 +254,9 @@ pub(crate) struct ReplayRequest {
     /// On a JSON-RPC route, the request's `id`: the replay answers with it
     /// (PROTOCOL §20).
     jsonrpc_id: Option<RequestId>,
+    /// A gRPC call: the layer's problems are answered as gRPC statuses
+    /// (PROTOCOL §24).
+    grpc: bool,
 }
 
 impl ReplayRequest {
@@ -259,6 +268,11 @@ impl ReplayRequest {
     /// The JSON-RPC `id` a replay answers with, on a JSON-RPC route.
     pub(crate) fn jsonrpc_id(&self) -> Option<&RequestId> {
         self.jsonrpc_id.as_ref()
+    }
+
+    /// Whether the request is a gRPC call.
+    pub(crate) fn is_grpc(&self) -> bool {
+        self.grpc
     }
 
     /// This request, answered on a JSON-RPC route with `id`.
@@ -281,6 +295,7 @@ impl ReplayRequest {
                 .and_then(|value| value.to_str().ok())
                 .map(str::to_owned),
             jsonrpc_id: None,
+            grpc: crate::grpc::is_grpc(headers),
         }
     }
 }
@@ -296,6 +311,38 @@ pub(crate) fn is_event_stream(headers: &[(HeaderName, HeaderValue)]) -> bool {
                     .trim()
                     .eq_ignore_ascii_case("text/event-stream")
             })
+    })
+}
+
+/// `body` in one frame, then `trailers` in a trailers frame when there are
+/// any: how a stored answer goes out, first or replayed. Without trailers it
+/// is a plain body of a known length.
+pub(crate) fn body_with_trailers(body: Bytes, trailers: &[(HeaderName, HeaderValue)]) -> Body {
+    if trailers.is_empty() {
+        return Body::from(body);
+    }
+    let mut fields = HeaderMap::with_capacity(trailers.len());
+    for (name, value) in trailers {
+        fields.append(name.clone(), value.clone());
+    }
+    let data = (!body.is_empty()).then(|| http_body::Frame::data(body));
+    let frames = data
+        .into_iter()
+        .chain([http_body::Frame::trailers(fields)])
+        .map(Ok::<_, std::convert::Infallible>);
+    Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+        frames,
+    )))
+}
+
+/// The fields of `map` as a list, repeats of a name kept in their order.
+pub(crate) fn field_list(map: HeaderMap) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+    let mut name = None;
+    map.into_iter().filter_map(move |(next, value)| {
+        if next.is_some() {
+            name = next;
+        }
+        Some((name.clone()?, value))
     })
 }
 
@@ -372,8 +419,8 @@ pub(crate) fn replay(stored: &StoredResponse, wants: &ReplayRequest) -> Response
     let rewritten = answered.is_some();
     let body = match (answered, bytes) {
         (Some(answered), _) => Body::from(answered),
-        (None, Some(bytes)) => Body::from(bytes),
-        (None, None) => Body::empty(),
+        (None, Some(bytes)) => body_with_trailers(bytes, &stored.trailers),
+        (None, None) => body_with_trailers(Bytes::new(), &stored.trailers),
     };
     let mut response = Response::new(body);
     *response.status_mut() = stored.status;
@@ -454,6 +501,7 @@ mod tests {
     fn a_replayed_event_stream_starts_after_last_event_id_and_others_are_whole() {
         let stream = Bytes::from_static(b"id: 1\ndata: a\n\nid: 2\ndata: b\n\n");
         let stored = |content_type: &'static str| StoredResponse {
+            trailers: Vec::new(),
             status: StatusCode::OK,
             headers: vec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
             body: StoredBody::Retained(stream.clone()),
@@ -554,6 +602,7 @@ mod tests {
     #[test]
     fn replay_marks_and_explains_missing_bodies() {
         let stored = StoredResponse {
+            trailers: Vec::new(),
             status: StatusCode::CREATED,
             headers: vec![
                 (

@@ -118,7 +118,9 @@ where
         let config = Arc::clone(&self.config);
         let variants = Arc::clone(&self.variants);
         Box::pin(async move {
-            let style = config.problem_style.clone();
+            let style = config
+                .problem_style
+                .for_request(crate::grpc::is_grpc(request.headers()));
             let response =
                 timed_request(handle(config, variants, handler, request.map(Body::new))).await?;
             // Every problem leaving the layer in its style: its own, and what
@@ -483,6 +485,12 @@ async fn prepare(
         Ok(body) => body,
         Err(problem) => return Err(problem.into_response()),
     };
+    if crate::grpc::is_grpc(&parts.headers)
+        && let Err(problem) = crate::grpc::unary_message_count(&body)
+    {
+        count_outcome(Outcome::Rejected);
+        return Err(problem.into_response());
+    }
     let (path, query) = request_path(parts);
     let header_values = fingerprint_headers(config, parts);
     // A key from the path names the operation within the route, not within one
@@ -651,6 +659,7 @@ async fn settle_observed(
             let completion = Completion {
                 status: final_status,
                 response: StoredResponse {
+                    trailers: Vec::new(),
                     status,
                     headers: Vec::new(),
                     body: StoredBody::NotRetained,

@@ -418,6 +418,7 @@ pub async fn other_instance_reads_and_wakes_on_pieces(
         );
     }
     let response = StoredResponse {
+        trailers: Vec::new(),
         body: StoredBody::InPieces(3),
         ..idemgate_testkit::fixtures::awkward_response()
     };

@@ -1,0 +1,431 @@
+//! gRPC calls (PROTOCOL §24): a unary call is an HTTP/2 `POST` whose outcome is
+//! in its trailers, and whose client reads only gRPC statuses.
+//!
+//! The protocol is the same as for any request — the key from the
+//! `idempotency-key` metadata (a header), the fingerprint over the message
+//! bytes (the body), the record keeping the trailers — but three things differ,
+//! and this module holds them:
+//!
+//! - **What the layer answers** is a gRPC status, never an HTTP error: a client
+//!   library reads `409` or `problem+json` as a transport failure. Every
+//!   problem is sent Trailers-Only (HTTP 200, `grpc-status`, `grpc-message`,
+//!   and `grpc-retry-pushback-ms` where a retry should wait: gRFC A6) by
+//!   [`render`], mapped by [`code_for`].
+//! - **Which outcome is final** is read from `grpc-status`, not the HTTP
+//!   status (always 200): [`settlement_status`].
+//! - **Only unary calls are keyed**: a keyed request carrying other than one
+//!   message is a streaming call, refused ([`unary_message_count`]).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+
+use crate::finality::Finality;
+use crate::problem::ProblemDetails;
+
+/// `grpc-status`: the call's status code, a trailer (or a header, in a
+/// Trailers-Only answer).
+pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// `grpc-message`: the status message, percent-encoded.
+pub static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// `grpc-retry-pushback-ms`: how long a client's retry policy waits before its
+/// next attempt (gRFC A6).
+pub static GRPC_RETRY_PUSHBACK_MS: HeaderName =
+    HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// The status codes of gRPC (`grpc/doc/statuscodes.md`), by their wire number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GrpcCode {
+    /// `0`: success.
+    Ok = 0,
+    /// `1`: cancelled, typically by the caller.
+    Cancelled = 1,
+    /// `2`: unknown error.
+    Unknown = 2,
+    /// `3`: the request is wrong whatever the system's state.
+    InvalidArgument = 3,
+    /// `4`: the deadline expired before the operation could complete.
+    DeadlineExceeded = 4,
+    /// `5`: an entity was not found.
+    NotFound = 5,
+    /// `6`: the entity already exists.
+    AlreadyExists = 6,
+    /// `7`: the caller may not do this.
+    PermissionDenied = 7,
+    /// `8`: a quota or resource ran out.
+    ResourceExhausted = 8,
+    /// `9`: the system is not in the state the call needs.
+    FailedPrecondition = 9,
+    /// `10`: aborted by a concurrency conflict; retry at a higher level.
+    Aborted = 10,
+    /// `11`: past the valid range.
+    OutOfRange = 11,
+    /// `12`: not implemented.
+    Unimplemented = 12,
+    /// `13`: an internal invariant broke.
+    Internal = 13,
+    /// `14`: the service is unavailable for now; retrying may help.
+    Unavailable = 14,
+    /// `15`: unrecoverable data loss.
+    DataLoss = 15,
+    /// `16`: no valid credentials.
+    Unauthenticated = 16,
+}
+
+const CODES: [(GrpcCode, &str); 17] = [
+    (GrpcCode::Ok, "OK"),
+    (GrpcCode::Cancelled, "CANCELLED"),
+    (GrpcCode::Unknown, "UNKNOWN"),
+    (GrpcCode::InvalidArgument, "INVALID_ARGUMENT"),
+    (GrpcCode::DeadlineExceeded, "DEADLINE_EXCEEDED"),
+    (GrpcCode::NotFound, "NOT_FOUND"),
+    (GrpcCode::AlreadyExists, "ALREADY_EXISTS"),
+    (GrpcCode::PermissionDenied, "PERMISSION_DENIED"),
+    (GrpcCode::ResourceExhausted, "RESOURCE_EXHAUSTED"),
+    (GrpcCode::FailedPrecondition, "FAILED_PRECONDITION"),
+    (GrpcCode::Aborted, "ABORTED"),
+    (GrpcCode::OutOfRange, "OUT_OF_RANGE"),
+    (GrpcCode::Unimplemented, "UNIMPLEMENTED"),
+    (GrpcCode::Internal, "INTERNAL"),
+    (GrpcCode::Unavailable, "UNAVAILABLE"),
+    (GrpcCode::DataLoss, "DATA_LOSS"),
+    (GrpcCode::Unauthenticated, "UNAUTHENTICATED"),
+];
+
+impl GrpcCode {
+    /// The code numbered `number`; `None` past 16.
+    pub fn from_number(number: u32) -> Option<Self> {
+        CODES.get(number as usize).map(|(code, _)| *code)
+    }
+
+    /// The wire number.
+    pub const fn number(self) -> u32 {
+        self as u32
+    }
+
+    /// The canonical name (`UNAVAILABLE`).
+    pub fn name(self) -> &'static str {
+        CODES[self as usize].1
+    }
+
+    /// The codes released by default (the claim undone, the key free for the
+    /// retry): those that say the call did not run, or ran out of time or room
+    /// before it could — `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
+    /// `RESOURCE_EXHAUSTED`.
+    pub const RELEASED_BY_DEFAULT: [GrpcCode; 3] = [
+        GrpcCode::Unavailable,
+        GrpcCode::DeadlineExceeded,
+        GrpcCode::ResourceExhausted,
+    ];
+}
+
+impl fmt::Display for GrpcCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a text is not a gRPC status code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a gRPC status code: {0:?} (a name such as UNAVAILABLE, or a number 0-16)")]
+pub struct UnknownGrpcCode(pub String);
+
+impl FromStr for GrpcCode {
+    type Err = UnknownGrpcCode;
+
+    /// A code by its name in any case (`unavailable`, `UNAVAILABLE`) or number.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        if let Ok(number) = text.parse::<u32>() {
+            return Self::from_number(number).ok_or_else(|| UnknownGrpcCode(text.to_owned()));
+        }
+        CODES
+            .iter()
+            .find(|(_, name)| name.eq_ignore_ascii_case(text))
+            .map(|(code, _)| *code)
+            .ok_or_else(|| UnknownGrpcCode(text.to_owned()))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for GrpcCode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Whether `headers` (a request's or a response's) say gRPC:
+/// `content-type: application/grpc`, or one of its `+proto`/`+json` forms.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            let essence = value.split(';').next().unwrap_or_default().trim();
+            let Some(rest) = essence
+                .get(..16)
+                .filter(|head| head.eq_ignore_ascii_case("application/grpc"))
+                .map(|_| &essence[16..])
+            else {
+                return false;
+            };
+            rest.is_empty() || rest.starts_with('+')
+        })
+}
+
+/// The status of a gRPC answer: `grpc-status` in its trailers, or in its
+/// headers for a Trailers-Only answer; `UNKNOWN` when neither has a valid one
+/// (an answer cut short, or not gRPC after all).
+pub(crate) fn status_of(headers: &HeaderMap, trailers: &[(HeaderName, HeaderValue)]) -> GrpcCode {
+    trailers
+        .iter()
+        .find(|(name, _)| *name == GRPC_STATUS)
+        .map(|(_, value)| value)
+        .or_else(|| headers.get(&GRPC_STATUS))
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse::<u32>().ok())
+        .and_then(GrpcCode::from_number)
+        .unwrap_or(GrpcCode::Unknown)
+}
+
+/// What [`crate::finality::settlement_for`] reads for a gRPC answer with
+/// `code`, whose HTTP status is 200 whatever happened: the code in HTTP's
+/// terms, and a mark when the route decides for it (PROTOCOL §24).
+///
+/// - a code in `released` (by default [`GrpcCode::RELEASED_BY_DEFAULT`]):
+///   released, the retry runs the call;
+/// - `UNKNOWN`, `INTERNAL`, `DATA_LOSS`, `CANCELLED` — the call may have run
+///   part way — are server errors: stored as `FAILED` or released by the
+///   route's server-error policy, as an HTTP 5xx is;
+/// - `OK` and every deterministic error (`INVALID_ARGUMENT`, `NOT_FOUND`,
+///   `FAILED_PRECONDITION`, …): final, stored and replayed.
+pub(crate) fn settlement_status(
+    code: GrpcCode,
+    released: &[GrpcCode],
+) -> (StatusCode, Option<Finality>) {
+    if released.contains(&code) {
+        return (StatusCode::OK, Some(Finality::Retryable));
+    }
+    match code {
+        GrpcCode::Unknown | GrpcCode::Internal | GrpcCode::DataLoss | GrpcCode::Cancelled => {
+            (StatusCode::INTERNAL_SERVER_ERROR, None)
+        }
+        _ => (StatusCode::OK, Some(Finality::Final)),
+    }
+}
+
+/// The gRPC status a problem is answered with: the HTTP status it would have
+/// had, in gRPC's terms — with one choice of idemgate's own: a key reused with
+/// another message is `FAILED_PRECONDITION`, not `INVALID_ARGUMENT`. The
+/// message is a valid one; what it conflicts with is the state the key is in
+/// (gRPC's own rule: "`INVALID_ARGUMENT` indicates arguments that are
+/// problematic regardless of the state of the system"), and no retry policy
+/// retries it.
+pub(crate) fn code_for(problem: &ProblemDetails) -> GrpcCode {
+    if problem.slug() == Some(idemgate_core::wire::KEY_REUSED) {
+        return GrpcCode::FailedPrecondition;
+    }
+    match problem.status {
+        400 | 422 => GrpcCode::InvalidArgument,
+        401 => GrpcCode::Unauthenticated,
+        403 => GrpcCode::PermissionDenied,
+        404 => GrpcCode::NotFound,
+        // 409 is the layer's "in progress": another attempt holds the key.
+        409 => GrpcCode::Aborted,
+        412 | 428 => GrpcCode::FailedPrecondition,
+        413 | 429 => GrpcCode::ResourceExhausted,
+        499 => GrpcCode::Cancelled,
+        501 => GrpcCode::Unimplemented,
+        502 | 503 => GrpcCode::Unavailable,
+        504 => GrpcCode::DeadlineExceeded,
+        500..=599 => GrpcCode::Internal,
+        _ => GrpcCode::Unknown,
+    }
+}
+
+/// `problem` as a Trailers-Only gRPC answer: HTTP 200, `content-type:
+/// application/grpc`, `grpc-status`, `grpc-message` (the problem's detail) and,
+/// when the problem has a `Retry-After`, `grpc-retry-pushback-ms` — and no
+/// body (the returned bytes are empty).
+pub(crate) fn render(problem: &ProblemDetails) -> (Response<Body>, Bytes) {
+    let mut response = Response::new(Body::empty());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        GRPC_STATUS.clone(),
+        HeaderValue::from(code_for(problem).number()),
+    );
+    if let Ok(message) = HeaderValue::from_str(&percent_encode(&problem.detail)) {
+        headers.insert(GRPC_MESSAGE.clone(), message);
+    }
+    if let Some(after) = problem.retry_after {
+        headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), pushback(after));
+    }
+    (response, Bytes::new())
+}
+
+fn pushback(after: Duration) -> HeaderValue {
+    HeaderValue::from(u64::try_from(after.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `message` as `grpc-message` carries it: bytes outside printable ASCII, and
+/// `%`, percent-encoded (the gRPC HTTP/2 protocol's rule).
+fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for &byte in message.as_bytes() {
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// How many length-prefixed messages a gRPC request body holds (each a
+/// compressed flag, a 4-byte big-endian length, the message); `None` when the
+/// body is not made of whole messages. A unary call's is exactly one.
+pub(crate) fn message_count(body: &[u8]) -> Option<usize> {
+    let mut rest = body;
+    let mut count = 0;
+    while !rest.is_empty() {
+        let [flag, a, b, c, d, ..] = *rest else {
+            return None;
+        };
+        if flag > 1 {
+            return None;
+        }
+        let len = u32::from_be_bytes([a, b, c, d]) as usize;
+        rest = rest.get(5 + len..)?;
+        count += 1;
+    }
+    Some(count)
+}
+
+/// The problem a keyed gRPC request that is not one whole message gets:
+/// `INVALID_ARGUMENT`. A streaming call has no single outcome to store, and
+/// its request stream may never end before its answers begin, so it is not
+/// keyed (PROTOCOL §24); clients key unary calls only.
+pub(crate) fn unary_message_count(body: &[u8]) -> Result<(), ProblemDetails> {
+    match message_count(body) {
+        Some(1) => Ok(()),
+        found => Err(ProblemDetails::new(
+            StatusCode::BAD_REQUEST,
+            "grpc-not-unary",
+            "Keyed gRPC call is not unary",
+            match found {
+                Some(count) => format!(
+                    "a keyed gRPC call carries exactly one message; this one carries {count}: streaming calls are not keyed"
+                ),
+                None => "the request body is not a sequence of gRPC messages".to_owned(),
+            },
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_parse_by_name_or_number_and_print_by_name() {
+        assert_eq!("unavailable".parse(), Ok(GrpcCode::Unavailable));
+        assert_eq!("14".parse(), Ok(GrpcCode::Unavailable));
+        assert!("17".parse::<GrpcCode>().is_err());
+        assert!("SLOW".parse::<GrpcCode>().is_err());
+        for (number, (code, name)) in CODES.iter().enumerate() {
+            assert_eq!(code.number() as usize, number);
+            assert_eq!(code.name(), *name);
+        }
+    }
+
+    #[test]
+    fn grpc_content_types_are_recognized() {
+        let grpc = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+            is_grpc(&headers)
+        };
+        assert!(grpc("application/grpc"));
+        assert!(grpc("application/grpc+proto"));
+        assert!(grpc("Application/GRPC; charset=utf-8"));
+        assert!(!grpc("application/grpc-web"));
+        assert!(!grpc("application/json"));
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn the_status_is_read_from_trailers_then_headers() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(status_of(&headers, &[]), GrpcCode::Unknown);
+        headers.insert(GRPC_STATUS.clone(), HeaderValue::from_static("5"));
+        assert_eq!(status_of(&headers, &[]), GrpcCode::NotFound);
+        let trailers = [(GRPC_STATUS.clone(), HeaderValue::from_static("0"))];
+        assert_eq!(status_of(&headers, &trailers), GrpcCode::Ok);
+    }
+
+    #[test]
+    fn outcomes_settle_by_the_route_s_released_codes() {
+        let released = GrpcCode::RELEASED_BY_DEFAULT;
+        assert_eq!(
+            settlement_status(GrpcCode::Ok, &released),
+            (StatusCode::OK, Some(Finality::Final))
+        );
+        assert_eq!(
+            settlement_status(GrpcCode::FailedPrecondition, &released),
+            (StatusCode::OK, Some(Finality::Final))
+        );
+        assert_eq!(
+            settlement_status(GrpcCode::Unavailable, &released).1,
+            Some(Finality::Retryable)
+        );
+        assert_eq!(
+            settlement_status(GrpcCode::Internal, &released),
+            (StatusCode::INTERNAL_SERVER_ERROR, None)
+        );
+        assert_eq!(
+            settlement_status(GrpcCode::Aborted, &[GrpcCode::Aborted]).1,
+            Some(Finality::Retryable)
+        );
+    }
+
+    #[test]
+    fn problems_become_statuses_with_pushback() {
+        let busy = ProblemDetails::in_progress(Duration::from_millis(1_500));
+        let (response, body) = render(&busy);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(body.is_empty());
+        assert_eq!(response.headers()[&GRPC_STATUS], "10");
+        assert_eq!(response.headers()[&GRPC_RETRY_PUSHBACK_MS], "1500");
+        assert_eq!(code_for(&ProblemDetails::key_reused()), GrpcCode::FailedPrecondition);
+        assert_eq!(
+            code_for(&ProblemDetails::store_unavailable(Duration::from_secs(1))),
+            GrpcCode::Unavailable
+        );
+        assert_eq!(code_for(&ProblemDetails::missing_key()), GrpcCode::InvalidArgument);
+        assert_eq!(code_for(&ProblemDetails::handler_failed()), GrpcCode::Internal);
+    }
+
+    #[test]
+    fn messages_are_percent_encoded() {
+        assert_eq!(percent_encode("in progress: 50%"), "in progress: 50%25");
+        assert_eq!(percent_encode("déjà"), "d%C3%A9j%C3%A0");
+    }
+
+    #[test]
+    fn only_one_whole_message_is_unary() {
+        let one = [0, 0, 0, 0, 2, b'h', b'i'];
+        assert_eq!(message_count(&one), Some(1));
+        assert_eq!(message_count(&[one, one].concat()), Some(2));
+        assert_eq!(message_count(&[]), Some(0));
+        assert_eq!(message_count(&one[..6]), None);
+        assert!(unary_message_count(&one).is_ok());
+        assert_eq!(unary_message_count(&[]).unwrap_err().status, 400);
+    }
+}

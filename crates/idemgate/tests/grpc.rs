@@ -1,0 +1,252 @@
+//! gRPC calls through the layer in-process (PROTOCOL §24), with a handler that
+//! answers as a gRPC server does: HTTP 200, one length-prefixed message, the
+//! outcome in trailers (`grpc-status`, `grpc-message`, trailing metadata).
+//!
+//! A retry replays the message and the trailers byte for byte, custom
+//! metadata included; another message under the key is `FAILED_PRECONDITION`;
+//! a call in flight is `ABORTED` with `grpc-retry-pushback-ms`; `UNAVAILABLE`
+//! releases the claim, `INTERNAL` is stored; a streaming call with a key is
+//! `INVALID_ARGUMENT`; a store outage is `UNAVAILABLE`. Every answer the layer
+//! gives is HTTP 200 with a `grpc-status`, never an HTTP error.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
+use axum::response::Response;
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idemgate::{IdempotencyLayer, MemoryStore, Principal, Store};
+use support::{FaultyStore, new_key};
+use tower::ServiceExt;
+
+const METHOD: &str = "/shop.Orders/CreateOrder";
+
+/// The handler's runs, and how long each one takes.
+#[derive(Default)]
+struct Server {
+    runs: AtomicUsize,
+    pause: std::sync::Mutex<Duration>,
+}
+
+/// `bytes` as one gRPC message (not compressed).
+fn message(bytes: &[u8]) -> Vec<u8> {
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    framed.extend_from_slice(bytes);
+    framed
+}
+
+/// Answers the status the request's `x-answer` metadata names (`0` unless
+/// told), with a reply naming the run and a trailing `x-receipt-bin`.
+async fn create_order(State(server): State<Arc<Server>>, request: Request<Body>) -> Response {
+    let run = server.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let pause = *server.pause.lock().unwrap();
+    tokio::time::sleep(pause).await;
+    let status = request
+        .headers()
+        .get("x-answer")
+        .map_or("0", |value| value.to_str().unwrap())
+        .to_owned();
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_str(&status).unwrap());
+    trailers.insert("grpc-message", HeaderValue::from_static("run%20done"));
+    trailers.append("x-receipt-bin", HeaderValue::from_str(&format!("cnVu{run}")).unwrap());
+    trailers.append("x-receipt-bin", HeaderValue::from_static("dHdv"));
+    let frames = [
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from(message(
+            format!("order {run}").as_bytes(),
+        )))),
+        Ok(http_body::Frame::trailers(trailers)),
+    ];
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/grpc")
+        .header("grpc-encoding", "identity")
+        .body(Body::new(http_body_util::StreamBody::new(
+            futures_util::stream::iter(frames),
+        )))
+        .unwrap()
+}
+
+fn app(store: impl Store + 'static, server: Arc<Server>) -> Router {
+    Router::new()
+        .route(METHOD, post(create_order))
+        .route_layer(IdempotencyLayer::new(store))
+        .layer(axum::middleware::from_fn(
+            |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+                request
+                    .extensions_mut()
+                    .insert(Principal::new("user:alice"));
+                next.run(request).await
+            },
+        ))
+        .with_state(server)
+}
+
+/// One call's answer, read whole: status, headers, body bytes and trailers.
+struct Call {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: HeaderMap,
+}
+
+impl Call {
+    /// `grpc-status`: from the trailers, or the headers (Trailers-Only).
+    fn grpc_status(&self) -> &str {
+        self.trailers
+            .get("grpc-status")
+            .or_else(|| self.headers.get("grpc-status"))
+            .expect("every answer has a grpc-status")
+            .to_str()
+            .unwrap()
+    }
+
+    fn replayed(&self) -> bool {
+        self.headers.get("idempotent-replayed").is_some()
+    }
+}
+
+async fn call(app: &Router, key: &str, body: Vec<u8>, answer: &str) -> Call {
+    let request = Request::post(METHOD)
+        .header(header::CONTENT_TYPE, "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", key)
+        .header("x-answer", answer)
+        .body(Body::from(body))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    Call {
+        status: parts.status,
+        headers: parts.headers,
+        body: collected.to_bytes(),
+        trailers,
+    }
+}
+
+fn order() -> Vec<u8> {
+    message(b"\x0a\x05pizza")
+}
+
+#[tokio::test]
+async fn a_retry_replays_the_reply_and_its_trailers_byte_for_byte() {
+    let server = Arc::new(Server::default());
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let key = new_key();
+    let first = call(&app, &key, order(), "0").await;
+    let retry = call(&app, &key, order(), "0").await;
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.grpc_status(), "0");
+    assert!(!first.replayed() && retry.replayed());
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.body, Bytes::from(message(b"order 1")));
+    assert_eq!(retry.trailers, first.trailers);
+    let receipts: Vec<_> = retry.trailers.get_all("x-receipt-bin").iter().collect();
+    assert_eq!(receipts, ["cnVu1", "dHdv"]);
+    assert_eq!(retry.headers["grpc-encoding"], "identity");
+    assert_eq!(retry.headers[header::CONTENT_TYPE], "application/grpc");
+}
+
+#[tokio::test]
+async fn another_message_under_the_key_is_failed_precondition() {
+    let server = Arc::new(Server::default());
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let key = new_key();
+    call(&app, &key, order(), "0").await;
+    let other = call(&app, &key, message(b"\x0a\x05sushi"), "0").await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.grpc_status(), "9");
+    assert!(other.body.is_empty());
+    assert!(other.headers.get("grpc-message").is_some());
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_call_in_flight_is_aborted_with_pushback_and_runs_once() {
+    let server = Arc::new(Server::default());
+    *server.pause.lock().unwrap() = Duration::from_millis(400);
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let key = new_key();
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let calls: Vec<_> = (0..2)
+        .map(|i| {
+            let (app, key, barrier) = (app.clone(), key.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                if i == 1 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                call(&app, &key, order(), "0").await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in calls {
+        answers.push(task.await.unwrap());
+    }
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(answers[0].grpc_status(), "0");
+    let busy = &answers[1];
+    assert_eq!(busy.status, StatusCode::OK);
+    assert_eq!(busy.grpc_status(), "10");
+    let pushback: u64 = busy.headers["grpc-retry-pushback-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(pushback > 0);
+}
+
+#[tokio::test]
+async fn unavailable_releases_the_call_and_internal_is_stored() {
+    let server = Arc::new(Server::default());
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let key = new_key();
+    assert_eq!(call(&app, &key, order(), "14").await.grpc_status(), "14");
+    let retried = call(&app, &key, order(), "0").await;
+    assert_eq!(retried.grpc_status(), "0");
+    assert!(!retried.replayed());
+    assert_eq!(server.runs.load(Ordering::SeqCst), 2);
+
+    let key = new_key();
+    let failed = call(&app, &key, order(), "13").await;
+    let replayed = call(&app, &key, order(), "0").await;
+    assert_eq!(server.runs.load(Ordering::SeqCst), 3);
+    assert!(replayed.replayed());
+    assert_eq!(replayed.grpc_status(), "13");
+    assert_eq!(replayed.trailers, failed.trailers);
+}
+
+#[tokio::test]
+async fn a_keyed_streaming_call_is_invalid_argument_and_does_not_run() {
+    let server = Arc::new(Server::default());
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let two = [order(), order()].concat();
+    let refused = call(&app, &new_key(), two, "0").await;
+    assert_eq!(refused.status, StatusCode::OK);
+    assert_eq!(refused.grpc_status(), "3");
+    assert_eq!(server.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_store_outage_is_unavailable() {
+    let server = Arc::new(Server::default());
+    let store = FaultyStore::default();
+    store.claims_fail.store(true, Ordering::SeqCst);
+    let app = app(store, Arc::clone(&server));
+    let answer = call(&app, &new_key(), order(), "0").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.grpc_status(), "14");
+    assert_eq!(server.runs.load(Ordering::SeqCst), 0);
+}
