@@ -27,10 +27,10 @@ use idemgate_core::{
 use crate::config::Config;
 use crate::context::OperationContext;
 use crate::finality::{Finality, Settlement, settlement_for};
+use crate::grpc;
 use crate::handler::Handler;
 use crate::problem::ProblemDetails;
 use crate::recording::{Lost, Recorded, Recording};
-use crate::grpc;
 use crate::response::{ReplayRequest, body_with_trailers, field_list, replay};
 use crate::telemetry::{count, count_stream, timed};
 
@@ -434,9 +434,12 @@ impl Execution {
             return ProblemDetails::handler_failed().into_response();
         }
         let mark = handled.parts.extensions.get::<Finality>().copied();
-        // A gRPC answer is 200 whatever happened: its outcome is `grpc-status`.
-        let (status, mark) = match &handled.body {
-            CollectedBody::Complete { trailers, .. }
+        // A gRPC answer is 200 whatever happened: its outcome is `grpc-status`
+        // — unless it is a problem, settled by its HTTP status as for anyone.
+        let problem_status = handled.parts.extensions.get::<grpc::ProblemStatus>();
+        let (status, mark) = match (&handled.body, problem_status) {
+            (_, Some(grpc::ProblemStatus(status))) => (*status, mark),
+            (CollectedBody::Complete { trailers, .. }, None)
                 if mark.is_none() && grpc::is_grpc(&handled.parts.headers) =>
             {
                 let code = grpc::status_of(&handled.parts.headers, trailers);

@@ -35,8 +35,43 @@ pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 pub static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms`: how long a client's retry policy waits before its
 /// next attempt (gRFC A6).
-pub static GRPC_RETRY_PUSHBACK_MS: HeaderName =
-    HeaderName::from_static("grpc-retry-pushback-ms");
+pub static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// `grpc-timeout`: the call's deadline, relative (gRPC over HTTP/2).
+pub static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// A `grpc-timeout` value: at most 8 digits and a unit (`H`ours, `M`inutes,
+/// `S`econds, `m`illi-, `u` micro-, `n`anoseconds); `None` when malformed.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(idemgate::grpc::parse_timeout(b"1500m"), Some(Duration::from_millis(1500)));
+/// assert_eq!(idemgate::grpc::parse_timeout(b"2S"), Some(Duration::from_secs(2)));
+/// assert_eq!(idemgate::grpc::parse_timeout(b"123456789S"), None);
+/// ```
+pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let amount: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(amount * 3600),
+        b'M' => Duration::from_secs(amount * 60),
+        b'S' => Duration::from_secs(amount),
+        b'm' => Duration::from_millis(amount),
+        b'u' => Duration::from_micros(amount),
+        b'n' => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// A problem answered to a gRPC call keeps its HTTP status here (in the
+/// answer's extensions): the record is settled by it as for any request — a
+/// proxy's `504` after the request went out may have run, and is stored,
+/// though `DEADLINE_EXCEEDED` from the service itself is released.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProblemStatus(pub(crate) StatusCode);
 
 /// The status codes of gRPC (`grpc/doc/statuscodes.md`), by their wire number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -255,6 +290,8 @@ pub(crate) fn code_for(problem: &ProblemDetails) -> GrpcCode {
 /// body (the returned bytes are empty).
 pub(crate) fn render(problem: &ProblemDetails) -> (Response<Body>, Bytes) {
     let mut response = Response::new(Body::empty());
+    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.extensions_mut().insert(ProblemStatus(status));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(
@@ -403,13 +440,22 @@ mod tests {
         assert!(body.is_empty());
         assert_eq!(response.headers()[&GRPC_STATUS], "10");
         assert_eq!(response.headers()[&GRPC_RETRY_PUSHBACK_MS], "1500");
-        assert_eq!(code_for(&ProblemDetails::key_reused()), GrpcCode::FailedPrecondition);
+        assert_eq!(
+            code_for(&ProblemDetails::key_reused()),
+            GrpcCode::FailedPrecondition
+        );
         assert_eq!(
             code_for(&ProblemDetails::store_unavailable(Duration::from_secs(1))),
             GrpcCode::Unavailable
         );
-        assert_eq!(code_for(&ProblemDetails::missing_key()), GrpcCode::InvalidArgument);
-        assert_eq!(code_for(&ProblemDetails::handler_failed()), GrpcCode::Internal);
+        assert_eq!(
+            code_for(&ProblemDetails::missing_key()),
+            GrpcCode::InvalidArgument
+        );
+        assert_eq!(
+            code_for(&ProblemDetails::handler_failed()),
+            GrpcCode::Internal
+        );
     }
 
     #[test]

@@ -609,6 +609,9 @@ impl ProblemStyle {
             parts.headers.remove(name);
         }
         parts.headers.extend(styled.headers);
+        if let Some(status) = styled.extensions.get::<crate::grpc::ProblemStatus>() {
+            parts.extensions.insert(*status);
+        }
         Response::from_parts(parts, body)
     }
 }

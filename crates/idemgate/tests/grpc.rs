@@ -57,7 +57,10 @@ async fn create_order(State(server): State<Arc<Server>>, request: Request<Body>)
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_str(&status).unwrap());
     trailers.insert("grpc-message", HeaderValue::from_static("run%20done"));
-    trailers.append("x-receipt-bin", HeaderValue::from_str(&format!("cnVu{run}")).unwrap());
+    trailers.append(
+        "x-receipt-bin",
+        HeaderValue::from_str(&format!("cnVu{run}")).unwrap(),
+    );
     trailers.append("x-receipt-bin", HeaderValue::from_static("dHdv"));
     let frames = [
         Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from(message(
