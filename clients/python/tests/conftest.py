@@ -247,13 +247,13 @@ class Relay:
 
 
 class Proxy:
-    """``idemgate proxy`` in front of ``upstream``, on a memory store, with the
-    route file ``config`` when one is given."""
+    """``idemgate proxy`` in front of ``upstream``, on ``store`` (memory unless
+    told), with the route file ``config`` when one is given."""
 
-    def __init__(self, upstream: str, config: str | None = None) -> None:
+    def __init__(self, upstream: str, config: str | None = None, store: str = "memory") -> None:
         command = [
             binary("idemgate"), "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0",
-            "--admin-listen", "127.0.0.1:0", "--idempotency-store", "memory",
+            "--admin-listen", "127.0.0.1:0", "--idempotency-store", store,
         ]  # fmt: skip
         if config is not None:
             command += ["--config", config]

@@ -21,6 +21,7 @@ use http::header::{
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use idemgate::grpc::GRPC_TIMEOUT;
 use idemgate::{Finality, OperationContext};
 use serde::Deserialize;
 use sha1::{Digest, Sha1};
@@ -29,7 +30,7 @@ use tower_service::Service;
 
 use crate::body::{ClientBody, UpstreamBody};
 use crate::headers::{IDEMPOTENCY_KEY, add_forwarded, remove_hop_by_hop};
-use crate::pool::{SendError, UpstreamPool};
+use crate::pool::{SendError, UpstreamPool, UpstreamProtocol};
 use crate::problem;
 use crate::upstream::Upstream;
 
@@ -124,7 +125,7 @@ impl Forward {
     /// connections"); the last clone's drop closes them.
     pub fn new(upstream: Upstream, timeout: Duration) -> Self {
         Self {
-            client: UpstreamPool::new(upstream.authority_parts()),
+            client: UpstreamPool::new(upstream.authority_parts(), UpstreamProtocol::default()),
             upstream: Arc::new(upstream),
             timeout,
             host: HostHeader::Client,
@@ -134,6 +135,19 @@ impl Forward {
             idle: timeout,
             deadline: None,
         }
+    }
+
+    /// Which protocol the upstream is spoken to in (default
+    /// [`UpstreamProtocol::Auto`]: HTTP/2 for gRPC calls, HTTP/1.1 for the
+    /// rest). The connections kept so far are dropped.
+    ///
+    /// ```
+    /// # let forward = idemgate_proxy::Forward::new("http://127.0.0.1:3000".parse().unwrap(), std::time::Duration::from_secs(30));
+    /// let forward = forward.with_upstream_protocol(idemgate_proxy::UpstreamProtocol::H2c);
+    /// ```
+    pub fn with_upstream_protocol(mut self, protocol: UpstreamProtocol) -> Self {
+        self.client = UpstreamPool::new(self.upstream.authority_parts(), protocol);
+        self
     }
 
     /// Which `Host` the upstream receives (default: the client's).
@@ -204,6 +218,10 @@ impl Forward {
     /// One exchange with the upstream.
     pub(crate) async fn send(&self, mut request: Request<Body>) -> Response<Body> {
         let echo = self.echo(&request);
+        let grpc_deadline = request
+            .headers()
+            .get(&GRPC_TIMEOUT)
+            .and_then(|value| idemgate::grpc::parse_timeout(value.as_bytes()));
         // Taken before the headers are cleaned: a WebSocket upgrade is the one
         // hop-by-hop exchange a proxy carries on, by tunnelling both connections.
         // A covered request never upgrades (PITFALLS 29).
@@ -216,10 +234,14 @@ impl Forward {
         let client_failed = Arc::new(AtomicBool::new(false));
         let request =
             request.map(|body| Body::new(ClientBody::new(body, Arc::clone(&client_failed))));
-        let deadline = self
-            .deadline
-            .map(|length| (length, Instant::now() + length));
-        let head_wait = self.deadline.map_or(self.timeout, |d| d.min(self.timeout));
+        // A gRPC call's own deadline (`grpc-timeout`) bounds the whole call:
+        // past it the client has given up, and the upstream was told so too.
+        let deadline = match (self.deadline, grpc_deadline) {
+            (Some(route), Some(call)) => Some(route.min(call)),
+            (route, call) => route.or(call),
+        };
+        let deadline = deadline.map(|length| (length, Instant::now() + length));
+        let head_wait = deadline.map_or(self.timeout, |(d, _)| d.min(self.timeout));
         let sent = tokio::time::timeout(head_wait, self.client.send(request)).await;
         match sent {
             Ok(Ok(response)) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {

@@ -49,6 +49,7 @@ mod upstream;
 pub use forward::{DEFAULT_REJECTIONS, Forward, ForwardKey, HostHeader};
 pub use guard::{METHOD_OVERRIDE_HEADERS, MethodOverride, SafeMethodBodies, UnderscoreHeaders};
 pub use jwt::{JwksError, JwtPrincipal};
+pub use pool::UpstreamProtocol;
 pub use principal::HeaderPrincipal;
 pub use principal_source::PrincipalSource;
 pub use routes::{
@@ -66,6 +67,7 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ProxyConfig {
     upstream: Upstream,
     upstream_timeout: Duration,
+    upstream_protocol: UpstreamProtocol,
     host: HostHeader,
     https_clients: bool,
     path_policy: PathPolicy,
@@ -83,6 +85,7 @@ impl ProxyConfig {
         Self {
             upstream,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
+            upstream_protocol: UpstreamProtocol::default(),
             host: HostHeader::Client,
             https_clients: false,
             path_policy: PathPolicy::STRICT,
@@ -302,6 +305,19 @@ impl ProxyConfig {
         self
     }
 
+    /// Which protocol the upstream is spoken to in (default
+    /// [`UpstreamProtocol::Auto`]: HTTP/2 with prior knowledge for gRPC calls,
+    /// HTTP/1.1 for everything else).
+    ///
+    /// ```
+    /// # let config = idemgate_proxy::ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
+    /// let config = config.with_upstream_protocol(idemgate_proxy::UpstreamProtocol::H2c);
+    /// ```
+    pub fn with_upstream_protocol(mut self, protocol: UpstreamProtocol) -> Self {
+        self.upstream_protocol = protocol;
+        self
+    }
+
     /// What to do with content on `GET`, `HEAD` and `OPTIONS` where no route says
     /// (default: refuse, `400 unexpected-body`). See [`SafeMethodBodies`].
     ///
@@ -356,6 +372,7 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
         None => idempotency,
     };
     let forward = Forward::new(config.upstream, config.upstream_timeout)
+        .with_upstream_protocol(config.upstream_protocol)
         .with_host_header(config.host)
         .with_https_clients(config.https_clients);
     let guard = guard::Guard {

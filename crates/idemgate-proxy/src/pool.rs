@@ -32,6 +32,18 @@
 //!
 //! On a multi-thread runtime each of its threads has a list, which only costs
 //! some reuse.
+//!
+//! # HTTP/2
+//!
+//! A request that goes out in HTTP/2 (h2c with prior knowledge: every gRPC
+//! call under `--upstream-protocol auto`, the default, or every request under
+//! `h2c`; [`UpstreamProtocol`]) takes its worker's one HTTP/2 connection,
+//! multiplexed, opened at its first such request and again once it closes
+//! (a `GOAWAY`, the upstream gone). Its streams are bounded by the upstream's
+//! own `SETTINGS_MAX_CONCURRENT_STREAMS`: a request past it waits for a
+//! stream, as it would at the upstream. A request hyper hands back unsent (the
+//! connection closed under it) goes out once more on a new connection; one
+//! that was sent never does.
 
 use std::cell::RefCell;
 use std::io;
@@ -42,7 +54,8 @@ use axum::body::Body;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use thread_local::ThreadLocal;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -90,6 +103,8 @@ struct Shared {
     port: u16,
     /// How many connections each worker keeps.
     max_kept: usize,
+    /// Which requests go out in HTTP/2.
+    protocol: UpstreamProtocol,
     /// Each worker thread's connections, made at its first request.
     workers: ThreadLocal<RefCell<Kept>>,
 }
@@ -97,6 +112,8 @@ struct Shared {
 /// One worker's connections to the upstream, and its handles on the counters.
 struct Kept {
     list: Vec<Pooled>,
+    /// The worker's HTTP/2 connection, multiplexed, once one was needed.
+    h2: Option<http2::SendRequest<Body>>,
     opened: metrics::Counter,
     reused: metrics::Counter,
 }
@@ -107,6 +124,7 @@ impl Kept {
     fn new() -> Self {
         Self {
             list: Vec::new(),
+            h2: None,
             opened: metrics::counter!(CONNECTIONS_METRIC, "outcome" => "opened"),
             reused: metrics::counter!(CONNECTIONS_METRIC, "outcome" => "reused"),
         }
@@ -132,13 +150,18 @@ impl std::fmt::Debug for UpstreamPool {
 
 impl UpstreamPool {
     /// The connections to `authority` (`host[:port]`, port 80 when absent),
-    /// keeping at most [`DEFAULT_MAX_KEPT`] per worker.
-    pub(crate) fn new(authority: &http::uri::Authority) -> Self {
-        Self::with_max_kept(authority, DEFAULT_MAX_KEPT)
+    /// keeping at most [`DEFAULT_MAX_KEPT`] per worker, speaking `protocol`.
+    pub(crate) fn new(authority: &http::uri::Authority, protocol: UpstreamProtocol) -> Self {
+        Self::with_max_kept(authority, DEFAULT_MAX_KEPT, protocol)
     }
 
-    /// The connections to `authority`, keeping at most `max_kept` per worker.
-    pub(crate) fn with_max_kept(authority: &http::uri::Authority, max_kept: usize) -> Self {
+    /// The connections to `authority`, keeping at most `max_kept` HTTP/1
+    /// connections per worker.
+    pub(crate) fn with_max_kept(
+        authority: &http::uri::Authority,
+        max_kept: usize,
+        protocol: UpstreamProtocol,
+    ) -> Self {
         let host = authority.host();
         let host = host
             .strip_prefix('[')
@@ -154,6 +177,7 @@ impl UpstreamPool {
                 host: host.to_owned(),
                 port: authority.port_u16().unwrap_or(80),
                 max_kept,
+                protocol,
                 workers: ThreadLocal::new(),
             }),
         }
@@ -175,6 +199,9 @@ impl UpstreamPool {
         &self,
         request: Request<Body>,
     ) -> Result<Response<Incoming>, SendError> {
+        if self.shared.protocol.is_http2_for(request.headers()) {
+            return Box::pin(self.send_http2(request)).await;
+        }
         let Some((mut sender, idle)) = self.checkout() else {
             // Connecting (name resolution included) is boxed apart: it is rare
             // on keep-alive connections, and its state would enlarge every
@@ -273,6 +300,138 @@ impl UpstreamPool {
         });
         self.kept().borrow().opened.increment(1);
         Ok(sender)
+    }
+}
+
+impl UpstreamPool {
+    /// Sends `request` (origin-form URI, `Host` set) in HTTP/2 over this
+    /// worker's connection, opening it when there is none or it closed.
+    async fn send_http2(&self, request: Request<Body>) -> Result<Response<Incoming>, SendError> {
+        let request = self.http2_request(request);
+        let kept = {
+            let mut kept = self.kept().borrow_mut();
+            kept.h2.take_if(|sender| sender.is_closed());
+            kept.h2.clone()
+        };
+        let Some(mut sender) = kept else {
+            let mut sender = self.connect_http2().await?;
+            return sender
+                .send_request(request)
+                .await
+                .map_err(SendError::Exchange);
+        };
+        self.kept().borrow().reused.increment(1);
+        match sender.try_send_request(request).await {
+            Ok(response) => Ok(response),
+            Err(mut failed) => match failed.take_message() {
+                // Closed under it before it went out: nothing ran.
+                Some(unsent) => {
+                    tracing::debug!(
+                        "the upstream's HTTP/2 connection closed before the request went out; sending it on a new one"
+                    );
+                    let mut sender = self.connect_http2().await?;
+                    sender
+                        .send_request(unsent)
+                        .await
+                        .map_err(SendError::Exchange)
+                }
+                None => Err(SendError::Exchange(failed.into_error())),
+            },
+        }
+    }
+
+    /// `request` in HTTP/2's form: the target absolute (`:scheme` and
+    /// `:authority`, from `Host`, which HTTP/2 does not carry), and, for a
+    /// gRPC call, `te: trailers` — which gRPC requires and every gRPC client
+    /// sent, but which the proxy removed with the other hop-by-hop headers.
+    fn http2_request(&self, mut request: Request<Body>) -> Request<Body> {
+        let authority = request
+            .headers_mut()
+            .remove(http::header::HOST)
+            .and_then(|host| http::uri::Authority::try_from(host.as_bytes()).ok())
+            .unwrap_or_else(|| self.authority());
+        let mut parts = request.uri().clone().into_parts();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(authority);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+        *request.version_mut() = http::Version::HTTP_2;
+        if idemgate::grpc::is_grpc(request.headers()) {
+            request
+                .headers_mut()
+                .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+        }
+        request
+    }
+
+    /// The upstream's own `host:port`.
+    fn authority(&self) -> http::uri::Authority {
+        let host = &self.shared.host;
+        let text = match host.contains(':') {
+            true => format!("[{host}]:{}", self.shared.port),
+            false => format!("{host}:{}", self.shared.port),
+        };
+        http::uri::Authority::try_from(text)
+            .unwrap_or_else(|_| http::uri::Authority::from_static("upstream"))
+    }
+
+    /// A new HTTP/2 connection (h2c, prior knowledge), kept as this worker's;
+    /// its task spawned on this thread's runtime. Pinged while streams are
+    /// open, so a peer that vanished is noticed.
+    async fn connect_http2(&self) -> Result<http2::SendRequest<Body>, SendError> {
+        let stream = TcpStream::connect((self.shared.host.as_str(), self.shared.port))
+            .await
+            .map_err(SendError::Connect)?;
+        stream.set_nodelay(true).map_err(SendError::Connect)?;
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(HTTP2_PING)
+            .keep_alive_timeout(HTTP2_PING)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| SendError::Connect(io::Error::other(error)))?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(error = ?error, "an upstream HTTP/2 connection ended with an error");
+            }
+        });
+        let mut kept = self.kept().borrow_mut();
+        kept.opened.increment(1);
+        kept.h2 = Some(sender.clone());
+        Ok(sender)
+    }
+}
+
+/// How often an upstream HTTP/2 connection with open streams is pinged, and
+/// how long a ping may go unanswered before the connection is closed.
+const HTTP2_PING: Duration = Duration::from_secs(10);
+
+/// Which protocol the proxy speaks to its upstream (`--upstream-protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[non_exhaustive]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 for every request (a gRPC call then fails: gRPC needs HTTP/2).
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c) for every request.
+    H2c,
+    /// HTTP/2 (h2c) for gRPC calls (`content-type: application/grpc…`), which
+    /// need it, and HTTP/1.1 for every other request. The default: an upstream
+    /// serving both (tonic beside axum, a Go server with cmux) gets each in
+    /// its own, and an HTTP-only upstream sees no change.
+    #[default]
+    Auto,
+}
+
+impl UpstreamProtocol {
+    /// Whether a request with `headers` goes out in HTTP/2.
+    fn is_http2_for(self, headers: &http::HeaderMap) -> bool {
+        match self {
+            Self::Http1 => false,
+            Self::H2c => true,
+            Self::Auto => idemgate::grpc::is_grpc(headers),
+        }
     }
 }
 
@@ -381,7 +540,7 @@ mod tests {
                 }
             });
             Self {
-                pools: UpstreamPool::with_max_kept(&authority, max_kept),
+                pools: UpstreamPool::with_max_kept(&authority, max_kept, UpstreamProtocol::Http1),
                 connections,
                 answered,
             }
@@ -538,7 +697,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let authority = listener.local_addr().unwrap().to_string().parse().unwrap();
         drop(listener);
-        let pools = UpstreamPool::new(&authority);
+        let pools = UpstreamPool::new(&authority, UpstreamProtocol::Http1);
         let request = Request::get("/")
             .header(http::header::HOST, "x")
             .body(Body::empty())
@@ -606,12 +765,12 @@ mod tests {
 
     #[test]
     fn an_ipv6_upstream_is_connected_to_without_brackets() {
-        let pools = UpstreamPool::new(&"[::1]:8080".parse().unwrap());
+        let pools = UpstreamPool::new(&"[::1]:8080".parse().unwrap(), UpstreamProtocol::Auto);
         assert_eq!(
             (pools.shared.host.as_str(), pools.shared.port),
             ("::1", 8080)
         );
-        let pools = UpstreamPool::new(&"api.internal".parse().unwrap());
+        let pools = UpstreamPool::new(&"api.internal".parse().unwrap(), UpstreamProtocol::Auto);
         assert_eq!(
             (pools.shared.host.as_str(), pools.shared.port),
             ("api.internal", 80)

@@ -16,7 +16,9 @@ use idemgate::path::{
 use idemgate::problem::{ProblemShape, ProblemStyle};
 use idemgate::{ObservedResponses, ReplayedHeaders, UnlistableHeader};
 use idemgate_listener::ListenerOptions;
-use idemgate_proxy::{HostHeader, MethodOverride, Policy, SafeMethodBodies, UnderscoreHeaders};
+use idemgate_proxy::{
+    HostHeader, MethodOverride, Policy, SafeMethodBodies, UnderscoreHeaders, UpstreamProtocol,
+};
 
 use crate::config::{
     AdminToken, AuditSettings, ConfigError, LayerSettings, LogFormat, RedisPersistence,
@@ -723,6 +725,18 @@ pub struct ProxyArgs {
         value_name = "WHICH"
     )]
     pub upstream_host_header: HostHeader,
+
+    /// The protocol spoken to the upstream: `auto` (HTTP/2 with prior
+    /// knowledge, h2c, for gRPC calls, which need it; HTTP/1.1 for everything
+    /// else), `h2c` (HTTP/2 for every request) or `http1` (HTTP/1.1 only).
+    #[arg(
+        long,
+        env = "IDEMGATE_UPSTREAM_PROTOCOL",
+        value_enum,
+        default_value_t = UpstreamProtocol::Auto,
+        value_name = "PROTOCOL"
+    )]
+    pub upstream_protocol: UpstreamProtocol,
 
     /// A PEM file of the certificate chain the public listener presents; with
     /// --tls-key it speaks HTTPS (rustls) instead of plain HTTP. Without both, TLS

@@ -13,7 +13,7 @@ use idemgate::key::{ContentDedup, KeySource};
 use idemgate::problem::ProblemShape;
 use idemgate::webhook::{Provider, Webhook};
 use idemgate::{
-    ObservedResponses, ReplayedHeaders, ServerErrorPolicy, StrategyMode, UnlistableHeader,
+    GrpcCode, ObservedResponses, ReplayedHeaders, ServerErrorPolicy, StrategyMode, UnlistableHeader,
 };
 use serde::Deserialize;
 
@@ -200,6 +200,7 @@ struct RouteEntry {
     max_request_body: Option<usize>,
     max_stored_response: Option<usize>,
     server_errors: Option<ServerErrorPolicy>,
+    grpc_released: Option<Vec<GrpcCode>>,
     rejections: Option<Vec<Rejection>>,
     fingerprint: Option<FingerprintSetting>,
     forward_key: Option<ForwardKey>,
@@ -317,6 +318,7 @@ impl RouteEntry {
             server_errors: self
                 .server_errors
                 .or(webhook.is_some().then_some(ServerErrorPolicy::Release)),
+            grpc_released: self.grpc_released,
             fingerprint: self.fingerprint.map(|f| match f {
                 FingerprintSetting::Whole => BodySelection::Whole,
                 FingerprintSetting::Only(p) => {
@@ -691,6 +693,7 @@ mod tests {
             max_request_body = 65536
             max_stored_response = 4096
             server_errors = "release"
+            grpc_released = ["UNAVAILABLE", "aborted"]
             rejections = [400, 409]
             fingerprint = { only = ["/amount", "/currency"] }
             forward_key = "original"
@@ -722,6 +725,10 @@ mod tests {
         assert_eq!(policy.max_request_body, 65536);
         assert_eq!(policy.max_stored_response, 4096);
         assert_eq!(policy.server_errors, ServerErrorPolicy::Release);
+        assert_eq!(
+            policy.grpc_released,
+            [GrpcCode::Unavailable, GrpcCode::Aborted]
+        );
         assert_eq!(
             policy.rejections,
             vec![StatusCode::BAD_REQUEST, StatusCode::CONFLICT]

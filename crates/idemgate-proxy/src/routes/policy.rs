@@ -19,7 +19,7 @@ use idemgate::key::{ContentDedup, KeySource};
 use idemgate::path::PathFold;
 use idemgate::problem::ProblemShape;
 use idemgate::webhook::Webhook;
-use idemgate::{IdempotencyLayer, ObservedResponses, ServerErrorPolicy, StrategyMode};
+use idemgate::{GrpcCode, IdempotencyLayer, ObservedResponses, ServerErrorPolicy, StrategyMode};
 
 use crate::forward::{DEFAULT_REJECTIONS, Forward, ForwardKey};
 use crate::guard::{MethodOverride, SafeMethodBodies};
@@ -115,6 +115,9 @@ policy! {
     server_errors: ServerErrorPolicy = ServerErrorPolicy::default(),
     /// Which part of a JSON body the fingerprint covers (`fingerprint`).
     fingerprint: BodySelection = BodySelection::Whole,
+    /// gRPC statuses that release a call's claim, so its retry runs it
+    /// (`grpc_released`; PROTOCOL §24).
+    grpc_released: Vec<GrpcCode> = GrpcCode::RELEASED_BY_DEFAULT.to_vec(),
     /// Upstream statuses that release the claim: refused before anything
     /// happened (`rejections`).
     rejections: Vec<StatusCode> = DEFAULT_REJECTIONS.to_vec(),
@@ -215,6 +218,7 @@ impl Policy {
             .with_body_limit(self.max_request_body)
             .with_response_limit(self.max_stored_response)
             .with_server_error_policy(self.server_errors)
+            .with_grpc_released(self.grpc_released.iter().copied())
             .with_fingerprint_body(self.fingerprint.clone())
             .with_mode(self.mode)
             .with_observed_responses(self.observe_responses)

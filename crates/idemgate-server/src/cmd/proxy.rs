@@ -15,7 +15,7 @@ use idemgate_listener::tls::{self, TlsFile};
 use idemgate_listener::{Listener, ListenerOptions, raise_fd_limit};
 use idemgate_proxy::{
     HostHeader, JwtPrincipal, Policy, PrincipalSource, ProxyConfig, Routes, UnderscoreHeaders,
-    Upstream,
+    Upstream, UpstreamProtocol,
 };
 use std::path::Path;
 use tokio_rustls::rustls::ServerConfig;
@@ -50,6 +50,8 @@ pub struct ProxySettings {
     pub upstream_timeout: Duration,
     /// The Host the upstream receives.
     pub host_header: HostHeader,
+    /// Which requests go to the upstream in HTTP/2.
+    pub upstream_protocol: UpstreamProtocol,
     /// The default route: every route-overridable setting as the flags set it.
     pub policy: Policy,
     /// Per-route policies (empty without --config), checked over `policy`.
@@ -132,6 +134,7 @@ impl ProxySettings {
             principal: principal_source(args)?,
             upstream_timeout: Duration::from_millis(args.upstream_timeout_ms),
             host_header: args.upstream_host_header,
+            upstream_protocol: args.upstream_protocol,
             policy,
             routes,
             route_file,
@@ -156,6 +159,7 @@ impl ProxySettings {
         ProxyConfig::new(self.upstream.clone())
             .with_upstream_timeout(self.upstream_timeout)
             .with_host_header(self.host_header)
+            .with_upstream_protocol(self.upstream_protocol)
             .with_https_clients(self.tls.is_some())
             .with_path_policy(self.path_policy)
             .with_underscore_headers(self.underscore_headers)
