@@ -1,6 +1,7 @@
 //! The `Idempotency-Key` header (PROTOCOL §2), and where else a route may read
 //! its key ([`KeySource`], PROTOCOL §15).
 
+mod protobuf;
 mod source;
 
 pub use source::{ContentDedup, KeyInput, KeyOrigin, KeySource, KeySourceError};
@@ -67,6 +68,12 @@ pub enum KeyError {
         "the idempotency key is read from the JSON body, which is not valid JSON or names a member twice"
     )]
     BodyNotJson,
+    /// The route reads its key from a field of a gRPC message, and the body is
+    /// not one whole uncompressed message, or the field is not a string.
+    #[error(
+        "the idempotency key is read from a field of the gRPC message, which is not one whole uncompressed protobuf message, or the field is not a string"
+    )]
+    MessageUnreadable,
     /// The `Idempotency-Key` header and the route's own key source carry different
     /// keys: which one names the operation would be a guess (answers
     /// `ambiguous-key`).

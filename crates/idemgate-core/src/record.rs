@@ -150,7 +150,7 @@ pub struct StoredResponse {
     pub body: StoredBody,
     /// Trailer fields sent after the body, in order, repeats kept: a gRPC
     /// call's outcome (`grpc-status`, `grpc-message`, trailing metadata) lives
-    /// here (PROTOCOL §24). Empty for nearly every HTTP answer.
+    /// here (PROTOCOL §22). Empty for nearly every HTTP answer.
     pub trailers: Vec<(HeaderName, HeaderValue)>,
 }
 

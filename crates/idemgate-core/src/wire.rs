@@ -49,3 +49,21 @@ pub fn is_problem(type_uri: &str, slug: &str) -> bool {
         .strip_suffix(slug)
         .is_some_and(|base| base.ends_with(['/', ':', '#']))
 }
+
+/// Whether `content_type` is gRPC's: `application/grpc`, or one of its
+/// `+proto`/`+json` forms (not `application/grpc-web`, another protocol).
+///
+/// ```
+/// use idemgate_core::wire::is_grpc_content_type;
+/// assert!(is_grpc_content_type("application/grpc"));
+/// assert!(is_grpc_content_type("Application/GRPC+proto; charset=utf-8"));
+/// assert!(!is_grpc_content_type("application/grpc-web"));
+/// assert!(!is_grpc_content_type("application/json"));
+/// ```
+pub fn is_grpc_content_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    let Some((head, rest)) = essence.split_at_checked(16) else {
+        return false;
+    };
+    head.eq_ignore_ascii_case("application/grpc") && (rest.is_empty() || rest.starts_with('+'))
+}

@@ -101,7 +101,7 @@ pub(crate) struct Config {
     pub(crate) wait: Option<WaitMode>,
     pub(crate) server_error_policy: ServerErrorPolicy,
     /// The gRPC statuses whose call is released rather than stored
-    /// (PROTOCOL §24).
+    /// (PROTOCOL §22).
     pub(crate) grpc_released: Vec<crate::grpc::GrpcCode>,
     pub(crate) principal: Arc<dyn PrincipalExtractor>,
     pub(crate) path_source: PathSource,

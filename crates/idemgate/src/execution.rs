@@ -779,7 +779,7 @@ async fn collect(response: Response<Body>, limit: usize) -> Result<Handled, BoxE
             Ok(data) => data,
             Err(frame) => {
                 // Kept whole, repeats included: a gRPC call's
-                // outcome is its trailers (PROTOCOL §24).
+                // outcome is its trailers (PROTOCOL §22).
                 if let Ok(fields) = frame.into_trailers() {
                     trailers.extend(field_list(fields));
                 }

@@ -1,4 +1,4 @@
-//! gRPC calls (PROTOCOL §24): a unary call is an HTTP/2 `POST` whose outcome is
+//! gRPC calls (PROTOCOL §22): a unary call is an HTTP/2 `POST` whose outcome is
 //! in its trailers, and whose client reads only gRPC statuses.
 //!
 //! The protocol is the same as for any request — the key from the
@@ -201,17 +201,7 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| {
-            let essence = value.split(';').next().unwrap_or_default().trim();
-            let Some(rest) = essence
-                .get(..16)
-                .filter(|head| head.eq_ignore_ascii_case("application/grpc"))
-                .map(|_| &essence[16..])
-            else {
-                return false;
-            };
-            rest.is_empty() || rest.starts_with('+')
-        })
+        .is_some_and(idemgate_core::wire::is_grpc_content_type)
 }
 
 /// The status of a gRPC answer: `grpc-status` in its trailers, or in its
@@ -231,7 +221,7 @@ pub(crate) fn status_of(headers: &HeaderMap, trailers: &[(HeaderName, HeaderValu
 
 /// What [`crate::finality::settlement_for`] reads for a gRPC answer with
 /// `code`, whose HTTP status is 200 whatever happened: the code in HTTP's
-/// terms, and a mark when the route decides for it (PROTOCOL §24).
+/// terms, and a mark when the route decides for it (PROTOCOL §22).
 ///
 /// - a code in `released` (by default [`GrpcCode::RELEASED_BY_DEFAULT`]):
 ///   released, the retry runs the call;
@@ -348,7 +338,7 @@ pub(crate) fn message_count(body: &[u8]) -> Option<usize> {
 /// The problem a keyed gRPC request that is not one whole message gets:
 /// `INVALID_ARGUMENT`. A streaming call has no single outcome to store, and
 /// its request stream may never end before its answers begin, so it is not
-/// keyed (PROTOCOL §24); clients key unary calls only.
+/// keyed (PROTOCOL §22); clients key unary calls only.
 pub(crate) fn unary_message_count(body: &[u8]) -> Result<(), ProblemDetails> {
     match message_count(body) {
         Some(1) => Ok(()),

@@ -398,7 +398,7 @@ impl IdempotencyLayer {
     /// `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`). `OK` and the other
     /// deterministic statuses are stored and replayed; `UNKNOWN`, `INTERNAL`,
     /// `DATA_LOSS` and `CANCELLED` follow the server-error policy
-    /// (PROTOCOL §24).
+    /// (PROTOCOL §22).
     ///
     /// ```
     /// use idemgate::GrpcCode;

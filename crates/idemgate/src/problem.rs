@@ -557,7 +557,7 @@ impl ProblemStyle {
     }
 
     /// This style for the answers to a request: a gRPC call's problems are
-    /// gRPC statuses (PROTOCOL §24), whatever the route's shape.
+    /// gRPC statuses (PROTOCOL §22), whatever the route's shape.
     pub(crate) fn for_request(&self, grpc: bool) -> Self {
         Self {
             grpc,

@@ -80,7 +80,7 @@ static REPLAYED_BY_DEFAULT: [HeaderName; 32] = [
     HeaderName::from_static("request-id"),
     HeaderName::from_static("x-request-id"),
     // A gRPC answer's coding, and a Trailers-Only answer's outcome, which is
-    // in its headers (PROTOCOL §24).
+    // in its headers (PROTOCOL §22).
     HeaderName::from_static("grpc-encoding"),
     HeaderName::from_static("grpc-status"),
     HeaderName::from_static("grpc-message"),
@@ -255,7 +255,7 @@ pub(crate) struct ReplayRequest {
     /// (PROTOCOL §20).
     jsonrpc_id: Option<RequestId>,
     /// A gRPC call: the layer's problems are answered as gRPC statuses
-    /// (PROTOCOL §24).
+    /// (PROTOCOL §22).
     grpc: bool,
 }
 

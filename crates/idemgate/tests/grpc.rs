@@ -1,4 +1,4 @@
-//! gRPC calls through the layer in-process (PROTOCOL §24), with a handler that
+//! gRPC calls through the layer in-process (PROTOCOL §22), with a handler that
 //! answers as a gRPC server does: HTTP 200, one length-prefixed message, the
 //! outcome in trailers (`grpc-status`, `grpc-message`, trailing metadata).
 //!
@@ -78,9 +78,13 @@ async fn create_order(State(server): State<Arc<Server>>, request: Request<Body>)
 }
 
 fn app(store: impl Store + 'static, server: Arc<Server>) -> Router {
+    app_with(IdempotencyLayer::new(store), server)
+}
+
+fn app_with(layer: IdempotencyLayer, server: Arc<Server>) -> Router {
     Router::new()
         .route(METHOD, post(create_order))
-        .route_layer(IdempotencyLayer::new(store))
+        .route_layer(layer)
         .layer(axum::middleware::from_fn(
             |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
                 request
@@ -117,13 +121,19 @@ impl Call {
 }
 
 async fn call(app: &Router, key: &str, body: Vec<u8>, answer: &str) -> Call {
-    let request = Request::post(METHOD)
+    call_keyed(app, Some(key), body, answer).await
+}
+
+/// A call with the `idempotency-key` metadata when `key` is given.
+async fn call_keyed(app: &Router, key: Option<&str>, body: Vec<u8>, answer: &str) -> Call {
+    let mut request = Request::post(METHOD)
         .header(header::CONTENT_TYPE, "application/grpc")
         .header("te", "trailers")
-        .header("idempotency-key", key)
-        .header("x-answer", answer)
-        .body(Body::from(body))
-        .unwrap();
+        .header("x-answer", answer);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let request = request.body(Body::from(body)).unwrap();
     let response = app.clone().oneshot(request).await.unwrap();
     let (parts, body) = response.into_parts();
     let collected = body.collect().await.unwrap();
@@ -252,4 +262,40 @@ async fn a_store_outage_is_unavailable() {
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.grpc_status(), "14");
     assert_eq!(server.runs.load(Ordering::SeqCst), 0);
+}
+
+/// AIP-155: the key is the message's `request_id` (field 1), read without the
+/// schema; the metadata key, when also sent, must agree.
+#[tokio::test]
+async fn the_key_can_be_a_field_of_the_message() {
+    let server = Arc::new(Server::default());
+    let layer =
+        IdempotencyLayer::new(MemoryStore::new()).with_key_source("protobuf:1".parse().unwrap());
+    let app = app_with(layer, Arc::clone(&server));
+    // field 2 (item) before field 1 (request_id): order does not matter.
+    let request = |id: &str| {
+        let mut fields = b"\x12\x05pizza".to_vec();
+        fields.push(0x0a);
+        fields.push(id.len() as u8);
+        fields.extend_from_slice(id.as_bytes());
+        message(&fields)
+    };
+    let first = call_keyed(&app, None, request("req-1"), "0").await;
+    let retry = call_keyed(&app, None, request("req-1"), "0").await;
+    assert!(!first.replayed() && retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+    call_keyed(&app, None, request("req-2"), "0").await;
+    assert_eq!(server.runs.load(Ordering::SeqCst), 2);
+    // Metadata naming another key than the message's: refused, not run.
+    let ambiguous = call_keyed(&app, Some("other"), request("req-1"), "0").await;
+    assert_eq!(ambiguous.grpc_status(), "3");
+    // A compressed message cannot be read for its key.
+    let mut compressed = request("req-3");
+    compressed[0] = 1;
+    assert_eq!(
+        call_keyed(&app, None, compressed, "0").await.grpc_status(),
+        "3"
+    );
+    assert_eq!(server.runs.load(Ordering::SeqCst), 2);
 }

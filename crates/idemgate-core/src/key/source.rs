@@ -1,6 +1,6 @@
 //! Where a route's key comes from (PROTOCOL §15): the `Idempotency-Key` header,
 //! another header, a path parameter of the route template, a JSON pointer into
-//! the body, or a query parameter.
+//! the body, a query parameter, or a field of a gRPC call's message.
 //!
 //! Whatever the source, the value is validated as §2 says and becomes the same
 //! [`IdempotencyKey`]: scope, fingerprint, claim, replay and fencing are unchanged.
@@ -19,10 +19,11 @@ use crate::fingerprint::{
     BodySelection, Fingerprint, FingerprintInput, JsonMember, JsonPointer, PointerError, is_json,
     json_member,
 };
+use crate::wire::is_grpc_content_type;
 
 /// Where a route reads its idempotency key. Written `header:NAME`, `path:PARAM`,
-/// `json:/POINTER` or `query:NAME` (the proxy's `key = "…"`); the default is
-/// `header:Idempotency-Key`.
+/// `json:/POINTER`, `query:NAME` or `protobuf:FIELD` (the proxy's `key = "…"`);
+/// the default is `header:Idempotency-Key`.
 ///
 /// ```
 /// use idemgate_core::key::KeySource;
@@ -47,6 +48,10 @@ pub enum KeySource {
     Json(JsonPointer),
     /// A query parameter (`?request_id=…`).
     Query(String),
+    /// The string at a top-level field number of a gRPC call's message
+    /// (AIP-155's `request_id`; `protobuf:1`), read without the schema
+    /// (PROTOCOL §22).
+    Protobuf(u32),
 }
 
 impl Default for KeySource {
@@ -61,7 +66,7 @@ impl Default for KeySource {
 pub enum KeySourceError {
     /// Not one of the four kinds.
     #[error(
-        "a key source is \"header:NAME\", \"path:PARAM\", \"json:/POINTER\" or \"query:NAME\" (got {0:?})"
+        "a key source is \"header:NAME\", \"path:PARAM\", \"json:/POINTER\", \"query:NAME\" or \"protobuf:FIELD\" (got {0:?})"
     )]
     UnknownKind(String),
     /// `header:` with a name that is not a header name.
@@ -73,6 +78,9 @@ pub enum KeySourceError {
     /// `json:` with a bad pointer.
     #[error(transparent)]
     Pointer(#[from] PointerError),
+    /// `protobuf:` without a field number (1 to 536870911).
+    #[error("a protobuf field number is 1 to 536870911 (got {0:?})")]
+    FieldNumber(String),
 }
 
 impl FromStr for KeySource {
@@ -100,6 +108,12 @@ impl FromStr for KeySource {
             "path" => parameter(name).map(Self::Path),
             "json" => Ok(Self::Json(name.parse()?)),
             "query" => parameter(name).map(Self::Query),
+            "protobuf" => name
+                .parse::<u32>()
+                .ok()
+                .filter(|number| (1..=MAX_FIELD_NUMBER).contains(number))
+                .map(Self::Protobuf)
+                .ok_or_else(|| KeySourceError::FieldNumber(name.to_owned())),
             _ => Err(KeySourceError::UnknownKind(text.to_owned())),
         }
     }
@@ -112,6 +126,7 @@ impl fmt::Display for KeySource {
             Self::Path(param) => write!(f, "path:{param}"),
             Self::Json(pointer) => write!(f, "json:{pointer}"),
             Self::Query(name) => write!(f, "query:{name}"),
+            Self::Protobuf(number) => write!(f, "protobuf:{number}"),
         }
     }
 }
@@ -145,19 +160,21 @@ pub struct KeyInput<'a> {
 }
 
 impl KeySource {
-    /// The strategy's name in metrics: `header`, `path`, `json` or `query`.
+    /// The strategy's name in metrics: `header`, `path`, `json`, `query` or
+    /// `protobuf`.
     pub fn strategy(&self) -> &'static str {
         match self {
             Self::Header(_) => "header",
             Self::Path(_) => "path",
             Self::Json(_) => "json",
             Self::Query(_) => "query",
+            Self::Protobuf(_) => "protobuf",
         }
     }
 
     /// Whether the key is in the body, which must then be read before the key.
     pub fn reads_body(&self) -> bool {
-        matches!(self, Self::Json(_))
+        matches!(self, Self::Json(_) | Self::Protobuf(_))
     }
 
     /// The path parameter the key is, if it is one: the scope's path is then the
@@ -281,9 +298,29 @@ impl KeySource {
                     }
                 }
             }
+            Self::Protobuf(number) => {
+                let is_grpc = input.content_type.is_some_and(is_grpc_content_type);
+                if !is_grpc {
+                    return Ok(None);
+                }
+                match super::protobuf::string_field(input.body, *number) {
+                    Ok(None) => Ok(None),
+                    // An empty string is proto3's default: the field unset.
+                    Ok(Some(b"")) => Ok(None),
+                    Ok(Some(value)) => {
+                        let text =
+                            std::str::from_utf8(value).map_err(|_| KeyError::InvalidCharacter)?;
+                        IdempotencyKey::from_value(text, max_len).map(Some)
+                    }
+                    Err(_) => Err(KeyError::MessageUnreadable),
+                }
+            }
         }
     }
 }
+
+/// The largest protobuf field number (2^29 - 1).
+const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
 
 /// Content-based deduplication (PROTOCOL §16), opt-in per route: a covered
 /// request that carries no key gets one from its content — the SHA-256 of its
