@@ -1,5 +1,5 @@
 """Exactly-once unary gRPC calls through ``idemgate proxy`` (issue 34, PROTOCOL
-§24), with the real ``grpcio`` on both sides: a gRPC server whose
+§22), with the real ``grpcio`` on both sides: a gRPC server whose
 ``shop.Orders/CreateOrder`` counts its runs and answers with custom trailing
 metadata, the proxy in front of it (HTTP/2 to the upstream: ``--upstream-protocol
 auto`` sends gRPC calls in h2c), and a ``grpcio`` client sending the

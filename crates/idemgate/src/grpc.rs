@@ -15,6 +15,23 @@
 //!   status (always 200): [`settlement_status`].
 //! - **Only unary calls are keyed**: a keyed request carrying other than one
 //!   message is a streaming call, refused ([`unary_message_count`]).
+//!
+//! A tonic server is a tower service of HTTP requests, so the layer wraps it
+//! in-process, every method at once (`examples/grpc_orders` is a whole
+//! service; the key may also be a message's `request_id`,
+//! [`crate::key::KeySource::Protobuf`]):
+//!
+//! ```no_run
+//! use idemgate::{IdempotencyLayer, MemoryStore};
+//!
+//! # async fn serve(services: tonic::service::Routes) -> Result<(), tonic::transport::Error> {
+//! tonic::transport::Server::builder()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .add_routes(services) // or .add_service(OrdersServer::new(shop))
+//!     .serve("127.0.0.1:50051".parse().unwrap())
+//!     .await
+//! # }
+//! ```
 
 use std::fmt;
 use std::str::FromStr;

@@ -605,7 +605,9 @@ impl ProblemStyle {
         let (styled, _) = problem.render(self);
         let (styled, body) = styled.into_parts();
         parts.status = styled.status;
-        for name in [CONTENT_TYPE, CONTENT_LENGTH, LINK] {
+        // `Retry-After` too: the styled answer carries its own (a gRPC
+        // status says it as `grpc-retry-pushback-ms`).
+        for name in [CONTENT_TYPE, CONTENT_LENGTH, LINK, RETRY_AFTER] {
             parts.headers.remove(name);
         }
         parts.headers.extend(styled.headers);

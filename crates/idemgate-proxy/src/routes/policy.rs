@@ -116,7 +116,7 @@ policy! {
     /// Which part of a JSON body the fingerprint covers (`fingerprint`).
     fingerprint: BodySelection = BodySelection::Whole,
     /// gRPC statuses that release a call's claim, so its retry runs it
-    /// (`grpc_released`; PROTOCOL §24).
+    /// (`grpc_released`; PROTOCOL §22).
     grpc_released: Vec<GrpcCode> = GrpcCode::RELEASED_BY_DEFAULT.to_vec(),
     /// Upstream statuses that release the claim: refused before anything
     /// happened (`rejections`).

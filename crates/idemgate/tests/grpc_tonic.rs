@@ -1,0 +1,208 @@
+//! The example tonic service (`examples/grpc_orders`) with the idempotency
+//! layer in-process — `Server::builder().layer(IdempotencyLayer)` — and a real
+//! tonic client over HTTP/2 (PROTOCOL §22): the scenarios the proxy's gRPC
+//! suite runs through the binary, here in-process.
+//!
+//! A lost reply (the client gone mid-call) is replayed to the retry, one order
+//! created; a retry in flight waits for the outcome; another message under the
+//! key is `FAILED_PRECONDITION`; a deterministic error is replayed, `UNAVAILABLE`
+//! released; the key may be the message's `request_id` (AIP-155).
+
+#[path = "../examples/grpc_orders/shop.rs"]
+mod shop;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use idemgate::{IdempotencyLayer, MemoryStore, Principal, PrincipalError};
+use shop::{CreateOrderRequest, Order, OrdersServer, Shop};
+use tonic::transport::Channel;
+
+/// The service on a port of its own behind `layer` (a duplicate in flight
+/// waits up to 5 s for the outcome; replays repeat the `x-order-run` initial
+/// metadata, which like any header is replayed only when listed), and its
+/// shop.
+async fn serve(layer: IdempotencyLayer) -> (Channel, Arc<Shop>) {
+    let layer = layer
+        .with_wait(Duration::from_secs(5))
+        .with_replayed_header_names([http::HeaderName::from_static("x-order-run")]);
+    let by_tenant = |parts: &http::request::Parts| {
+        parts
+            .headers
+            .get("x-tenant")
+            .and_then(|value| value.to_str().ok())
+            .map(|tenant| Principal::new(format!("tenant:{tenant}")))
+            .ok_or(PrincipalError::Missing)
+    };
+    let shop = Arc::new(Shop::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tonic::transport::Server::builder()
+        .layer(layer.with_principal(by_tenant))
+        .add_service(OrdersServer::new(Arc::clone(&shop)));
+    tokio::spawn(server.serve_with_incoming(tokio_stream(listener)));
+    let channel = Channel::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (channel, shop)
+}
+
+/// `listener`'s connections as the stream tonic serves.
+fn tokio_stream(
+    listener: tokio::net::TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    })
+}
+
+fn order(item: &str, amount: i64) -> CreateOrderRequest {
+    CreateOrderRequest {
+        request_id: String::new(),
+        item: item.into(),
+        amount,
+    }
+}
+
+/// One `CreateOrder` call with `key` (when given) as metadata.
+async fn create(
+    channel: &Channel,
+    key: Option<&str>,
+    message: CreateOrderRequest,
+) -> Result<tonic::Response<Order>, tonic::Status> {
+    let mut client = tonic::client::Grpc::new(channel.clone());
+    client.ready().await.unwrap();
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-tenant", "acme".parse().unwrap());
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("idempotency-key", key.parse().unwrap());
+    }
+    client
+        .unary(
+            request,
+            PathAndQuery::from_static(shop::CREATE_ORDER),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+}
+
+fn replayed(response: &tonic::Response<Order>) -> bool {
+    response.metadata().get("idempotent-replayed").is_some()
+}
+
+fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+#[tokio::test]
+async fn a_lost_reply_is_replayed_and_the_order_created_once() {
+    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    *shop.pause.lock().unwrap() = Duration::from_millis(300);
+    let key = new_key();
+    let lost = {
+        let (channel, key) = (channel.clone(), key.clone());
+        tokio::spawn(async move { create(&channel, Some(&key), order("pizza", 1500)).await })
+    };
+    while shop.runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    lost.abort(); // the caller goes; its call is reset
+    assert!(lost.await.unwrap_err().is_cancelled());
+    *shop.pause.lock().unwrap() = Duration::ZERO;
+    let retry = create(&channel, Some(&key), order("pizza", 1500))
+        .await
+        .unwrap();
+    let again = create(&channel, Some(&key), order("pizza", 1500))
+        .await
+        .unwrap();
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(shop.orders.lock().unwrap().len(), 1);
+    assert!(replayed(&retry) && replayed(&again));
+    assert_eq!(retry.get_ref().id, "ord-1");
+    assert_eq!(retry.get_ref(), again.get_ref());
+    assert_eq!(retry.metadata().get("x-order-run").unwrap(), "1");
+}
+
+#[tokio::test]
+async fn a_retry_in_flight_waits_for_the_outcome() {
+    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    *shop.pause.lock().unwrap() = Duration::from_millis(300);
+    let key = new_key();
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let (channel, key) = (channel.clone(), key.clone());
+            tokio::spawn(async move { create(&channel, Some(&key), order("sushi", 900)).await })
+        })
+        .collect();
+    let mut orders = Vec::new();
+    for call in calls {
+        orders.push(call.await.unwrap().unwrap().into_inner());
+    }
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+    assert!(orders.iter().all(|order| order.id == "ord-1"));
+}
+
+#[tokio::test]
+async fn another_message_under_the_key_is_failed_precondition() {
+    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    let key = new_key();
+    create(&channel, Some(&key), order("pizza", 1500))
+        .await
+        .unwrap();
+    let other = create(&channel, Some(&key), order("pizza", 9999))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn deterministic_errors_are_replayed_and_unavailable_is_released() {
+    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    let key = new_key();
+    let refused = create(&channel, Some(&key), order("pizza", 0))
+        .await
+        .unwrap_err();
+    let again = create(&channel, Some(&key), order("pizza", 0))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert_eq!(again.code(), tonic::Code::InvalidArgument);
+    assert_eq!(again.message(), refused.message());
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+
+    let key = new_key();
+    let later = create(&channel, Some(&key), order("sold-out-for-now", 5))
+        .await
+        .unwrap_err();
+    assert_eq!(later.code(), tonic::Code::Unavailable);
+    create(&channel, Some(&key), order("sold-out-for-now", 5))
+        .await
+        .unwrap_err();
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 3, "released: run again");
+}
+
+#[tokio::test]
+async fn the_key_can_be_the_message_s_request_id() {
+    let layer =
+        IdempotencyLayer::new(MemoryStore::new()).with_key_source("protobuf:1".parse().unwrap());
+    let (channel, shop) = serve(layer).await;
+    let keyed = CreateOrderRequest {
+        request_id: new_key(),
+        ..order("ramen", 700)
+    };
+    let first = create(&channel, None, keyed.clone()).await.unwrap();
+    let retry = create(&channel, None, keyed).await.unwrap();
+    assert!(!replayed(&first) && replayed(&retry));
+    assert_eq!(first.get_ref(), retry.get_ref());
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+}
