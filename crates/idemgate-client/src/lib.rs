@@ -54,6 +54,9 @@
 //! HTTP/1, no TLS stack of its own. For HTTPS, build the `reqwest::Client` you pass
 //! in with a TLS feature of your own `reqwest` dependency.
 //!
+//! `tonic`: the module `grpc`, keys and retries for tonic gRPC clients (an
+//! interceptor, and the retry loop of an [`Operation`]).
+//!
 //! `case-files` is for this repository's test suites: the module `case_files`
 //! reads the retry-policy settings of the shared case files
 //! (`clients/retry-rules.json`, `clients/scenarios.json`).
@@ -65,6 +68,8 @@ pub mod case_files;
 mod client;
 mod error;
 mod events;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 mod middleware;
 mod operation;
 mod policy;

@@ -197,15 +197,62 @@ pub(crate) fn may_have_run(status: StatusCode) -> bool {
     !status.is_client_error() || status == StatusCode::CONFLICT
 }
 
+/// When the attempts of one operation may be made: the policy's backoff and
+/// deadline from the first attempt on — the one schedule of HTTP requests
+/// ([`Attempts`]) and gRPC calls (`crate::grpc`).
+#[derive(Debug)]
+pub(crate) struct Schedule {
+    policy: RetryPolicy,
+    backoff: ExponentialBackoff,
+    started: Instant,
+    started_wall: SystemTime,
+}
+
+impl Schedule {
+    /// From now, under `policy`.
+    pub(crate) fn start(policy: &RetryPolicy) -> Self {
+        Self {
+            policy: policy.clone(),
+            backoff: policy.backoff_policy(),
+            started: Instant::now(),
+            started_wall: SystemTime::now(),
+        }
+    }
+
+    /// How long the next attempt may take: the attempt timeout, cut to what
+    /// is left of the deadline.
+    pub(crate) fn attempt_timeout(&self) -> Duration {
+        let left = self.policy.deadline.saturating_sub(self.started.elapsed());
+        self.policy.attempt_timeout.min(left)
+    }
+
+    /// How long to wait, after `made` attempts, before the next one that
+    /// `verdict` asks for (`after`, the server's hint, capped; else the
+    /// backoff) — or `None` for no next attempt: the verdict is final, the
+    /// retries are spent, or it would start at or past the deadline.
+    pub(crate) fn wait_for(&self, made: u32, verdict: Verdict) -> Option<Duration> {
+        let Verdict::Retry { after } = verdict else {
+            return None;
+        };
+        let RetryDecision::Retry { execute_after } =
+            self.backoff.should_retry(self.started_wall, made - 1)
+        else {
+            return None; // max_retries reached
+        };
+        let backoff = execute_after
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        let wait = after.map_or(backoff, |after| after.min(self.policy.max_retry_after));
+        (self.started.elapsed() + wait < self.policy.deadline).then_some(wait)
+    }
+}
+
 /// The attempts of one request: counts them, keeps the deadline, waits between
 /// them, and remembers whether any may have run on the server.
 #[derive(Debug)]
 pub(crate) struct Attempts {
-    policy: RetryPolicy,
-    backoff: ExponentialBackoff,
+    schedule: Schedule,
     retryable: bool,
-    started: Instant,
-    started_wall: SystemTime,
     made: u32,
     may_have_run: bool,
 }
@@ -225,11 +272,8 @@ impl Attempts {
             return Err(crate::Error::BodyNotReplayable);
         }
         Ok(Self {
-            policy: policy.clone(),
-            backoff: policy.backoff_policy(),
+            schedule: Schedule::start(policy),
             retryable,
-            started: Instant::now(),
-            started_wall: SystemTime::now(),
             made: 0,
             may_have_run: false,
         })
@@ -244,8 +288,7 @@ impl Attempts {
                 .take()
                 .expect("no attempt after a request that is sent once"),
         };
-        let left = self.policy.deadline.saturating_sub(self.started.elapsed());
-        let timeout = self.policy.attempt_timeout.min(left);
+        let timeout = self.schedule.attempt_timeout();
         let timeout = request.timeout().map_or(timeout, |own| timeout.min(*own));
         *request.timeout_mut() = Some(timeout);
         self.made += 1;
@@ -283,23 +326,10 @@ impl Attempts {
 
     /// How long to wait before the next attempt, or `None` for no next attempt.
     pub(crate) fn wait_for(&self, verdict: Verdict) -> Option<Duration> {
-        let Verdict::Retry { after } = verdict else {
-            return None;
-        };
         if !self.retryable {
             return None;
         }
-        let RetryDecision::Retry { execute_after } =
-            self.backoff.should_retry(self.started_wall, self.made - 1)
-        else {
-            return None; // max_retries reached
-        };
-        let backoff = execute_after
-            .duration_since(SystemTime::now())
-            .unwrap_or_default();
-        let wait = after.map_or(backoff, |after| after.min(self.policy.max_retry_after));
-        // An attempt that would start at or past the deadline has no time to run.
-        (self.started.elapsed() + wait < self.policy.deadline).then_some(wait)
+        self.schedule.wait_for(self.made, verdict)
     }
 
     /// Attempts made so far.

@@ -6,7 +6,9 @@
 //! A lost reply (the client gone mid-call) is replayed to the retry, one order
 //! created; a retry in flight waits for the outcome; another message under the
 //! key is `FAILED_PRECONDITION`; a deterministic error is replayed, `UNAVAILABLE`
-//! released; the key may be the message's `request_id` (AIP-155).
+//! released; the key may be the message's `request_id` (AIP-155). The Rust
+//! client's interceptor keys each call once, and its retry loop keeps an
+//! operation's key across attempts until the one outcome.
 
 #[path = "../examples/grpc_orders/shop.rs"]
 mod shop;
@@ -20,14 +22,17 @@ use idemgate::{IdempotencyLayer, MemoryStore, Principal, PrincipalError};
 use shop::{CreateOrderRequest, Order, OrdersServer, Shop};
 use tonic::transport::Channel;
 
-/// The service on a port of its own behind `layer` (a duplicate in flight
-/// waits up to 5 s for the outcome; replays repeat the `x-order-run` initial
-/// metadata, which like any header is replayed only when listed), and its
-/// shop.
+/// A layer on a memory store whose duplicates in flight wait up to 5 s for
+/// the outcome.
+fn waiting() -> IdempotencyLayer {
+    IdempotencyLayer::new(MemoryStore::new()).with_wait(Duration::from_secs(5))
+}
+
+/// The service on a port of its own behind `layer` (replays repeat the
+/// `x-order-run` initial metadata, which like any header is replayed only when
+/// listed), and its shop.
 async fn serve(layer: IdempotencyLayer) -> (Channel, Arc<Shop>) {
-    let layer = layer
-        .with_wait(Duration::from_secs(5))
-        .with_replayed_header_names([http::HeaderName::from_static("x-order-run")]);
+    let layer = layer.with_replayed_header_names([http::HeaderName::from_static("x-order-run")]);
     let by_tenant = |parts: &http::request::Parts| {
         parts
             .headers
@@ -75,17 +80,35 @@ async fn create(
     key: Option<&str>,
     message: CreateOrderRequest,
 ) -> Result<tonic::Response<Order>, tonic::Status> {
-    let mut client = tonic::client::Grpc::new(channel.clone());
-    client.ready().await.unwrap();
     let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("x-tenant", "acme".parse().unwrap());
     if let Some(key) = key {
         request
             .metadata_mut()
             .insert("idempotency-key", key.parse().unwrap());
     }
+    send(tonic::client::Grpc::new(channel.clone()), request).await
+}
+
+/// `request` as the tenant `acme`, over `client` — what a generated
+/// `OrdersClient::create_order` does.
+async fn send<S>(
+    mut client: tonic::client::Grpc<S>,
+    mut request: tonic::Request<CreateOrderRequest>,
+) -> Result<tonic::Response<Order>, tonic::Status>
+where
+    S: tonic::client::GrpcService<tonic::body::Body>,
+    S::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <S::ResponseBody as http_body::Body>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    client
+        .ready()
+        .await
+        .map_err(|error| tonic::Status::unavailable(error.into().to_string()))?;
+    request
+        .metadata_mut()
+        .insert("x-tenant", "acme".parse().unwrap());
     client
         .unary(
             request,
@@ -105,7 +128,7 @@ fn new_key() -> String {
 
 #[tokio::test]
 async fn a_lost_reply_is_replayed_and_the_order_created_once() {
-    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    let (channel, shop) = serve(waiting()).await;
     *shop.pause.lock().unwrap() = Duration::from_millis(300);
     let key = new_key();
     let lost = {
@@ -134,7 +157,7 @@ async fn a_lost_reply_is_replayed_and_the_order_created_once() {
 
 #[tokio::test]
 async fn a_retry_in_flight_waits_for_the_outcome() {
-    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    let (channel, shop) = serve(waiting()).await;
     *shop.pause.lock().unwrap() = Duration::from_millis(300);
     let key = new_key();
     let calls: Vec<_> = (0..4)
@@ -153,7 +176,7 @@ async fn a_retry_in_flight_waits_for_the_outcome() {
 
 #[tokio::test]
 async fn another_message_under_the_key_is_failed_precondition() {
-    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    let (channel, shop) = serve(waiting()).await;
     let key = new_key();
     create(&channel, Some(&key), order("pizza", 1500))
         .await
@@ -167,7 +190,7 @@ async fn another_message_under_the_key_is_failed_precondition() {
 
 #[tokio::test]
 async fn deterministic_errors_are_replayed_and_unavailable_is_released() {
-    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    let (channel, shop) = serve(waiting()).await;
     let key = new_key();
     let refused = create(&channel, Some(&key), order("pizza", 0))
         .await
@@ -205,4 +228,64 @@ async fn the_key_can_be_the_message_s_request_id() {
     assert!(!replayed(&first) && replayed(&retry));
     assert_eq!(first.get_ref(), retry.get_ref());
     assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
+}
+
+/// The Rust client: an `Operation`'s retry loop keeps its key on every
+/// attempt — here `ABORTED` (no wait on this server) retried after the
+/// pushback, then the replay — and the interceptor keys each call once.
+#[tokio::test]
+async fn the_rust_client_keeps_an_operation_s_key_across_its_retries() {
+    use idemgate_client::{Operation, RetryPolicy, grpc};
+
+    // No waiting: a duplicate in flight is ABORTED at once.
+    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    // History for the route, so the pushback is what a run takes (about 1 s).
+    create(&channel, Some(&new_key()), order("warm-up", 1))
+        .await
+        .unwrap();
+    *shop.pause.lock().unwrap() = Duration::from_millis(300);
+    let pay = Operation::new();
+    let first = {
+        let (channel, key) = (channel.clone(), pay.key().to_owned());
+        tokio::spawn(async move { create(&channel, Some(&key), order("pho", 800)).await })
+    };
+    while shop.runs.load(Ordering::SeqCst) < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let attempts = std::sync::atomic::AtomicUsize::new(0);
+    let attempt = |request| {
+        attempts.fetch_add(1, Ordering::SeqCst);
+        send(tonic::client::Grpc::new(channel.clone()), request)
+    };
+    let started = tokio::time::Instant::now();
+    let retried = grpc::call(&RetryPolicy::default(), &pay, order("pho", 800), attempt)
+        .await
+        .unwrap();
+    assert!(replayed(&retried));
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "ABORTED, then the replay"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the pushback was honoured"
+    );
+    assert_eq!(retried.get_ref(), first.await.unwrap().unwrap().get_ref());
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 2);
+
+    // Without an operation, the interceptor gives each call its own key.
+    let keyed = tonic::service::interceptor::InterceptedService::new(
+        channel.clone(),
+        grpc::IdempotencyKeys,
+    );
+    *shop.pause.lock().unwrap() = Duration::ZERO;
+    for _ in 0..2 {
+        let request = tonic::Request::new(order("tea", 300));
+        let answer = send(tonic::client::Grpc::new(keyed.clone()), request)
+            .await
+            .unwrap();
+        assert!(!replayed(&answer));
+    }
+    assert_eq!(shop.runs.load(Ordering::SeqCst), 4);
 }
