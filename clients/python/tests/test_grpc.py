@@ -236,3 +236,25 @@ def test_grpc_s_own_retry_policy_ends_with_the_single_outcome(server: OrdersServ
     finally:
         proxy.stop()
         directory.cleanup()
+
+
+def test_the_call_s_deadline_bounds_the_upstream_call(proxy: Proxy, server: OrdersServer) -> None:
+    """The proxy cuts the upstream call at the call's own deadline
+    (``grpc-timeout``), even on a service that ignores deadlines. The cut call
+    may have run, so it is settled as the proxy's timeout — stored by default —
+    and its retry is answered the same, without a second run."""
+    key = str(uuid.uuid4())
+    server.pause = 1.0
+    with channel(proxy) as chan:
+        with pytest.raises(grpc.RpcError) as cut:
+            chan.unary_unary(METHOD)(b"pizza", metadata=metadata(key), timeout=0.3)
+    error: Any = cut.value
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(server.finished.is_set)  # the service ran on, and finished
+    server.pause = 0.0
+    with pytest.raises(grpc.RpcError) as again:
+        call(proxy, key, b"pizza")
+    replayed: Any = again.value
+    assert replayed.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "the upstream did not answer within" in replayed.details()
+    assert server.runs == 1

@@ -22,6 +22,7 @@
 mod ceiling;
 mod chart;
 mod client;
+mod grpc;
 mod hops;
 mod load;
 mod machine;
@@ -61,6 +62,10 @@ enum Suite {
     /// time to the first event and to the end, and throughput (printed; the
     /// mode and stores do not apply).
     Streams,
+    /// gRPC unary calls of the example tonic service: direct, through
+    /// `idemgate proxy` (h2c upstream) and with the layer in-process — calls
+    /// per second and CPU per call (printed; the mode and stores do not apply).
+    Grpc,
 }
 
 /// How long and how often.
@@ -227,6 +232,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
             "{}",
             streams::suite(&root, &args.postgres_url, &args.redis_url).await?
         );
+        return Ok(());
+    }
+    if args.suite == Suite::Grpc {
+        println!("{}", grpc::suite(&root).await?);
         return Ok(());
     }
     if args.suite == Suite::Proxy {

@@ -10,11 +10,11 @@
 //!   library reads `409` or `problem+json` as a transport failure. Every
 //!   problem is sent Trailers-Only (HTTP 200, `grpc-status`, `grpc-message`,
 //!   and `grpc-retry-pushback-ms` where a retry should wait: gRFC A6) by
-//!   [`render`], mapped by [`code_for`].
+//!   `render`, mapped by `code_for`.
 //! - **Which outcome is final** is read from `grpc-status`, not the HTTP
-//!   status (always 200): [`settlement_status`].
+//!   status (always 200): `settlement_status`.
 //! - **Only unary calls are keyed**: a keyed request carrying other than one
-//!   message is a streaming call, refused ([`unary_message_count`]).
+//!   message is a streaming call, refused (`unary_message_count`).
 //!
 //! A tonic server is a tower service of HTTP requests, so the layer wraps it
 //! in-process, every method at once (`examples/grpc_orders` is a whole

@@ -11,31 +11,55 @@
 //! `idempotent-replayed: true` in its initial metadata); the same key with
 //! another message is `FAILED_PRECONDITION`; a retry while the call runs waits
 //! for it. The tenant (`x-tenant` metadata) is the principal that scopes keys.
+//!
+//! `GRPC_ORDERS_LISTEN` sets the address (`127.0.0.1:0`: any free port; the
+//! one taken is printed); `GRPC_ORDERS_IDEMPOTENCY=off` serves without the
+//! layer — the baseline the benchmark's gRPC suite measures against.
 
 mod shop;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idemgate::{IdempotencyLayer, MemoryStore, Principal, PrincipalError};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::var("GRPC_ORDERS_LISTEN").unwrap_or_else(|_| "127.0.0.1:50051".into());
-    let by_tenant = |parts: &http::request::Parts| {
-        parts
-            .headers
-            .get("x-tenant")
-            .and_then(|value| value.to_str().ok())
-            .map(|tenant| Principal::new(format!("tenant:{tenant}")))
-            .ok_or(PrincipalError::Missing)
+    let listener = tokio::net::TcpListener::bind(&address).await?;
+    let bound = listener.local_addr()?;
+    let incoming = futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    });
+    let shop = shop::OrdersServer::new(Arc::new(shop::Shop::default()));
+    let plain = std::env::var("GRPC_ORDERS_IDEMPOTENCY").is_ok_and(|value| value == "off");
+    // A Rust `Server` with a layer is another type: two arms, one service.
+    let mut server = tonic::transport::Server::builder();
+    let served = if plain {
+        let server = server.add_service(shop);
+        announce(bound, "without idempotency");
+        tokio::spawn(server.serve_with_incoming(incoming))
+    } else {
+        let by_tenant = |parts: &http::request::Parts| {
+            parts
+                .headers
+                .get("x-tenant")
+                .and_then(|value| value.to_str().ok())
+                .map(|tenant| Principal::new(format!("tenant:{tenant}")))
+                .ok_or(PrincipalError::Missing)
+        };
+        let idempotency = IdempotencyLayer::new(MemoryStore::new())
+            .with_principal(by_tenant)
+            .with_wait(Duration::from_secs(10));
+        let server = server.layer(idempotency).add_service(shop);
+        announce(bound, "with idempotency");
+        tokio::spawn(server.serve_with_incoming(incoming))
     };
-    let idempotency = IdempotencyLayer::new(MemoryStore::new()).with_principal(by_tenant);
-    let shop = Arc::new(shop::Shop::default());
-    println!("shop.Orders listening on {address}");
-    tonic::transport::Server::builder()
-        .layer(idempotency)
-        .add_service(shop::OrdersServer::new(shop))
-        .serve(address.parse()?)
-        .await?;
+    served.await??;
     Ok(())
+}
+
+fn announce(address: std::net::SocketAddr, how: &str) {
+    println!("shop.Orders listening on {address} ({how})");
 }
