@@ -10,11 +10,12 @@
 //!   library reads `409` or `problem+json` as a transport failure. Every
 //!   problem is sent Trailers-Only (HTTP 200, `grpc-status`, `grpc-message`,
 //!   and `grpc-retry-pushback-ms` where a retry should wait: gRFC A6) by
-//!   `render`, mapped by `code_for`.
+//!   `trailers_only`, its code chosen by `code_for` (the problem itself stays
+//!   `crate::problem`'s, which renders it so).
 //! - **Which outcome is final** is read from `grpc-status`, not the HTTP
 //!   status (always 200): `settlement_status`.
 //! - **Only unary calls are keyed**: a keyed request carrying other than one
-//!   message is a streaming call, refused (`unary_message_count`).
+//!   message is a streaming call, refused (`message_count`).
 //!
 //! A tonic server is a tower service of HTTP requests, so the layer wraps it
 //! in-process, every method at once (`examples/grpc_orders` is a whole
@@ -43,7 +44,6 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::finality::Finality;
-use crate::problem::ProblemDetails;
 
 /// `grpc-status`: the call's status code, a trailer (or a header, in a
 /// Trailers-Only answer).
@@ -262,18 +262,18 @@ pub(crate) fn settlement_status(
     }
 }
 
-/// The gRPC status a problem is answered with: the HTTP status it would have
-/// had, in gRPC's terms — with one choice of idemgate's own: a key reused with
-/// another message is `FAILED_PRECONDITION`, not `INVALID_ARGUMENT`. The
-/// message is a valid one; what it conflicts with is the state the key is in
-/// (gRPC's own rule: "`INVALID_ARGUMENT` indicates arguments that are
-/// problematic regardless of the state of the system"), and no retry policy
-/// retries it.
-pub(crate) fn code_for(problem: &ProblemDetails) -> GrpcCode {
-    if problem.slug() == Some(idemgate_core::wire::KEY_REUSED) {
+/// The gRPC status a problem (of HTTP `status`, and `slug` under the default
+/// base) is answered with: the HTTP status in gRPC's terms — with one choice
+/// of idemgate's own: a key reused with another message is
+/// `FAILED_PRECONDITION`, not `INVALID_ARGUMENT`. The message is a valid one;
+/// what it conflicts with is the state the key is in (gRPC's own rule:
+/// "`INVALID_ARGUMENT` indicates arguments that are problematic regardless of
+/// the state of the system"), and no retry policy retries it.
+pub(crate) fn code_for(status: u16, slug: Option<&str>) -> GrpcCode {
+    if slug == Some(idemgate_core::wire::KEY_REUSED) {
         return GrpcCode::FailedPrecondition;
     }
-    match problem.status {
+    match status {
         400 | 422 => GrpcCode::InvalidArgument,
         401 => GrpcCode::Unauthenticated,
         403 => GrpcCode::PermissionDenied,
@@ -291,24 +291,26 @@ pub(crate) fn code_for(problem: &ProblemDetails) -> GrpcCode {
     }
 }
 
-/// `problem` as a Trailers-Only gRPC answer: HTTP 200, `content-type:
-/// application/grpc`, `grpc-status`, `grpc-message` (the problem's detail) and,
-/// when the problem has a `Retry-After`, `grpc-retry-pushback-ms` — and no
-/// body (the returned bytes are empty).
-pub(crate) fn render(problem: &ProblemDetails) -> (Response<Body>, Bytes) {
+/// A problem of HTTP `status` as a Trailers-Only gRPC answer: HTTP 200,
+/// `content-type: application/grpc`, `grpc-status` (`code`), `grpc-message`
+/// (`message`) and, when a retry should wait, `grpc-retry-pushback-ms` — and
+/// no body (the returned bytes are empty). The HTTP status goes in the
+/// extensions ([`ProblemStatus`]) for the settlement.
+pub(crate) fn trailers_only(
+    status: StatusCode,
+    code: GrpcCode,
+    message: &str,
+    retry_after: Option<Duration>,
+) -> (Response<Body>, Bytes) {
     let mut response = Response::new(Body::empty());
-    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     response.extensions_mut().insert(ProblemStatus(status));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert(
-        GRPC_STATUS.clone(),
-        HeaderValue::from(code_for(problem).number()),
-    );
-    if let Ok(message) = HeaderValue::from_str(&percent_encode(&problem.detail)) {
+    headers.insert(GRPC_STATUS.clone(), HeaderValue::from(code.number()));
+    if let Ok(message) = HeaderValue::from_str(&percent_encode(message)) {
         headers.insert(GRPC_MESSAGE.clone(), message);
     }
-    if let Some(after) = problem.retry_after {
+    if let Some(after) = retry_after {
         headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), pushback(after));
     }
     (response, Bytes::new())
@@ -350,27 +352,6 @@ pub(crate) fn message_count(body: &[u8]) -> Option<usize> {
         count += 1;
     }
     Some(count)
-}
-
-/// The problem a keyed gRPC request that is not one whole message gets:
-/// `INVALID_ARGUMENT`. A streaming call has no single outcome to store, and
-/// its request stream may never end before its answers begin, so it is not
-/// keyed (PROTOCOL §22); clients key unary calls only.
-pub(crate) fn unary_message_count(body: &[u8]) -> Result<(), ProblemDetails> {
-    match message_count(body) {
-        Some(1) => Ok(()),
-        found => Err(ProblemDetails::new(
-            StatusCode::BAD_REQUEST,
-            "grpc-not-unary",
-            "Keyed gRPC call is not unary",
-            match found {
-                Some(count) => format!(
-                    "a keyed gRPC call carries exactly one message; this one carries {count}: streaming calls are not keyed"
-                ),
-                None => "the request body is not a sequence of gRPC messages".to_owned(),
-            },
-        )),
-    }
 }
 
 #[cfg(test)]
@@ -441,28 +422,34 @@ mod tests {
 
     #[test]
     fn problems_become_statuses_with_pushback() {
-        let busy = ProblemDetails::in_progress(Duration::from_millis(1_500));
-        let (response, body) = render(&busy);
+        let (response, body) = trailers_only(
+            StatusCode::CONFLICT,
+            code_for(409, Some("in-progress")),
+            "in progress",
+            Some(Duration::from_millis(1_500)),
+        );
         assert_eq!(response.status(), StatusCode::OK);
         assert!(body.is_empty());
         assert_eq!(response.headers()[&GRPC_STATUS], "10");
         assert_eq!(response.headers()[&GRPC_RETRY_PUSHBACK_MS], "1500");
         assert_eq!(
-            code_for(&ProblemDetails::key_reused()),
+            code_for(422, Some("key-reused")),
             GrpcCode::FailedPrecondition
         );
         assert_eq!(
-            code_for(&ProblemDetails::store_unavailable(Duration::from_secs(1))),
-            GrpcCode::Unavailable
-        );
-        assert_eq!(
-            code_for(&ProblemDetails::missing_key()),
+            code_for(422, Some("invalid-order")),
             GrpcCode::InvalidArgument
         );
         assert_eq!(
-            code_for(&ProblemDetails::handler_failed()),
-            GrpcCode::Internal
+            code_for(503, Some("store-unavailable")),
+            GrpcCode::Unavailable
         );
+        assert_eq!(
+            code_for(400, Some("missing-key")),
+            GrpcCode::InvalidArgument
+        );
+        assert_eq!(code_for(500, None), GrpcCode::Internal);
+        assert_eq!(code_for(504, None), GrpcCode::DeadlineExceeded);
     }
 
     #[test]
@@ -478,7 +465,5 @@ mod tests {
         assert_eq!(message_count(&[one, one].concat()), Some(2));
         assert_eq!(message_count(&[]), Some(0));
         assert_eq!(message_count(&one[..6]), None);
-        assert!(unary_message_count(&one).is_ok());
-        assert_eq!(unary_message_count(&[]).unwrap_err().status, 400);
     }
 }

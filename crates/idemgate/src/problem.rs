@@ -114,7 +114,11 @@ impl ProblemDetails {
     /// [`ProblemStyle`] further out can render it again in its own style.
     pub(crate) fn render(self, style: &ProblemStyle) -> (Response<Body>, Bytes) {
         if style.grpc {
-            let (mut response, body) = crate::grpc::render(&self);
+            let status =
+                StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let code = crate::grpc::code_for(self.status, self.slug());
+            let (mut response, body) =
+                crate::grpc::trailers_only(status, code, &self.detail, self.retry_after);
             response.extensions_mut().insert(Rendered(self));
             return (response, body);
         }
@@ -364,6 +368,24 @@ impl ProblemDetails {
             "a request with this Idempotency-Key is still being processed; retry after the indicated delay",
         )
         .with_retry_after(retry_after)
+    }
+
+    /// 400: a keyed gRPC call whose body is not exactly one message (`found`
+    /// messages, `None`: not gRPC framing). A streaming call has no single
+    /// outcome to store, and its request stream may not end before its answers
+    /// begin, so it is not keyed (PROTOCOL §22); answered `INVALID_ARGUMENT`.
+    pub fn grpc_not_unary(found: Option<usize>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "grpc-not-unary",
+            "Keyed gRPC call is not unary",
+            match found {
+                Some(count) => format!(
+                    "a keyed gRPC call carries exactly one message; this one carries {count}: streaming calls are not keyed"
+                ),
+                None => "the request body is not a sequence of gRPC messages".to_owned(),
+            },
+        )
     }
 
     /// 503: the idempotency store cannot be reached; nothing was run.

@@ -485,11 +485,12 @@ async fn prepare(
         Ok(body) => body,
         Err(problem) => return Err(problem.into_response()),
     };
-    if crate::grpc::is_grpc(&parts.headers)
-        && let Err(problem) = crate::grpc::unary_message_count(&body)
-    {
-        count_outcome(Outcome::Rejected);
-        return Err(problem.into_response());
+    if crate::grpc::is_grpc(&parts.headers) {
+        let found = crate::grpc::message_count(&body);
+        if found != Some(1) {
+            count_outcome(Outcome::Rejected);
+            return Err(ProblemDetails::grpc_not_unary(found).into_response());
+        }
     }
     let (path, query) = request_path(parts);
     let header_values = fingerprint_headers(config, parts);
