@@ -318,7 +318,7 @@ impl UpstreamPool {
             return sender
                 .send_request(request)
                 .await
-                .map_err(SendError::Exchange);
+                .map_err(refused_or_exchange);
         };
         self.kept().borrow().reused.increment(1);
         match sender.try_send_request(request).await {
@@ -333,9 +333,9 @@ impl UpstreamPool {
                     sender
                         .send_request(unsent)
                         .await
-                        .map_err(SendError::Exchange)
+                        .map_err(refused_or_exchange)
                 }
-                None => Err(SendError::Exchange(failed.into_error())),
+                None => Err(refused_or_exchange(failed.into_error())),
             },
         }
     }
@@ -388,6 +388,9 @@ impl UpstreamPool {
             .timer(TokioTimer::new())
             .keep_alive_interval(HTTP2_PING)
             .keep_alive_timeout(HTTP2_PING)
+            // Idle ones too: a connection that died quietly is found before a
+            // request is sent on it, not after.
+            .keep_alive_while_idle(true)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|error| SendError::Connect(io::Error::other(error)))?;
@@ -403,7 +406,26 @@ impl UpstreamPool {
     }
 }
 
-/// How often an upstream HTTP/2 connection with open streams is pinged, and
+/// What an HTTP/2 exchange that failed means: a stream the upstream refused
+/// (`REFUSED_STREAM`, RFC 9113 §8.7: guaranteed not processed) ran nothing,
+/// like a refused connection, so its claim is released; anything else may
+/// have run.
+fn refused_or_exchange(error: hyper::Error) -> SendError {
+    use std::error::Error as _;
+    let mut cause = error.source();
+    while let Some(current) = cause {
+        if let Some(h2) = current.downcast_ref::<h2::Error>() {
+            if h2.is_remote() && h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                return SendError::Connect(io::Error::other(error));
+            }
+            break;
+        }
+        cause = current.source();
+    }
+    SendError::Exchange(error)
+}
+
+/// How often an upstream HTTP/2 connection is pinged, and
 /// how long a ping may go unanswered before the connection is closed.
 const HTTP2_PING: Duration = Duration::from_secs(10);
 

@@ -583,7 +583,11 @@ impl Execution {
                 StoredResponse {
                     trailers,
                     status,
-                    headers: self.config.replayed_headers.storable(headers),
+                    headers: match grpc::is_trailers_only(headers) {
+                        // Its headers are the call's status and metadata.
+                        true => crate::response::trailers_only_fields(headers),
+                        false => self.config.replayed_headers.storable(headers),
+                    },
                     body: stored_body,
                 },
                 self.config.compression_threshold,

@@ -50,6 +50,11 @@ use crate::finality::Finality;
 pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// `grpc-message`: the status message, percent-encoded.
 pub static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// A gRPC answer whose reply was not kept (past the stored-response limit)
+/// replays as this status: the call ran once, and what it answered is gone —
+/// not a retryable status, so no retry policy asks again.
+pub(crate) const NOT_RETAINED: GrpcCode = GrpcCode::DataLoss;
+
 /// `grpc-retry-pushback-ms`: how long a client's retry policy waits before its
 /// next attempt (gRFC A6).
 pub static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
@@ -167,14 +172,13 @@ impl GrpcCode {
     }
 
     /// The codes released by default (the claim undone, the key free for the
-    /// retry): those that say the call did not run, or ran out of time or room
-    /// before it could — `UNAVAILABLE`, `DEADLINE_EXCEEDED`,
-    /// `RESOURCE_EXHAUSTED`.
-    pub const RELEASED_BY_DEFAULT: [GrpcCode; 3] = [
-        GrpcCode::Unavailable,
-        GrpcCode::DeadlineExceeded,
-        GrpcCode::ResourceExhausted,
-    ];
+    /// retry): those a service answers when it did not take the call on —
+    /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED`. Not `DEADLINE_EXCEEDED`, which
+    /// gRPC says "may be returned even if the operation has completed
+    /// successfully" (a grpc-go or grpc-java handler runs on past it): it
+    /// follows the server-error policy, as `INTERNAL` does.
+    pub const RELEASED_BY_DEFAULT: [GrpcCode; 2] =
+        [GrpcCode::Unavailable, GrpcCode::ResourceExhausted];
 }
 
 impl fmt::Display for GrpcCode {
@@ -206,9 +210,19 @@ impl FromStr for GrpcCode {
 }
 
 impl<'de> serde::Deserialize<'de> for GrpcCode {
+    /// A name (`"UNAVAILABLE"`) or a number (`14`, `"14"`).
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Number(u32),
+            Text(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Number(number) => Self::from_number(number)
+                .ok_or_else(|| serde::de::Error::custom(UnknownGrpcCode(number.to_string()))),
+            Written::Text(text) => text.parse().map_err(serde::de::Error::custom),
+        }
     }
 }
 
@@ -219,6 +233,13 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .is_some_and(idemgate_core::wire::is_grpc_content_type)
+}
+
+/// Whether `headers` are a gRPC Trailers-Only answer's: the call's status in
+/// the headers, nothing after them (an error answered at once, as tonic,
+/// grpc-go and grpc-java send every error without a message).
+pub(crate) fn is_trailers_only(headers: &HeaderMap) -> bool {
+    is_grpc(headers) && headers.contains_key(&GRPC_STATUS)
 }
 
 /// The status of a gRPC answer: `grpc-status` in its trailers, or in its
@@ -242,9 +263,10 @@ pub(crate) fn status_of(headers: &HeaderMap, trailers: &[(HeaderName, HeaderValu
 ///
 /// - a code in `released` (by default [`GrpcCode::RELEASED_BY_DEFAULT`]):
 ///   released, the retry runs the call;
-/// - `UNKNOWN`, `INTERNAL`, `DATA_LOSS`, `CANCELLED` — the call may have run
-///   part way — are server errors: stored as `FAILED` or released by the
-///   route's server-error policy, as an HTTP 5xx is;
+/// - `UNKNOWN`, `INTERNAL`, `DATA_LOSS`, `CANCELLED`, `DEADLINE_EXCEEDED` —
+///   the call may have run, part way or whole — are server errors: stored as
+///   `FAILED` or released by the route's server-error policy, as an HTTP 5xx
+///   is;
 /// - `OK` and every deterministic error (`INVALID_ARGUMENT`, `NOT_FOUND`,
 ///   `FAILED_PRECONDITION`, …): final, stored and replayed.
 pub(crate) fn settlement_status(
@@ -255,9 +277,11 @@ pub(crate) fn settlement_status(
         return (StatusCode::OK, Some(Finality::Retryable));
     }
     match code {
-        GrpcCode::Unknown | GrpcCode::Internal | GrpcCode::DataLoss | GrpcCode::Cancelled => {
-            (StatusCode::INTERNAL_SERVER_ERROR, None)
-        }
+        GrpcCode::Unknown
+        | GrpcCode::Internal
+        | GrpcCode::DataLoss
+        | GrpcCode::Cancelled
+        | GrpcCode::DeadlineExceeded => (StatusCode::INTERNAL_SERVER_ERROR, None),
         _ => (StatusCode::OK, Some(Finality::Final)),
     }
 }
@@ -347,8 +371,8 @@ pub(crate) fn message_count(body: &[u8]) -> Option<usize> {
         if flag > 1 {
             return None;
         }
-        let len = u32::from_be_bytes([a, b, c, d]) as usize;
-        rest = rest.get(5 + len..)?;
+        let len = usize::try_from(u32::from_be_bytes([a, b, c, d])).ok()?;
+        rest = rest.get(len.checked_add(5)?..)?;
         count += 1;
     }
     Some(count)
@@ -368,6 +392,21 @@ mod tests {
             assert_eq!(code.number() as usize, number);
             assert_eq!(code.name(), *name);
         }
+    }
+
+    #[test]
+    fn a_route_names_codes_by_name_or_number() {
+        let codes: Vec<GrpcCode> = serde_json::from_str(r#"[14, "aborted", "8"]"#).unwrap();
+        assert_eq!(
+            codes,
+            [
+                GrpcCode::Unavailable,
+                GrpcCode::Aborted,
+                GrpcCode::ResourceExhausted
+            ]
+        );
+        assert!(serde_json::from_str::<Vec<GrpcCode>>("[17]").is_err());
+        assert!(serde_json::from_str::<Vec<GrpcCode>>(r#"["SLOW"]"#).is_err());
     }
 
     #[test]
@@ -412,6 +451,10 @@ mod tests {
         );
         assert_eq!(
             settlement_status(GrpcCode::Internal, &released),
+            (StatusCode::INTERNAL_SERVER_ERROR, None)
+        );
+        assert_eq!(
+            settlement_status(GrpcCode::DeadlineExceeded, &released),
             (StatusCode::INTERNAL_SERVER_ERROR, None)
         );
         assert_eq!(

@@ -529,7 +529,7 @@ pub struct ProblemStyle {
     link: bool,
     shape: ProblemShape,
     /// Problems answered to a gRPC call, as gRPC statuses
-    /// ([`crate::grpc::render`]) whatever the shape: set by the layer per
+    /// (`crate::grpc::trailers_only`) whatever the shape: set by the layer per
     /// request, never by a route.
     grpc: bool,
 }
@@ -627,10 +627,12 @@ impl ProblemStyle {
         let (styled, _) = problem.render(self);
         let (styled, body) = styled.into_parts();
         parts.status = styled.status;
-        // `Retry-After` too: the styled answer carries its own (a gRPC
-        // status says it as `grpc-retry-pushback-ms`).
-        for name in [CONTENT_TYPE, CONTENT_LENGTH, LINK, RETRY_AFTER] {
+        for name in [CONTENT_TYPE, CONTENT_LENGTH, LINK] {
             parts.headers.remove(name);
+        }
+        if self.grpc {
+            // A gRPC status says it as `grpc-retry-pushback-ms`.
+            parts.headers.remove(RETRY_AFTER);
         }
         parts.headers.extend(styled.headers);
         if let Some(status) = styled.extensions.get::<crate::grpc::ProblemStatus>() {

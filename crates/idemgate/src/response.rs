@@ -314,6 +314,17 @@ pub(crate) fn is_event_stream(headers: &[(HeaderName, HeaderValue)]) -> bool {
     })
 }
 
+/// The fields of a gRPC Trailers-Only answer that are stored: all but the
+/// never-stored ones and `Set-Cookie` — its headers are the call's status and
+/// metadata, kept whole as trailers are (PROTOCOL §22).
+pub(crate) fn trailers_only_fields(headers: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    headers
+        .iter()
+        .filter(|(name, _)| !is_never_stored(name) && *name != header::SET_COOKIE)
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
 /// `body` in one frame, then `trailers` in a trailers frame when there are
 /// any: how a stored answer goes out, first or replayed. Without trailers it
 /// is a plain body of a known length.
@@ -452,6 +463,32 @@ pub(crate) fn replay(stored: &StoredResponse, wants: &ReplayRequest) -> Response
             IDEMPOTENCY_RESPONSE.clone(),
             HeaderValue::from_static("not-retained"),
         );
+        // A gRPC client reads only a status: the call ran, its reply is gone.
+        if crate::grpc::is_grpc(headers) && stored.trailers.is_empty() {
+            headers.insert(
+                crate::grpc::GRPC_STATUS.clone(),
+                HeaderValue::from(crate::grpc::NOT_RETAINED.number()),
+            );
+            headers.insert(
+                crate::grpc::GRPC_MESSAGE.clone(),
+                HeaderValue::from_static(
+                    "the call ran once; its reply was larger than the stored-response limit and was not kept",
+                ),
+            );
+        }
+    }
+    if !stored.trailers.is_empty() && !rewritten {
+        // HTTP/1.1 sends trailers only when the head names them (HTTP/2
+        // ignores this).
+        let mut names: Vec<&str> = Vec::new();
+        for (name, _) in &stored.trailers {
+            if !names.contains(&name.as_str()) {
+                names.push(name.as_str());
+            }
+        }
+        if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {
+            headers.insert(header::TRAILER, value);
+        }
     }
     response
 }

@@ -44,7 +44,9 @@ fn message(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// Answers the status the request's `x-answer` metadata names (`0` unless
-/// told), with a reply naming the run and a trailing `x-receipt-bin`.
+/// told), with a reply naming the run and a trailing `x-receipt-bin` — or,
+/// told `at-once:CODE`, Trailers-Only: the status and an `x-error-id` in the
+/// headers, no reply (as gRPC servers send an error).
 async fn create_order(State(server): State<Arc<Server>>, request: Request<Body>) -> Response {
     let run = server.runs.fetch_add(1, Ordering::SeqCst) + 1;
     let pause = *server.pause.lock().unwrap();
@@ -54,6 +56,15 @@ async fn create_order(State(server): State<Arc<Server>>, request: Request<Body>)
         .get("x-answer")
         .map_or("0", |value| value.to_str().unwrap())
         .to_owned();
+    if let Some(code) = status.strip_prefix("at-once:") {
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "application/grpc")
+            .header("grpc-status", code)
+            .header("grpc-message", "refused")
+            .header("x-error-id", format!("err-{run}"))
+            .body(Body::empty())
+            .unwrap();
+    }
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_str(&status).unwrap());
     trailers.insert("grpc-message", HeaderValue::from_static("run%20done"));
@@ -298,4 +309,81 @@ async fn the_key_can_be_a_field_of_the_message() {
         "3"
     );
     assert_eq!(server.runs.load(Ordering::SeqCst), 2);
+}
+
+/// `DEADLINE_EXCEEDED` may come after the work was done (gRPC's status-code
+/// guide): stored, as a 5xx, not released — the retry replays it.
+#[tokio::test]
+async fn deadline_exceeded_is_stored_not_released() {
+    let server = Arc::new(Server::default());
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let key = new_key();
+    assert_eq!(call(&app, &key, order(), "4").await.grpc_status(), "4");
+    let retry = call(&app, &key, order(), "0").await;
+    assert!(retry.replayed());
+    assert_eq!(retry.grpc_status(), "4");
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+}
+
+/// An error answered Trailers-Only keeps all its headers — they are its
+/// status and metadata — though `x-error-id` is on no replay list.
+#[tokio::test]
+async fn a_trailers_only_error_is_replayed_with_its_metadata() {
+    let server = Arc::new(Server::default());
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let key = new_key();
+    let first = call(&app, &key, order(), "at-once:5").await;
+    let retry = call(&app, &key, order(), "at-once:5").await;
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+    assert!(retry.replayed());
+    assert_eq!(retry.grpc_status(), "5");
+    assert_eq!(retry.headers["x-error-id"], first.headers["x-error-id"]);
+    assert_eq!(retry.headers["grpc-message"], "refused");
+}
+
+/// A reply past the stored-response limit ran once; its replays say so as a
+/// final status, never as a 200 without one.
+#[tokio::test]
+async fn a_reply_not_retained_replays_as_data_loss() {
+    let server = Arc::new(Server::default());
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_response_limit(4);
+    let app = app_with(layer, Arc::clone(&server));
+    let key = new_key();
+    let first = call(&app, &key, order(), "0").await;
+    assert_eq!(first.grpc_status(), "0");
+    assert_eq!(first.body, Bytes::from(message(b"order 1")));
+    let retry = call(&app, &key, order(), "0").await;
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
+    assert!(retry.replayed());
+    assert_eq!(retry.status, StatusCode::OK);
+    assert_eq!(retry.grpc_status(), "15");
+}
+
+/// A replay names its trailers in `Trailer`, which HTTP/1.1 needs to send them.
+#[tokio::test]
+async fn a_replay_names_its_trailers() {
+    let server = Arc::new(Server::default());
+    let app = app(MemoryStore::new(), Arc::clone(&server));
+    let key = new_key();
+    call(&app, &key, order(), "0").await;
+    let retry = call(&app, &key, order(), "0").await;
+    assert_eq!(
+        retry.headers[header::TRAILER],
+        "grpc-status, grpc-message, x-receipt-bin"
+    );
+}
+
+/// A streaming call on a route that reads its key from the message carries
+/// no key there: it passes through unkeyed, and runs.
+#[tokio::test]
+async fn a_streaming_call_passes_a_protobuf_key_route_unkeyed() {
+    let server = Arc::new(Server::default());
+    let layer =
+        IdempotencyLayer::new(MemoryStore::new()).with_key_source("protobuf:1".parse().unwrap());
+    let app = app_with(layer, Arc::clone(&server));
+    let two = [order(), order()].concat();
+    let answer = call_keyed(&app, None, two, "0").await;
+    assert_eq!(answer.grpc_status(), "0");
+    assert!(!answer.replayed());
+    assert_eq!(server.runs.load(Ordering::SeqCst), 1);
 }

@@ -11,8 +11,10 @@
 /// Why a gRPC body's key field could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unreadable {
-    /// Not one whole length-prefixed gRPC message, or a message that breaks
-    /// the wire format.
+    /// The body is not one length-prefixed gRPC message: none, several (a
+    /// streaming call), or one cut short.
+    NotOneMessage,
+    /// The message breaks the wire format.
     Malformed,
     /// The message is compressed (`grpc-encoding`): its fields are not readable
     /// without decompressing it.
@@ -26,7 +28,7 @@ pub(crate) enum Unreadable {
 /// `Ok(None)` when the message does not have the field.
 pub(crate) fn string_field(body: &[u8], number: u32) -> Result<Option<&[u8]>, Unreadable> {
     let [flag, a, b, c, d, message @ ..] = body else {
-        return Err(Unreadable::Malformed);
+        return Err(Unreadable::NotOneMessage);
     };
     match flag {
         0 => {}
@@ -34,7 +36,7 @@ pub(crate) fn string_field(body: &[u8], number: u32) -> Result<Option<&[u8]>, Un
         _ => return Err(Unreadable::Malformed),
     }
     if u32::from_be_bytes([*a, *b, *c, *d]) as usize != message.len() {
-        return Err(Unreadable::Malformed);
+        return Err(Unreadable::NotOneMessage);
     }
     let mut rest = message;
     let mut found = None;
@@ -128,17 +130,18 @@ mod tests {
 
     #[test]
     fn broken_or_compressed_messages_are_refused() {
-        assert_eq!(string_field(b"", 1), Err(Unreadable::Malformed));
+        assert_eq!(string_field(b"", 1), Err(Unreadable::NotOneMessage));
         let mut compressed = framed(&[0x0a, 1, b'a']);
         compressed[0] = 1;
         assert_eq!(string_field(&compressed, 1), Err(Unreadable::Compressed));
-        // A length past the end, a second message, a group.
-        assert_eq!(
-            string_field(&framed(&[0x0a, 9, b'a']), 1),
-            Err(Unreadable::Malformed)
-        );
+        // A field's length past the message's end, a message cut short, a
+        // second message, a group.
+        let mut long = framed(&[0x0a, 9, b'a']);
+        assert_eq!(string_field(&long, 1), Err(Unreadable::Malformed));
+        long.truncate(6);
+        assert_eq!(string_field(&long, 1), Err(Unreadable::NotOneMessage));
         let two = [framed(&[0x0a, 1, b'a']), framed(&[])].concat();
-        assert_eq!(string_field(&two, 1), Err(Unreadable::Malformed));
+        assert_eq!(string_field(&two, 1), Err(Unreadable::NotOneMessage));
         assert_eq!(
             string_field(&framed(&[0x0b]), 1),
             Err(Unreadable::Malformed)

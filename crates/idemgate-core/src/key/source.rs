@@ -299,12 +299,19 @@ impl KeySource {
                 }
             }
             Self::Protobuf(number) => {
-                let is_grpc = input.content_type.is_some_and(is_grpc_content_type);
-                if !is_grpc {
+                // A protobuf message: gRPC's default `+proto` form, not `+json`.
+                let is_proto = input.content_type.is_some_and(|content_type| {
+                    is_grpc_content_type(content_type)
+                        && !content_type.to_ascii_lowercase().contains("+json")
+                });
+                if !is_proto {
                     return Ok(None);
                 }
                 match super::protobuf::string_field(input.body, *number) {
                     Ok(None) => Ok(None),
+                    // Not one message: a streaming call, which has no key in
+                    // its messages and passes through unkeyed (PROTOCOL §22).
+                    Err(super::protobuf::Unreadable::NotOneMessage) => Ok(None),
                     // An empty string is proto3's default: the field unset.
                     Ok(Some(b"")) => Ok(None),
                     Ok(Some(value)) => {
