@@ -21,7 +21,7 @@ mod shop;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate::{IdempotencyLayer, MemoryStore, Principal, PrincipalError};
+use idemgate::{IdempotencyLayer, MemoryStore};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,16 +41,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         announce(bound, "without idempotency");
         tokio::spawn(server.serve_with_incoming(incoming))
     } else {
-        let by_tenant = |parts: &http::request::Parts| {
-            parts
-                .headers
-                .get("x-tenant")
-                .and_then(|value| value.to_str().ok())
-                .map(|tenant| Principal::new(format!("tenant:{tenant}")))
-                .ok_or(PrincipalError::Missing)
-        };
         let idempotency = IdempotencyLayer::new(MemoryStore::new())
-            .with_principal(by_tenant)
+            .with_principal(shop::tenant)
             .with_wait(Duration::from_secs(10));
         let server = server.layer(idempotency).add_service(shop);
         announce(bound, "with idempotency");

@@ -48,6 +48,18 @@ pub(crate) struct Order {
     pub(crate) amount: i64,
 }
 
+/// The principal that scopes keys: the tenant the `x-tenant` metadata names.
+pub(crate) fn tenant(
+    parts: &http::request::Parts,
+) -> Result<idemgate::Principal, idemgate::PrincipalError> {
+    parts
+        .headers
+        .get("x-tenant")
+        .and_then(|value| value.to_str().ok())
+        .map(|tenant| idemgate::Principal::new(format!("tenant:{tenant}")))
+        .ok_or(idemgate::PrincipalError::Missing)
+}
+
 /// The full name of the one method.
 pub(crate) const CREATE_ORDER: &str = "/shop.Orders/CreateOrder";
 

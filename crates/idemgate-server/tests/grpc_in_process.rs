@@ -1,7 +1,9 @@
-//! The example tonic service (`examples/grpc_orders`) with the idempotency
-//! layer in-process — `Server::builder().layer(IdempotencyLayer)` — and a real
-//! tonic client over HTTP/2 (PROTOCOL §22): the scenarios the proxy's gRPC
-//! suite runs through the binary, here in-process.
+//! The example tonic service (`crates/idemgate/examples/grpc_orders`) with the
+//! idempotency layer in-process — `Server::builder().layer(IdempotencyLayer)` —
+//! and a real tonic client over HTTP/2 (PROTOCOL §22): the scenarios the
+//! proxy's gRPC suite runs through the binary, here in-process, each on every
+//! store (`memory::…`, `sqlite::…`, `postgres::…`, `redis::…`), opened as
+//! `idemgate serve` opens them.
 //!
 //! A lost reply (the client gone mid-call) is replayed to the retry, one order
 //! created; a retry in flight waits for the outcome; another message under the
@@ -10,7 +12,7 @@
 //! client's interceptor keys each call once, and its retry loop keeps an
 //! operation's key across attempts until the one outcome.
 
-#[path = "../examples/grpc_orders/shop.rs"]
+#[path = "../../idemgate/examples/grpc_orders/shop.rs"]
 mod shop;
 
 use std::sync::Arc;
@@ -18,14 +20,107 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use idemgate::{IdempotencyLayer, MemoryStore, Principal, PrincipalError};
+use idemgate::{IdempotencyLayer, Store};
+use idemgate_server::config::{RedisSafety, StoreUrl};
+use idemgate_server::store::{Opening, open};
 use shop::{CreateOrderRequest, Order, OrdersServer, Shop};
 use tonic::transport::Channel;
 
-/// A layer on a memory store whose duplicates in flight wait up to 5 s for
-/// the outcome.
-fn waiting() -> IdempotencyLayer {
-    IdempotencyLayer::new(MemoryStore::new()).with_wait(Duration::from_secs(5))
+/// The stores the scenarios run on.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Memory,
+    Sqlite,
+    Postgres,
+    Redis,
+}
+
+/// What keeps a store usable while its test runs: a SQL store's purge task,
+/// a SQLite file's directory.
+struct Kept {
+    _purge: Option<idemgate_sqlx::PurgeTask>,
+    _dir: Option<TempDir>,
+}
+
+/// Removes its directory when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The `kind` store, opened as `idemgate serve` opens it; the shared
+/// PostgreSQL and Redis from scripts/test.sh's environment.
+async fn open_store(kind: Kind) -> (Arc<dyn Store>, Kept) {
+    let variable = |name: &str| {
+        std::env::var(name)
+            .unwrap_or_else(|_| panic!("{name} is not set: run scripts/test.sh, which sets it"))
+    };
+    let mut dir = None;
+    let url = match kind {
+        Kind::Memory => "memory".to_owned(),
+        Kind::Sqlite => {
+            let path = std::env::temp_dir().join(format!("idemgate-grpc-{}", new_key()));
+            std::fs::create_dir_all(&path).unwrap();
+            let url = format!("sqlite://{}", path.join("records.db").display());
+            dir = Some(TempDir(path));
+            url
+        }
+        Kind::Postgres => variable("IDEMGATE_TEST_POSTGRES_URL"),
+        Kind::Redis => variable("IDEMGATE_TEST_REDIS_URL"),
+    };
+    let url: StoreUrl = url.parse().unwrap();
+    let opened = open(
+        &url,
+        Opening::Serve,
+        Duration::from_secs(5),
+        RedisSafety::default(),
+    )
+    .await
+    .unwrap();
+    let kept = Kept {
+        _purge: opened.purge,
+        _dir: dir,
+    };
+    (opened.store, kept)
+}
+
+/// Each scenario as a test per store: `memory::a_lost_reply_…`, `sqlite::…`.
+macro_rules! on_every_store {
+    ($($scenario:ident),* $(,)?) => {
+        on_every_store!(@store memory Memory [$($scenario)*]);
+        on_every_store!(@store sqlite Sqlite [$($scenario)*]);
+        on_every_store!(@store postgres Postgres [$($scenario)*]);
+        on_every_store!(@store redis Redis [$($scenario)*]);
+    };
+    (@store $module:ident $kind:ident [$($scenario:ident)*]) => {
+        mod $module {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let (store, _kept) = super::open_store(super::Kind::$kind).await;
+                    super::$scenario(store).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_store!(
+    a_lost_reply_is_replayed_and_the_order_created_once,
+    a_retry_in_flight_waits_for_the_outcome,
+    another_message_under_the_key_is_failed_precondition,
+    deterministic_errors_are_replayed_and_unavailable_is_released,
+    the_key_can_be_the_message_s_request_id,
+    the_rust_client_keeps_an_operation_s_key_across_its_retries,
+);
+
+/// A layer on `store` whose duplicates in flight wait up to 5 s for the
+/// outcome.
+fn waiting(store: &Arc<dyn Store>) -> IdempotencyLayer {
+    IdempotencyLayer::from_arc(Arc::clone(store)).with_wait(Duration::from_secs(5))
 }
 
 /// The service on a port of its own behind `layer` (replays repeat the
@@ -33,19 +128,11 @@ fn waiting() -> IdempotencyLayer {
 /// listed), and its shop.
 async fn serve(layer: IdempotencyLayer) -> (Channel, Arc<Shop>) {
     let layer = layer.with_replayed_header_names([http::HeaderName::from_static("x-order-run")]);
-    let by_tenant = |parts: &http::request::Parts| {
-        parts
-            .headers
-            .get("x-tenant")
-            .and_then(|value| value.to_str().ok())
-            .map(|tenant| Principal::new(format!("tenant:{tenant}")))
-            .ok_or(PrincipalError::Missing)
-    };
     let shop = Arc::new(Shop::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let server = tonic::transport::Server::builder()
-        .layer(layer.with_principal(by_tenant))
+        .layer(layer.with_principal(shop::tenant))
         .add_service(OrdersServer::new(Arc::clone(&shop)));
     tokio::spawn(server.serve_with_incoming(tokio_stream(listener)));
     let channel = Channel::from_shared(format!("http://{address}"))
@@ -126,9 +213,8 @@ fn new_key() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-#[tokio::test]
-async fn a_lost_reply_is_replayed_and_the_order_created_once() {
-    let (channel, shop) = serve(waiting()).await;
+async fn a_lost_reply_is_replayed_and_the_order_created_once(store: Arc<dyn Store>) {
+    let (channel, shop) = serve(waiting(&store)).await;
     *shop.pause.lock().unwrap() = Duration::from_millis(300);
     let key = new_key();
     let lost = {
@@ -155,9 +241,8 @@ async fn a_lost_reply_is_replayed_and_the_order_created_once() {
     assert_eq!(retry.metadata().get("x-order-run").unwrap(), "1");
 }
 
-#[tokio::test]
-async fn a_retry_in_flight_waits_for_the_outcome() {
-    let (channel, shop) = serve(waiting()).await;
+async fn a_retry_in_flight_waits_for_the_outcome(store: Arc<dyn Store>) {
+    let (channel, shop) = serve(waiting(&store)).await;
     *shop.pause.lock().unwrap() = Duration::from_millis(300);
     let key = new_key();
     let calls: Vec<_> = (0..4)
@@ -174,9 +259,8 @@ async fn a_retry_in_flight_waits_for_the_outcome() {
     assert!(orders.iter().all(|order| order.id == "ord-1"));
 }
 
-#[tokio::test]
-async fn another_message_under_the_key_is_failed_precondition() {
-    let (channel, shop) = serve(waiting()).await;
+async fn another_message_under_the_key_is_failed_precondition(store: Arc<dyn Store>) {
+    let (channel, shop) = serve(waiting(&store)).await;
     let key = new_key();
     create(&channel, Some(&key), order("pizza", 1500))
         .await
@@ -188,9 +272,8 @@ async fn another_message_under_the_key_is_failed_precondition() {
     assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn deterministic_errors_are_replayed_and_unavailable_is_released() {
-    let (channel, shop) = serve(waiting()).await;
+async fn deterministic_errors_are_replayed_and_unavailable_is_released(store: Arc<dyn Store>) {
+    let (channel, shop) = serve(waiting(&store)).await;
     let key = new_key();
     let refused = create(&channel, Some(&key), order("pizza", 0))
         .await
@@ -214,10 +297,8 @@ async fn deterministic_errors_are_replayed_and_unavailable_is_released() {
     assert_eq!(shop.runs.load(Ordering::SeqCst), 3, "released: run again");
 }
 
-#[tokio::test]
-async fn the_key_can_be_the_message_s_request_id() {
-    let layer =
-        IdempotencyLayer::new(MemoryStore::new()).with_key_source("protobuf:1".parse().unwrap());
+async fn the_key_can_be_the_message_s_request_id(store: Arc<dyn Store>) {
+    let layer = waiting(&store).with_key_source("protobuf:1".parse().unwrap());
     let (channel, shop) = serve(layer).await;
     let keyed = CreateOrderRequest {
         request_id: new_key(),
@@ -233,12 +314,11 @@ async fn the_key_can_be_the_message_s_request_id() {
 /// The Rust client: an `Operation`'s retry loop keeps its key on every
 /// attempt — here `ABORTED` (no wait on this server) retried after the
 /// pushback, then the replay — and the interceptor keys each call once.
-#[tokio::test]
-async fn the_rust_client_keeps_an_operation_s_key_across_its_retries() {
+async fn the_rust_client_keeps_an_operation_s_key_across_its_retries(store: Arc<dyn Store>) {
     use idemgate_client::{Operation, RetryPolicy, grpc};
 
     // No waiting: a duplicate in flight is ABORTED at once.
-    let (channel, shop) = serve(IdempotencyLayer::new(MemoryStore::new())).await;
+    let (channel, shop) = serve(IdempotencyLayer::from_arc(store)).await;
     // History for the route, so the pushback is what a run takes (about 1 s).
     create(&channel, Some(&new_key()), order("warm-up", 1))
         .await
