@@ -8,7 +8,8 @@
 //! ```
 //!
 //! (by hand, so the example builds without `protoc`), and a shop that counts
-//! the orders it creates. Shared by the example and `tests/grpc_tonic.rs`.
+//! the orders it creates. Shared by the example and idemgate-server's
+//! `tests/grpc_in_process.rs`.
 
 use std::convert::Infallible;
 use std::future::Future;
