@@ -28,7 +28,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::BoxError;
-use crate::server::{ServerProcess, build_server, process_cpu_time};
+use crate::server::{ServerProcess, build_release, build_server, process_cpu_time};
 
 /// Calls in flight at once, and the connections they share.
 const STREAMS: usize = 32;
@@ -84,26 +84,8 @@ impl Service {
 
 /// Builds the example in release mode.
 async fn build_example(root: &Path) -> Result<PathBuf, BoxError> {
-    eprintln!("[bench] cargo build --release -p idemgate --example grpc_orders");
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "idemgate",
-            "--example",
-            "grpc_orders",
-        ])
-        .current_dir(root)
-        .status()
-        .await?;
-    if !status.success() {
-        return Err(format!("building the gRPC example failed: {status}").into());
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    Ok(target.join("release/examples/grpc_orders"))
+    let target = ["-p", "idemgate", "--example", "grpc_orders"];
+    build_release(root, &target, "examples/grpc_orders").await
 }
 
 /// One way of calling, measured: calls per second, and CPU per call.

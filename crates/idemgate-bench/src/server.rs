@@ -46,32 +46,42 @@ pub(crate) struct ServerProcess {
     log_lines: tokio::task::JoinHandle<Vec<String>>,
 }
 
-/// Builds the release server binary, unless told where one is.
+/// Builds the release server binary.
 pub(crate) async fn build_server(workspace: &Path) -> Result<PathBuf, BoxError> {
-    eprintln!("[bench] cargo build --release -p idemgate-server --bin idemgate");
+    build_release(
+        workspace,
+        &["-p", "idemgate-server", "--bin", "idemgate"],
+        "idemgate",
+    )
+    .await
+}
+
+/// `cargo build --release <target>` in `workspace`, and the path of what it
+/// built: `artifact` under the release directory (of `CARGO_TARGET_DIR`, or
+/// the workspace's `target`).
+pub(crate) async fn build_release(
+    workspace: &Path,
+    target: &[&str],
+    artifact: &str,
+) -> Result<PathBuf, BoxError> {
+    eprintln!("[bench] cargo build --release {}", target.join(" "));
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "idemgate-server",
-            "--bin",
-            "idemgate",
-        ])
+        .args(["build", "--release"])
+        .args(target)
         .current_dir(workspace)
         .status()
         .await?;
     if !status.success() {
-        return Err(format!("building the server failed: {status}").into());
+        return Err(format!("building {artifact} failed: {status}").into());
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
+    let directory = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
-    let binary = target.join("release").join("idemgate");
-    if !binary.exists() {
-        return Err(format!("no server binary at {}", binary.display()).into());
+    let built = directory.join("release").join(artifact);
+    if !built.exists() {
+        return Err(format!("nothing built at {}", built.display()).into());
     }
-    Ok(binary)
+    Ok(built)
 }
 
 impl ServerProcess {

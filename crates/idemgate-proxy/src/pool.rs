@@ -101,6 +101,9 @@ struct Shared {
     /// The upstream's host (an IPv6 address without brackets) and port.
     host: String,
     port: u16,
+    /// The same as written in the upstream URL: an HTTP/2 request's
+    /// `:authority` when the client named none.
+    authority: http::uri::Authority,
     /// How many connections each worker keeps.
     max_kept: usize,
     /// Which requests go out in HTTP/2.
@@ -176,6 +179,7 @@ impl UpstreamPool {
             shared: Arc::new(Shared {
                 host: host.to_owned(),
                 port: authority.port_u16().unwrap_or(80),
+                authority: authority.clone(),
                 max_kept,
                 protocol,
                 workers: ThreadLocal::new(),
@@ -284,10 +288,7 @@ impl UpstreamPool {
     /// A new connection, its task spawned on this thread's runtime. Upgrades
     /// are enabled: a WebSocket the upstream accepts takes the connection over.
     async fn connect(&self) -> Result<SendRequest<Body>, SendError> {
-        let stream = TcpStream::connect((self.shared.host.as_str(), self.shared.port))
-            .await
-            .map_err(SendError::Connect)?;
-        stream.set_nodelay(true).map_err(SendError::Connect)?;
+        let stream = self.tcp().await?;
         // An HTTP/1 handshake does no I/O; it fails only when hyper cannot
         // build the connection, before anything is sent.
         let (sender, connection) = http1::handshake(TokioIo::new(stream))
@@ -349,7 +350,7 @@ impl UpstreamPool {
             .headers_mut()
             .remove(http::header::HOST)
             .and_then(|host| http::uri::Authority::try_from(host.as_bytes()).ok())
-            .unwrap_or_else(|| self.authority());
+            .unwrap_or_else(|| self.shared.authority.clone());
         let mut parts = request.uri().clone().into_parts();
         parts.scheme = Some(http::uri::Scheme::HTTP);
         parts.authority = Some(authority);
@@ -365,25 +366,21 @@ impl UpstreamPool {
         request
     }
 
-    /// The upstream's own `host:port`.
-    fn authority(&self) -> http::uri::Authority {
-        let host = &self.shared.host;
-        let text = match host.contains(':') {
-            true => format!("[{host}]:{}", self.shared.port),
-            false => format!("{host}:{}", self.shared.port),
-        };
-        http::uri::Authority::try_from(text)
-            .unwrap_or_else(|_| http::uri::Authority::from_static("upstream"))
+    /// A new TCP connection to the upstream, without Nagle's delay: the one
+    /// way both protocols connect.
+    async fn tcp(&self) -> Result<TcpStream, SendError> {
+        let stream = TcpStream::connect((self.shared.host.as_str(), self.shared.port))
+            .await
+            .map_err(SendError::Connect)?;
+        stream.set_nodelay(true).map_err(SendError::Connect)?;
+        Ok(stream)
     }
 
     /// A new HTTP/2 connection (h2c, prior knowledge), kept as this worker's;
     /// its task spawned on this thread's runtime. Pinged while streams are
     /// open, so a peer that vanished is noticed.
     async fn connect_http2(&self) -> Result<http2::SendRequest<Body>, SendError> {
-        let stream = TcpStream::connect((self.shared.host.as_str(), self.shared.port))
-            .await
-            .map_err(SendError::Connect)?;
-        stream.set_nodelay(true).map_err(SendError::Connect)?;
+        let stream = self.tcp().await?;
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(HTTP2_PING)

@@ -22,7 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idemgate::{IdempotencyLayer, MemoryStore, Principal, Store};
+use idemgate::{IdempotencyLayer, MemoryStore, Store};
 use support::{FaultyStore, new_key};
 use tower::ServiceExt;
 
@@ -96,14 +96,7 @@ fn app_with(layer: IdempotencyLayer, server: Arc<Server>) -> Router {
     Router::new()
         .route(METHOD, post(create_order))
         .route_layer(layer)
-        .layer(axum::middleware::from_fn(
-            |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
-                request
-                    .extensions_mut()
-                    .insert(Principal::new("user:alice"));
-                next.run(request).await
-            },
-        ))
+        .layer(axum::middleware::from_fn(support::authenticate))
         .with_state(server)
 }
 
@@ -140,6 +133,7 @@ async fn call_keyed(app: &Router, key: Option<&str>, body: Vec<u8>, answer: &str
     let mut request = Request::post(METHOD)
         .header(header::CONTENT_TYPE, "application/grpc")
         .header("te", "trailers")
+        .header("x-user", "alice")
         .header("x-answer", answer);
     if let Some(key) = key {
         request = request.header("idempotency-key", key);
