@@ -89,9 +89,9 @@ pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
 }
 
 /// A problem answered to a gRPC call keeps its HTTP status here (in the
-/// answer's extensions): the record is settled by it as for any request — a
-/// proxy's `504` after the request went out may have run, and is stored,
-/// though `DEADLINE_EXCEEDED` from the service itself is released.
+/// answer's extensions): the record is settled by it as for any request (a
+/// proxy's `504` after the request went out may have run, and is stored), not
+/// by the gRPC status it is sent as (a `409`'s `ABORTED` is no outcome).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProblemStatus(pub(crate) StatusCode);
 

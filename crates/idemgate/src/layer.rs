@@ -395,10 +395,10 @@ impl IdempotencyLayer {
 
     /// The gRPC statuses that release a call's claim, so that the retry runs
     /// it (default [`GrpcCode::RELEASED_BY_DEFAULT`]: `UNAVAILABLE`,
-    /// `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`). `OK` and the other
-    /// deterministic statuses are stored and replayed; `UNKNOWN`, `INTERNAL`,
-    /// `DATA_LOSS` and `CANCELLED` follow the server-error policy
-    /// (PROTOCOL §22).
+    /// `RESOURCE_EXHAUSTED`). `OK` and the other deterministic statuses are
+    /// stored and replayed; `UNKNOWN`, `INTERNAL`, `DATA_LOSS`, `CANCELLED`
+    /// and `DEADLINE_EXCEEDED` (which may come after the work was done) follow
+    /// the server-error policy (PROTOCOL §22).
     ///
     /// ```
     /// use idemgate::GrpcCode;
