@@ -67,6 +67,7 @@ use crate::store::{
 };
 use crate::stream::StreamId;
 use crate::time::Timestamp;
+use crate::transaction::ClaimInTransaction;
 
 /// The counter of cache lookups, labelled `result="hit"` or `"miss"`.
 pub const REPLAY_CACHE_METRIC: &str = "idemgate_replay_cache_total";
@@ -250,6 +251,28 @@ impl ReplayCache {
 
     /// Caches the record `completion` just wrote for a new operation this cache saw
     /// claimed (see the [module docs](self)).
+    /// Notes a new record's claim, so its completion can fill the cache without a
+    /// read. Takeovers are not noted: their `created_at` is older than this
+    /// process knows.
+    fn note_claim(&self, request: &ClaimRequest, lease: &Lease, epoch: u64) {
+        if lease.origin != LeaseOrigin::New {
+            return;
+        }
+        let lease_ms = i64::try_from(request.lease.as_millis()).unwrap_or(i64::MAX);
+        let claimed_at =
+            Timestamp::from_millis(lease.locked_until.as_millis().saturating_sub(lease_ms));
+        let note = NewClaim {
+            fingerprint: request.fingerprint,
+            field_digests: request.field_digests.clone(),
+            operation_id: lease.operation_id,
+            token: lease.token,
+            claimed_at,
+            clock_read: Instant::now(),
+            epoch,
+        };
+        self.new_claims.insert(*request.identity.digest(), note);
+    }
+
     fn fill_completed(&self, lease: &Lease, completion: &Completion) {
         let Some((_, claim)) = self.new_claims.remove(&lease.identity) else {
             return;
@@ -356,22 +379,7 @@ impl Store for ReplayCache {
         let claim = self.inner.try_claim(request).await?;
         match &claim {
             Claim::Existing(snapshot) => self.fill(identity, snapshot, read_at, epoch),
-            Claim::Acquired(lease) if lease.origin == LeaseOrigin::New => {
-                let lease_ms = i64::try_from(request.lease.as_millis()).unwrap_or(i64::MAX);
-                let claimed_at =
-                    Timestamp::from_millis(lease.locked_until.as_millis().saturating_sub(lease_ms));
-                let note = NewClaim {
-                    fingerprint: request.fingerprint,
-                    field_digests: request.field_digests.clone(),
-                    operation_id: lease.operation_id,
-                    token: lease.token,
-                    claimed_at,
-                    clock_read: Instant::now(),
-                    epoch,
-                };
-                self.new_claims.insert(*identity, note);
-            }
-            Claim::Acquired(_) => {}
+            Claim::Acquired(lease) => self.note_claim(request, lease, epoch),
         }
         Ok(claim)
     }
@@ -507,6 +515,37 @@ impl Store for ReplayCache {
     fn completed_in_transaction(&self, lease: &Lease, completion: &Completion) {
         self.fill_completed(lease, completion);
         self.inner.completed_in_transaction(lease, completion);
+    }
+
+    fn supports_one_transaction(&self) -> bool {
+        self.inner.supports_one_transaction()
+    }
+
+    /// As [`Store::try_claim`]: answered from the cache when it holds the
+    /// final record; a committed record the claim meets fills it, and a new
+    /// claim is noted for its transactional completion.
+    async fn claim_in_transaction(
+        &self,
+        request: &ClaimRequest,
+        lock_wait: Duration,
+    ) -> Result<ClaimInTransaction, StoreError> {
+        let identity = request.identity.digest();
+        if let Some(snapshot) = self.lookup(identity) {
+            return Ok(ClaimInTransaction::Existing(snapshot));
+        }
+        let epoch = self.invalidations.load(Ordering::SeqCst);
+        let read_at = Instant::now();
+        let claim = self.inner.claim_in_transaction(request, lock_wait).await?;
+        match &claim {
+            ClaimInTransaction::Existing(snapshot) => self.fill(identity, snapshot, read_at, epoch),
+            ClaimInTransaction::Acquired { lease, .. } => self.note_claim(request, lease, epoch),
+            ClaimInTransaction::Locked => {}
+        }
+        Ok(claim)
+    }
+
+    fn rolled_back_in_transaction(&self, lease: &Lease) {
+        self.inner.rolled_back_in_transaction(lease);
     }
 
     async fn transaction_journal_entries(

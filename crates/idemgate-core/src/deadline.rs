@@ -241,6 +241,32 @@ impl Store for WithDeadline {
         self.inner.completed_in_transaction(lease, completion);
     }
 
+    fn supports_one_transaction(&self) -> bool {
+        self.inner.supports_one_transaction()
+    }
+
+    /// Bounded by the store timeout on top of the lock wait: the database bounds
+    /// the wait for a concurrent transaction itself; a frozen one answers nothing.
+    async fn claim_in_transaction(
+        &self,
+        request: &ClaimRequest,
+        lock_wait: Duration,
+    ) -> Result<crate::transaction::ClaimInTransaction, StoreError> {
+        let bound = self.timeout + lock_wait;
+        match tokio::time::timeout(bound, self.inner.claim_in_transaction(request, lock_wait)).await
+        {
+            Ok(result) => result,
+            Err(_elapsed) => Err(StoreError::unavailable(DeadlineExceeded {
+                operation: "claim_in_transaction",
+                timeout: bound,
+            })),
+        }
+    }
+
+    fn rolled_back_in_transaction(&self, lease: &Lease) {
+        self.inner.rolled_back_in_transaction(lease);
+    }
+
     async fn transaction_journal_entries(
         &self,
         lease: &Lease,

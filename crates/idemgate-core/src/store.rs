@@ -180,6 +180,39 @@ pub trait Store: Send + Sync + 'static {
     /// particular order; empty when it has none.
     async fn route_durations(&self, route: &str) -> Result<Vec<Duration>, StoreError>;
 
+    /// Whether [`Store::claim_in_transaction`] works: the one-transaction mode
+    /// (PROTOCOL §23) is refused on a store that says no (the default).
+    fn supports_one_transaction(&self) -> bool {
+        false
+    }
+
+    /// Opens a business transaction and claims `request.identity` as its first
+    /// statement, uncommitted (the one-transaction mode, PROTOCOL §23): the claim
+    /// commits with the handler's writes and the completion, or vanishes with them.
+    /// A concurrent claim of the same key waits for this transaction (on the
+    /// record's unique index, or SQLite's one writer); where the database can bound
+    /// that wait, `lock_wait` bounds it and the answer past it is
+    /// [`ClaimInTransaction::Locked`]. The default refuses:
+    /// [`OneTransactionUnsupported`](crate::transaction::OneTransactionUnsupported),
+    /// as [`StoreError::Misconfigured`].
+    async fn claim_in_transaction(
+        &self,
+        request: &ClaimRequest,
+        lock_wait: Duration,
+    ) -> Result<crate::transaction::ClaimInTransaction, StoreError> {
+        let _ = (request, lock_wait);
+        Err(StoreError::misconfigured(
+            crate::transaction::OneTransactionUnsupported,
+        ))
+    }
+
+    /// Told that the transaction a claim was made in (the one-transaction mode)
+    /// rolled back under `lease`: the claim is gone with it, as if released. Not
+    /// a write; the journal records it as `released`.
+    fn rolled_back_in_transaction(&self, lease: &Lease) {
+        let _ = lease;
+    }
+
     /// Told that the handler's transaction (the transactional mode,
     /// [`crate::transaction`]) committed `completion` under `lease`: the one
     /// completion that does not go through [`Store::complete`]. Not a write, and

@@ -10,13 +10,21 @@
 //!
 //! Requests without a key get a slot too, on the methods the layer covers: their
 //! transaction is committed when the response is not a 5xx, rolled back otherwise.
+//!
+//! In the **one-transaction mode** (PROTOCOL §23) the order is turned around: the
+//! store opens the transaction and claims inside it
+//! ([`Store::claim_in_transaction`](crate::Store::claim_in_transaction)), the layer
+//! [offers](TransactionSlot::offer) that transaction in the slot, and the handler's
+//! extractor takes it instead of beginning one. The claim, the business writes and
+//! the completion then commit once, together.
 
+use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
 use crate::audit::AuditRecord;
-use crate::store::{Completion, FencedWrite, Lease, StoreError};
+use crate::store::{Completion, FencedWrite, Lease, Snapshot, StoreError};
 
 /// An open business transaction waiting for the layer to finish it.
 #[async_trait]
@@ -40,7 +48,52 @@ pub trait PendingTransaction: Send {
 
     /// Rolls the business writes back.
     async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
+
+    /// The concrete transaction, for the extractor that takes an
+    /// [offered](TransactionSlot::offer) one back as its store's type.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
+
+/// What a claim inside a new transaction came to
+/// ([`Store::claim_in_transaction`](crate::Store::claim_in_transaction), the
+/// one-transaction mode, PROTOCOL §23).
+pub enum ClaimInTransaction {
+    /// Claimed, uncommitted, in `transaction`: no one else sees the record until it
+    /// commits, and a crash or a rollback leaves no claim behind.
+    Acquired {
+        /// The run's lease, as [`Claim::Acquired`](crate::Claim::Acquired) gives it.
+        lease: Lease,
+        /// The open transaction holding the claim; the handler's writes go into it.
+        transaction: Box<dyn PendingTransaction>,
+    },
+    /// A committed record blocks the claim (the transaction was rolled back):
+    /// decided as for [`Claim::Existing`](crate::Claim::Existing).
+    Existing(Snapshot),
+    /// Another request's transaction holds an uncommitted claim of the same key and
+    /// did not finish within the wait (the transaction was rolled back): in flight.
+    Locked,
+}
+
+impl std::fmt::Debug for ClaimInTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Acquired { lease, .. } => f
+                .debug_struct("Acquired")
+                .field("lease", lease)
+                .finish_non_exhaustive(),
+            Self::Existing(snapshot) => f.debug_tuple("Existing").field(snapshot).finish(),
+            Self::Locked => f.write_str("Locked"),
+        }
+    }
+}
+
+/// The store cannot claim inside a business transaction: only the SQL stores
+/// (PostgreSQL, SQLite) keep the record in the business's own database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this store cannot claim inside the handler's transaction: the one-transaction mode needs PostgreSQL or SQLite"
+)]
+pub struct OneTransactionUnsupported;
 
 /// What a slot holds when the layer looks at it after the handler.
 ///
@@ -69,6 +122,9 @@ impl std::fmt::Debug for SlotContents {
 
 enum State {
     Unused,
+    /// The layer's own transaction, holding the claim (the one-transaction
+    /// mode), waiting for the handler to take it — or for the layer, if it never does.
+    Offered(Box<dyn PendingTransaction>),
     Lent,
     Returned(Box<dyn PendingTransaction>),
     Taken,
@@ -101,17 +157,26 @@ impl TransactionSlot {
         Self::default()
     }
 
-    /// Marks the slot lent, before the extractor begins its transaction. Fails if
-    /// the request already took one: two transactions could not commit atomically
-    /// with one completion.
-    pub fn lend(&self) -> Result<(), AlreadyLent> {
+    /// Puts the transaction the claim was made in (the one-transaction mode) in
+    /// the slot, for the handler's extractor to take with [`TransactionSlot::lend`].
+    pub fn offer(&self, transaction: Box<dyn PendingTransaction>) {
         let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match *state {
-            State::Unused => {
-                *state = State::Lent;
-                Ok(())
+        *state = State::Offered(transaction);
+    }
+
+    /// Marks the slot lent. `Ok(None)`: the extractor begins its own
+    /// transaction; `Ok(Some(_))`: it continues the [offered](TransactionSlot::offer)
+    /// one. Fails if the request already took one: two transactions could not
+    /// commit atomically with one completion.
+    pub fn lend(&self) -> Result<Option<Box<dyn PendingTransaction>>, AlreadyLent> {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *state, State::Lent) {
+            State::Unused => Ok(None),
+            State::Offered(transaction) => Ok(Some(transaction)),
+            other => {
+                *state = other;
+                Err(AlreadyLent)
             }
-            _ => Err(AlreadyLent),
         }
     }
 
@@ -129,7 +194,7 @@ impl TransactionSlot {
     /// yet taken): its writes then wait for the settlement.
     pub fn is_in_use(&self) -> bool {
         let state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        matches!(*state, State::Lent | State::Returned(_))
+        matches!(*state, State::Offered(_) | State::Lent | State::Returned(_))
     }
 
     /// Takes what the slot holds; later `give_back`s are rolled back by drop.
@@ -138,7 +203,10 @@ impl TransactionSlot {
         match std::mem::replace(&mut *state, State::Taken) {
             State::Unused | State::Taken => SlotContents::Unused,
             State::Lent => SlotContents::StillLent,
-            State::Returned(transaction) => SlotContents::Returned(transaction),
+            // The handler never took it: the layer finishes it all the same.
+            State::Offered(transaction) | State::Returned(transaction) => {
+                SlotContents::Returned(transaction)
+            }
         }
     }
 }
@@ -165,13 +233,16 @@ mod tests {
         async fn rollback(self: Box<Self>) -> Result<(), StoreError> {
             Ok(())
         }
+        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+            self
+        }
     }
 
     #[test]
     fn one_lend_per_request() {
         let slot = TransactionSlot::new();
-        assert!(slot.lend().is_ok());
-        assert_eq!(slot.lend(), Err(AlreadyLent));
+        assert!(matches!(slot.lend(), Ok(None)));
+        assert!(matches!(slot.lend(), Err(AlreadyLent)));
     }
 
     #[test]
@@ -188,6 +259,20 @@ mod tests {
         let slot = TransactionSlot::new();
         slot.lend().unwrap();
         slot.give_back(Box::new(Fake));
+        assert!(matches!(slot.take(), SlotContents::Returned(_)));
+    }
+
+    #[test]
+    fn an_offered_transaction_is_lent_once_and_finished_by_the_layer_if_never_taken() {
+        let slot = TransactionSlot::new();
+        slot.offer(Box::new(Fake));
+        assert!(slot.is_in_use());
+        let lent = slot.lend().unwrap().expect("the offered transaction");
+        assert!(lent.into_any().downcast::<Fake>().is_ok());
+        assert!(matches!(slot.lend(), Err(AlreadyLent)));
+
+        let slot = TransactionSlot::new();
+        slot.offer(Box::new(Fake));
         assert!(matches!(slot.take(), SlotContents::Returned(_)));
     }
 }

@@ -332,6 +332,32 @@ impl PostgresStore {
     /// The claim: one statement, and a read when it returned nothing; see the
     /// crate docs.
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.claim_on_either(request, None).await
+    }
+
+    /// The claim as the first statement of `transaction` (the one-transaction
+    /// mode, PROTOCOL §23). It waits on the record's unique index for another
+    /// transaction's uncommitted claim of the same key; `None` when that wait ran
+    /// past the transaction's `lock_timeout` (`crate::tx`).
+    pub(crate) async fn claim_on(
+        &self,
+        connection: &mut sqlx::PgConnection,
+        request: &ClaimRequest,
+    ) -> Result<Option<Claim>, StoreError> {
+        let claim = self.claim_on_either(request, Some(connection)).await;
+        match claim {
+            Err(StoreError::Unavailable(cause)) if is_lock_timeout(cause.as_ref()) => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
+    /// The claim statement, on the pool (`None`) or on a transaction's
+    /// connection, again while the record changes under it.
+    async fn claim_on_either(
+        &self,
+        request: &ClaimRequest,
+        mut connection: Option<&mut sqlx::PgConnection>,
+    ) -> Result<Claim, StoreError> {
         let identity = request.identity.digest();
         let scope = request.identity.scope();
         for attempt in 1..=CLAIM_ATTEMPTS {
@@ -339,7 +365,7 @@ impl PostgresStore {
             // (`claimed`); or returns the live record that blocks the claim
             // (`existing`, read without a write); or, when the record changed under
             // it, nothing.
-            let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
+            let query = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
                 .bind(identity.as_bytes().as_slice())
                 .bind(scope.principal.as_str())
                 .bind(scope.method.as_str())
@@ -350,10 +376,12 @@ impl PostgresStore {
                 .bind(OperationId::random().as_uuid())
                 .bind(millis(request.lease))
                 .bind(millis(request.ttl))
-                .bind(request.field_digests.as_ref().map(FieldDigests::encode))
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(store_error)?;
+                .bind(request.field_digests.as_ref().map(FieldDigests::encode));
+            let row = match connection.as_deref_mut() {
+                Some(connection) => query.fetch_optional(connection).await,
+                None => query.fetch_optional(&self.inner.pool).await,
+            }
+            .map_err(store_error)?;
             if let Some(row) = row {
                 let outcome: String = row.try_get("outcome").map_err(StoreError::corrupt)?;
                 return if outcome == "claimed" {
@@ -396,6 +424,16 @@ impl PostgresStore {
             .map_err(store_error)?;
         idemgate_sqlx::decode_eviction(row.as_ref())
     }
+}
+
+/// Whether `cause` is PostgreSQL's `lock_not_available` (`55P03`): a
+/// `lock_timeout` ran out.
+fn is_lock_timeout(cause: &(dyn std::error::Error + 'static)) -> bool {
+    cause
+        .downcast_ref::<sqlx::Error>()
+        .and_then(|error| error.as_database_error())
+        .and_then(|error| error.code())
+        .is_some_and(|code| code == "55P03")
 }
 
 impl PostgresStore {

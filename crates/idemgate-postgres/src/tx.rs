@@ -3,9 +3,11 @@
 use async_trait::async_trait;
 use idemgate_core::audit::AuditRecord;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
+use std::time::Duration;
+
+use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{ErrorCodes, SqlStore};
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
 
 use crate::error::{SQLSTATES, store_error};
 use crate::store::PostgresStore;
@@ -63,6 +65,28 @@ impl SqlStore for PostgresStore {
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
         PostgresStore::pool(self).begin().await.map_err(store_error)
+    }
+
+    /// `BEGIN` with the transaction's `lock_timeout` in the same round trip (one
+    /// simple query): how long its claim waits for another transaction's
+    /// uncommitted claim of the same key. At least 1 ms (`0` would mean no
+    /// bound).
+    async fn begin_claim(&self, lock_wait: Duration) -> Result<Self::Transaction, StoreError> {
+        let ms = lock_wait.as_millis().clamp(1, i32::MAX as u128);
+        PostgresStore::pool(self)
+            .begin_with(AssertSqlSafe(format!(
+                "BEGIN; SET LOCAL lock_timeout = {ms}"
+            )))
+            .await
+            .map_err(store_error)
+    }
+
+    async fn claim_in(
+        &self,
+        connection: &mut PgConnection,
+        request: &ClaimRequest,
+    ) -> Result<Option<Claim>, StoreError> {
+        self.claim_on(connection, request).await
     }
 
     async fn complete_in(

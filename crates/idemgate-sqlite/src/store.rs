@@ -360,6 +360,15 @@ impl SqliteStore {
         self.inner.writer.run(|lend| Op::Turn { lend }).await
     }
 
+    /// The claim on a lent writer connection (the one-transaction mode).
+    pub(crate) async fn claim_in_turn(
+        &self,
+        connection: &mut sqlx::SqliteConnection,
+        request: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        crate::writer::claim_in_turn(connection, &self.inner.sql, request).await
+    }
+
     pub(crate) fn signals(&self) -> &ChangeSignals {
         &self.inner.signals
     }
@@ -369,6 +378,22 @@ impl SqliteStore {
 impl Store for SqliteStore {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         self.claim(request).await
+    }
+
+    fn supports_one_transaction(&self) -> bool {
+        true
+    }
+
+    /// A turn on the writer, the claim its first statement: a concurrent claim
+    /// of the same key waits for the writer (as every write does) and then
+    /// finds the record committed. The writer's patience bounds the wait, not
+    /// `lock_wait`.
+    async fn claim_in_transaction(
+        &self,
+        request: &ClaimRequest,
+        lock_wait: Duration,
+    ) -> Result<idemgate_core::transaction::ClaimInTransaction, StoreError> {
+        idemgate_sqlx::claim_in_transaction(self, request, lock_wait).await
     }
 
     async fn complete(

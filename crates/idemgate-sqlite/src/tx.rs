@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use idemgate_core::audit::AuditRecord;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
+use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{BusinessTransaction, ErrorCodes, SqlStore};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
@@ -68,6 +68,14 @@ impl SqlStore for SqliteStore {
     /// transaction (the write lock taken up front, as for every write).
     async fn begin(&self) -> Result<WriterTransaction, StoreError> {
         self.lend_writer().await
+    }
+
+    async fn claim_in(
+        &self,
+        connection: &mut SqliteConnection,
+        request: &ClaimRequest,
+    ) -> Result<Option<Claim>, StoreError> {
+        self.claim_in_turn(connection, request).await.map(Some)
     }
 
     async fn complete_in(

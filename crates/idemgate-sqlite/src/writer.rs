@@ -807,6 +807,25 @@ async fn claim(
     }
 }
 
+/// The claim inside a transactional turn (the one-transaction mode, PROTOCOL
+/// §23) at the store's clock now: the turn's savepoint holds it uncommitted
+/// until the handler's writes and the completion join it.
+pub(crate) async fn claim_in_turn(
+    connection: &mut SqliteConnection,
+    sql: &Statements,
+    request: &ClaimRequest,
+) -> Result<Claim, StoreError> {
+    let now = now(connection, sql).await.map_err(store_error)?;
+    claim(connection, sql, request, now)
+        .await
+        .map_err(|error| match error {
+            StepError::Own(error) => error,
+            // The turn comes back to a batch that cannot commit: the writer
+            // fails it when it takes the connection back.
+            StepError::Batch(error) => store_error(error),
+        })
+}
+
 /// The operator's conditional delete at `now`: the delete and the read that
 /// explains a refusal see the same record, inside the batch's transaction.
 async fn evict(

@@ -41,11 +41,12 @@ mod store_methods;
 mod tx;
 
 use std::ops::DerefMut;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use idemgate_core::audit::AuditRecord;
 use idemgate_core::signals::ChangeSignals;
-use idemgate_core::{Completion, FencedWrite, Lease, Store, StoreError};
+use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, Lease, Store, StoreError};
 use sqlx::{Database, Pool, Transaction};
 
 pub use audit::{
@@ -71,7 +72,8 @@ pub mod __private {
     pub use tokio;
 }
 pub use tx::{
-    PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, Tx, TxRejection,
+    PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_OTHER_STORE, PROBLEM_UNAVAILABLE, Tx,
+    TxRejection, claim_in_transaction,
 };
 
 /// A [`Store`] on a `sqlx` pool that can complete a record inside a business
@@ -101,6 +103,24 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
 
     /// Begins a business transaction (for [`Tx::begin`]).
     async fn begin(&self) -> Result<Self::Transaction, StoreError>;
+
+    /// Begins the transaction a claim opens in the one-transaction mode
+    /// ([`claim_in_transaction`]), its wait for another transaction's claim of
+    /// the same key bounded by `lock_wait` where the database can bound it
+    /// (PostgreSQL's `lock_timeout`). By default, [`SqlStore::begin`].
+    async fn begin_claim(&self, lock_wait: Duration) -> Result<Self::Transaction, StoreError> {
+        let _ = lock_wait;
+        self.begin().await
+    }
+
+    /// Runs the claim on `connection` (a transaction from
+    /// [`SqlStore::begin_claim`]), without committing. `None` when another
+    /// transaction's uncommitted claim of the key held it past the wait.
+    async fn claim_in(
+        &self,
+        connection: &mut <Self::Database as Database>::Connection,
+        request: &ClaimRequest,
+    ) -> Result<Option<Claim>, StoreError>;
 
     /// Runs the fenced completion of `lease` on `connection` (the business
     /// transaction), without committing: [`FencedWrite::Refused`] when the record no

@@ -209,6 +209,21 @@ macro_rules! sql_store_methods {
                 self.claim(request).await
             }
 
+            fn supports_one_transaction(&self) -> bool {
+                true
+            }
+
+            async fn claim_in_transaction(
+                &self,
+                request: &$crate::__private::idemgate_core::ClaimRequest,
+                lock_wait: ::std::time::Duration,
+            ) -> ::std::result::Result<
+                $crate::__private::idemgate_core::transaction::ClaimInTransaction,
+                $crate::__private::idemgate_core::StoreError,
+            > {
+                $crate::claim_in_transaction(self, request, lock_wait).await
+            }
+
             async fn complete(
                 &self,
                 lease: &$crate::__private::idemgate_core::Lease,

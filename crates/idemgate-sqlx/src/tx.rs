@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::extract::{FromRef, FromRequestParts};
@@ -9,8 +10,10 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
 use idemgate_core::audit::AuditRecord;
-use idemgate_core::transaction::{AlreadyLent, PendingTransaction, TransactionSlot};
-use idemgate_core::{Completion, FencedWrite, Lease, StoreError};
+use idemgate_core::transaction::{
+    AlreadyLent, ClaimInTransaction, PendingTransaction, TransactionSlot,
+};
+use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, Lease, StoreError};
 use sqlx::Database;
 
 use crate::problem::Problem;
@@ -20,6 +23,8 @@ use crate::{BusinessTransaction, SqlStore};
 pub const PROBLEM_NOT_BEHIND_LAYER: &str = "/problems/transaction-without-layer";
 /// The problem `type` of [`TxRejection::AlreadyLent`].
 pub const PROBLEM_ALREADY_LENT: &str = "/problems/transaction-already-taken";
+/// The problem `type` of [`TxRejection::OtherStore`].
+pub const PROBLEM_OTHER_STORE: &str = "/problems/transaction-of-another-store";
 /// The problem `type` of [`TxRejection::Unavailable`].
 pub const PROBLEM_UNAVAILABLE: &str = "/problems/store-unavailable";
 
@@ -46,8 +51,24 @@ pub struct Tx<S: SqlStore> {
 impl<S: SqlStore> Tx<S> {
     /// Lends the request's transaction from `slot` and begins it on `store`'s pool
     /// (what the extractor does; for code outside axum).
+    /// In the one-transaction mode it continues the transaction the claim was
+    /// made in, which the layer offered in the slot.
     pub async fn begin(store: &S, slot: &TransactionSlot) -> Result<Self, TxRejection> {
-        slot.lend()?;
+        if let Some(offered) = slot.lend()? {
+            return match offered.into_any().downcast::<Pending<S>>() {
+                Ok(pending) => match pending.transaction {
+                    Some(transaction) => Ok(Self {
+                        transaction: Some(transaction),
+                        slot: slot.clone(),
+                        store: store.clone(),
+                    }),
+                    None => Err(TxRejection::OtherStore),
+                },
+                // Not this store's transaction: the layer's store is another
+                // one. Nothing was written through it; the layer finishes it.
+                Err(_) => Err(TxRejection::OtherStore),
+            };
+        }
         match store.begin().await {
             Ok(transaction) => Ok(Self {
                 transaction: Some(transaction),
@@ -139,6 +160,13 @@ pub enum TxRejection {
     /// The transaction could not begin.
     #[error("could not begin the business transaction")]
     Unavailable(#[source] StoreError),
+    /// The layer claimed in a transaction of another store than the extractor's
+    /// (the one-transaction mode): the handler's writes could not commit with
+    /// the claim.
+    #[error(
+        "the layer claimed in another store's transaction: the handler's Tx must name the layer's store"
+    )]
+    OtherStore,
 }
 
 impl IntoResponse for TxRejection {
@@ -149,6 +177,13 @@ impl IntoResponse for TxRejection {
                 status: StatusCode::INTERNAL_SERVER_ERROR,
                 kind: PROBLEM_NOT_BEHIND_LAYER,
                 title: "Transactional handler without idempotency layer",
+                detail,
+                retry_after: None,
+            },
+            Self::OtherStore => Problem {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                kind: PROBLEM_OTHER_STORE,
+                title: "Transaction of another store",
                 detail,
                 retry_after: None,
             },
@@ -171,8 +206,9 @@ impl IntoResponse for TxRejection {
     }
 }
 
-/// A handler's transaction, back in the slot and waiting for the layer.
-struct Pending<S: SqlStore> {
+/// A handler's transaction, back in the slot and waiting for the layer; or, in
+/// the one-transaction mode, the claim's, offered to the handler.
+pub(crate) struct Pending<S: SqlStore> {
     /// `None` when the transaction never began (nothing to commit).
     transaction: Option<S::Transaction>,
     store: S,
@@ -226,6 +262,45 @@ impl<S: SqlStore> PendingTransaction for Pending<S> {
         match self.transaction {
             Some(transaction) => BusinessTransaction::<S>::rollback(transaction).await,
             None => Ok(()),
+        }
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
+
+/// [`Store::claim_in_transaction`](idemgate_core::Store::claim_in_transaction)
+/// for a SQL store: a transaction begun for the claim
+/// ([`SqlStore::begin_claim`]), the claim its first statement
+/// ([`SqlStore::claim_in`]); kept open when the claim is acquired, rolled back
+/// otherwise.
+pub async fn claim_in_transaction<S: SqlStore>(
+    store: &S,
+    request: &ClaimRequest,
+    lock_wait: Duration,
+) -> Result<ClaimInTransaction, StoreError> {
+    let mut transaction = store.begin_claim(lock_wait).await?;
+    // An error drops the transaction, which rolls it back.
+    let claim = store.claim_in(&mut transaction, request).await?;
+    match claim {
+        Some(Claim::Acquired(lease)) => Ok(ClaimInTransaction::Acquired {
+            lease,
+            transaction: Box::new(Pending {
+                transaction: Some(transaction),
+                store: store.clone(),
+            }),
+        }),
+        other => {
+            // Nothing was written that should stay; a failed rollback leaves
+            // nothing either (the connection rolls back when it is dropped).
+            if let Err(error) = BusinessTransaction::<S>::rollback(transaction).await {
+                tracing::warn!(%error, "rolling back an unclaimed transaction failed");
+            }
+            Ok(match other {
+                Some(Claim::Existing(snapshot)) => ClaimInTransaction::Existing(snapshot),
+                _ => ClaimInTransaction::Locked,
+            })
         }
     }
 }

@@ -20,7 +20,9 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use idemgate_core::record::{OperationId, RecordStatus, StoredBody, StoredResponse};
-use idemgate_core::transaction::{PendingTransaction, SlotContents, TransactionSlot};
+use idemgate_core::transaction::{
+    ClaimInTransaction, PendingTransaction, SlotContents, TransactionSlot,
+};
 use idemgate_core::{Claim, ClaimRequest, Decision, FencedWrite, LeaseOrigin, Store, decide};
 use idemgate_sqlx::{PROBLEM_NOT_BEHIND_LAYER, SqlStore, Tx};
 use tokio::sync::Barrier;
@@ -74,6 +76,9 @@ macro_rules! transactional_conformance {
             a_second_transaction_in_one_request_is_refused,
             purge_deletes_only_expired_records_in_batches,
             background_purge_runs_until_dropped,
+            one_transaction_claim_commits_with_the_order_or_vanishes_with_it,
+            one_transaction_crash_leaves_no_claim,
+            one_transaction_duplicate_never_acquires_while_the_first_is_open,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {
@@ -557,6 +562,171 @@ pub async fn transactional_commit_wakes_waiters<H: TransactionalHarness>(harness
         waited < Duration::from_secs(5),
         "woke only after {waited:?}"
     );
+    harness.finish().await;
+}
+
+// --- the one-transaction mode (PROTOCOL §23) -------------------------------------------
+
+/// Claims `request` in a new transaction, which must acquire it.
+async fn acquire_in_transaction<S: SqlStore>(
+    store: &S,
+    request: &ClaimRequest,
+    lock_wait: Duration,
+) -> (idemgate_core::Lease, Box<dyn PendingTransaction>) {
+    match store
+        .claim_in_transaction(request, lock_wait)
+        .await
+        .expect("claim in a transaction")
+    {
+        ClaimInTransaction::Acquired { lease, transaction } => (lease, transaction),
+        other => panic!("expected to acquire, found {other:?}"),
+    }
+}
+
+/// What a handler does with the claim's transaction: its `Tx` continues the
+/// offered one, writes the order and gives it back.
+async fn order_in_offered<H: TransactionalHarness>(
+    harness: &H,
+    store: &H::Store,
+    transaction: Box<dyn PendingTransaction>,
+    operation_id: OperationId,
+) -> Box<dyn PendingTransaction> {
+    let slot = TransactionSlot::new();
+    slot.offer(transaction);
+    let mut tx = begin(store, &slot).await;
+    harness
+        .insert_order(&mut tx, operation_id)
+        .await
+        .expect("insert");
+    drop(tx);
+    returned(&slot)
+}
+
+/// The claim is the first statement of the handler's transaction: invisible to
+/// every other connection until the completion commits with the order; a
+/// rollback takes claim and order away (no record, no order, the key new
+/// again); a commit leaves the completed record and one order, which the next
+/// claim in a transaction finds and replays.
+pub async fn one_transaction_claim_commits_with_the_order_or_vanishes_with_it<
+    H: TransactionalHarness,
+>(
+    harness: Arc<H>,
+) {
+    let store = harness.store(4).await;
+    assert!(store.supports_one_transaction());
+    let request = fresh_request();
+    let identity = request.identity.digest();
+
+    let (lease, transaction) = acquire_in_transaction(&store, &request, DAY).await;
+    assert_eq!(lease.origin, LeaseOrigin::New);
+    let pending = order_in_offered(&*harness, &store, transaction, lease.operation_id).await;
+    assert!(
+        store.get(identity).await.expect("get").is_none(),
+        "an uncommitted claim is visible to another connection"
+    );
+    pending.rollback().await.expect("rollback");
+    store.rolled_back_in_transaction(&lease);
+    assert!(
+        store.get(identity).await.expect("get").is_none(),
+        "a rolled-back claim left a record"
+    );
+    assert_eq!(harness.orders_for(&store, lease.operation_id).await, 0);
+
+    let (retry, transaction) = acquire_in_transaction(&store, &request, DAY).await;
+    assert_eq!(
+        retry.origin,
+        LeaseOrigin::New,
+        "nothing of the rolled-back run remains"
+    );
+    let write = order_in_offered(&*harness, &store, transaction, retry.operation_id)
+        .await
+        .complete_and_commit(&retry, &completion(awkward_response()), &[])
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    assert_eq!(harness.orders_for(&store, retry.operation_id).await, 1);
+    assert_eq!(harness.orders(&store).await, 1);
+
+    match store
+        .claim_in_transaction(&request, DAY)
+        .await
+        .expect("claim again")
+    {
+        ClaimInTransaction::Existing(snapshot) => {
+            assert_eq!(snapshot.record.status(), RecordStatus::Completed);
+            assert_eq!(snapshot.record.operation_id, retry.operation_id);
+            assert_eq!(snapshot.record.response(), Some(&awkward_response()));
+        }
+        other => panic!("a completed record must be found, not {other:?}"),
+    }
+    harness.finish().await;
+}
+
+/// A process that dies inside the handler drops the transaction: the claim
+/// was never committed, so no record is left to wait out — the retry claims
+/// a new operation at once, with no lease to lapse.
+pub async fn one_transaction_crash_leaves_no_claim<H: TransactionalHarness>(harness: Arc<H>) {
+    let store = harness.store(4).await;
+    let request = fresh_request();
+    let (lease, transaction) = acquire_in_transaction(&store, &request, DAY).await;
+    drop(order_in_offered(&*harness, &store, transaction, lease.operation_id).await);
+    let retry = acquire(&store, &request).await;
+    assert_eq!(
+        retry.origin,
+        LeaseOrigin::New,
+        "a crashed claim left a record"
+    );
+    assert_eq!(
+        harness.orders(&store).await,
+        0,
+        "a crashed run left its order"
+    );
+    harness.finish().await;
+}
+
+/// While the first claim's transaction is open, a second claim of the key on
+/// another pool ("another instance") never acquires it: it waits (on
+/// PostgreSQL's unique index, bounded by its lock wait, then `Locked`; for
+/// SQLite's one writer, then finds the committed record). Either way one
+/// order.
+pub async fn one_transaction_duplicate_never_acquires_while_the_first_is_open<
+    H: TransactionalHarness,
+>(
+    harness: Arc<H>,
+) {
+    let first_store = harness.store(4).await;
+    let second_store = harness.store(4).await;
+    let request = Arc::new(fresh_request());
+    let (lease, transaction) = acquire_in_transaction(&first_store, &request, DAY).await;
+    let pending = order_in_offered(&*harness, &first_store, transaction, lease.operation_id).await;
+
+    let duplicate = tokio::spawn({
+        let request = Arc::clone(&request);
+        async move {
+            second_store
+                .claim_in_transaction(&request, Duration::from_millis(100))
+                .await
+                .expect("the duplicate's claim")
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let write = pending
+        .complete_and_commit(&lease, &completion(awkward_response()), &[])
+        .await
+        .expect("complete");
+    assert_eq!(write, FencedWrite::Applied);
+    match duplicate.await.expect("task") {
+        ClaimInTransaction::Locked => {}
+        ClaimInTransaction::Existing(snapshot) => {
+            assert_eq!(snapshot.record.status(), RecordStatus::Completed);
+            assert_eq!(snapshot.record.operation_id, lease.operation_id);
+        }
+        ClaimInTransaction::Acquired { lease: second, .. } => panic!(
+            "a duplicate acquired {:?} while the first claim's transaction was open",
+            second.operation_id
+        ),
+    }
+    assert_eq!(harness.orders(&first_store).await, 1);
     harness.finish().await;
 }
 

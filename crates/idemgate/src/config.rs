@@ -99,6 +99,9 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) ttl: Duration,
     pub(crate) wait: Option<WaitMode>,
+    /// The one-transaction mode (PROTOCOL §23): the claim is the first
+    /// statement of the handler's transaction, not a commit of its own.
+    pub(crate) one_transaction: bool,
     pub(crate) server_error_policy: ServerErrorPolicy,
     /// The gRPC statuses whose call is released rather than stored
     /// (PROTOCOL §22).
@@ -147,6 +150,13 @@ pub(crate) struct WaitMode {
 }
 
 impl Config {
+    /// How long a claim in the one-transaction mode waits for another
+    /// transaction's uncommitted claim of its key: the route's wait, or none
+    /// (a 409 at once, as a duplicate of a running two-phase request gets).
+    pub(crate) fn lock_wait(&self) -> Duration {
+        self.wait.map(|wait| wait.max).unwrap_or_default()
+    }
+
     /// The part of a JSON body the fingerprint reads: the configured selection,
     /// and on a JSON-RPC route never the envelope's `id`, which names one
     /// attempt, not the operation (PROTOCOL §20).

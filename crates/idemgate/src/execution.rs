@@ -48,6 +48,10 @@ pub(crate) struct Execution {
     /// What the request asks of a replay, for the winner's when our
     /// completion is fenced off.
     wants: ReplayRequest,
+    /// The one-transaction mode (PROTOCOL §23): the claim is uncommitted in
+    /// the transaction [`Execution::spawn`] offers the handler, until the
+    /// completion commits with it; a rollback takes the claim away too.
+    one_transaction: bool,
 }
 
 /// The handler's answer, its body read up to the stored-response limit.
@@ -120,19 +124,28 @@ impl Execution {
             lease_deadline: Arc::new(Mutex::new(deadline)),
             route,
             wants,
+            one_transaction: false,
         }
     }
 
     /// Spawns the handler detached from the caller and waits for its answer. If
     /// the caller goes away (the client disconnected), the task still finishes and
     /// settles the record, so the retry replays (PITFALLS 5).
+    ///
+    /// `claimed_in`: the transaction the claim was made in (the
+    /// one-transaction mode), offered to the handler's `Tx`.
     pub(crate) async fn spawn(
-        self,
+        mut self,
         handler: Handler,
         mut request: Request<Body>,
         permit: OwnedSemaphorePermit,
+        claimed_in: Option<Box<dyn PendingTransaction>>,
     ) -> Response<Body> {
         let slot = TransactionSlot::new();
+        if let Some(transaction) = claimed_in {
+            self.one_transaction = true;
+            slot.offer(transaction);
+        }
         request.extensions_mut().insert(slot.clone());
         request.extensions_mut().insert(OperationContext {
             operation_id: self.lease.operation_id,
@@ -169,6 +182,12 @@ impl Execution {
         slot: TransactionSlot,
         answer: Answer,
     ) {
+        if self.one_transaction {
+            // An uncommitted claim is seen by no one, so no one can take it
+            // over: there is no lease to renew (and a renewal from another
+            // connection would wait for this very transaction).
+            return self.handle_and_record(handler, request, slot, answer).await;
+        }
         // The lease is renewed while the handler runs and its outcome is
         // written, in this task (no task of its own to spawn and abort per
         // request).
@@ -306,8 +325,7 @@ impl Execution {
                     tracing::error!(
                         "the handler kept its transaction past its streamed response; releasing the operation"
                     );
-                    self.write_with_retry("release", || self.config.store.release(&self.lease))
-                        .await;
+                    self.release_rolled_back().await;
                     Written::Refused
                 } else {
                     let settlement = settlement_for(
@@ -429,8 +447,7 @@ impl Execution {
             tracing::error!(
                 "the handler kept its transaction past its response; releasing the operation"
             );
-            self.write_with_retry("release", || self.config.store.release(&self.lease))
-                .await;
+            self.release_rolled_back().await;
             return ProblemDetails::handler_failed().into_response();
         }
         let mark = handled.parts.extensions.get::<Finality>().copied();
@@ -562,9 +579,8 @@ impl Execution {
                 {
                     tracing::warn!(%error, "rolling back the handler's transaction failed; the database rolls it back on disconnect");
                 }
-                let written = if settlement == Settlement::Release {
-                    self.write_with_retry("release", || store.release(&self.lease))
-                        .await
+                let written = if settlement == Settlement::Release || self.one_transaction {
+                    self.release_rolled_back().await
                 } else {
                     self.write_with_retry("delete", || store.delete(&self.lease))
                         .await
@@ -658,11 +674,28 @@ impl Execution {
                 if landed {
                     Written::Applied
                 } else {
-                    let _ = self.config.store.release(&self.lease).await;
+                    if self.one_transaction {
+                        self.config.store.rolled_back_in_transaction(&self.lease);
+                    } else {
+                        let _ = self.config.store.release(&self.lease).await;
+                    }
                     Written::RolledBack(error)
                 }
             }
         }
+    }
+
+    /// Releases the record after the handler's transaction rolled back (or
+    /// will, when the handler drops what it kept). In the one-transaction mode
+    /// the claim was in that transaction: it is gone with it, and there is
+    /// nothing to write.
+    async fn release_rolled_back(&self) -> Written {
+        if self.one_transaction {
+            self.config.store.rolled_back_in_transaction(&self.lease);
+            return Written::Applied;
+        }
+        self.write_with_retry("release", || self.config.store.release(&self.lease))
+            .await
     }
 
     /// Retries a fenced write on store errors while the lease holds.

@@ -44,6 +44,7 @@ use idemgate_core::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease}
 use idemgate_core::scope::IdentityDigest;
 use idemgate_core::stream::StreamId;
 use idemgate_core::time::Timestamp;
+use idemgate_core::transaction::ClaimInTransaction;
 use idemgate_core::{
     Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, Lease,
     LeaseOrigin, Snapshot, Store, StoreError, decide,
@@ -383,36 +384,75 @@ async fn append(store: &dyn Store, batch: &[AuditRecord]) {
     }
 }
 
+impl Journaled {
+    /// A claim acquired: `claimed`, or `taken_over`.
+    fn claimed(&self, request: &ClaimRequest, lease: &Lease) {
+        let event = match lease.origin {
+            LeaseOrigin::TakenOver => AuditEvent::TakenOver,
+            _ => AuditEvent::Claimed,
+        };
+        let mut record = self.template(request, event);
+        record.operation_id = Some(lease.operation_id.to_string());
+        let claim = Arc::new(ClaimEntry::default());
+        self.remember(lease, record.clone(), Arc::clone(&claim));
+        self.enqueue(record, Some(claim));
+    }
+
+    /// A claim that met a record: `replayed`, `conflict` or `mismatch`.
+    fn met(&self, request: &ClaimRequest, snapshot: &Snapshot) {
+        let (event, status) = match decide(snapshot, &request.fingerprint) {
+            Decision::Replay(stored) => (AuditEvent::Replayed, stored.status.as_u16()),
+            Decision::InProgress { .. } => (AuditEvent::Conflict, 409),
+            Decision::Mismatch => (AuditEvent::Mismatch, 422),
+            Decision::Claimable => return,
+        };
+        let mut record = self.template(request, event);
+        record.operation_id = Some(snapshot.record.operation_id.to_string());
+        record.status = Some(status);
+        self.queue(record);
+    }
+}
+
 #[async_trait]
 impl Store for Journaled {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let claim = self.inner.try_claim(request).await?;
         match &claim {
-            Claim::Acquired(lease) => {
-                let event = match lease.origin {
-                    LeaseOrigin::TakenOver => AuditEvent::TakenOver,
-                    _ => AuditEvent::Claimed,
-                };
-                let mut record = self.template(request, event);
-                record.operation_id = Some(lease.operation_id.to_string());
-                let claim = Arc::new(ClaimEntry::default());
-                self.remember(lease, record.clone(), Arc::clone(&claim));
-                self.enqueue(record, Some(claim));
-            }
-            Claim::Existing(snapshot) => {
-                let (event, status) = match decide(snapshot, &request.fingerprint) {
-                    Decision::Replay(stored) => (AuditEvent::Replayed, stored.status.as_u16()),
-                    Decision::InProgress { .. } => (AuditEvent::Conflict, 409),
-                    Decision::Mismatch => (AuditEvent::Mismatch, 422),
-                    Decision::Claimable => return Ok(claim),
-                };
-                let mut record = self.template(request, event);
-                record.operation_id = Some(snapshot.record.operation_id.to_string());
-                record.status = Some(status);
+            Claim::Acquired(lease) => self.claimed(request, lease),
+            Claim::Existing(snapshot) => self.met(request, snapshot),
+        }
+        Ok(claim)
+    }
+
+    fn supports_one_transaction(&self) -> bool {
+        self.inner.supports_one_transaction()
+    }
+
+    /// Journalled as [`Store::try_claim`] is. The `claimed` entry of a claim
+    /// that rolls back is followed by `released` (`rolled_back_in_transaction`);
+    /// a claim that found another transaction's uncommitted claim is a
+    /// `conflict`.
+    async fn claim_in_transaction(
+        &self,
+        request: &ClaimRequest,
+        lock_wait: Duration,
+    ) -> Result<ClaimInTransaction, StoreError> {
+        let claim = self.inner.claim_in_transaction(request, lock_wait).await?;
+        match &claim {
+            ClaimInTransaction::Acquired { lease, .. } => self.claimed(request, lease),
+            ClaimInTransaction::Existing(snapshot) => self.met(request, snapshot),
+            ClaimInTransaction::Locked => {
+                let mut record = self.template(request, AuditEvent::Conflict);
+                record.status = Some(409);
                 self.queue(record);
             }
         }
         Ok(claim)
+    }
+
+    fn rolled_back_in_transaction(&self, lease: &Lease) {
+        self.inner.rolled_back_in_transaction(lease);
+        self.written(lease, FencedWrite::Applied, AuditEvent::Released, None);
     }
 
     async fn complete(

@@ -11,6 +11,7 @@ use idemgate_core::deadline::{DEFAULT_STORE_TIMEOUT, WithDeadline};
 use idemgate_core::fingerprint::BodySelection;
 use idemgate_core::key::{ContentDedup, DEFAULT_MAX_KEY_LENGTH, KeySource};
 use idemgate_core::path::PathFold;
+use idemgate_core::transaction::OneTransactionUnsupported;
 
 use crate::config::{Config, ObservedResponses, PathSource, StrategyMode, WaitMode};
 use crate::durations::RouteDurations;
@@ -117,6 +118,7 @@ impl IdempotencyLayer {
                 lease: DEFAULT_LEASE,
                 ttl: DEFAULT_TTL,
                 wait: None,
+                one_transaction: false,
                 server_error_policy: ServerErrorPolicy::Store,
                 grpc_released: GrpcCode::RELEASED_BY_DEFAULT.to_vec(),
                 principal: Arc::new(DefaultPrincipal::new()),
@@ -380,6 +382,46 @@ impl IdempotencyLayer {
                 recheck: crate::waiting::RECHECK,
             })
         })
+    }
+
+    /// The one-transaction mode (PROTOCOL §23), for a route whose every effect
+    /// is in the store's own database: the claim is the first statement of the
+    /// handler's transaction and the completion its last — one commit instead
+    /// of two, and no claim left behind by a crash or a rollback. The handler
+    /// takes that transaction with its store's `Tx` extractor
+    /// (`idemgate_postgres::Tx`, `idemgate_sqlite::Tx`), which continues it
+    /// instead of beginning one.
+    ///
+    /// A duplicate that comes while the first runs waits for its transaction
+    /// (on the record's unique index in PostgreSQL, for the one writer in
+    /// SQLite), then replays its outcome; in PostgreSQL the wait is bounded by
+    /// the route's [`wait`](IdempotencyLayer::with_wait) (none by default: a
+    /// 409 at once), past which it gets the usual 409. A handler whose
+    /// transaction rolls back (a 5xx, a panic, a released outcome) leaves no
+    /// record: nothing it did committed, so a retry runs it again. The lease is
+    /// not renewed: no one else can see, let alone take over, an uncommitted
+    /// claim.
+    ///
+    /// Keep the two-phase claim (the default) for a handler with an effect
+    /// outside the database, a payment gateway call: its claim must be
+    /// committed before the call, or a crash after it would let a retry call
+    /// again.
+    ///
+    /// Refused, with [`OneTransactionUnsupported`], on a store that cannot claim
+    /// inside the handler's transaction (memory, Redis): there the handler
+    /// could never share one with the claim.
+    ///
+    /// ```
+    /// # fn layer(store: idemgate::MemoryStore) {
+    /// let refused = idemgate::IdempotencyLayer::new(store).with_one_transaction();
+    /// assert!(refused.is_err());
+    /// # }
+    /// ```
+    pub fn with_one_transaction(self) -> Result<Self, OneTransactionUnsupported> {
+        if !self.config.store.supports_one_transaction() {
+            return Err(OneTransactionUnsupported);
+        }
+        Ok(self.with(|c| c.one_transaction = true))
     }
 
     /// What happens to an unmarked 5xx or a panic: stored as `FAILED` (default)

@@ -24,7 +24,9 @@ use idemgate_core::key::{IdempotencyKey, KeyInput, KeyOrigin, KeySource};
 use idemgate_core::record::{StoredBody, StoredResponse};
 use idemgate_core::scope::{Identity, Scope, normalize_path};
 use idemgate_core::stream::StreamId;
-use idemgate_core::transaction::{SlotContents, TransactionSlot};
+use idemgate_core::transaction::{
+    ClaimInTransaction, PendingTransaction, SlotContents, TransactionSlot,
+};
 use idemgate_core::{
     BoxError, Claim, ClaimRequest, Completion, Decision, LeaseOrigin, Snapshot, Store, StoreError,
     decide,
@@ -338,14 +340,14 @@ async fn keyed(
         wants = wants.with_jsonrpc_id(id);
     }
     match claim_or_answer(&config, &claim, &wants).await {
-        Claimed::Lease(lease, claimed_at) => {
+        Claimed::Lease(lease, claimed_at, transaction) => {
             tracing::Span::current()
                 .record("operation_id", tracing::field::display(lease.operation_id));
             count_outcome(Outcome::Executed);
             let request = Request::from_parts(parts, Body::from(body));
             let route = route_key(&claim);
             Execution::new(config, lease, claimed_at, route, wants)
-                .spawn(handler, request, permit)
+                .spawn(handler, request, permit, transaction)
                 .await
         }
         Claimed::Answer(response) => response,
@@ -426,7 +428,7 @@ async fn webhook_delivery(
     );
     async move {
         match claim_or_answer(&config, &claim, &wants).await {
-            Claimed::Lease(lease, claimed_at) => {
+            Claimed::Lease(lease, claimed_at, transaction) => {
                 tracing::Span::current()
                     .record("operation_id", tracing::field::display(lease.operation_id));
                 count_outcome(Outcome::Executed);
@@ -434,7 +436,7 @@ async fn webhook_delivery(
                 let request = Request::from_parts(parts, Body::from(body));
                 let route = route_key(&claim);
                 Execution::new(config, lease, claimed_at, route, wants)
-                    .spawn(handler, request, permit)
+                    .spawn(handler, request, permit, transaction)
                     .await
             }
             Claimed::Answer(response) => {
@@ -612,7 +614,7 @@ async fn observe<E: Into<BoxError> + Send + 'static>(
                 let execution =
                     Execution::new(Arc::clone(&config), lease, claimed_at, route, wants);
                 return Ok(execution
-                    .spawn(handler.boxing_errors(), request, permit)
+                    .spawn(handler.boxing_errors(), request, permit, None)
                     .await);
             }
             let response = keyless(&config, handler, request).await?;
@@ -726,10 +728,49 @@ fn route_template(config: &Config, parts: &Parts) -> Option<String> {
 
 /// What a claim came to.
 enum Claimed {
-    /// Run the handler.
-    Lease(idemgate_core::Lease, Instant),
+    /// Run the handler; in the one-transaction mode, inside the transaction
+    /// that holds the claim.
+    Lease(
+        idemgate_core::Lease,
+        Instant,
+        Option<Box<dyn PendingTransaction>>,
+    ),
     /// Answer without running it.
     Answer(Response<Body>),
+}
+
+/// What one claim found.
+enum Attempt {
+    /// Acquired; in the one-transaction mode, in this transaction.
+    Acquired(idemgate_core::Lease, Option<Box<dyn PendingTransaction>>),
+    Existing(Snapshot),
+    /// Another request's transaction holds the key's uncommitted claim.
+    Locked,
+}
+
+/// One claim: on its own (two phases), or as the first statement of the
+/// handler's transaction (the one-transaction mode, PROTOCOL §23), where a
+/// duplicate of a running request finds its transaction's lock rather than a
+/// record.
+async fn claim_once(config: &Config, request: &ClaimRequest) -> Result<Attempt, StoreError> {
+    if !config.one_transaction {
+        return Ok(
+            match timed("claim", config.store.try_claim(request)).await? {
+                Claim::Acquired(lease) => Attempt::Acquired(lease, None),
+                Claim::Existing(snapshot) => Attempt::Existing(snapshot),
+            },
+        );
+    }
+    let claim = config
+        .store
+        .claim_in_transaction(request, config.lock_wait());
+    Ok(match timed("claim", claim).await? {
+        ClaimInTransaction::Acquired { lease, transaction } => {
+            Attempt::Acquired(lease, Some(transaction))
+        }
+        ClaimInTransaction::Existing(snapshot) => Attempt::Existing(snapshot),
+        ClaimInTransaction::Locked => Attempt::Locked,
+    })
 }
 
 async fn claim_or_answer(
@@ -740,15 +781,23 @@ async fn claim_or_answer(
     let wait_until = config.wait.map(|wait| Instant::now() + wait.max);
     for _ in 0..MAX_CLAIM_ATTEMPTS {
         let claimed_at = Instant::now();
-        let snapshot = match timed("claim", config.store.try_claim(request)).await {
-            Ok(Claim::Acquired(lease)) => {
+        let snapshot = match claim_once(config, request).await {
+            Ok(Attempt::Acquired(lease, transaction)) => {
                 if lease.origin == LeaseOrigin::TakenOver {
                     count("idemgate_lease_takeovers_total");
                     tracing::warn!(operation_id = %lease.operation_id, "took over a lapsed lease: an earlier run may have died mid-way");
                 }
-                return Claimed::Lease(lease, claimed_at);
+                return Claimed::Lease(lease, claimed_at, transaction);
             }
-            Ok(Claim::Existing(snapshot)) => snapshot,
+            Ok(Attempt::Existing(snapshot)) => snapshot,
+            Ok(Attempt::Locked) => {
+                // Its run is uncommitted: no record to estimate from.
+                count_outcome(Outcome::Conflict);
+                count_duplicate(config.strategy, "conflict");
+                return Claimed::Answer(
+                    ProblemDetails::in_progress(config.busy_retry_after).into_response(),
+                );
+            }
             Err(error) => return Claimed::Answer(store_failure(config, &error)),
         };
         match answer_from_existing(config, request, snapshot, wait_until, wants).await {

@@ -148,16 +148,25 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
                 .with_methods([Method::PUT])
                 .with_key_source(KeySource::Path("order_id".to_owned())),
         );
-        transfers = transfers.route_layer(
-            idempotency
-                .clone()
-                .with_methods([Method::POST])
-                .with_key_source(
-                    "json:/reference_id"
-                        .parse::<KeySource>()
-                        .expect("a constant key source"),
-                ),
-        );
+        let keyed_by_reference = idempotency
+            .clone()
+            .with_methods([Method::POST])
+            .with_key_source(
+                "json:/reference_id"
+                    .parse::<KeySource>()
+                    .expect("a constant key source"),
+            );
+        // Every effect of a transfer is in the ledger, in the records'
+        // database: claim, ledger rows and completion commit once (PROTOCOL
+        // §23). Orders call the payment gateway, so they keep two phases.
+        transfers = transfers.route_layer(match state.writes {
+            OrderWrites::SqliteTransaction(_) | OrderWrites::PostgresTransaction(_) => {
+                keyed_by_reference
+                    .with_one_transaction()
+                    .expect("the SQL stores claim inside the handler's transaction")
+            }
+            OrderWrites::Direct => keyed_by_reference,
+        });
         // The gateway's webhook: verified, keyed by its `webhook-id`, no
         // bearer token (webhooks carry no user credentials).
         if let Some(payment) = &state.payment_webhook {
