@@ -70,7 +70,7 @@ impl SqlStore for PostgresStore {
     /// `BEGIN` with the transaction's `lock_timeout` in the same round trip (one
     /// simple query): how long its claim waits for another transaction's
     /// uncommitted claim of the same key. At least 1 ms (`0` would mean no
-    /// bound).
+    /// bound). [`SqlStore::claim_in`] lifts it once the claim is made.
     async fn begin_claim(&self, lock_wait: Duration) -> Result<Self::Transaction, StoreError> {
         let ms = lock_wait.as_millis().clamp(1, i32::MAX as u128);
         PostgresStore::pool(self)
@@ -86,7 +86,16 @@ impl SqlStore for PostgresStore {
         connection: &mut PgConnection,
         request: &ClaimRequest,
     ) -> Result<Option<Claim>, StoreError> {
-        self.claim_on(connection, request).await
+        let claim = self.claim_on(connection, request).await?;
+        if let Some(Claim::Acquired(_)) = claim {
+            // The bound was the claim's: the handler's own statements (a row
+            // lock on a busy account) wait as they would anywhere else.
+            sqlx::query("SET LOCAL lock_timeout TO DEFAULT")
+                .execute(&mut *connection)
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(claim)
     }
 
     async fn complete_in(

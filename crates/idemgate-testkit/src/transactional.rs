@@ -79,6 +79,7 @@ macro_rules! transactional_conformance {
             one_transaction_claim_commits_with_the_order_or_vanishes_with_it,
             one_transaction_crash_leaves_no_claim,
             one_transaction_duplicate_never_acquires_while_the_first_is_open,
+            one_transaction_lock_wait_bounds_only_the_claim,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {
@@ -727,6 +728,42 @@ pub async fn one_transaction_duplicate_never_acquires_while_the_first_is_open<
         ),
     }
     assert_eq!(harness.orders(&first_store).await, 1);
+    harness.finish().await;
+}
+
+/// The claim's short wait for another transaction's claim does not bound the
+/// handler's own statements: an insert that waits 200 ms for another
+/// transaction's row still succeeds, although the claim waited at most 1 ms.
+pub async fn one_transaction_lock_wait_bounds_only_the_claim<H: TransactionalHarness>(
+    harness: Arc<H>,
+) {
+    let store = harness.store(4).await;
+    let operation_id = OperationId::random();
+    // Another transaction holds the order row the handler will write.
+    let holder = handler_writes_order(&*harness, &store, operation_id).await;
+    let handler = tokio::spawn({
+        let (harness, store) = (Arc::clone(&harness), store.clone());
+        async move {
+            let request = fresh_request();
+            let (lease, transaction) =
+                acquire_in_transaction(&store, &request, Duration::from_millis(1)).await;
+            let slot = TransactionSlot::new();
+            slot.offer(transaction);
+            let mut tx = begin(&store, &slot).await;
+            let inserted = harness.insert_order(&mut tx, operation_id).await;
+            drop(tx);
+            let pending = returned(&slot);
+            inserted.expect("the handler's insert, once the other transaction rolled back");
+            pending
+                .complete_and_commit(&lease, &completion(awkward_response()), &[])
+                .await
+                .expect("complete")
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder.rollback().await.expect("rollback");
+    assert_eq!(handler.await.expect("task"), FencedWrite::Applied);
+    assert_eq!(harness.orders_for(&store, operation_id).await, 1);
     harness.finish().await;
 }
 

@@ -347,6 +347,106 @@ async fn one_reference_raced_applies_once_on_postgres() {
     one_reference_raced_applies_once(&Server::start(options).await).await;
 }
 
+/// The same on SQLite, where transfers run in the one-transaction mode too:
+/// the duplicates wait for the one writer, then replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_reference_raced_applies_once_on_sqlite() {
+    let (db, _dir) = sqlite_url();
+    let options = Options {
+        wait_ms: 10_000,
+        ..Options::new(&db)
+    };
+    one_reference_raced_applies_once(&Server::start(options).await).await;
+}
+
+/// `kill -9` of the server while a transfer is inside its transaction, on
+/// PostgreSQL (the one-transaction mode, PROTOCOL §23): the claim was never
+/// committed, so the dead run leaves no record behind — the retry on a
+/// restarted server runs at once and is no replay (with two phases it would
+/// find a `PROCESSING` record and wait out the 60 s lease) — and the money
+/// moves once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transfer_killed_inside_its_transaction_leaves_no_claim_and_runs_once_on_retry() {
+    use sqlx::Connection;
+
+    let options = Options {
+        wait_ms: 5_000,
+        lease_seconds: 60,
+        ..Options::new(&postgres_url())
+    };
+    let server = Server::start(options.clone()).await;
+    let client = Client::new();
+    let (from, to) = (
+        open(&server, &client, 500).await,
+        open(&server, &client, 0).await,
+    );
+    // The source account's row held from outside: the transfer stops inside
+    // its transaction, after its claim, at the ledger's debit.
+    let mut blocker = sqlx::PgConnection::connect(&postgres_url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
+        .bind(from)
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut blocker)
+        .await
+        .unwrap();
+    let body = format!(
+        r#"{{"to":{to},"amount":100,"reference_id":"killed-{}"}}"#,
+        uuid::Uuid::new_v4().simple()
+    );
+    let first = tokio::spawn({
+        let (client, body) = (client.clone(), body.clone());
+        let url = server.url(&format!("/api/v1/accounts/{from}/transfers"));
+        async move {
+            client
+                .try_send(Method::POST, &url, None, &[JSON], Some(&body))
+                .await
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(blocker_pid)
+        .fetch_one(&mut blocker)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the transfer never reached the held row"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    server.kill9().await;
+    assert!(first.await.unwrap().is_err(), "the killed server answered");
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+
+    let server = Server::start(options).await;
+    let retry = transfer(&server.url(""), &client, from, &body).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(
+        !retry.replayed(),
+        "the killed run committed nothing to replay: {retry:?}"
+    );
+    assert_eq!(retry.json()["balance"], 400);
+    let again = transfer(&server.url(""), &client, from, &body).await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, retry.body);
+    assert_eq!(
+        account(&server, &client, from).await["balance"],
+        400,
+        "one debit"
+    );
+    assert_eq!(account(&server, &client, to).await["balance"], 100);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_reference_raced_applies_once_on_postgres_without_the_layer() {
     let options = Options::new(&postgres_url()).switch("--no-idempotency");
