@@ -881,3 +881,146 @@ async fn a_transactional_streamed_answer_commits_with_its_record() {
     assert_eq!(retry.body, first.body, "byte-identical");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+// --- the one-transaction mode through the layer (PROTOCOL §23) ---------------------------
+
+/// The layer in the one-transaction mode over SQLite, a handler that writes a
+/// note through its `Tx` and answers the status its request asks for:
+/// - a new key is **one** commit of the writer (claim, note and completion
+///   together), where the two-phase layer over the same store commits twice;
+/// - its retry replays byte-identical without running the handler again;
+/// - a 500 rolls back the note and the claim with it: no record is left,
+///   and the retry runs the handler again;
+/// - a handler that never takes its `Tx` is completed in the claim's
+///   transaction all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_transaction_layer_commits_once_and_leaves_nothing_when_it_rolls_back() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use idemgate_core::scope::Principal;
+    use idemgate_testkit::http::Answer;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+
+    let db = TempDb::new();
+    let store = db.store(4).await;
+    sqlx::query("CREATE TABLE notes (key TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("create");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let writes_a_note = {
+        let runs = Arc::clone(&runs);
+        move |mut tx: Tx, headers: axum::http::HeaderMap| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+            sqlx::query("INSERT INTO notes (key) VALUES (?1)")
+                .bind(&key)
+                .execute(&mut *tx)
+                .await
+                .expect("insert");
+            let status = match headers.get("x-fail") {
+                Some(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                None => StatusCode::CREATED,
+            };
+            (status, format!("note {key}"))
+        }
+    };
+    let router = |layer: idemgate::IdempotencyLayer| {
+        axum::Router::new()
+            .route("/notes", axum::routing::post(writes_a_note.clone()))
+            .route(
+                "/untouched",
+                axum::routing::post(|| async { (StatusCode::CREATED, "nothing to write") }),
+            )
+            .route_layer(layer)
+            .with_state(store.clone())
+    };
+    let one_transaction = router(
+        idemgate::IdempotencyLayer::new(store.clone())
+            .with_one_transaction()
+            .expect("SQLite claims inside the handler's transaction"),
+    );
+    let two_phase = router(idemgate::IdempotencyLayer::new(store.clone()));
+    let send = |app: axum::Router, path: &'static str, key: &'static str, fail: bool| async move {
+        let mut request = Request::post(path).header("idempotency-key", key);
+        if fail {
+            request = request.header("x-fail", "1");
+        }
+        let mut request = request.body(Body::empty()).expect("request");
+        request
+            .extensions_mut()
+            .insert(Principal::new("user:notes"));
+        Answer::read(app.oneshot(request).await.expect("infallible")).await
+    };
+    let notes = |key: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM notes WHERE key = ?1")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+        }
+    };
+
+    // Each layer writes a route's execution time once in a while, in a
+    // commit of its own: done here, before the commits are counted.
+    send(one_transaction.clone(), "/notes", "warm-one", false).await;
+    send(two_phase.clone(), "/notes", "warm-two", false).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (records, runs_before) = (record_count(&store).await, runs.load(Ordering::SeqCst));
+
+    let commits = store.writer_stats().commits;
+    let first = send(one_transaction.clone(), "/notes", "one", false).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(
+        store.writer_stats().commits - commits,
+        1,
+        "one commit per new key"
+    );
+    let commits = store.writer_stats().commits;
+    let two = send(two_phase, "/notes", "two", false).await;
+    assert_eq!(two.status, StatusCode::CREATED, "{two:?}");
+    assert_eq!(
+        store.writer_stats().commits - commits,
+        2,
+        "the two-phase claim commits on its own"
+    );
+
+    let retry = send(one_transaction.clone(), "/notes", "one", false).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.headers["idempotent-replayed"], "true");
+    assert_eq!(retry.body, first.body, "byte-identical");
+    assert_eq!(notes("one").await, 1);
+    assert_eq!(
+        runs.load(Ordering::SeqCst) - runs_before,
+        2,
+        "the replay ran nothing"
+    );
+
+    let failed = send(one_transaction.clone(), "/notes", "failing", true).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(notes("failing").await, 0, "the 500's note rolled back");
+    assert_eq!(
+        record_count(&store).await - records,
+        2,
+        "the 500 left no record"
+    );
+    let rerun = send(one_transaction.clone(), "/notes", "failing", false).await;
+    assert_eq!(rerun.status, StatusCode::CREATED, "{rerun:?}");
+    assert!(!rerun.headers.contains_key("idempotent-replayed"));
+    assert_eq!(
+        runs.load(Ordering::SeqCst) - runs_before,
+        4,
+        "the retry ran the handler again"
+    );
+    assert_eq!(notes("failing").await, 1);
+
+    let untouched = send(one_transaction.clone(), "/untouched", "untouched", false).await;
+    assert_eq!(untouched.status, StatusCode::CREATED);
+    let replayed = send(one_transaction, "/untouched", "untouched", false).await;
+    assert_eq!(replayed.headers["idempotent-replayed"], "true");
+    assert_eq!(replayed.body, untouched.body);
+    assert_eq!(record_count(&store).await - records, 4);
+}
