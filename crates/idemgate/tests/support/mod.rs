@@ -243,6 +243,9 @@ impl PendingTransaction for FakeTransaction {
         self.store.rollbacks.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
 }
 
 #[async_trait]
