@@ -26,6 +26,9 @@ pub(crate) struct Connection {
     start: usize,
     /// The server said `Connection: close`: reconnect before the next request.
     pub(crate) closed: bool,
+    /// The last `Content-Length` body, kept only for [`Connection::send_reading`].
+    last_body: Vec<u8>,
+    keep_body: bool,
 }
 
 impl Connection {
@@ -37,6 +40,8 @@ impl Connection {
             buf: Vec::with_capacity(16 * 1024),
             start: 0,
             closed: false,
+            last_body: Vec::new(),
+            keep_body: false,
         })
     }
 
@@ -44,6 +49,16 @@ impl Connection {
     pub(crate) async fn send(&mut self, request: &[u8]) -> io::Result<Reply> {
         self.stream.write_all(request).await?;
         self.read_response().await
+    }
+
+    /// [`Connection::send`], with the response's body (framed by
+    /// `Content-Length`; for the setup requests, not the measured ones).
+    pub(crate) async fn send_reading(&mut self, request: &[u8]) -> io::Result<(Reply, Vec<u8>)> {
+        self.stream.write_all(request).await?;
+        self.keep_body = true;
+        let reply = self.read_response().await;
+        self.keep_body = false;
+        Ok((reply?, std::mem::take(&mut self.last_body)))
     }
 
     async fn fill(&mut self) -> io::Result<()> {
@@ -111,6 +126,9 @@ impl Connection {
             Framing::Length(length) => {
                 while self.buf.len() - self.start < length {
                     self.fill().await?;
+                }
+                if self.keep_body {
+                    self.last_body = self.buf[self.start..self.start + length].to_vec();
                 }
                 self.start += length;
             }
@@ -218,6 +236,49 @@ impl RequestTemplate {
             body: ORDER_BODY,
             key_header: b"X-GitHub-Delivery: ",
         }
+    }
+
+    /// A transfer's head before its request line's path: the `Host`, the
+    /// bearer token and the content type; [`RequestTemplate::write_transfer`]
+    /// adds the request line and the body.
+    pub(crate) fn transfer(addr: SocketAddr, principal: &str) -> Self {
+        let head = format!(
+            "Host: {addr}\r\nAuthorization: Bearer {principal}\r\nContent-Type: application/json\r\n"
+        );
+        Self {
+            head: head.into_bytes(),
+            body: b"",
+            key_header: b"",
+        }
+    }
+
+    /// `POST /api/v1/accounts/{from}/transfers` of 1 to `to`, keyed by its
+    /// `reference_id` (the route's key source), into `out`.
+    pub(crate) fn write_transfer(&self, out: &mut Vec<u8>, from: &str, to: &str, reference: &str) {
+        use std::io::Write as _;
+        let body_len = r#"{"to":,"amount":1,"reference_id":""}"#.len() + to.len() + reference.len();
+        out.clear();
+        let _ = write!(out, "POST /api/v1/accounts/{from}/transfers HTTP/1.1\r\n");
+        out.extend_from_slice(&self.head);
+        let _ = write!(
+            out,
+            "Content-Length: {body_len}\r\n\r\n{{\"to\":{to},\"amount\":1,\"reference_id\":\"{reference}\"}}"
+        );
+    }
+
+    /// `POST /api/v1/accounts` of an account holding more than any run moves,
+    /// into `out`, with a fresh key (the server without the layer ignores it).
+    pub(crate) fn open_account(addr: SocketAddr, principal: &str, out: &mut Vec<u8>) {
+        use std::io::Write as _;
+        const BODY: &str = r#"{"balance":1000000000000,"currency":"RUB"}"#;
+        out.clear();
+        let _ = write!(
+            out,
+            "POST /api/v1/accounts HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {principal}\r\n\
+             Content-Type: application/json\r\nIdempotency-Key: {}\r\nContent-Length: {}\r\n\r\n{BODY}",
+            uuid::Uuid::new_v4(),
+            BODY.len()
+        );
     }
 
     /// The request into `out`, with `Idempotency-Key: key` when given.

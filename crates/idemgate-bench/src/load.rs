@@ -37,6 +37,17 @@ pub(crate) enum Scenario {
     /// every request (the proxy suite's webhook route: verify, claim, forward,
     /// complete). Not in [`Scenario::ALL`]: `serve` has no such route.
     Webhook,
+    /// A ledger transfer between two random accounts of [`TRANSFER_ACCOUNTS`],
+    /// a fresh `reference_id` (its key) on every request: on the SQL stores in
+    /// the one-transaction mode (PROTOCOL §23). Compared with
+    /// [`Scenario::BareTransfer`], not with `bare`.
+    Transfer,
+    /// The same transfers on the server without the layer
+    /// (`--no-idempotency`): `transfer`'s baseline.
+    BareTransfer,
+    /// The same transfers claimed in two phases (the hidden
+    /// `--two-phase-transfers`): what the one-transaction mode is compared with.
+    TransferTwoPhase,
 }
 
 impl Scenario {
@@ -56,19 +67,48 @@ impl Scenario {
             Self::Replay => "replay",
             Self::Contended => "contended",
             Self::Webhook => "webhook",
+            Self::Transfer => "transfer",
+            Self::BareTransfer => "bare-transfer",
+            Self::TransferTwoPhase => "transfer-two-phase",
         }
     }
 
     pub(crate) fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.name() == name)
+        Self::ALL
+            .into_iter()
+            .chain([Self::Transfer, Self::TransferTwoPhase])
+            .find(|s| s.name() == name)
+    }
+
+    /// The run this scenario is divided by: `bare`, or for transfers the same
+    /// transfers without the layer.
+    pub(crate) fn baseline(self) -> Self {
+        match self {
+            Self::Transfer | Self::TransferTwoPhase | Self::BareTransfer => Self::BareTransfer,
+            _ => Self::Bare,
+        }
+    }
+
+    /// Whether this is a baseline run (the server without the layer).
+    pub(crate) fn is_baseline(self) -> bool {
+        self.baseline() == self
+    }
+
+    /// Whether the requests are ledger transfers.
+    pub(crate) fn is_transfer(self) -> bool {
+        self.baseline() == Self::BareTransfer
     }
 
     /// Whether a reply is what this scenario expects.
     fn expects(self, reply: Reply) -> bool {
         match self {
-            Self::Bare | Self::NoKey | Self::NewKey | Self::Webhook => {
-                reply.status == 201 && !reply.replayed
-            }
+            Self::Bare
+            | Self::NoKey
+            | Self::NewKey
+            | Self::Webhook
+            | Self::Transfer
+            | Self::TransferTwoPhase
+            | Self::BareTransfer => reply.status == 201 && !reply.replayed,
             Self::Replay => reply.status == 201 && reply.replayed,
             Self::Contended => reply.status == 201 || reply.status == 409,
         }
@@ -77,6 +117,8 @@ impl Scenario {
 
 /// How many keys `replay` cycles through, each completed once before the warm-up.
 pub(crate) const REPLAY_KEYS: usize = 256;
+/// How many accounts `transfer` moves money between, opened before each run.
+pub(crate) const TRANSFER_ACCOUNTS: usize = 64;
 /// How many keys `contended` hammers at a time.
 pub(crate) const CONTENDED_KEYS: u64 = 8;
 /// How long one set of contended keys lasts.
@@ -175,6 +217,34 @@ pub(crate) async fn precomplete(
     Ok(())
 }
 
+/// Opens [`TRANSFER_ACCOUNTS`] accounts as `principal`, each with more money
+/// than any run can move, and returns their ids (as text, for the request
+/// lines): what `transfer` moves money between.
+pub(crate) async fn open_accounts(
+    addr: SocketAddr,
+    principal: &str,
+) -> Result<Vec<String>, BoxError> {
+    let mut connection = Connection::connect(addr).await?;
+    let mut request = Vec::new();
+    let mut ids = Vec::with_capacity(TRANSFER_ACCOUNTS);
+    for _ in 0..TRANSFER_ACCOUNTS {
+        RequestTemplate::open_account(addr, principal, &mut request);
+        let (reply, body) = connection.send_reading(&request).await?;
+        if reply.status != 201 {
+            return Err(format!("opening an account answered {}", reply.status).into());
+        }
+        let account: serde_json::Value = serde_json::from_slice(&body)?;
+        let id = account["account_id"]
+            .as_i64()
+            .ok_or("an opened account without its account_id")?;
+        ids.push(id.to_string());
+        if connection.closed {
+            connection = Connection::connect(addr).await?;
+        }
+    }
+    Ok(ids)
+}
+
 /// The replay scenario's keys for a run.
 pub(crate) fn replay_keys(run: &str) -> Vec<String> {
     (0..REPLAY_KEYS)
@@ -183,12 +253,13 @@ pub(crate) fn replay_keys(run: &str) -> Vec<String> {
 }
 
 /// Drives the server at `addr` with `plan` and returns what the measured window
-/// saw. `on_window` is called at the start and at the end of the measured window
+/// saw. `prepared` is what the scenario cycles through: the replay keys
+/// ([`precomplete`]d), or the transfer accounts ([`open_accounts`]). `on_window` is called at the start and at the end of the measured window
 /// (to sample the server's CPU time), in this task, without delaying requests.
 pub(crate) async fn run(
     addr: SocketAddr,
     plan: &LoadPlan,
-    replay_keys: Rc<Vec<String>>,
+    prepared: Rc<Vec<String>>,
     mut on_window: impl FnMut(),
 ) -> Result<LoadResult, BoxError> {
     let started = Instant::now();
@@ -199,6 +270,7 @@ pub(crate) async fn run(
     });
     let template = Rc::new(match plan.scenario {
         Scenario::Webhook => RequestTemplate::webhook(addr),
+        scenario if scenario.is_transfer() => RequestTemplate::transfer(addr, &plan.principal),
         _ => RequestTemplate::orders(addr, &plan.principal),
     });
     let local = tokio::task::LocalSet::new();
@@ -206,7 +278,7 @@ pub(crate) async fn run(
     for index in 0..plan.connections {
         let clock = Rc::clone(&clock);
         let template = Rc::clone(&template);
-        let keys = Rc::clone(&replay_keys);
+        let keys = Rc::clone(&prepared);
         let scenario = plan.scenario;
         let principal = plan.principal.clone();
         // Connection `index` sends at `started + (index + k · connections) / rate`.
@@ -220,7 +292,7 @@ pub(crate) async fn run(
                 principal: &principal,
                 clock: &clock,
                 template: &template,
-                replay_keys: &keys,
+                prepared: &keys,
                 schedule,
             };
             drive(addr, index, plan).await
@@ -281,7 +353,7 @@ struct Drive<'a> {
     principal: &'a str,
     clock: &'a Clock,
     template: &'a RequestTemplate,
-    replay_keys: &'a [String],
+    prepared: &'a [String],
     schedule: Option<Schedule>,
 }
 
@@ -292,7 +364,7 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
         principal,
         clock,
         template,
-        replay_keys,
+        prepared,
         schedule,
     } = plan;
     let mut tally = Tally::new();
@@ -327,6 +399,25 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
         }
         let key = match scenario {
             Scenario::Bare | Scenario::NoKey => None,
+            Scenario::Transfer | Scenario::TransferTwoPhase | Scenario::BareTransfer => {
+                // Two distinct accounts, a fresh reference (the key).
+                let count = prepared.len() as u64;
+                let from = rng.next() % count;
+                let to = (from + 1 + rng.next() % (count - 1)) % count;
+                key.clear();
+                key.push_str(
+                    uuid::Uuid::new_v4()
+                        .simple()
+                        .encode_lower(&mut uuid::Uuid::encode_buffer()),
+                );
+                template.write_transfer(
+                    &mut request,
+                    &prepared[from as usize],
+                    &prepared[to as usize],
+                    &key,
+                );
+                None
+            }
             Scenario::NewKey | Scenario::Webhook => {
                 key.clear();
                 key.push_str(
@@ -337,7 +428,7 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
                 Some(key.as_str())
             }
             Scenario::Replay => {
-                let k = &replay_keys[replay_next % replay_keys.len()];
+                let k = &prepared[replay_next % prepared.len()];
                 replay_next += 1;
                 Some(k.as_str())
             }
@@ -354,7 +445,9 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
                 Some(key.as_str())
             }
         };
-        template.write(&mut request, key);
+        if !scenario.is_transfer() {
+            template.write(&mut request, key);
+        }
         let reply = connection.send(&request).await;
         let done_at = Instant::now();
         answered_at = done_at;

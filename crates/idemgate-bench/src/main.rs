@@ -3,7 +3,8 @@
 //! Starts the real `idemgate` release binary once per run and drives it on loopback
 //! with a fixed number of keep-alive HTTP/1.1 connections: `bare` (the hidden
 //! `--no-idempotency`: same routes, no layer), `no-key`, `new-key`, `replay` and
-//! `contended`, for each store (memory, SQLite, PostgreSQL, Redis), in interleaved
+//! `contended` (and ledger `transfer`s against `bare-transfer`), for each store
+//! (memory, SQLite, PostgreSQL, Redis), in interleaved
 //! rounds so every figure has a same-round `bare` to be divided by. Then the store
 //! ceilings (`redis-benchmark` on the claim script, `pgbench` on the claim and
 //! completion statements), a Markdown report and an SVG chart.
@@ -101,11 +102,13 @@ struct Args {
     stores: Vec<String>,
 
     /// Scenarios besides `bare` (always run), comma-separated: no-key, new-key,
-    /// replay, contended.
+    /// replay, contended, transfer (ledger transfers against the same transfers
+    /// without the layer, `bare-transfer`; the one-transaction mode on the SQL
+    /// stores), transfer-two-phase (the same, claimed in two phases).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "no-key,new-key,replay,contended"
+        default_value = "no-key,new-key,replay,contended,transfer,transfer-two-phase"
     )]
     scenarios: Vec<String>,
 

@@ -146,7 +146,7 @@ impl Report {
         // The bare figure a run is divided by: the mean of the bare runs just
         // before and after it (one of them when the other failed).
         let baseline = |run: &RunRecord, metric: &dyn Fn(&RunRecord) -> f64| -> Option<f64> {
-            if run.scenario == Scenario::Bare {
+            if run.scenario.is_baseline() {
                 return Some(metric(run));
             }
             let neighbours: Vec<f64> = self
@@ -154,7 +154,7 @@ impl Report {
                 .iter()
                 .filter(|r| {
                     r.store == run.store
-                        && r.scenario == Scenario::Bare
+                        && r.scenario == run.scenario.baseline()
                         && (r.seq + 1 == run.seq || r.seq == run.seq + 1)
                 })
                 .map(metric)
@@ -278,6 +278,21 @@ impl Report {
             if let Some(c) = cell(store, Scenario::NewKey) {
                 targets.push(Target::at_least(
                     &format!("{} new-key ≥ {floor} × bare (req/s)", store.name()),
+                    c.rps.ratio,
+                    floor,
+                    "×",
+                ));
+            }
+        }
+        // Issue 39: the one-transaction mode's transfers against the same
+        // transfers without the layer.
+        for (store, floor) in [(StoreKind::Postgres, 0.85), (StoreKind::Sqlite, 0.9)] {
+            if let Some(c) = cell(store, Scenario::Transfer) {
+                targets.push(Target::at_least(
+                    &format!(
+                        "{} transfer (one transaction) ≥ {floor} × bare-transfer (req/s)",
+                        store.name()
+                    ),
                     c.rps.ratio,
                     floor,
                     "×",

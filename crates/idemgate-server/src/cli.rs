@@ -244,6 +244,12 @@ pub struct ServeArgs {
     /// layer a retried POST charges and stores twice.
     #[arg(long, hide = true)]
     pub no_idempotency: bool,
+
+    /// Benchmarks only: claim transfers in two phases (the claim committed
+    /// before the ledger's transaction) instead of the one-transaction mode, so
+    /// `idemgate-bench` can compare the two in one run. Hidden from `--help`.
+    #[arg(long, hide = true)]
+    pub two_phase_transfers: bool,
 }
 
 /// The idempotency layer's timing flags, flattened into `serve` and `proxy`.

@@ -96,7 +96,7 @@ impl Report {
                 ratio(&c.rps, *scenario),
                 c.cpu_us.median,
                 ratio(&c.cpu_us, *scenario),
-                if *scenario == Scenario::Bare {
+                if scenario.is_baseline() {
                     "—".to_owned()
                 } else {
                     format!("{:+.0}", c.cpu_added_us)
@@ -361,7 +361,7 @@ fn targets_table(out: &mut String, heading: &str, targets: &[Target]) {
 }
 
 fn ratio(figure: &Figure, scenario: Scenario) -> String {
-    if scenario == Scenario::Bare {
+    if scenario.is_baseline() {
         return "1".to_owned();
     }
     if figure.ratio.is_nan() {

@@ -65,6 +65,8 @@ pub struct ServeSettings {
     pub connections: ListenerOptions,
     /// The hidden benchmark baseline: no idempotency layer at all.
     pub no_idempotency: bool,
+    /// The hidden benchmark comparison: transfers claimed in two phases.
+    pub two_phase_transfers: bool,
     /// Keyless POST/PATCH on the orders routes answer 400 `missing-key`.
     pub require_key: bool,
     /// Tests only: `IDEMGATE_TEST_FAULT_AFTER_EDIT` (`orders::fault`).
@@ -172,6 +174,7 @@ impl ServeSettings {
             telemetry: args.process.telemetry(),
             connections,
             no_idempotency: args.no_idempotency,
+            two_phase_transfers: args.two_phase_transfers,
             require_key: args.require_key,
             edit_fault: orders::fault::EditFault::from_env().map_err(|reason| {
                 ConfigError::new("(test only)", orders::fault::VARIABLE, reason)
@@ -317,6 +320,7 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
         outcome_retention: settings.layer.ttl,
         edit_fault: settings.edit_fault,
         payment_webhook: settings.payment_webhook.clone(),
+        two_phase_transfers: settings.two_phase_transfers,
     };
     let router = if settings.no_idempotency {
         orders::router_without_idempotency(state)

@@ -82,6 +82,9 @@ pub struct OrdersState {
     /// The payment webhook (`POST /webhooks/payments`, [`webhook`]); `None`:
     /// no such route.
     pub payment_webhook: Option<webhook::PaymentWebhook>,
+    /// Benchmarks only (`--two-phase-transfers`): transfers keep the two-phase
+    /// claim where they would run in one transaction.
+    pub two_phase_transfers: bool,
 }
 
 /// The whole service: `/api/v1/orders` behind bearer authentication and the
@@ -160,6 +163,7 @@ fn routes(state: OrdersState, idempotency: Option<IdempotencyLayer>) -> Router {
         // database: claim, ledger rows and completion commit once (PROTOCOL
         // §23). Orders call the payment gateway, so they keep two phases.
         transfers = transfers.route_layer(match state.writes {
+            _ if state.two_phase_transfers => keyed_by_reference,
             OrderWrites::SqliteTransaction(_) | OrderWrites::PostgresTransaction(_) => {
                 keyed_by_reference
                     .with_one_transaction()
