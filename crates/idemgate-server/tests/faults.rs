@@ -4,7 +4,8 @@
 //! load. Every scenario asserts effects, per idempotency key: the orders in the
 //! database and the distinct charges the counting mock gateway made. And an edit
 //! killed between its commit and its record's completion: its retry answers the
-//! edit's original 200, never a 412 (`edits`).
+//! edit's original 200, never a 412 (`edits`). And ledger transfers in the
+//! one-transaction mode while that PostgreSQL is killed or frozen (`transfers`).
 //!
 //! Small counts by default (part of `scripts/test.sh`); `IDEMGATE_FAULTS_FULL=1` runs
 //! the counts `docs/reliability.md` publishes, and `IDEMGATE_FAULTS_SEED` replays a
@@ -30,4 +31,5 @@ mod faults {
     mod edits;
     mod outage;
     mod takeover;
+    mod transfers;
 }

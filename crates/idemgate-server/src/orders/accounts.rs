@@ -139,7 +139,8 @@ fn database_failure(error: &sqlx::Error) -> Response {
         "database-unavailable",
         "Database unavailable",
         "the orders database failed; nothing was changed, retry with the same key",
-    );
+    )
+    .with_retry_after(crate::idempotency::UNAVAILABLE_RETRY_AFTER);
     // Nothing committed (the transaction is rolled back): the retry runs.
     (Finality::Retryable, problem).into_response()
 }

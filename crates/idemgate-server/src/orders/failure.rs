@@ -16,7 +16,8 @@ pub(crate) fn tx_failure(app: &OrdersState, error: &dyn std::error::Error) -> Re
     (Finality::Retryable, answer).into_response()
 }
 
-/// A statement of the orders database failed: `503 database-unavailable`.
+/// A statement of the orders database failed: `503 database-unavailable`,
+/// with the `Retry-After` of every 503 for a store that failed.
 pub(crate) fn database_failure(error: sqlx::Error) -> ProblemDetails {
     tracing::error!(%error, "orders database failed");
     ProblemDetails::new(
@@ -25,4 +26,5 @@ pub(crate) fn database_failure(error: sqlx::Error) -> ProblemDetails {
         "Database unavailable",
         "the orders database could not be reached",
     )
+    .with_retry_after(crate::idempotency::UNAVAILABLE_RETRY_AFTER)
 }
