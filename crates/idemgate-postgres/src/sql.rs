@@ -68,10 +68,22 @@ fn ms(expr: &str) -> String {
 pub(crate) const FENCE: &str = "identity = $1 AND operation_id = $2 AND token = $3 \
      AND status = 'PROCESSING' AND expires_at > clock_timestamp()";
 
+/// The custom setting where a one-transaction claim's `BEGIN` keeps the
+/// session's `lock_timeout`, for the claim to restore once it holds the record
+/// (`crate::tx`).
+pub(crate) const OUTER_LOCK_TIMEOUT: &str = "idemgate.outer_lock_timeout";
+
 /// The statements of one store.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
+    /// The claim as the first statement of a business transaction (the
+    /// one-transaction mode, `crate::tx`): the same statement, which also lifts
+    /// the transaction's `lock_timeout` once it holds the record, back to what
+    /// it was before `BEGIN` ([`OUTER_LOCK_TIMEOUT`]), so the handler's own
+    /// statements are not bounded by the claim's wait — in the claim's round
+    /// trip, not one of its own.
+    pub(crate) claim_in_transaction: Arc<str>,
     pub(crate) read: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) release: Arc<str>,
@@ -106,8 +118,9 @@ impl Statements {
         // and the caller reads the record separately.
         // The upsert's `WHERE` restates `Record::claim_origin` (PROTOCOL §6.2) in
         // SQL: same fingerprint, and `RELEASED` or a lapsed lease (or expired).
-        let claim = format!(
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+        let claim_statement = |lift: &str| {
+            format!(
+                "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t), \
              blocking AS MATERIALIZED ( \
                  SELECT r.fingerprint, r.field_digests, r.format_version, r.operation_id, \
                      r.token, r.status, \
@@ -148,7 +161,7 @@ impl Statements {
                 OR (r.fingerprint = EXCLUDED.fingerprint AND (r.status = 'RELEASED' \
                     OR (r.status = 'PROCESSING' AND (r.locked_until IS NULL \
                         OR r.locked_until <= EXCLUDED.created_at)))) \
-             RETURNING r.operation_id, r.token, r.lease_origin, \
+             RETURNING r.operation_id, r.token, r.lease_origin{lift} \
                  {locked_until} AS locked_until_ms) \
              SELECT 'claimed' AS outcome, c.operation_id, c.token, c.lease_origin, \
                  c.locked_until_ms, NULL::bytea AS fingerprint, NULL::bytea AS field_digests, \
@@ -164,13 +177,14 @@ impl Statements {
                  b.response_headers, b.response_body, b.body_retained, b.created_ms, \
                  b.expires_ms, b.now_ms \
              FROM blocking b",
-            // nextval takes the sequence's name as a string literal.
-            seq_literal = seq.replace('\'', "''"),
-            locked_until = ms("r.locked_until"),
-            created = ms("r.created_at"),
-            expires = ms("r.expires_at"),
-            now_ms = ms("now.t"),
-        );
+                // nextval takes the sequence's name as a string literal.
+                seq_literal = seq.replace('\'', "''"),
+                locked_until = ms("r.locked_until"),
+                created = ms("r.created_at"),
+                expires = ms("r.expires_at"),
+                now_ms = ms("now.t"),
+            )
+        };
         let read = format!(
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t) \
              SELECT r.fingerprint, r.field_digests, r.format_version, r.operation_id, \
@@ -285,7 +299,12 @@ impl Statements {
         Self {
             acquire_resource_lease: acquire_resource_lease.into(),
             release_resource_lease: release_resource_lease.into(),
-            claim: claim.into(),
+            claim_in_transaction: claim_statement(&format!(
+                ", set_config('lock_timeout', current_setting('{OUTER_LOCK_TIMEOUT}'), true) \
+                 AS lock_wait_lifted,"
+            ))
+            .into(),
+            claim: claim_statement(",").into(),
             read: read.into(),
             complete: complete.into(),
             release: release.into(),

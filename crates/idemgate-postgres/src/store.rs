@@ -365,7 +365,11 @@ impl PostgresStore {
             // (`claimed`); or returns the live record that blocks the claim
             // (`existing`, read without a write); or, when the record changed under
             // it, nothing.
-            let query = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
+            let statement = match connection {
+                Some(_) => &self.inner.sql.claim_in_transaction,
+                None => &self.inner.sql.claim,
+            };
+            let query = sqlx::query(AssertSqlSafe(Arc::clone(statement)))
                 .bind(identity.as_bytes().as_slice())
                 .bind(scope.principal.as_str())
                 .bind(scope.method.as_str())

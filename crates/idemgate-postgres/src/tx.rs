@@ -10,6 +10,7 @@ use idemgate_sqlx::{ErrorCodes, SqlStore};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
 
 use crate::error::{SQLSTATES, store_error};
+use crate::sql::OUTER_LOCK_TIMEOUT;
 use crate::store::PostgresStore;
 
 /// A business transaction that commits together with the idempotency record
@@ -70,12 +71,15 @@ impl SqlStore for PostgresStore {
     /// `BEGIN` with the transaction's `lock_timeout` in the same round trip (one
     /// simple query): how long its claim waits for another transaction's
     /// uncommitted claim of the same key. At least 1 ms (`0` would mean no
-    /// bound). [`SqlStore::claim_in`] lifts it once the claim is made.
+    /// bound). The session's own is kept beside it, for the claim statement
+    /// to restore once it holds the record (`Statements::claim_in_transaction`).
     async fn begin_claim(&self, lock_wait: Duration) -> Result<Self::Transaction, StoreError> {
         let ms = lock_wait.as_millis().clamp(1, i32::MAX as u128);
         PostgresStore::pool(self)
             .begin_with(AssertSqlSafe(format!(
-                "BEGIN; SET LOCAL lock_timeout = {ms}"
+                "BEGIN; \
+                 SELECT set_config('{OUTER_LOCK_TIMEOUT}', current_setting('lock_timeout'), true); \
+                 SET LOCAL lock_timeout = {ms}"
             )))
             .await
             .map_err(store_error)
@@ -86,16 +90,10 @@ impl SqlStore for PostgresStore {
         connection: &mut PgConnection,
         request: &ClaimRequest,
     ) -> Result<Option<Claim>, StoreError> {
-        let claim = self.claim_on(connection, request).await?;
-        if let Some(Claim::Acquired(_)) = claim {
-            // The bound was the claim's: the handler's own statements (a row
-            // lock on a busy account) wait as they would anywhere else.
-            sqlx::query("SET LOCAL lock_timeout TO DEFAULT")
-                .execute(&mut *connection)
-                .await
-                .map_err(store_error)?;
-        }
-        Ok(claim)
+        // The claim statement lifts the bound once it holds the record: the
+        // handler's own statements (a row lock on a busy account) wait as they
+        // would anywhere else.
+        self.claim_on(connection, request).await
     }
 
     async fn complete_in(

@@ -150,11 +150,16 @@ pub(crate) struct WaitMode {
 }
 
 impl Config {
-    /// How long a claim in the one-transaction mode waits for another
-    /// transaction's uncommitted claim of its key: the route's wait, or none
-    /// (a 409 at once, as a duplicate of a running two-phase request gets).
+    /// How long a claim in the one-transaction mode waits for a lock its
+    /// insert needs — another transaction's uncommitted claim of its key, or a
+    /// passing lock on the table (a migration's): the route's wait, or else the
+    /// store timeout. Never the two-phase 409 at once: a lock does not tell a
+    /// running duplicate from a passing lock, and a short bound would answer
+    /// 409 to requests that duplicate nothing.
     pub(crate) fn lock_wait(&self) -> Duration {
-        self.wait.map(|wait| wait.max).unwrap_or_default()
+        self.wait
+            .map(|wait| wait.max)
+            .unwrap_or_else(|| self.store.timeout())
     }
 
     /// The part of a JSON body the fingerprint reads: the configured selection,

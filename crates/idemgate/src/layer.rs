@@ -395,8 +395,8 @@ impl IdempotencyLayer {
     /// A duplicate that comes while the first runs waits for its transaction
     /// (on the record's unique index in PostgreSQL, for the one writer in
     /// SQLite), then replays its outcome; in PostgreSQL the wait is bounded by
-    /// the route's [`wait`](IdempotencyLayer::with_wait) (none by default: a
-    /// 409 at once), past which it gets the usual 409. A handler whose
+    /// the route's [`wait`](IdempotencyLayer::with_wait), or else by the store
+    /// timeout, past which it gets the usual 409. A handler whose
     /// transaction rolls back (a 5xx, a panic, a released outcome) leaves no
     /// record: nothing it did committed, so a retry runs it again. The lease is
     /// not renewed: no one else can see, let alone take over, an uncommitted

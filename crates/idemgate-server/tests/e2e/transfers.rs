@@ -158,7 +158,8 @@ async fn balances_never_go_negative(server: &Server) {
             refused.json()["type"]
                 .as_str()
                 .unwrap()
-                .ends_with("insufficient-funds")
+                .ends_with("insufficient-funds"),
+            "{refused:?}"
         );
     }
     let source = account(server, &client, from).await;
