@@ -112,7 +112,17 @@ async fn handler_writes_order<H: TransactionalHarness>(
     store: &H::Store,
     operation_id: OperationId,
 ) -> Box<dyn PendingTransaction> {
-    let slot = TransactionSlot::new();
+    writes_order_in(harness, store, TransactionSlot::new(), operation_id).await
+}
+
+/// The same through `slot`: with a transaction offered in it (the
+/// one-transaction mode), the handler's `Tx` continues that one.
+async fn writes_order_in<H: TransactionalHarness>(
+    harness: &H,
+    store: &H::Store,
+    slot: TransactionSlot,
+    operation_id: OperationId,
+) -> Box<dyn PendingTransaction> {
     let mut tx = begin(store, &slot).await;
     harness
         .insert_order(&mut tx, operation_id)
@@ -594,13 +604,7 @@ async fn order_in_offered<H: TransactionalHarness>(
 ) -> Box<dyn PendingTransaction> {
     let slot = TransactionSlot::new();
     slot.offer(transaction);
-    let mut tx = begin(store, &slot).await;
-    harness
-        .insert_order(&mut tx, operation_id)
-        .await
-        .expect("insert");
-    drop(tx);
-    returned(&slot)
+    writes_order_in(harness, store, slot, operation_id).await
 }
 
 /// The claim is the first statement of the handler's transaction: invisible to

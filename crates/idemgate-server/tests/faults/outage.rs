@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::budget::{Rng, count, report, span};
+use super::budget::{Rng, count, report};
 use super::effects::{OrdersTable, Probe, assert_exactly_once, assert_retryable_problem};
-use super::own_stores::{OwnPostgres, OwnRedis, OwnStore};
+use super::own_stores::{Fault, OwnPostgres, OwnRedis, OwnStore, outages};
 use crate::support::client::Answer;
 use crate::support::gateway::MockGateway;
 use crate::support::server::{Options, Server, sqlite_url};
@@ -23,12 +23,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long every key may take to reach its final answer once the store is back:
 /// a holder that lost its store keeps the key until its lease (2 s) lapses.
 const PATIENCE: Duration = Duration::from_secs(90);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    Kill,
-    Freeze,
-}
 
 /// What the load clients saw: each key's first answer.
 #[derive(Default)]
@@ -123,26 +117,7 @@ async fn store_outage_under_load<S: OwnStore>(
         Arc::clone(&stop),
         Arc::clone(&seen),
     );
-    let mut outages = Vec::new();
-    for _ in 0..cycles {
-        tokio::time::sleep(rng.millis(1_000, 2_000)).await;
-        // Well past the store timeout (1 s), so requests meet the outage itself,
-        // not only a delay.
-        let outage = span(rng.millis(5_500, 7_000), rng.millis(5_500, 10_000));
-        match fault {
-            Fault::Kill => {
-                store.kill9();
-                tokio::time::sleep(outage).await;
-                store.restart().await;
-            }
-            Fault::Freeze => {
-                store.freeze();
-                tokio::time::sleep(outage).await;
-                store.thaw();
-            }
-        }
-        outages.push(outage);
-    }
+    let outages = outages(&mut store, fault, cycles, &mut rng).await;
     tokio::time::sleep(rng.millis(1_000, 2_000)).await;
     stop.store(true, Ordering::Relaxed);
     for task in load {

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::budget::{Rng, span};
 use crate::support::server::{TempDir, send_signal};
 use crate::support::wait::wait_until;
 use idemgate_testkit::free_port;
@@ -92,6 +93,45 @@ fn descendants(root: u32) -> Vec<u32> {
         }
     }
     found
+}
+
+/// What is done to an own store: `kill -9`, then a restart on its data; or
+/// SIGSTOP, then SIGCONT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Kill,
+    Freeze,
+}
+
+/// `cycles` outages of `store` by `fault`, each after 1–2 s of the load and
+/// 5.5–7 s long (5.5–10 s in the full run) — well past the store timeout the
+/// scenarios give the server (1 s), so requests meet the outage itself, not
+/// only a delay. Returns their lengths.
+pub async fn outages<S: OwnStore>(
+    store: &mut S,
+    fault: Fault,
+    cycles: usize,
+    rng: &mut Rng,
+) -> Vec<Duration> {
+    let mut outages = Vec::with_capacity(cycles);
+    for _ in 0..cycles {
+        tokio::time::sleep(rng.millis(1_000, 2_000)).await;
+        let outage = span(rng.millis(5_500, 7_000), rng.millis(5_500, 10_000));
+        match fault {
+            Fault::Kill => {
+                store.kill9();
+                tokio::time::sleep(outage).await;
+                store.restart().await;
+            }
+            Fault::Freeze => {
+                store.freeze();
+                tokio::time::sleep(outage).await;
+                store.thaw();
+            }
+        }
+        outages.push(outage);
+    }
+    outages
 }
 
 /// A process that can be killed, restarted on its data, frozen and thawed.

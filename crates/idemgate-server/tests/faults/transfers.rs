@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use sqlx::Connection;
 
-use super::budget::{Rng, count, report, span};
+use super::budget::{Rng, count, report};
 use super::effects::assert_retryable_problem;
-use super::own_stores::{OwnPostgres, OwnStore};
+use super::own_stores::{Fault, OwnPostgres, OwnStore, outages};
 use crate::support::client::{Answer, Client, new_key};
 use crate::support::server::{Options, Server};
 
@@ -25,12 +25,6 @@ const OPENING_BALANCE: i64 = 1_000_000;
 /// How long every reference may take to settle once the store is back.
 const PATIENCE: Duration = Duration::from_secs(90);
 const JSON: (&str, &str) = ("content-type", "application/json");
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    Kill,
-    Freeze,
-}
 
 /// One transfer of 1 between two accounts, under its own reference.
 #[derive(Debug, Clone)]
@@ -172,24 +166,7 @@ async fn transfers_under_store_outage(test: &str, fault: Fault) {
             })
         })
         .collect();
-    let mut outages = Vec::new();
-    for _ in 0..cycles {
-        tokio::time::sleep(rng.millis(1_000, 2_000)).await;
-        let outage = span(rng.millis(5_500, 7_000), rng.millis(5_500, 10_000));
-        match fault {
-            Fault::Kill => {
-                store.kill9();
-                tokio::time::sleep(outage).await;
-                store.restart().await;
-            }
-            Fault::Freeze => {
-                store.freeze();
-                tokio::time::sleep(outage).await;
-                store.thaw();
-            }
-        }
-        outages.push(outage);
-    }
+    let outages = outages(&mut store, fault, cycles, &mut rng).await;
     tokio::time::sleep(rng.millis(1_000, 2_000)).await;
     stop.store(true, Ordering::Relaxed);
     for task in load {
