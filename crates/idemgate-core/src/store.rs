@@ -192,7 +192,7 @@ pub trait Store: Send + Sync + 'static {
     /// A concurrent claim of the same key waits for this transaction (on the
     /// record's unique index, or SQLite's one writer); where the database can bound
     /// that wait, `lock_wait` bounds it and the answer past it is
-    /// [`ClaimInTransaction::Locked`]. The default refuses:
+    /// [`ClaimInTransaction::Locked`](crate::transaction::ClaimInTransaction::Locked). The default refuses:
     /// [`OneTransactionUnsupported`](crate::transaction::OneTransactionUnsupported),
     /// as [`StoreError::Misconfigured`].
     async fn claim_in_transaction(
