@@ -1,5 +1,6 @@
 //! The `Store` trait: where records live (PROTOCOL §5, §6).
 
+use std::any::Any;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -192,18 +193,16 @@ pub trait Store: Send + Sync + 'static {
     /// A concurrent claim of the same key waits for this transaction (on the
     /// record's unique index, or SQLite's one writer); where the database can bound
     /// that wait, `lock_wait` bounds it and the answer past it is
-    /// [`ClaimInTransaction::Locked`](crate::transaction::ClaimInTransaction::Locked). The default refuses:
-    /// [`OneTransactionUnsupported`](crate::transaction::OneTransactionUnsupported),
+    /// [`ClaimInTransaction::Locked`]. The default refuses:
+    /// [`OneTransactionUnsupported`](OneTransactionUnsupported),
     /// as [`StoreError::Misconfigured`].
     async fn claim_in_transaction(
         &self,
         request: &ClaimRequest,
         lock_wait: Duration,
-    ) -> Result<crate::transaction::ClaimInTransaction, StoreError> {
+    ) -> Result<ClaimInTransaction, StoreError> {
         let _ = (request, lock_wait);
-        Err(StoreError::misconfigured(
-            crate::transaction::OneTransactionUnsupported,
-        ))
+        Err(StoreError::misconfigured(OneTransactionUnsupported))
     }
 
     /// Told that the transaction a claim was made in (the one-transaction mode)
@@ -267,6 +266,75 @@ pub trait Store: Send + Sync + 'static {
         tokio::time::sleep(timeout.min(DEFAULT_POLL)).await;
     }
 }
+
+/// An open business transaction waiting for the layer to finish it.
+#[async_trait]
+pub trait PendingTransaction: Send {
+    /// Runs the fenced completion inside the transaction, appends `journal` (the
+    /// run's `executed` entry, when the journal is on) to the store's journal in
+    /// the same transaction, and commits: the journal never reports an effect
+    /// that rolled back, nor misses one that committed. When the fence refuses
+    /// (zero rows), rolls back and returns [`FencedWrite::Refused`]: the
+    /// business writes and the entry vanish with it.
+    async fn complete_and_commit(
+        self: Box<Self>,
+        lease: &Lease,
+        completion: &Completion,
+        journal: &[AuditRecord],
+    ) -> Result<FencedWrite, StoreError>;
+
+    /// Commits the business writes alone: for requests without an idempotency key,
+    /// which have no record to complete.
+    async fn commit(self: Box<Self>) -> Result<(), StoreError>;
+
+    /// Rolls the business writes back.
+    async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
+
+    /// The concrete transaction, for the extractor that takes an
+    /// [offered](crate::transaction::TransactionSlot::offer) one back as its store's type.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+/// What a claim inside a new transaction came to
+/// ([`Store::claim_in_transaction`], the
+/// one-transaction mode, PROTOCOL §23).
+pub enum ClaimInTransaction {
+    /// Claimed, uncommitted, in `transaction`: no one else sees the record until it
+    /// commits, and a crash or a rollback leaves no claim behind.
+    Acquired {
+        /// The run's lease, as [`Claim::Acquired`] gives it.
+        lease: Lease,
+        /// The open transaction holding the claim; the handler's writes go into it.
+        transaction: Box<dyn PendingTransaction>,
+    },
+    /// A committed record blocks the claim (the transaction was rolled back):
+    /// decided as for [`Claim::Existing`].
+    Existing(Snapshot),
+    /// Another request's transaction holds an uncommitted claim of the same key and
+    /// did not finish within the wait (the transaction was rolled back): in flight.
+    Locked,
+}
+
+impl std::fmt::Debug for ClaimInTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Acquired { lease, .. } => f
+                .debug_struct("Acquired")
+                .field("lease", lease)
+                .finish_non_exhaustive(),
+            Self::Existing(snapshot) => f.debug_tuple("Existing").field(snapshot).finish(),
+            Self::Locked => f.write_str("Locked"),
+        }
+    }
+}
+
+/// The store cannot claim inside a business transaction: only the SQL stores
+/// (PostgreSQL, SQLite) keep the record in the business's own database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this store cannot claim inside the handler's transaction: the one-transaction mode needs PostgreSQL or SQLite"
+)]
+pub struct OneTransactionUnsupported;
 
 /// What a claim asks for.
 #[derive(Clone, Debug)]

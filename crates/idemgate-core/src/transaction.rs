@@ -18,82 +18,11 @@
 //! extractor takes it instead of beginning one. The claim, the business writes and
 //! the completion then commit once, together.
 
-use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use async_trait::async_trait;
-
-use crate::audit::AuditRecord;
-use crate::store::{Completion, FencedWrite, Lease, Snapshot, StoreError};
-
-/// An open business transaction waiting for the layer to finish it.
-#[async_trait]
-pub trait PendingTransaction: Send {
-    /// Runs the fenced completion inside the transaction, appends `journal` (the
-    /// run's `executed` entry, when the journal is on) to the store's journal in
-    /// the same transaction, and commits: the journal never reports an effect
-    /// that rolled back, nor misses one that committed. When the fence refuses
-    /// (zero rows), rolls back and returns [`FencedWrite::Refused`]: the
-    /// business writes and the entry vanish with it.
-    async fn complete_and_commit(
-        self: Box<Self>,
-        lease: &Lease,
-        completion: &Completion,
-        journal: &[AuditRecord],
-    ) -> Result<FencedWrite, StoreError>;
-
-    /// Commits the business writes alone: for requests without an idempotency key,
-    /// which have no record to complete.
-    async fn commit(self: Box<Self>) -> Result<(), StoreError>;
-
-    /// Rolls the business writes back.
-    async fn rollback(self: Box<Self>) -> Result<(), StoreError>;
-
-    /// The concrete transaction, for the extractor that takes an
-    /// [offered](TransactionSlot::offer) one back as its store's type.
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
-}
-
-/// What a claim inside a new transaction came to
-/// ([`Store::claim_in_transaction`](crate::Store::claim_in_transaction), the
-/// one-transaction mode, PROTOCOL §23).
-pub enum ClaimInTransaction {
-    /// Claimed, uncommitted, in `transaction`: no one else sees the record until it
-    /// commits, and a crash or a rollback leaves no claim behind.
-    Acquired {
-        /// The run's lease, as [`Claim::Acquired`](crate::Claim::Acquired) gives it.
-        lease: Lease,
-        /// The open transaction holding the claim; the handler's writes go into it.
-        transaction: Box<dyn PendingTransaction>,
-    },
-    /// A committed record blocks the claim (the transaction was rolled back):
-    /// decided as for [`Claim::Existing`](crate::Claim::Existing).
-    Existing(Snapshot),
-    /// Another request's transaction holds an uncommitted claim of the same key and
-    /// did not finish within the wait (the transaction was rolled back): in flight.
-    Locked,
-}
-
-impl std::fmt::Debug for ClaimInTransaction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Acquired { lease, .. } => f
-                .debug_struct("Acquired")
-                .field("lease", lease)
-                .finish_non_exhaustive(),
-            Self::Existing(snapshot) => f.debug_tuple("Existing").field(snapshot).finish(),
-            Self::Locked => f.write_str("Locked"),
-        }
-    }
-}
-
-/// The store cannot claim inside a business transaction: only the SQL stores
-/// (PostgreSQL, SQLite) keep the record in the business's own database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "this store cannot claim inside the handler's transaction: the one-transaction mode needs PostgreSQL or SQLite"
-)]
-pub struct OneTransactionUnsupported;
+// The Store trait's side of the hand-over, kept with it in `crate::store` (its
+// methods return them); named here too, where the slot that holds them is.
+pub use crate::store::{ClaimInTransaction, OneTransactionUnsupported, PendingTransaction};
 
 /// What a slot holds when the layer looks at it after the handler.
 ///
@@ -213,7 +142,13 @@ impl TransactionSlot {
 
 #[cfg(test)]
 mod tests {
+    use std::any::Any;
+
+    use async_trait::async_trait;
+
     use super::*;
+    use crate::audit::AuditRecord;
+    use crate::store::{Completion, FencedWrite, Lease, StoreError};
 
     struct Fake;
 
