@@ -544,7 +544,9 @@ impl Store for ReplayCache {
         Ok(claim)
     }
 
+    /// The claim is gone, as after a release: its note goes too.
     fn rolled_back_in_transaction(&self, lease: &Lease) {
+        self.new_claims.remove(&lease.identity);
         self.inner.rolled_back_in_transaction(lease);
     }
 
