@@ -238,49 +238,6 @@ impl RequestTemplate {
         }
     }
 
-    /// A transfer's head before its request line's path: the `Host`, the
-    /// bearer token and the content type; [`RequestTemplate::write_transfer`]
-    /// adds the request line and the body.
-    pub(crate) fn transfer(addr: SocketAddr, principal: &str) -> Self {
-        let head = format!(
-            "Host: {addr}\r\nAuthorization: Bearer {principal}\r\nContent-Type: application/json\r\n"
-        );
-        Self {
-            head: head.into_bytes(),
-            body: b"",
-            key_header: b"",
-        }
-    }
-
-    /// `POST /api/v1/accounts/{from}/transfers` of 1 to `to`, keyed by its
-    /// `reference_id` (the route's key source), into `out`.
-    pub(crate) fn write_transfer(&self, out: &mut Vec<u8>, from: &str, to: &str, reference: &str) {
-        use std::io::Write as _;
-        let body_len = r#"{"to":,"amount":1,"reference_id":""}"#.len() + to.len() + reference.len();
-        out.clear();
-        let _ = write!(out, "POST /api/v1/accounts/{from}/transfers HTTP/1.1\r\n");
-        out.extend_from_slice(&self.head);
-        let _ = write!(
-            out,
-            "Content-Length: {body_len}\r\n\r\n{{\"to\":{to},\"amount\":1,\"reference_id\":\"{reference}\"}}"
-        );
-    }
-
-    /// `POST /api/v1/accounts` of an account holding more than any run moves,
-    /// into `out`, with a fresh key (the server without the layer ignores it).
-    pub(crate) fn open_account(addr: SocketAddr, principal: &str, out: &mut Vec<u8>) {
-        use std::io::Write as _;
-        const BODY: &str = r#"{"balance":1000000000000,"currency":"RUB"}"#;
-        out.clear();
-        let _ = write!(
-            out,
-            "POST /api/v1/accounts HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {principal}\r\n\
-             Content-Type: application/json\r\nIdempotency-Key: {}\r\nContent-Length: {}\r\n\r\n{BODY}",
-            uuid::Uuid::new_v4(),
-            BODY.len()
-        );
-    }
-
     /// The request into `out`, with `Idempotency-Key: key` when given.
     pub(crate) fn write(&self, out: &mut Vec<u8>, key: Option<&str>) {
         out.clear();
@@ -292,6 +249,55 @@ impl RequestTemplate {
         }
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(self.body);
+    }
+}
+
+/// Builds ledger transfers (and the accounts they move money between) as
+/// `principal`: `POST /api/v1/accounts/{from}/transfers`, keyed by the body's
+/// `reference_id` (the route's key source), no `Idempotency-Key`.
+pub(crate) struct TransferTemplate {
+    /// The headers every request shares: `Host`, the bearer token, the
+    /// content type.
+    headers: Vec<u8>,
+}
+
+impl TransferTemplate {
+    pub(crate) fn new(addr: SocketAddr, principal: &str) -> Self {
+        let headers = format!(
+            "Host: {addr}\r\nAuthorization: Bearer {principal}\r\nContent-Type: application/json\r\n"
+        );
+        Self {
+            headers: headers.into_bytes(),
+        }
+    }
+
+    /// A transfer of 1 from `from` to `to` under `reference`, into `out`.
+    pub(crate) fn write(&self, out: &mut Vec<u8>, from: &str, to: &str, reference: &str) {
+        use std::io::Write as _;
+        let body_len = r#"{"to":,"amount":1,"reference_id":""}"#.len() + to.len() + reference.len();
+        out.clear();
+        let _ = write!(out, "POST /api/v1/accounts/{from}/transfers HTTP/1.1\r\n");
+        out.extend_from_slice(&self.headers);
+        let _ = write!(
+            out,
+            "Content-Length: {body_len}\r\n\r\n{{\"to\":{to},\"amount\":1,\"reference_id\":\"{reference}\"}}"
+        );
+    }
+
+    /// `POST /api/v1/accounts` of an account holding more than any run moves,
+    /// into `out`, with a fresh key (the server without the layer ignores it).
+    pub(crate) fn open_account(&self, out: &mut Vec<u8>) {
+        use std::io::Write as _;
+        const BODY: &str = r#"{"balance":1000000000000,"currency":"RUB"}"#;
+        out.clear();
+        out.extend_from_slice(b"POST /api/v1/accounts HTTP/1.1\r\n");
+        out.extend_from_slice(&self.headers);
+        let _ = write!(
+            out,
+            "Idempotency-Key: {}\r\nContent-Length: {}\r\n\r\n{BODY}",
+            uuid::Uuid::new_v4(),
+            BODY.len()
+        );
     }
 }
 
@@ -310,6 +316,25 @@ mod tests {
         assert_eq!(
             webhook.verify(&headers, ORDER_BODY, std::time::SystemTime::now()),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn a_transfer_is_framed_by_its_content_length() {
+        let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let mut out = Vec::new();
+        TransferTemplate::new(addr, "bench-1").write(&mut out, "7", "1234", "abc123");
+        let text = String::from_utf8(out).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("POST /api/v1/accounts/7/transfers HTTP/1.1\r\n"));
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"to": 1234, "amount": 1, "reference_id": "abc123"})
         );
     }
 

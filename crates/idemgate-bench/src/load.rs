@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::BoxError;
-use crate::client::{Connection, Reply, RequestTemplate};
+use crate::client::{Connection, Reply, RequestTemplate, TransferTemplate};
 
 /// What the requests carry, and what the server is expected to answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -225,10 +225,11 @@ pub(crate) async fn open_accounts(
     principal: &str,
 ) -> Result<Vec<String>, BoxError> {
     let mut connection = Connection::connect(addr).await?;
+    let template = TransferTemplate::new(addr, principal);
     let mut request = Vec::new();
     let mut ids = Vec::with_capacity(TRANSFER_ACCOUNTS);
     for _ in 0..TRANSFER_ACCOUNTS {
-        RequestTemplate::open_account(addr, principal, &mut request);
+        template.open_account(&mut request);
         let (reply, body) = connection.send_reading(&request).await?;
         if reply.status != 201 {
             return Err(format!("opening an account answered {}", reply.status).into());
@@ -270,14 +271,15 @@ pub(crate) async fn run(
     });
     let template = Rc::new(match plan.scenario {
         Scenario::Webhook => RequestTemplate::webhook(addr),
-        scenario if scenario.is_transfer() => RequestTemplate::transfer(addr, &plan.principal),
         _ => RequestTemplate::orders(addr, &plan.principal),
     });
+    let transfers = Rc::new(TransferTemplate::new(addr, &plan.principal));
     let local = tokio::task::LocalSet::new();
     let mut handles = Vec::with_capacity(plan.connections);
     for index in 0..plan.connections {
         let clock = Rc::clone(&clock);
         let template = Rc::clone(&template);
+        let transfers = Rc::clone(&transfers);
         let keys = Rc::clone(&prepared);
         let scenario = plan.scenario;
         let principal = plan.principal.clone();
@@ -292,6 +294,7 @@ pub(crate) async fn run(
                 principal: &principal,
                 clock: &clock,
                 template: &template,
+                transfers: &transfers,
                 prepared: &keys,
                 schedule,
             };
@@ -353,6 +356,8 @@ struct Drive<'a> {
     principal: &'a str,
     clock: &'a Clock,
     template: &'a RequestTemplate,
+    /// The transfers' requests, for the transfer scenarios.
+    transfers: &'a TransferTemplate,
     prepared: &'a [String],
     schedule: Option<Schedule>,
 }
@@ -364,6 +369,7 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
         principal,
         clock,
         template,
+        transfers,
         prepared,
         schedule,
     } = plan;
@@ -400,23 +406,14 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
         let key = match scenario {
             Scenario::Bare | Scenario::NoKey => None,
             Scenario::Transfer | Scenario::TransferTwoPhase | Scenario::BareTransfer => {
-                // Two distinct accounts, a fresh reference (the key).
-                let count = prepared.len() as u64;
-                let from = rng.next() % count;
-                let to = (from + 1 + rng.next() % (count - 1)) % count;
+                // A fresh reference (the key) between two distinct accounts.
                 key.clear();
                 key.push_str(
                     uuid::Uuid::new_v4()
                         .simple()
                         .encode_lower(&mut uuid::Uuid::encode_buffer()),
                 );
-                template.write_transfer(
-                    &mut request,
-                    &prepared[from as usize],
-                    &prepared[to as usize],
-                    &key,
-                );
-                None
+                Some(key.as_str())
             }
             Scenario::NewKey | Scenario::Webhook => {
                 key.clear();
@@ -445,8 +442,19 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
                 Some(key.as_str())
             }
         };
-        if !scenario.is_transfer() {
-            template.write(&mut request, key);
+        match key {
+            Some(reference) if scenario.is_transfer() => {
+                let count = prepared.len() as u64;
+                let from = rng.next() % count;
+                let to = (from + 1 + rng.next() % (count - 1)) % count;
+                transfers.write(
+                    &mut request,
+                    &prepared[from as usize],
+                    &prepared[to as usize],
+                    reference,
+                );
+            }
+            _ => template.write(&mut request, key),
         }
         let reply = connection.send(&request).await;
         let done_at = Instant::now();

@@ -1,10 +1,10 @@
 //! The transactional mode on PostgreSQL: `Tx`, and what it needs from the store.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use idemgate_core::audit::AuditRecord;
 use idemgate_core::signals::ChangeSignals;
-use std::time::Duration;
-
 use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{ErrorCodes, SqlStore};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};

@@ -55,19 +55,21 @@ impl<S: SqlStore> Tx<S> {
     /// made in, which the layer offered in the slot.
     pub async fn begin(store: &S, slot: &TransactionSlot) -> Result<Self, TxRejection> {
         if let Some(offered) = slot.lend()? {
-            return match offered.into_any().downcast::<Pending<S>>() {
-                Ok(pending) => match pending.transaction {
-                    Some(transaction) => Ok(Self {
-                        transaction: Some(transaction),
-                        slot: slot.clone(),
-                        store: store.clone(),
-                    }),
-                    None => Err(TxRejection::OtherStore),
-                },
-                // Not this store's transaction: the layer's store is another
-                // one. Nothing was written through it; the layer finishes it.
-                Err(_) => Err(TxRejection::OtherStore),
-            };
+            // Not this store's transaction (the layer's store is another
+            // one): dropped here, it rolls back and takes the claim with it,
+            // and the layer settles the run as one whose transaction never
+            // came back.
+            let transaction = offered
+                .into_any()
+                .downcast::<Pending<S>>()
+                .ok()
+                .and_then(|pending| pending.transaction)
+                .ok_or(TxRejection::OtherStore)?;
+            return Ok(Self {
+                transaction: Some(transaction),
+                slot: slot.clone(),
+                store: store.clone(),
+            });
         }
         match store.begin().await {
             Ok(transaction) => Ok(Self {

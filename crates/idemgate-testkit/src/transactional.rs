@@ -80,6 +80,7 @@ macro_rules! transactional_conformance {
             one_transaction_crash_leaves_no_claim,
             one_transaction_duplicate_never_acquires_while_the_first_is_open,
             one_transaction_lock_wait_bounds_only_the_claim,
+            an_offered_transaction_of_another_store_is_refused,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {
@@ -768,6 +769,47 @@ pub async fn one_transaction_lock_wait_bounds_only_the_claim<H: TransactionalHar
     holder.rollback().await.expect("rollback");
     assert_eq!(handler.await.expect("task"), FencedWrite::Applied);
     assert_eq!(harness.orders_for(&store, operation_id).await, 1);
+    harness.finish().await;
+}
+
+/// A `Tx` offered another store's transaction (a handler naming another store
+/// than the layer's) refuses with `OtherStore` rather than writing outside the
+/// claim's transaction; the slot then reports a transaction never given back,
+/// so the layer settles the run as rolled back.
+pub async fn an_offered_transaction_of_another_store_is_refused<H: TransactionalHarness>(
+    harness: Arc<H>,
+) {
+    struct OtherStores;
+
+    #[async_trait]
+    impl PendingTransaction for OtherStores {
+        async fn complete_and_commit(
+            self: Box<Self>,
+            _: &idemgate_core::Lease,
+            _: &idemgate_core::Completion,
+            _: &[idemgate_core::audit::AuditRecord],
+        ) -> Result<FencedWrite, idemgate_core::StoreError> {
+            Ok(FencedWrite::Applied)
+        }
+        async fn commit(self: Box<Self>) -> Result<(), idemgate_core::StoreError> {
+            Ok(())
+        }
+        async fn rollback(self: Box<Self>) -> Result<(), idemgate_core::StoreError> {
+            Ok(())
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+            self
+        }
+    }
+
+    let store = harness.store(2).await;
+    let slot = TransactionSlot::new();
+    slot.offer(Box::new(OtherStores));
+    assert!(matches!(
+        Tx::begin(&store, &slot).await,
+        Err(idemgate_sqlx::TxRejection::OtherStore)
+    ));
+    assert!(matches!(slot.take(), SlotContents::StillLent));
     harness.finish().await;
 }
 
