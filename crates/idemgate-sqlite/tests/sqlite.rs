@@ -1024,3 +1024,100 @@ async fn one_transaction_layer_commits_once_and_leaves_nothing_when_it_rolls_bac
     assert_eq!(replayed.body, untouched.body);
     assert_eq!(record_count(&store).await - records, 4);
 }
+
+/// The one-transaction mode with the journal on: the run's `claimed` entry
+/// goes into the claim's transaction with `executed`, so a new key is still
+/// **one** commit of the writer, and the journal shows claimed, executed;
+/// a run that rolls back shows claimed, released, and no `executed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_transaction_layer_journals_inside_its_transaction() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use idemgate::audit::{AuditEvent, AuditQuery, key_digest};
+    use idemgate::journal::{JournalConfig, Journaled};
+    use idemgate_core::scope::Principal;
+    use idemgate_testkit::http::Answer;
+    use tower::ServiceExt;
+
+    let db = TempDb::new();
+    let store = db.store(4).await;
+    let secret = store.audit_secret().await.expect("secret");
+    let journaled = Arc::new(Journaled::new(
+        Arc::new(store.clone()),
+        JournalConfig {
+            instance: "journal-test".into(),
+            secret: secret.clone(),
+        },
+    ));
+    let answers = |mut tx: Tx, headers: axum::http::HeaderMap| async move {
+        sqlx::query("SELECT 1")
+            .execute(&mut *tx)
+            .await
+            .expect("a statement");
+        match headers.get("x-fail") {
+            Some(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            None => StatusCode::CREATED,
+        }
+    };
+    let app = axum::Router::new()
+        .route("/notes", axum::routing::post(answers))
+        .route_layer(
+            idemgate::IdempotencyLayer::from_arc(Arc::clone(&journaled) as Arc<dyn Store>)
+                .with_one_transaction()
+                .expect("the journal keeps the store's one-transaction mode"),
+        )
+        .with_state(store.clone());
+    let send = |key: &'static str, fail: bool| {
+        let app = app.clone();
+        async move {
+            let mut request = Request::post("/notes").header("idempotency-key", key);
+            if fail {
+                request = request.header("x-fail", "1");
+            }
+            let mut request = request.body(Body::empty()).expect("request");
+            request
+                .extensions_mut()
+                .insert(Principal::new("user:notes"));
+            Answer::read(app.oneshot(request).await.expect("infallible")).await
+        }
+    };
+    let events = |key: &'static str| {
+        let store = store.clone();
+        let digest = key_digest(&secret, key);
+        async move {
+            store
+                .read_audit(&AuditQuery::all(1_000))
+                .await
+                .expect("read")
+                .into_iter()
+                .filter(|entry| entry.record.key_digest == digest)
+                .map(|entry| entry.record.event())
+                .collect::<Vec<_>>()
+        }
+    };
+
+    // The route's execution time is written once in a while in a commit of
+    // its own: done here, before the commits are counted.
+    send("warm", false).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let commits = store.writer_stats().commits;
+    assert_eq!(send("one", false).await.status, StatusCode::CREATED);
+    assert_eq!(
+        store.writer_stats().commits - commits,
+        1,
+        "claim, entries and completion in one commit"
+    );
+    assert_eq!(
+        events("one").await,
+        [AuditEvent::Claimed, AuditEvent::Executed]
+    );
+
+    let failed = send("failing", true).await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    journaled.flush().await;
+    assert_eq!(
+        events("failing").await,
+        [AuditEvent::Claimed, AuditEvent::Released],
+        "no executed entry for a run that rolled back"
+    );
+}

@@ -13,17 +13,26 @@
 //! appends it inside the handler's transaction, with the completion and the
 //! business writes — so the journal never reports an effect that rolled back
 //! and never misses one that committed, even when the process dies right
-//! after the commit. The run's `claimed` entry goes with it when the writer
-//! has not taken it yet (its batch outlasted the handler), so the journal
-//! never shows a run executed before it was claimed; should that commit fail,
-//! the entry is queued again before the run's next outcome.
+//! after the commit.
 //!
-//! Entries are queued, never awaited on the request path: a task appends them
-//! in batches, one store round trip for everything queued meanwhile (group
-//! commit), so a replay or a rejection costs no second round trip. The price: an
-//! event queued when the process dies is lost (a crash, not a drain — the drain
-//! flushes the queue, [`Journaled::flush`]). A full queue drops entries and
-//! counts them (`idemgate_audit_dropped_total`) rather than slow requests.
+//! A claim (`claimed`, `taken_over`) returns once its entry is appended: the
+//! operation is in the journal before it runs, as the seeds' payment platform
+//! had it, and before anything its run or its duplicates add — so the journal
+//! never shows a run executed, or a duplicate turned away, before it was
+//! claimed. That wait is bounded (500 ms): a journal that stopped answering
+//! slows new keys, it does not fail them; a claim's entry still queued when
+//! its transaction commits goes into that transaction, before `executed`, and
+//! should that commit fail, it is queued again before the run's next outcome.
+//! A claim made inside the run's transaction (the one-transaction mode)
+//! journals inside it too.
+//!
+//! Every other entry is queued, never awaited on the request path: a task
+//! appends them in batches, one store round trip for everything queued
+//! meanwhile (group commit), so a replay or a rejection costs no second round
+//! trip, and concurrent claims share their batches. The price: an event queued
+//! when the process dies is lost (a crash, not a drain — the drain flushes the
+//! queue, [`Journaled::flush`]). A full queue drops entries and counts them
+//! (`idemgate_audit_dropped_total`) rather than slow requests.
 //!
 //! Evictions are journalled by whoever evicts (`idemgate keys evict`, the admin
 //! API), where the key is known; [`Journaled`] passes `evict` through.
@@ -49,7 +58,7 @@ use idemgate_core::{
     Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, Lease,
     LeaseOrigin, Snapshot, Store, StoreError, decide,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 /// How many entries may wait for the writer; past it entries are dropped and
 /// counted, never waited for.
@@ -104,28 +113,76 @@ struct Queued {
     claim: Option<Arc<ClaimEntry>>,
 }
 
+/// How long a claim waits for the writer to append its entry before the run
+/// goes on without it: well under the store timeout (2 s by default), so a
+/// journal that stopped answering slows new keys but does not fail them.
+const CLAIM_APPEND_WAIT: Duration = Duration::from_millis(500);
+
 /// A run's first entry (`claimed`, `taken_over`) is taken once: by the writer
-/// from the queue, or by the run's transaction while still queued. Once the
-/// writer took it, the transaction does not wait for its append (it holds its
-/// locks meanwhile): should the writer's append wait longer than the whole
-/// run (a lock, a connection), the run's `executed` entry comes first.
-#[derive(Default)]
-struct ClaimEntry(AtomicU8);
+/// from the queue, or by the run's transaction. A claim of its own (two
+/// phases) returns only once the writer has appended it
+/// ([`ClaimEntry::until_appended`]), so the operation is in the journal
+/// before it runs, and before any entry its run or its duplicates add: a
+/// batch still in flight when a short transactional run commits its
+/// `executed` entry would otherwise put that entry first. Only when that
+/// wait runs out is the entry still queued when the run's transaction
+/// commits, and the transaction takes it then. A claim made inside the
+/// run's transaction (the one-transaction mode) is kept for that
+/// transaction from the start: the writer could not append it before the
+/// transaction's commit anyway (the claim is invisible until then, and on
+/// SQLite the transaction holds the one writer).
+struct ClaimEntry {
+    taken: AtomicU8,
+    /// Told once the writer's append of it is over, written or given up.
+    appended: Notify,
+}
 
 impl ClaimEntry {
     const QUEUED: u8 = 0;
     const WRITER: u8 = 1;
     const TRANSACTION: u8 = 2;
+    const APPENDED: u8 = 3;
+
+    fn new(taken: u8) -> Self {
+        Self {
+            taken: AtomicU8::new(taken),
+            appended: Notify::new(),
+        }
+    }
 
     /// Takes it for `by`, unless the other one has.
     fn take(&self, by: u8) -> bool {
-        self.0
+        self.taken
             .compare_exchange(Self::QUEUED, by, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
     }
 
     fn taken_by_transaction(&self) -> bool {
-        self.0.load(Ordering::SeqCst) == Self::TRANSACTION
+        self.taken.load(Ordering::SeqCst) == Self::TRANSACTION
+    }
+
+    /// The writer's append of it is over (or it was dropped from a full queue).
+    fn appended(&self) {
+        self.taken.store(Self::APPENDED, Ordering::SeqCst);
+        self.appended.notify_waiters();
+    }
+
+    /// Waits, at most `bound`, while it is queued or being appended.
+    async fn until_appended(&self, bound: Duration) {
+        let appended = self.appended.notified();
+        tokio::pin!(appended);
+        // Registered before the check: an append that ends in between still wakes it.
+        appended.as_mut().enable();
+        if matches!(
+            self.taken.load(Ordering::SeqCst),
+            Self::QUEUED | Self::WRITER
+        ) && tokio::time::timeout(bound, appended).await.is_err()
+        {
+            tracing::debug!(
+                ?bound,
+                "the journal did not append a claim's entry in time; the run goes on"
+            );
+        }
     }
 }
 
@@ -197,7 +254,7 @@ impl Journaled {
         let queued = Queued {
             record,
             at: Instant::now(),
-            claim,
+            claim: claim.clone(),
         };
         if self
             .queue
@@ -206,6 +263,10 @@ impl Journaled {
         {
             metrics::gauge!("idemgate_audit_queue").decrement(1.0);
             metrics::counter!("idemgate_audit_dropped_total").increment(1);
+            if let Some(claim) = claim {
+                // Dropped: nothing to wait for.
+                claim.appended();
+            }
         }
     }
 
@@ -323,6 +384,8 @@ impl Journaled {
 /// The writer task: batches of whatever is queued, appended in one call each.
 async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
     let mut batch: Vec<AuditRecord> = Vec::with_capacity(BATCH);
+    // The runs' first entries in `batch`: their transactions may be waiting.
+    let mut claims: Vec<Arc<ClaimEntry>> = Vec::new();
     let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
     while let Some(first) = queue.recv().await {
         let mut oldest = None;
@@ -330,11 +393,16 @@ async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
             Message::Entry(queued) => {
                 oldest.get_or_insert(queued.at);
                 let Queued { record, claim, .. } = *queued;
-                if claim.is_none_or(|claim| claim.take(ClaimEntry::WRITER)) {
-                    batch.push(record);
-                } else {
-                    // A run's first entry its transaction took: not written here.
-                    metrics::gauge!("idemgate_audit_queue").decrement(1.0);
+                match claim {
+                    None => batch.push(record),
+                    Some(claim) if claim.take(ClaimEntry::WRITER) => {
+                        batch.push(record);
+                        claims.push(claim);
+                    }
+                    Some(_) => {
+                        // A run's first entry its transaction took: not written here.
+                        metrics::gauge!("idemgate_audit_queue").decrement(1.0);
+                    }
                 }
             }
             Message::Flush(done) => flushes.push(done),
@@ -349,6 +417,9 @@ async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
         if !batch.is_empty() {
             metrics::gauge!("idemgate_audit_queue").decrement(batch.len() as f64);
             append(store.as_ref(), &batch).await;
+            for claim in claims.drain(..) {
+                claim.appended();
+            }
             if let Some(oldest) = oldest {
                 metrics::gauge!("idemgate_audit_lag_seconds").set(oldest.elapsed().as_secs_f64());
             }
@@ -385,17 +456,33 @@ async fn append(store: &dyn Store, batch: &[AuditRecord]) {
 }
 
 impl Journaled {
-    /// A claim acquired: `claimed`, or `taken_over`.
-    fn claimed(&self, request: &ClaimRequest, lease: &Lease) {
+    /// A claim acquired: `claimed`, or `taken_over`, queued for the writer.
+    /// The entry, for the claim to wait on.
+    fn claimed(&self, request: &ClaimRequest, lease: &Lease) -> Arc<ClaimEntry> {
+        let record = self.claim_entry(request, lease);
+        let claim = Arc::new(ClaimEntry::new(ClaimEntry::QUEUED));
+        self.remember(lease, record.clone(), Arc::clone(&claim));
+        self.enqueue(record, Some(Arc::clone(&claim)));
+        claim
+    }
+
+    /// A claim acquired inside its run's transaction: its entry is kept for
+    /// that transaction ([`Store::transaction_journal_entries`]), or queued
+    /// before the run's outcome if the transaction does not commit.
+    fn claimed_in_transaction(&self, request: &ClaimRequest, lease: &Lease) {
+        let record = self.claim_entry(request, lease);
+        let claim = Arc::new(ClaimEntry::new(ClaimEntry::TRANSACTION));
+        self.remember(lease, record, claim);
+    }
+
+    fn claim_entry(&self, request: &ClaimRequest, lease: &Lease) -> AuditRecord {
         let event = match lease.origin {
             LeaseOrigin::TakenOver => AuditEvent::TakenOver,
             _ => AuditEvent::Claimed,
         };
         let mut record = self.template(request, event);
         record.operation_id = Some(lease.operation_id.to_string());
-        let claim = Arc::new(ClaimEntry::default());
-        self.remember(lease, record.clone(), Arc::clone(&claim));
-        self.enqueue(record, Some(claim));
+        record
     }
 
     /// A claim that met a record: `replayed`, `conflict` or `mismatch`.
@@ -418,7 +505,11 @@ impl Store for Journaled {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let claim = self.inner.try_claim(request).await?;
         match &claim {
-            Claim::Acquired(lease) => self.claimed(request, lease),
+            Claim::Acquired(lease) => {
+                self.claimed(request, lease)
+                    .until_appended(CLAIM_APPEND_WAIT)
+                    .await;
+            }
             Claim::Existing(snapshot) => self.met(request, snapshot),
         }
         Ok(claim)
@@ -439,7 +530,9 @@ impl Store for Journaled {
     ) -> Result<ClaimInTransaction, StoreError> {
         let claim = self.inner.claim_in_transaction(request, lock_wait).await?;
         match &claim {
-            ClaimInTransaction::Acquired { lease, .. } => self.claimed(request, lease),
+            ClaimInTransaction::Acquired { lease, .. } => {
+                self.claimed_in_transaction(request, lease);
+            }
             ClaimInTransaction::Existing(snapshot) => self.met(request, snapshot),
             ClaimInTransaction::Locked => {
                 let mut record = self.template(request, AuditEvent::Conflict);
@@ -602,8 +695,10 @@ impl Store for Journaled {
         // transactions do not commit one at a time behind one head row.
         let partition = transaction_partition(&self.config.instance, &lease.identity);
         let mut entries = Vec::with_capacity(2);
+        // The run's first entry, if the writer has not taken it (a claim in
+        // this transaction, or a claim whose wait for the writer ran out).
         if let Some(run) = &run
-            && run.claim.take(ClaimEntry::TRANSACTION)
+            && (run.claim.take(ClaimEntry::TRANSACTION) || run.claim.taken_by_transaction())
         {
             let mut claimed = run.template.clone();
             claimed.instance = partition.clone();

@@ -171,14 +171,13 @@ async fn a_takeover_and_the_fenced_holder_are_journalled() {
     );
 }
 
-/// A transactional run's `claimed` entry still queued when its transaction
-/// commits goes into that transaction, before `executed`, and the writer
-/// leaves it out; a commit that fails queues it again before the run's next
-/// outcome. So the journal never shows a run executed before it was claimed,
-/// nor claimed twice. On a current-thread runtime the writer runs only when
-/// the test yields: the entry is still queued when the transaction asks.
+/// A claim returns once its entry is in the journal: the operation is
+/// journalled before it runs, and before its run's `executed` entry, which a
+/// transactional run appends in its own transaction. On a current-thread
+/// runtime the writer runs only while the claim waits for it: without the
+/// wait, the entry would still be queued when the claim returns.
 #[tokio::test(flavor = "current_thread")]
-async fn a_queued_claim_goes_with_the_runs_transaction_once() {
+async fn a_claim_returns_once_its_entry_is_in_the_journal() {
     use idemgate::{Claim, Completion, FinalStatus};
     use idemgate_testkit::fixtures::{awkward_response, fresh_request};
 
@@ -191,66 +190,113 @@ async fn a_queued_claim_goes_with_the_runs_transaction_once() {
             secret,
         },
     );
+    let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    assert_eq!(
+        written(memory.as_ref()).await,
+        [AuditEvent::Claimed],
+        "in the journal when the claim returns"
+    );
     let completion = Completion {
         status: FinalStatus::Completed,
         response: awkward_response(),
         ttl: Duration::from_secs(60),
     };
-    let claim = |request| {
-        let journaled = &journaled;
-        async move {
-            match journaled.try_claim(&request).await.unwrap() {
-                Claim::Acquired(lease) => lease,
-                other => panic!("a new key is acquired: {other:?}"),
-            }
-        }
-    };
-    let written = || async {
-        memory
-            .read_audit(&AuditQuery::all(100))
-            .await
-            .unwrap()
-            .iter()
-            .map(|entry| entry.record.event())
-            .collect::<Vec<_>>()
-    };
-
-    // Taken into the transaction: claimed, then executed, one partition.
-    let lease = claim(fresh_request()).await;
     let entries = journaled
         .transaction_journal_entries(&lease, &completion)
         .await;
     let events: Vec<_> = entries.iter().map(|e| e.event()).collect();
-    assert_eq!(events, [AuditEvent::Claimed, AuditEvent::Executed]);
+    assert_eq!(
+        events,
+        [AuditEvent::Executed],
+        "the transaction adds only its outcome"
+    );
+}
+
+/// A journal that stops answering slows claims by the bounded wait, never
+/// fails them, and still never shows a run executed before it was claimed:
+/// a claim whose entry is still queued when its transaction commits has that
+/// entry go into the transaction, before `executed`, and the writer leaves it
+/// out; a commit that fails queues it again, before the run's next outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_journal_delays_claims_and_keeps_their_order() {
+    use idemgate::{Claim, Completion, FinalStatus};
+    use idemgate_testkit::fixtures::{awkward_response, fresh_request};
+    use support::FaultyStore;
+
+    let faulty = Arc::new(FaultyStore::default());
+    faulty.journal_held.store(true, Ordering::SeqCst);
+    let secret = faulty.audit_secret().await.unwrap();
+    let journaled = Journaled::new(
+        Arc::clone(&faulty) as Arc<dyn Store>,
+        JournalConfig {
+            instance: "test-instance".into(),
+            secret,
+        },
+    );
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(60),
+    };
+    let claim = || async {
+        let started = std::time::Instant::now();
+        let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.unwrap() else {
+            panic!("a new key is acquired");
+        };
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_millis(400)..Duration::from_secs(3)).contains(&waited),
+            "a stalled journal delays a claim by the bounded wait: {waited:?}"
+        );
+        lease
+    };
+
+    // The writer is stuck appending the first claim's entry; the second's
+    // waits in the queue behind it.
+    let stuck = claim().await;
+    assert_eq!(faulty.journal_appends.load(Ordering::SeqCst), 1);
+    let queued = claim().await;
+    let events = |entries: &[idemgate::audit::AuditRecord]| -> Vec<AuditEvent> {
+        entries.iter().map(|e| e.event()).collect()
+    };
+    // Still queued: taken into the transaction, first, in one partition.
+    let entries = journaled
+        .transaction_journal_entries(&queued, &completion)
+        .await;
+    assert_eq!(
+        events(&entries),
+        [AuditEvent::Claimed, AuditEvent::Executed]
+    );
     assert_eq!(entries[0].instance, entries[1].instance);
-    memory.append_audit(&entries).await.unwrap();
-    journaled.completed_in_transaction(&lease, &completion);
+    // ... and that commit fails: the release queues it again, first.
+    let _ = journaled.release(&queued).await.unwrap();
+    // The writer's own: not the transaction's to add.
+    let entries = journaled
+        .transaction_journal_entries(&stuck, &completion)
+        .await;
+    assert_eq!(events(&entries), [AuditEvent::Executed]);
+
+    faulty.journal_held.store(false, Ordering::SeqCst);
     journaled.flush().await;
     assert_eq!(
-        written().await,
-        [AuditEvent::Claimed, AuditEvent::Executed],
-        "the writer left the taken entry out"
+        written(faulty.as_ref()).await,
+        [
+            AuditEvent::Claimed,
+            AuditEvent::Claimed,
+            AuditEvent::Released
+        ],
+        "the stuck claim's entry, then the failed run's claim and release, each once"
     );
+}
 
-    // Taken, and the commit failed: the release queues it again, first.
-    let lease = claim(fresh_request()).await;
-    let entries = journaled
-        .transaction_journal_entries(&lease, &completion)
-        .await;
-    assert_eq!(entries.len(), 2);
-    let _ = journaled.release(&lease).await.unwrap();
-    journaled.flush().await;
-    assert_eq!(
-        written().await[2..],
-        [AuditEvent::Claimed, AuditEvent::Released]
-    );
-
-    // Written before the transaction asks: only executed goes with it.
-    let lease = claim(fresh_request()).await;
-    journaled.flush().await;
-    let entries = journaled
-        .transaction_journal_entries(&lease, &completion)
-        .await;
-    let events: Vec<_> = entries.iter().map(|e| e.event()).collect();
-    assert_eq!(events, [AuditEvent::Executed]);
+async fn written(store: &dyn Store) -> Vec<AuditEvent> {
+    store
+        .read_audit(&AuditQuery::all(100))
+        .await
+        .unwrap()
+        .iter()
+        .map(|entry| entry.record.event())
+        .collect()
 }

@@ -368,6 +368,10 @@ pub struct FaultyStore {
     /// While set, claims and reads do not answer (a frozen store process).
     pub frozen: std::sync::atomic::AtomicBool,
     pub claims: AtomicUsize,
+    /// While set, journal appends do not answer (a slow journal batch).
+    pub journal_held: std::sync::atomic::AtomicBool,
+    /// Journal appends begun.
+    pub journal_appends: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -461,6 +465,10 @@ impl Store for FaultyStore {
         &self,
         records: &[idemgate_core::audit::AuditRecord],
     ) -> Result<(), StoreError> {
+        self.journal_appends.fetch_add(1, Ordering::SeqCst);
+        while self.journal_held.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         self.memory.append_audit(records).await
     }
 
