@@ -4,13 +4,24 @@
 //! digest), `<table>_audit_partitions` (each instance's head and anchor) and
 //! `<table>_audit_secret` (the key digest's secret, one row).
 //!
-//! Appends and trims are several statements; they run through the writer like
-//! every write (one connection, group commit), each inside a savepoint of its
-//! batch so that they stand or fall whole. The writer's one connection is what
-//! serialises a partition's appends in this process, and `BEGIN IMMEDIATE`
-//! across processes: the head is read and moved inside the same transaction.
+//! Appends and trims run through the writer like every write (one connection,
+//! group commit), each inside a savepoint of its batch so that they stand or
+//! fall whole; an entry of a business transaction is appended in that
+//! transaction. The writer's one connection is what serialises a partition's
+//! appends in this process, and `BEGIN IMMEDIATE` across processes.
+//!
+//! An append is one statement, because every statement on the writer is a hop
+//! to SQLite's thread and back that the whole store waits for (the journal
+//! doubled a new key's server CPU when an append was four). The chain is kept
+//! by two triggers (schema version 7) rather than by reads and writes of the
+//! head around the insert: one refuses an entry whose `prev` is not its
+//! partition's head, the other moves the head to each entry inserted. The
+//! `prev` to send comes from this process's [`HeadHints`]: right unless
+//! another process (or a rolled-back transaction) moved the head since, in
+//! which case the insert is refused, the heads are read, and it is sent again.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use idemgate_core::StoreError;
 use idemgate_core::audit::{
@@ -25,12 +36,41 @@ use sqlx::{AssertSqlSafe, QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePoo
 use crate::error::store_error;
 use crate::sql::quote;
 
-/// The journal's table names, quoted.
+/// The message of the trigger that refuses an entry whose `prev` is not its
+/// partition's head.
+const STALE_HEAD: &str = "idemgate: stale journal head";
+
+/// The journal's table names, quoted, and this process's hints of their heads.
 #[derive(Debug, Clone)]
 pub(crate) struct AuditNames {
     entries: String,
     partitions: String,
     secret: String,
+    heads: Arc<HeadHints>,
+}
+
+/// Each partition's head as this process last appended it: what the next
+/// append links to without reading it first. Only a hint — the chain trigger
+/// checks it against the table.
+#[derive(Debug, Default)]
+struct HeadHints(Mutex<HashMap<String, ChainHash>>);
+
+impl HeadHints {
+    fn get(&self, instance: &str) -> Option<ChainHash> {
+        self.lock().get(instance).copied()
+    }
+
+    fn remember(&self, heads: &HashMap<&str, ChainHash>) {
+        let mut hints = self.lock();
+        for (instance, head) in heads {
+            hints.insert((*instance).to_owned(), *head);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ChainHash>> {
+        // Each update is whole map inserts: nothing half-done to poison.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl AuditNames {
@@ -39,6 +79,7 @@ impl AuditNames {
             entries: quote(&format!("{table}_audit")),
             partitions: quote(&format!("{table}_audit_partitions")),
             secret: quote(&format!("{table}_audit_secret")),
+            heads: Arc::default(),
         }
     }
 
@@ -110,6 +151,36 @@ pub(crate) fn schema(table: &str) -> Vec<String> {
     ]
 }
 
+/// The statements of schema version 7: the chain kept by triggers (the
+/// module docs). An older build's append (read the head, insert, move the
+/// head) still passes them.
+pub(crate) fn chain_triggers(table: &str) -> Vec<String> {
+    let names = AuditNames::new(table);
+    let trigger = |what: &str| quote(&format!("{table}_audit_{what}"));
+    vec![
+        format!(
+            "CREATE TRIGGER IF NOT EXISTS {} BEFORE INSERT ON {} \
+             WHEN NEW.prev IS NOT coalesce( \
+                 (SELECT head FROM {} WHERE instance = NEW.instance), zeroblob(32)) \
+             BEGIN SELECT RAISE(ABORT, '{STALE_HEAD}'); END",
+            trigger("links_to_head"),
+            names.entries,
+            names.partitions
+        ),
+        format!(
+            "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} \
+             BEGIN \
+                 INSERT INTO {} (instance, head, anchor) \
+                 VALUES (NEW.instance, NEW.hash, zeroblob(32)) \
+                 ON CONFLICT (instance) DO UPDATE SET head = excluded.head; \
+             END",
+            trigger("moves_head"),
+            names.entries,
+            names.partitions
+        ),
+    ]
+}
+
 /// A journal write the writer runs in its batch.
 #[derive(Debug)]
 pub(crate) enum AuditWrite {
@@ -137,6 +208,13 @@ pub(crate) enum AuditWrite {
 }
 
 impl AuditWrite {
+    /// Whether all it writes is one statement (an append of at most one
+    /// insert's rows: the head reads write nothing, and a refused insert is
+    /// undone before it is sent again), so that it needs no savepoint.
+    pub(crate) fn writes_in_one_statement(&self) -> bool {
+        matches!(self, Self::Append { records, .. } if records.len() <= AUDIT_ROWS_PER_INSERT)
+    }
+
     /// Runs the write on the writer's connection at the batch's clock `now`;
     /// the caller wraps it in a savepoint. Answers the rows written or removed.
     pub(crate) async fn run(
@@ -201,19 +279,50 @@ async fn expire(
     Ok(rows.len() as u64)
 }
 
-/// Appends `records` on `connection` at `now`, moving each partition's head.
+/// Appends `records` on `connection` at `now`; the triggers move each
+/// partition's head. One statement when the hinted heads are right (per
+/// [`AUDIT_ROWS_PER_INSERT`] entries); when another writer moved one, the
+/// refused insert (undone whole) is sent again linked to the heads read.
 pub(crate) async fn append(
     connection: &mut SqliteConnection,
     names: &AuditNames,
     records: &[AuditRecord],
     now: i64,
 ) -> Result<u64, sqlx::Error> {
+    match append_linked(connection, names, records, now, Heads::Hinted).await {
+        Err(err) if is_stale_head(&err) => {
+            append_linked(connection, names, records, now, Heads::Read).await
+        }
+        appended => appended,
+    }
+}
+
+/// Where an append takes each partition's head from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Heads {
+    /// This process's hint, read only where there is none.
+    Hinted,
+    /// The table.
+    Read,
+}
+
+async fn append_linked(
+    connection: &mut SqliteConnection,
+    names: &AuditNames,
+    records: &[AuditRecord],
+    now: i64,
+    from: Heads,
+) -> Result<u64, sqlx::Error> {
     let mut heads: HashMap<&str, ChainHash> = HashMap::new();
     let mut rows = Vec::with_capacity(records.len());
     for record in records {
         let instance = record.instance.as_str();
-        let prev = match heads.get(instance) {
-            Some(head) => *head,
+        let hint = match from {
+            Heads::Hinted => names.heads.get(instance),
+            Heads::Read => None,
+        };
+        let prev = match heads.get(instance).copied().or(hint) {
+            Some(head) => head,
             None => head_of(connection, names, instance).await?,
         };
         let (columns, hash) = AuditColumns::seal(record, now, prev);
@@ -230,20 +339,16 @@ pub(crate) async fn append(
         );
         insert.build().execute(&mut *connection).await?;
     }
-    let upsert = format!(
-        "INSERT INTO {} (instance, head, anchor) VALUES (?1, ?2, ?3) \
-         ON CONFLICT (instance) DO UPDATE SET head = excluded.head",
-        names.partitions
-    );
-    for (instance, head) in heads {
-        sqlx::query(AssertSqlSafe(upsert.as_str()))
-            .bind(instance.to_owned())
-            .bind(head.as_bytes().to_vec())
-            .bind(ChainHash::GENESIS.as_bytes().to_vec())
-            .execute(&mut *connection)
-            .await?;
-    }
+    // A hint even if the transaction later rolls back: the trigger then
+    // refuses the next append once, which reads the heads.
+    names.heads.remember(&heads);
     Ok(records.len() as u64)
+}
+
+/// The chain trigger refused an entry: its partition's head moved.
+fn is_stale_head(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .is_some_and(|db| db.message().contains(STALE_HEAD))
 }
 
 async fn head_of(

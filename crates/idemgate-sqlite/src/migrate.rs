@@ -95,6 +95,15 @@ pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
                 .map_err(Error::Migrate)?;
         }
     }
+    // Version 7: the journal's chain kept by triggers (`crate::audit`).
+    if found.is_none_or(|found| found < 7) {
+        for statement in audit::chain_triggers(table) {
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
+    }
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {versions} (table_name, version, migrated_at) VALUES (?1, ?2, {now}) \
          ON CONFLICT (table_name) DO UPDATE \

@@ -179,8 +179,9 @@ impl Statements {
 /// The schema version this build writes: 1 the record table, 2 its resource
 /// lease table, 3 the records' `field_digests`, 4 the journal's tables
 /// (`crate::audit`), 5 the routes' execution histories (`crate::durations`),
-/// 6 the streams recorded in pieces (`crate::pieces`).
-pub const SCHEMA_VERSION: i64 = 6;
+/// 6 the streams recorded in pieces (`crate::pieces`), 7 the journal's chain
+/// kept by triggers (`crate::audit`).
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The statements that create schema version 1, in order.
 pub(crate) fn schema_v1(table: &str) -> Vec<String> {

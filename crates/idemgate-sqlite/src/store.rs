@@ -338,17 +338,16 @@ impl SqliteStore {
         Ok(applied(done.rows_affected()))
     }
 
-    /// Journal entries appended on `connection` (a transactional turn) at the
-    /// store's clock, without committing: an error rolls the turn back whole.
+    /// Journal entries appended on `connection` (a transactional turn), without
+    /// committing: an error rolls the turn back whole. Their time is read in
+    /// the process, not by a statement: SQLite's clock is this process's
+    /// clock, and a statement would hold the writer for one more hop.
     pub(crate) async fn append_audit_on(
         &self,
         connection: &mut SqliteConnection,
         records: &[AuditRecord],
     ) -> Result<(), StoreError> {
-        let now: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.now)))
-            .fetch_one(&mut *connection)
-            .await
-            .map_err(store_error)?;
+        let now = Timestamp::now().as_millis();
         audit::append(connection, &self.inner.audit, records, now)
             .await
             .map(drop)

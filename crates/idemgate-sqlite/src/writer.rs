@@ -730,6 +730,11 @@ async fn audit(
     write: &AuditWrite,
     now: i64,
 ) -> Result<u64, StepError> {
+    if write.writes_in_one_statement() {
+        // Undone whole by SQLite should it fail: no savepoint to pay for
+        // (two more hops, and a copy of every page it changes).
+        return write.run(connection, now).await.map_err(StepError::from);
+    }
     sqlx::query(AssertSqlSafe(format!("SAVEPOINT {AUDIT}")))
         .execute(&mut *connection)
         .await?;

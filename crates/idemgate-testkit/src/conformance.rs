@@ -1130,7 +1130,7 @@ async fn acquire_completed(store: &dyn Store, request: &ClaimRequest, ttl: Durat
 }
 
 /// One journal record of `instance`, numbered `n` in its status.
-fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRecord {
+pub(crate) fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRecord {
     AuditRecord {
         event: Some(event),
         operation_id: Some(idemgate_core::record::OperationId::random().to_string()),
@@ -1146,7 +1146,7 @@ fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRecord {
 }
 
 /// `instance`'s entries in the whole journal, oldest first, read page by page.
-async fn audit_of(store: &dyn Store, instance: &str) -> Vec<AuditEntry> {
+pub(crate) async fn audit_of(store: &dyn Store, instance: &str) -> Vec<AuditEntry> {
     let mut mine = Vec::new();
     let mut after = None;
     loop {
@@ -1166,7 +1166,11 @@ async fn audit_of(store: &dyn Store, instance: &str) -> Vec<AuditEntry> {
 
 /// Verifies `instance`'s partition alone (the suite shares its journal with
 /// other tests' partitions).
-async fn verify_partition(store: &dyn Store, instance: &str, entries: &[AuditEntry]) -> u64 {
+pub(crate) async fn verify_partition(
+    store: &dyn Store,
+    instance: &str,
+    entries: &[AuditEntry],
+) -> u64 {
     let partitions: Vec<AuditPartition> = store
         .audit_partitions()
         .await

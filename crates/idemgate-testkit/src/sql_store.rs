@@ -138,6 +138,7 @@ macro_rules! sql_store_conformance {
             readable_identity_parts_are_stored,
             unreachable_database_is_unavailable,
             a_journalled_purge_records_each_expiry,
+            two_instances_append_to_one_partition_in_turn,
         );
     };
     (@tests $factory:path; $($name:ident),* $(,)?) => {
@@ -419,4 +420,34 @@ pub async fn a_journalled_purge_records_each_expiry<H: SqlHarness>(harness: Arc<
     verifier.push(&entries[0]).expect("chained");
     verifier.finish().expect("the chain verifies");
     harness.finish().await;
+}
+
+/// Two store instances on one database (two processes with one instance
+/// name, or an instance restarted beside its old self) append to one
+/// partition in turn: each append links to the entry the other just wrote,
+/// whatever either remembers of the head, and the chain verifies whole.
+pub async fn two_instances_append_to_one_partition_in_turn<H: SqlHarness>(harness: Arc<H>) {
+    use crate::conformance::{audit_of, audit_record, verify_partition};
+
+    let (one, two) = (harness.store(2).await, harness.store(2).await);
+    let partition = format!("shared-{}", uuid::Uuid::new_v4());
+    let turns = [&one, &two, &two, &one, &two, &one, &one];
+    for (turn, store) in turns.into_iter().enumerate() {
+        let n = u16::try_from(turn).expect("a few turns");
+        let batch = [
+            audit_record(&partition, AuditEvent::Claimed, n),
+            audit_record(&partition, AuditEvent::Executed, n),
+        ];
+        store
+            .append_audit(&batch)
+            .await
+            .unwrap_or_else(|e| panic!("turn {turn}: {e}"));
+    }
+    let entries = audit_of(&one, &partition).await;
+    assert_eq!(entries.len(), turns.len() * 2, "no entry lost");
+    assert_eq!(
+        verify_partition(&two, &partition, &entries).await,
+        entries.len() as u64,
+        "one chain"
+    );
 }
