@@ -388,7 +388,8 @@ mod tests {
             method: "POST".into(),
             path: "/orders".into(),
         };
-        let key = IdempotencyKey::parse(OperationId::random().to_string().as_bytes(), 255).unwrap();
+        let key =
+            IdempotencyKey::parse(OperationId::generate().to_string().as_bytes(), 255).unwrap();
         ClaimRequest {
             identity: Identity::new(scope, key),
             fingerprint: Fingerprint::from_bytes([7; 32]),
@@ -415,7 +416,7 @@ mod tests {
         let request = request();
         let lease = Lease {
             identity: *request.identity.digest(),
-            operation_id: OperationId::random(),
+            operation_id: OperationId::generate(),
             token: FencingToken(1),
             origin: LeaseOrigin::New,
             locked_until: Timestamp::from_millis(0),

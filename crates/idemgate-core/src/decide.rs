@@ -75,7 +75,7 @@ mod tests {
                 fingerprint: fp(1),
                 field_digests: None,
                 format_version: 1,
-                operation_id: OperationId::random(),
+                operation_id: OperationId::generate(),
                 token: FencingToken(1),
                 state,
                 created_at: Timestamp::from_millis(0),

@@ -310,7 +310,7 @@ impl Store for MemoryStore {
             fingerprint: request.fingerprint,
             field_digests: request.field_digests.clone(),
             format_version: RECORD_FORMAT_VERSION,
-            operation_id: OperationId::random(),
+            operation_id: OperationId::generate(),
             token: self.next_token(),
             state: RecordState::Processing { locked_until },
             created_at: now,

@@ -20,9 +20,15 @@ pub const RECORD_FORMAT_VERSION: u16 = 1;
 pub struct OperationId(uuid::Uuid);
 
 impl OperationId {
-    /// A fresh random (v4) id.
-    pub fn random() -> Self {
-        Self(uuid::Uuid::new_v4())
+    /// A fresh id: a UUIDv7 (RFC 9562), its first 48 bits the time in
+    /// milliseconds and the rest random. Time-ordered on purpose: every index
+    /// on it (the journal's `operation_id`) then grows at its end instead of
+    /// writing a random page per operation — measured on SQLite, part of a
+    /// third more new keys per second with the journal on. What it tells
+    /// beyond a random id, the millisecond of the first claim, the journal
+    /// records anyway.
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::now_v7())
     }
 
     /// An id from its 16 bytes.
@@ -603,7 +609,7 @@ mod tests {
             fingerprint: Fingerprint::from_bytes([1; 32]),
             field_digests: None,
             format_version: RECORD_FORMAT_VERSION,
-            operation_id: OperationId::random(),
+            operation_id: OperationId::generate(),
             token: FencingToken(1),
             state,
             created_at: Timestamp::from_millis(0),

@@ -1,7 +1,9 @@
 //! The journal in PostgreSQL (`idemgate_core::audit`): three tables named after
 //! the record table — `<table>_audit` (the entries, `seq` an identity column;
-//! indexed on time, operation and key digest), `<table>_audit_partitions` (each
-//! instance's head and anchor) and `<table>_audit_secret` (one row).
+//! indexed on time and operation), `<table>_audit_partitions` (each
+//! instance's head and anchor) and `<table>_audit_secret` (one row). Schema
+//! version 8 drops the key digest's index, as the SQLite store's version 7
+//! does: no query of idemgate's reads by it, and every entry paid for it.
 //!
 //! An append locks its partition's head row (`SELECT … FOR UPDATE`) in the
 //! transaction that inserts the entries and moves the head: two writers of one
@@ -45,6 +47,16 @@ impl AuditNames {
     }
 }
 
+/// The statements that take schema version 7 to 8: the key digest's index
+/// dropped (the module docs).
+pub(crate) fn schema_v8(names: &Names) -> Vec<String> {
+    // Dropped in the table's schema: `suffixed` qualifies it.
+    vec![format!(
+        "DROP INDEX IF EXISTS {}",
+        names.suffixed("audit_key_idx")
+    )]
+}
+
 /// The statements that take schema version 4 to 5: the journal's tables.
 pub(crate) fn schema(names: &Names) -> Vec<String> {
     let audit = AuditNames::new(names);
@@ -77,11 +89,6 @@ pub(crate) fn schema(names: &Names) -> Vec<String> {
         format!(
             "CREATE INDEX IF NOT EXISTS {} ON {} (operation_id)",
             index("operation"),
-            audit.entries
-        ),
-        format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (key_digest)",
-            index("key"),
             audit.entries
         ),
         format!(

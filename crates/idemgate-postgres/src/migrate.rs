@@ -56,6 +56,7 @@ pub(crate) async fn run(pool: &PgPool, names: &Names) -> Result<(), Error> {
         (5, audit::schema(names)),
         (6, durations::schema(names)),
         (7, pieces::schema(names)),
+        (8, audit::schema_v8(names)),
     ];
     for (version, statements) in steps {
         if found.is_some_and(|found| found >= version) {

@@ -320,8 +320,9 @@ impl Statements {
 /// The schema version this build writes: 1 the record table, 2 its resource
 /// lease table, 3 the record's `waited` mark, 4 its `field_digests`, 5 the
 /// journal's tables (`crate::audit`), 6 the routes' execution histories
-/// (`crate::durations`), 7 the streams recorded in pieces (`crate::pieces`).
-pub const SCHEMA_VERSION: i64 = 7;
+/// (`crate::durations`), 7 the streams recorded in pieces (`crate::pieces`),
+/// 8 the journal without its key digest's index (`crate::audit`).
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The statements that create schema version 1, in order.
 pub(crate) fn schema_v1(names: &Names) -> Vec<String> {

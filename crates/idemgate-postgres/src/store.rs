@@ -377,7 +377,7 @@ impl PostgresStore {
                 .bind(request.identity.key().as_str())
                 .bind(request.fingerprint.as_bytes().as_slice())
                 .bind(i32::from(RECORD_FORMAT_VERSION))
-                .bind(OperationId::random().as_uuid())
+                .bind(OperationId::generate().as_uuid())
                 .bind(millis(request.lease))
                 .bind(millis(request.ttl))
                 .bind(request.field_digests.as_ref().map(FieldDigests::encode));

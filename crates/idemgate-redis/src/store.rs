@@ -679,7 +679,7 @@ impl Store for RedisStore {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         let identity = *request.identity.digest();
         let key = self.record_key(&identity);
-        let new_operation = OperationId::random();
+        let new_operation = OperationId::generate();
         let mut invocation = self.inner.scripts.claim.key(&key);
         invocation
             .arg(request.fingerprint.as_bytes())

@@ -1,12 +1,15 @@
 //! The journal in SQLite (`idemgate_core::audit`): three tables named after the
 //! record table — `<table>_audit` (the entries: `seq` an `AUTOINCREMENT` key, so
-//! a removed entry's number is never reused; indexed on time, operation and key
-//! digest), `<table>_audit_partitions` (each instance's head and anchor) and
-//! `<table>_audit_secret` (the key digest's secret, one row).
+//! a removed entry's number is never reused; indexed on time and operation),
+//! `<table>_audit_partitions` (each instance's head and anchor) and
+//! `<table>_audit_secret` (the key digest's secret, one row). Schema version 7
+//! drops the key digest's index: no query of idemgate's reads by it (`audit
+//! export --key` filters the time range it reads), and each entry paid for it
+//! with a write to a random page (`docs/audit.md`).
 //!
 //! Appends and trims run through the writer like every write (one connection,
-//! group commit), each inside a savepoint of its batch so that they stand or
-//! fall whole; an entry of a business transaction is appended in that
+//! group commit), each that writes more than one statement inside a savepoint
+//! of its batch so that it stands or falls whole; an entry of a business transaction is appended in that
 //! transaction. The writer's one connection is what serialises a partition's
 //! appends in this process, and `BEGIN IMMEDIATE` across processes.
 //!
@@ -129,11 +132,6 @@ pub(crate) fn schema(table: &str) -> Vec<String> {
             names.entries
         ),
         format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (key_digest)",
-            index("key"),
-            names.entries
-        ),
-        format!(
             "CREATE TABLE IF NOT EXISTS {} ( \
                  instance TEXT NOT NULL PRIMARY KEY, \
                  head     BLOB NOT NULL, \
@@ -154,10 +152,15 @@ pub(crate) fn schema(table: &str) -> Vec<String> {
 /// The statements of schema version 7: the chain kept by triggers (the
 /// module docs). An older build's append (read the head, insert, move the
 /// head) still passes them.
+/// Version 7 also drops the key digest's index (the module docs).
 pub(crate) fn chain_triggers(table: &str) -> Vec<String> {
     let names = AuditNames::new(table);
     let trigger = |what: &str| quote(&format!("{table}_audit_{what}"));
     vec![
+        format!(
+            "DROP INDEX IF EXISTS {}",
+            quote(&format!("{table}_audit_key_idx"))
+        ),
         format!(
             "CREATE TRIGGER IF NOT EXISTS {} BEFORE INSERT ON {} \
              WHEN NEW.prev IS NOT coalesce( \

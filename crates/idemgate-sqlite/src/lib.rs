@@ -186,7 +186,7 @@
 //! }
 //!
 //! async fn handler(mut tx: Tx /* , the operation id, the body … */) -> String {
-//!     # let operation_id = OperationId::random();
+//!     # let operation_id = OperationId::generate();
 //!     match create_order(&mut tx, operation_id, 4_200).await {
 //!         Ok(id) => format!("order {id}"), // committed by the layer with the record
 //!         Err(_) => "failed".to_owned(),   // a 5xx: the layer rolls back

@@ -788,7 +788,7 @@ async fn claim(
         .bind(request.identity.key().as_str().to_owned())
         .bind(request.fingerprint.as_bytes().to_vec())
         .bind(i64::from(RECORD_FORMAT_VERSION))
-        .bind(OperationId::random().as_uuid())
+        .bind(OperationId::generate().as_uuid())
         .bind(now)
         .bind(millis(request.lease))
         .bind(millis(request.ttl))

@@ -370,7 +370,7 @@ pub async fn stale_lease_cannot_write(store: Arc<dyn Store>) {
         ..current.clone()
     };
     let wrong_operation = Lease {
-        operation_id: idemgate_core::record::OperationId::random(),
+        operation_id: idemgate_core::record::OperationId::generate(),
         ..current.clone()
     };
     for lease in [&stale, &wrong_token, &wrong_operation] {
@@ -1133,7 +1133,7 @@ async fn acquire_completed(store: &dyn Store, request: &ClaimRequest, ttl: Durat
 pub(crate) fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRecord {
     AuditRecord {
         event: Some(event),
-        operation_id: Some(idemgate_core::record::OperationId::random().to_string()),
+        operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
         method: "POST".into(),
         route: "/orders/{id}".into(),
         principal: "tenant:7/user:42".into(),

@@ -303,7 +303,7 @@ pub async fn unreachable_database_is_unavailable<H: SqlHarness>(harness: Arc<H>)
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
     let lease = Lease {
         identity: *request.identity.digest(),
-        operation_id: OperationId::random(),
+        operation_id: OperationId::generate(),
         token: FencingToken(1),
         origin: LeaseOrigin::New,
         locked_until: Timestamp::now(),

@@ -530,7 +530,7 @@ pub async fn completed_records_survive_reopening<H: TransactionalHarness>(harnes
 pub async fn keyless_transactions_commit_or_roll_back<H: TransactionalHarness>(harness: Arc<H>) {
     let store = harness.store(2).await;
     for commit in [true, false] {
-        let operation_id = OperationId::random();
+        let operation_id = OperationId::generate();
         let pending = handler_writes_order(&*harness, &store, operation_id).await;
         if commit {
             pending.commit().await.expect("commit");
@@ -743,7 +743,7 @@ pub async fn one_transaction_lock_wait_bounds_only_the_claim<H: TransactionalHar
     harness: Arc<H>,
 ) {
     let store = harness.store(4).await;
-    let operation_id = OperationId::random();
+    let operation_id = OperationId::generate();
     // Another transaction holds the order row the handler will write.
     let holder = handler_writes_order(&*harness, &store, operation_id).await;
     let handler = tokio::spawn({
@@ -844,7 +844,7 @@ async fn post_orders(app: Router) -> Answer {
 /// The extractor lends the slot's transaction; nothing commits before the layer does.
 pub async fn extractor_lends_the_slot_transaction<H: TransactionalHarness>(harness: Arc<H>) {
     let store = harness.store(4).await;
-    let operation_id = OperationId::random();
+    let operation_id = OperationId::generate();
     let slot = TransactionSlot::new();
     let app = order_route(&harness)
         .layer(Extension(slot.clone()))
@@ -869,7 +869,7 @@ pub async fn extractor_without_the_layer_answers_a_problem<H: TransactionalHarne
 ) {
     let store = harness.store(2).await;
     let app = order_route(&harness)
-        .layer(Extension(OperationId::random()))
+        .layer(Extension(OperationId::generate()))
         .with_state(store);
     let answer = post_orders(app).await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
