@@ -41,6 +41,7 @@ use std::str::FromStr;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::record::{LeaseOrigin, OperationId};
 use crate::time::Timestamp;
 
 /// What happened to an operation. The names are the journal's `event` field.
@@ -157,6 +158,18 @@ impl AuditRecord {
     /// `..Default::default()` always sets it).
     pub fn event(&self) -> AuditEvent {
         self.event.unwrap_or(AuditEvent::Claimed)
+    }
+
+    /// The entry of an acquired claim, from its request's entry: `claimed`,
+    /// or `taken_over` where the claim took a lapsed lease over, with the
+    /// operation's id.
+    pub fn of_claim(mut self, origin: LeaseOrigin, operation_id: OperationId) -> Self {
+        self.event = Some(match origin {
+            LeaseOrigin::TakenOver => AuditEvent::TakenOver,
+            LeaseOrigin::New | LeaseOrigin::Released => AuditEvent::Claimed,
+        });
+        self.operation_id = Some(operation_id.to_string());
+        self
     }
 }
 

@@ -47,6 +47,20 @@ pub trait Store: Send + Sync + 'static {
     /// - otherwise return the record as it is.
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError>;
 
+    /// Claims as [`Store::try_claim`] does and, when it acquires, appends the
+    /// journal's entry of that claim ([`AuditRecord::of_claim`] of `entry`)
+    /// in the same write, so the claim and its entry are durable together.
+    /// Answers whether the entry was written; the default claims alone and
+    /// answers `false`, and the journal then appends the entry itself.
+    async fn try_claim_journaled(
+        &self,
+        request: &ClaimRequest,
+        entry: &AuditRecord,
+    ) -> Result<(Claim, bool), StoreError> {
+        let _ = entry;
+        Ok((self.try_claim(request).await?, false))
+    }
+
     /// Stores the final response: status `Completed` or `Failed`,
     /// `expires_at = now + completion.ttl`.
     async fn complete(

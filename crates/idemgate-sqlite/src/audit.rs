@@ -26,10 +26,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use idemgate_core::StoreError;
 use idemgate_core::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, ChainHash, ExpiredRecord, ExpiryJournal,
 };
+use idemgate_core::{Lease, StoreError};
 use idemgate_sqlx::{
     AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
     decode_audit_partition, push_audit_rows,
@@ -182,6 +182,33 @@ pub(crate) fn chain_triggers(table: &str) -> Vec<String> {
             names.partitions
         ),
     ]
+}
+
+/// An acquired claim's journal entry, appended by the writer right after the
+/// claim, in its batch (`Store::try_claim_journaled`).
+#[derive(Debug)]
+pub(crate) struct ClaimJournal {
+    names: AuditNames,
+    entry: AuditRecord,
+}
+
+impl ClaimJournal {
+    pub(crate) fn new(names: AuditNames, entry: AuditRecord) -> Self {
+        Self { names, entry }
+    }
+
+    /// Appends the entry of `lease`'s claim at `now`: one statement.
+    pub(crate) async fn append(
+        self,
+        connection: &mut SqliteConnection,
+        lease: &Lease,
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        let entry = self.entry.of_claim(lease.origin, lease.operation_id);
+        append(connection, &self.names, &[entry], now)
+            .await
+            .map(drop)
+    }
 }
 
 /// A journal write the writer runs in its batch.

@@ -23,7 +23,7 @@ use idemgate_sqlx::{CompletionColumns, PurgeTask, applied, millis, token_param};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
 
-use crate::audit::{self, AuditNames, AuditWrite};
+use crate::audit::{self, AuditNames, AuditWrite, ClaimJournal};
 use crate::durations::{self, DurationStatements};
 use crate::error::{Error, store_error};
 use crate::pieces::PieceStatements;
@@ -248,19 +248,31 @@ impl SqliteStore {
     /// answered from a read on the pool, without waiting for the writer (a replay,
     /// a 409, a 422); anything else goes to the writer, whose upsert is the one
     /// atomic claim (it restates `Record::claim_origin` in SQL).
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
+    /// The claim; with `entry`, its journal entry appended in the claim's
+    /// batch when it acquires (answered: whether it was).
+    async fn claim(
+        &self,
+        request: &ClaimRequest,
+        entry: Option<&AuditRecord>,
+    ) -> Result<(Claim, bool), StoreError> {
         if let Some(snapshot) = self.read(request.identity.digest()).await?
             && snapshot
                 .record
                 .claim_origin(&request.fingerprint, snapshot.now)
                 .is_none()
         {
-            return Ok(Claim::Existing(snapshot));
+            return Ok((Claim::Existing(snapshot), false));
         }
         let request = request.clone();
+        let journal =
+            entry.map(|entry| Box::new(ClaimJournal::new(self.inner.audit.clone(), entry.clone())));
         self.inner
             .writer
-            .run(|reply| Op::Claim { request, reply })
+            .run(|reply| Op::Claim {
+                request,
+                journal,
+                reply,
+            })
             .await
     }
 
@@ -376,7 +388,17 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.claim(request).await
+        self.claim(request, None).await.map(|(claim, _)| claim)
+    }
+
+    /// The entry rides in the claim's batch: no batch of its own, and no
+    /// wait for the journal's writer.
+    async fn try_claim_journaled(
+        &self,
+        request: &ClaimRequest,
+        entry: &AuditRecord,
+    ) -> Result<(Claim, bool), StoreError> {
+        self.claim(request, Some(entry)).await
     }
 
     fn supports_one_transaction(&self) -> bool {

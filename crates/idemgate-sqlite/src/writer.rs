@@ -47,7 +47,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::audit::AuditWrite;
+use crate::audit::{AuditWrite, ClaimJournal};
 use crate::error::{ClaimContended, classify, store_error};
 use crate::sql::{BEGIN_IMMEDIATE, Statements};
 
@@ -84,9 +84,13 @@ pub(crate) enum Op {
         reply: Reply<Option<SqliteRow>>,
     },
     /// The claim: the upsert, and if it changed nothing the record that blocked it.
+    /// With `journal`, an acquired claim's journal entry is appended right
+    /// after it, in the same batch; the answer says whether it was.
     Claim {
         request: ClaimRequest,
-        reply: Reply<Claim>,
+        // Boxed: the queue's slots stay small.
+        journal: Option<Box<ClaimJournal>>,
+        reply: Reply<(Claim, bool)>,
     },
     /// The operator's conditional delete, and if it deleted nothing, why.
     Evict {
@@ -593,8 +597,26 @@ impl Task {
                     .map_err(StepError::from);
                 settle(batch, reply, row)
             }
-            Op::Claim { request, reply } => {
+            Op::Claim {
+                request,
+                journal,
+                reply,
+            } => {
                 let claim = claim(connection, &self.sql, &request, batch.now).await;
+                let claim = match (claim, journal) {
+                    (Ok(Claim::Acquired(lease)), Some(journal)) => {
+                        match journal.append(connection, &lease, batch.now).await {
+                            Ok(()) => Ok((Claim::Acquired(lease), true)),
+                            Err(err) => match StepError::from(err) {
+                                // Its one statement undone: the claim stands, and
+                                // the journal appends the entry on its own.
+                                StepError::Own(_) => Ok((Claim::Acquired(lease), false)),
+                                fails_the_batch => Err(fails_the_batch),
+                            },
+                        }
+                    }
+                    (claim, _) => claim.map(|claim| (claim, false)),
+                };
                 settle(batch, reply, claim)
             }
             Op::Evict {

@@ -1121,3 +1121,48 @@ async fn one_transaction_layer_journals_inside_its_transaction() {
         "no executed entry for a run that rolled back"
     );
 }
+
+/// With the journal on, a claim's `claimed` entry is appended in the claim's
+/// own batch: one commit for both, the entry in the journal when the claim
+/// returns, and none left for the journal's own writer to append.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_entry_commits_in_the_claims_batch() {
+    use idemgate::audit::{AuditEvent, AuditQuery};
+    use idemgate::journal::{JournalConfig, Journaled};
+
+    let db = TempDb::new();
+    let store = db.store(2).await;
+    let secret = store.audit_secret().await.expect("secret");
+    let journaled = Journaled::new(
+        Arc::new(store.clone()),
+        JournalConfig {
+            instance: "journal-test".into(),
+            secret,
+        },
+    );
+    let commits = store.writer_stats().commits;
+    let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.expect("claim") else {
+        panic!("a new key is acquired");
+    };
+    assert_eq!(
+        store.writer_stats().commits - commits,
+        1,
+        "the claim and its entry in one commit"
+    );
+    let entries = store
+        .read_audit(&AuditQuery::all(10))
+        .await
+        .expect("read");
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].record.event(), AuditEvent::Claimed);
+    assert_eq!(
+        entries[0].record.operation_id.as_deref(),
+        Some(lease.operation_id.to_string().as_str())
+    );
+    journaled.flush().await;
+    assert_eq!(
+        store.read_audit(&AuditQuery::all(10)).await.expect("read").len(),
+        1,
+        "written once"
+    );
+}

@@ -55,8 +55,8 @@ use idemgate_core::stream::StreamId;
 use idemgate_core::time::Timestamp;
 use idemgate_core::transaction::ClaimInTransaction;
 use idemgate_core::{
-    Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, Lease,
-    LeaseOrigin, Snapshot, Store, StoreError, decide,
+    Claim, ClaimRequest, Completion, Decision, EvictMode, Eviction, FencedWrite, Lease, Snapshot,
+    Store, StoreError, decide,
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -456,61 +456,55 @@ async fn append(store: &dyn Store, batch: &[AuditRecord]) {
 }
 
 impl Journaled {
-    /// A claim acquired: `claimed`, or `taken_over`, queued for the writer.
-    /// The entry, for the claim to wait on.
-    fn claimed(&self, request: &ClaimRequest, lease: &Lease) -> Arc<ClaimEntry> {
-        let record = self.claim_entry(request, lease);
-        let claim = Arc::new(ClaimEntry::new(ClaimEntry::QUEUED));
+    /// A claim acquired: `claimed`, or `taken_over`, remembered for its run's
+    /// outcome with its entry `taken` (queued for the writer, written with
+    /// the claim, or kept for the run's transaction). The entry, for the
+    /// claim to wait on.
+    fn claimed(&self, request: &ClaimRequest, lease: &Lease, taken: u8) -> Arc<ClaimEntry> {
+        let record = self
+            .template(request, AuditEvent::Claimed)
+            .of_claim(lease.origin, lease.operation_id);
+        let claim = Arc::new(ClaimEntry::new(taken));
         self.remember(lease, record.clone(), Arc::clone(&claim));
-        self.enqueue(record, Some(Arc::clone(&claim)));
+        if taken == ClaimEntry::QUEUED {
+            self.enqueue(record, Some(Arc::clone(&claim)));
+        }
         claim
     }
 
-    /// A claim acquired inside its run's transaction: its entry is kept for
-    /// that transaction ([`Store::transaction_journal_entries`]), or queued
-    /// before the run's outcome if the transaction does not commit.
-    fn claimed_in_transaction(&self, request: &ClaimRequest, lease: &Lease) {
-        let record = self.claim_entry(request, lease);
-        let claim = Arc::new(ClaimEntry::new(ClaimEntry::TRANSACTION));
-        self.remember(lease, record, claim);
-    }
-
-    fn claim_entry(&self, request: &ClaimRequest, lease: &Lease) -> AuditRecord {
-        let event = match lease.origin {
-            LeaseOrigin::TakenOver => AuditEvent::TakenOver,
-            _ => AuditEvent::Claimed,
-        };
-        let mut record = self.template(request, event);
-        record.operation_id = Some(lease.operation_id.to_string());
-        record
-    }
-
-    /// A claim that met a record: `replayed`, `conflict` or `mismatch`.
-    fn met(&self, request: &ClaimRequest, snapshot: &Snapshot) {
+    /// A claim that met a record: `replayed`, `conflict` or `mismatch`, its
+    /// entry made from the request's `entry`.
+    fn met(&self, request: &ClaimRequest, mut entry: AuditRecord, snapshot: &Snapshot) {
         let (event, status) = match decide(snapshot, &request.fingerprint) {
             Decision::Replay(stored) => (AuditEvent::Replayed, stored.status.as_u16()),
             Decision::InProgress { .. } => (AuditEvent::Conflict, 409),
             Decision::Mismatch => (AuditEvent::Mismatch, 422),
             Decision::Claimable => return,
         };
-        let mut record = self.template(request, event);
-        record.operation_id = Some(snapshot.record.operation_id.to_string());
-        record.status = Some(status);
-        self.queue(record);
+        entry.event = Some(event);
+        entry.operation_id = Some(snapshot.record.operation_id.to_string());
+        entry.status = Some(status);
+        self.queue(entry);
     }
 }
 
 #[async_trait]
 impl Store for Journaled {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        let claim = self.inner.try_claim(request).await?;
+        // A store that writes the entry with the claim (SQLite's writer, in
+        // the claim's batch) saves the wait for the journal's own batch.
+        let entry = self.template(request, AuditEvent::Claimed);
+        let (claim, written) = self.inner.try_claim_journaled(request, &entry).await?;
         match &claim {
+            Claim::Acquired(lease) if written => {
+                self.claimed(request, lease, ClaimEntry::APPENDED);
+            }
             Claim::Acquired(lease) => {
-                self.claimed(request, lease)
+                self.claimed(request, lease, ClaimEntry::QUEUED)
                     .until_appended(CLAIM_APPEND_WAIT)
                     .await;
             }
-            Claim::Existing(snapshot) => self.met(request, snapshot),
+            Claim::Existing(snapshot) => self.met(request, entry, snapshot),
         }
         Ok(claim)
     }
@@ -531,9 +525,17 @@ impl Store for Journaled {
         let claim = self.inner.claim_in_transaction(request, lock_wait).await?;
         match &claim {
             ClaimInTransaction::Acquired { lease, .. } => {
-                self.claimed_in_transaction(request, lease);
+                // Kept for the run's transaction (`transaction_journal_entries`),
+                // or queued before the run's outcome if it does not commit.
+                self.claimed(request, lease, ClaimEntry::TRANSACTION);
             }
-            ClaimInTransaction::Existing(snapshot) => self.met(request, snapshot),
+            ClaimInTransaction::Existing(snapshot) => {
+                self.met(
+                    request,
+                    self.template(request, AuditEvent::Replayed),
+                    snapshot,
+                );
+            }
             ClaimInTransaction::Locked => {
                 let mut record = self.template(request, AuditEvent::Conflict);
                 record.status = Some(409);
