@@ -1149,10 +1149,7 @@ async fn a_claims_entry_commits_in_the_claims_batch() {
         1,
         "the claim and its entry in one commit"
     );
-    let entries = store
-        .read_audit(&AuditQuery::all(10))
-        .await
-        .expect("read");
+    let entries = store.read_audit(&AuditQuery::all(10)).await.expect("read");
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].record.event(), AuditEvent::Claimed);
     assert_eq!(
@@ -1161,7 +1158,11 @@ async fn a_claims_entry_commits_in_the_claims_batch() {
     );
     journaled.flush().await;
     assert_eq!(
-        store.read_audit(&AuditQuery::all(10)).await.expect("read").len(),
+        store
+            .read_audit(&AuditQuery::all(10))
+            .await
+            .expect("read")
+            .len(),
         1,
         "written once"
     );
