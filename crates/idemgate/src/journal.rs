@@ -19,7 +19,10 @@
 //! operation is in the journal before it runs, as the seeds' payment platform
 //! had it, and before anything its run or its duplicates add — so the journal
 //! never shows a run executed, or a duplicate turned away, before it was
-//! claimed. That wait is bounded (500 ms): a journal that stopped answering
+//! claimed. A store that can, writes the entry with the claim itself
+//! ([`Store::try_claim_journaled`]: SQLite, in the claim's own batch of its
+//! writer); for the others the claim waits for the journal's writer. That
+//! wait is bounded (500 ms): a journal that stopped answering
 //! slows new keys, it does not fail them; a claim's entry still queued when
 //! its transaction commits goes into that transaction, before `executed`, and
 //! should that commit fail, it is queued again before the run's next outcome.
@@ -118,8 +121,20 @@ struct Queued {
 /// journal that stopped answering slows new keys but does not fail them.
 const CLAIM_APPEND_WAIT: Duration = Duration::from_millis(500);
 
+/// Where a run's first entry starts out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClaimEntryStart {
+    /// Queued for the journal's writer.
+    Queued,
+    /// Written by the store with the claim ([`Store::try_claim_journaled`]).
+    WrittenWithClaim,
+    /// Kept for the run's transaction, the claim having been made in it.
+    KeptForTransaction,
+}
+
 /// A run's first entry (`claimed`, `taken_over`) is taken once: by the writer
-/// from the queue, or by the run's transaction. A claim of its own (two
+/// from the queue, or by the run's transaction — unless the store wrote it
+/// with the claim. A claim of its own (two
 /// phases) returns only once the writer has appended it
 /// ([`ClaimEntry::until_appended`]), so the operation is in the journal
 /// before it runs, and before any entry its run or its duplicates add: a
@@ -143,7 +158,12 @@ impl ClaimEntry {
     const TRANSACTION: u8 = 2;
     const APPENDED: u8 = 3;
 
-    fn new(taken: u8) -> Self {
+    fn new(start: ClaimEntryStart) -> Self {
+        let taken = match start {
+            ClaimEntryStart::Queued => Self::QUEUED,
+            ClaimEntryStart::WrittenWithClaim => Self::APPENDED,
+            ClaimEntryStart::KeptForTransaction => Self::TRANSACTION,
+        };
         Self {
             taken: AtomicU8::new(taken),
             appended: Notify::new(),
@@ -457,16 +477,20 @@ async fn append(store: &dyn Store, batch: &[AuditRecord]) {
 
 impl Journaled {
     /// A claim acquired: `claimed`, or `taken_over`, remembered for its run's
-    /// outcome with its entry `taken` (queued for the writer, written with
-    /// the claim, or kept for the run's transaction). The entry, for the
-    /// claim to wait on.
-    fn claimed(&self, request: &ClaimRequest, lease: &Lease, taken: u8) -> Arc<ClaimEntry> {
+    /// outcome, its entry starting out at `start`. The entry, for the claim
+    /// to wait on.
+    fn claimed(
+        &self,
+        request: &ClaimRequest,
+        lease: &Lease,
+        start: ClaimEntryStart,
+    ) -> Arc<ClaimEntry> {
         let record = self
             .template(request, AuditEvent::Claimed)
             .of_claim(lease.origin, lease.operation_id);
-        let claim = Arc::new(ClaimEntry::new(taken));
+        let claim = Arc::new(ClaimEntry::new(start));
         self.remember(lease, record.clone(), Arc::clone(&claim));
-        if taken == ClaimEntry::QUEUED {
+        if start == ClaimEntryStart::Queued {
             self.enqueue(record, Some(Arc::clone(&claim)));
         }
         claim
@@ -497,10 +521,10 @@ impl Store for Journaled {
         let (claim, written) = self.inner.try_claim_journaled(request, &entry).await?;
         match &claim {
             Claim::Acquired(lease) if written => {
-                self.claimed(request, lease, ClaimEntry::APPENDED);
+                self.claimed(request, lease, ClaimEntryStart::WrittenWithClaim);
             }
             Claim::Acquired(lease) => {
-                self.claimed(request, lease, ClaimEntry::QUEUED)
+                self.claimed(request, lease, ClaimEntryStart::Queued)
                     .until_appended(CLAIM_APPEND_WAIT)
                     .await;
             }
@@ -527,7 +551,7 @@ impl Store for Journaled {
             ClaimInTransaction::Acquired { lease, .. } => {
                 // Kept for the run's transaction (`transaction_journal_entries`),
                 // or queued before the run's outcome if it does not commit.
-                self.claimed(request, lease, ClaimEntry::TRANSACTION);
+                self.claimed(request, lease, ClaimEntryStart::KeptForTransaction);
             }
             ClaimInTransaction::Existing(snapshot) => {
                 self.met(
