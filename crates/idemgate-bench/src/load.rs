@@ -405,17 +405,12 @@ async fn drive(addr: SocketAddr, index: usize, plan: Drive<'_>) -> Result<Tally,
         }
         let key = match scenario {
             Scenario::Bare | Scenario::NoKey => None,
-            Scenario::Transfer | Scenario::TransferTwoPhase | Scenario::BareTransfer => {
-                // A fresh reference (the key) between two distinct accounts.
-                key.clear();
-                key.push_str(
-                    uuid::Uuid::new_v4()
-                        .simple()
-                        .encode_lower(&mut uuid::Uuid::encode_buffer()),
-                );
-                Some(key.as_str())
-            }
-            Scenario::NewKey | Scenario::Webhook => {
+            // A fresh key (for transfers, the reference between two accounts).
+            Scenario::NewKey
+            | Scenario::Webhook
+            | Scenario::Transfer
+            | Scenario::TransferTwoPhase
+            | Scenario::BareTransfer => {
                 key.clear();
                 key.push_str(
                     uuid::Uuid::new_v4()

@@ -44,11 +44,12 @@ use crate::sql::quote;
 const STALE_HEAD: &str = "idemgate: stale journal head";
 
 /// The journal's table names, quoted, and this process's hints of their heads.
+/// Cheap to clone (every claim's journal entry carries them to the writer).
 #[derive(Debug, Clone)]
 pub(crate) struct AuditNames {
-    entries: String,
-    partitions: String,
-    secret: String,
+    entries: Arc<str>,
+    partitions: Arc<str>,
+    secret: Arc<str>,
     heads: Arc<HeadHints>,
 }
 
@@ -79,9 +80,9 @@ impl HeadHints {
 impl AuditNames {
     pub(crate) fn new(table: &str) -> Self {
         Self {
-            entries: quote(&format!("{table}_audit")),
-            partitions: quote(&format!("{table}_audit_partitions")),
-            secret: quote(&format!("{table}_audit_secret")),
+            entries: quote(&format!("{table}_audit")).into(),
+            partitions: quote(&format!("{table}_audit_partitions")).into(),
+            secret: quote(&format!("{table}_audit_secret")).into(),
             heads: Arc::default(),
         }
     }

@@ -39,18 +39,8 @@ pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
         return tx.commit().await.map_err(Error::Migrate);
     }
     // Each version's steps, from the one after `found` on.
-    let steps = [(1, sql::schema_v1(table)), (2, sql::schema_v2(table))];
-    for (version, statements) in steps {
-        if found.is_some_and(|found| found >= version) {
-            continue;
-        }
-        for statement in statements {
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::Migrate)?;
-        }
-    }
+    let early = [(1, sql::schema_v1(table)), (2, sql::schema_v2(table))];
+    run_steps(&mut tx, found, early).await?;
     // Version 3: the records' `field_digests`, added where it is missing (a
     // table recorded at an older version may already have it).
     if found.is_none_or(|found| found < 3) {
@@ -68,42 +58,18 @@ pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
                 .map_err(Error::Migrate)?;
         }
     }
-    // Version 4: the journal's tables (`crate::audit`).
-    if found.is_none_or(|found| found < 4) {
-        for statement in audit::schema(table) {
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::Migrate)?;
-        }
-    }
-    // Version 5: the routes' execution histories (`crate::durations`).
-    if found.is_none_or(|found| found < 5) {
-        for statement in durations::schema(table) {
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::Migrate)?;
-        }
-    }
-    // Version 6: the streams recorded in pieces (`crate::pieces`).
-    if found.is_none_or(|found| found < 6) {
-        for statement in crate::pieces::schema(table) {
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::Migrate)?;
-        }
-    }
-    // Version 7: the journal's chain kept by triggers (`crate::audit`).
-    if found.is_none_or(|found| found < 7) {
-        for statement in audit::chain_triggers(table) {
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await
-                .map_err(Error::Migrate)?;
-        }
-    }
+    let later = [
+        // The journal's tables (`crate::audit`).
+        (4, audit::schema(table)),
+        // The routes' execution histories (`crate::durations`).
+        (5, durations::schema(table)),
+        // The streams recorded in pieces (`crate::pieces`).
+        (6, crate::pieces::schema(table)),
+        // The journal's chain kept by triggers, without the key digest's
+        // index (`crate::audit`).
+        (7, audit::chain_triggers(table)),
+    ];
+    run_steps(&mut tx, found, later).await?;
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {versions} (table_name, version, migrated_at) VALUES (?1, ?2, {now}) \
          ON CONFLICT (table_name) DO UPDATE \
@@ -116,4 +82,24 @@ pub(crate) async fn run(pool: &SqlitePool, table: &str) -> Result<(), Error> {
     .await
     .map_err(Error::Migrate)?;
     tx.commit().await.map_err(Error::Migrate)
+}
+
+/// Runs each version's statements, in order, for the versions after `found`.
+async fn run_steps<const N: usize>(
+    tx: &mut sqlx::SqliteConnection,
+    found: Option<i64>,
+    steps: [(i64, Vec<String>); N],
+) -> Result<(), Error> {
+    for (version, statements) in steps {
+        if found.is_some_and(|found| found >= version) {
+            continue;
+        }
+        for statement in statements {
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await
+                .map_err(Error::Migrate)?;
+        }
+    }
+    Ok(())
 }

@@ -884,6 +884,26 @@ async fn a_transactional_streamed_answer_commits_with_its_record() {
 
 // --- the one-transaction mode through the layer (PROTOCOL §23) ---------------------------
 
+/// A keyed POST of `path` to `app` as `user:notes`; `fail` asks the handler
+/// for a 500.
+async fn send_note(
+    app: axum::Router,
+    path: &'static str,
+    key: &'static str,
+    fail: bool,
+) -> idemgate_testkit::http::Answer {
+    use tower::ServiceExt;
+    let mut request = axum::http::Request::post(path).header("idempotency-key", key);
+    if fail {
+        request = request.header("x-fail", "1");
+    }
+    let mut request = request.body(axum::body::Body::empty()).expect("request");
+    request
+        .extensions_mut()
+        .insert(idemgate_core::scope::Principal::new("user:notes"));
+    idemgate_testkit::http::Answer::read(app.oneshot(request).await.expect("infallible")).await
+}
+
 /// The layer in the one-transaction mode over SQLite, a handler that writes a
 /// note through its `Tx` and answers the status its request asks for:
 /// - a new key is **one** commit of the writer (claim, note and completion
@@ -895,12 +915,8 @@ async fn a_transactional_streamed_answer_commits_with_its_record() {
 ///   transaction all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_transaction_layer_commits_once_and_leaves_nothing_when_it_rolls_back() {
-    use axum::body::Body;
-    use axum::http::{Request, StatusCode};
-    use idemgate_core::scope::Principal;
-    use idemgate_testkit::http::Answer;
+    use axum::http::StatusCode;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tower::ServiceExt;
 
     let db = TempDb::new();
     let store = db.store(4).await;
@@ -942,17 +958,7 @@ async fn one_transaction_layer_commits_once_and_leaves_nothing_when_it_rolls_bac
             .expect("SQLite claims inside the handler's transaction"),
     );
     let two_phase = router(idemgate::IdempotencyLayer::new(store.clone()));
-    let send = |app: axum::Router, path: &'static str, key: &'static str, fail: bool| async move {
-        let mut request = Request::post(path).header("idempotency-key", key);
-        if fail {
-            request = request.header("x-fail", "1");
-        }
-        let mut request = request.body(Body::empty()).expect("request");
-        request
-            .extensions_mut()
-            .insert(Principal::new("user:notes"));
-        Answer::read(app.oneshot(request).await.expect("infallible")).await
-    };
+    let send = send_note;
     let notes = |key: &'static str| {
         let pool = store.pool().clone();
         async move {
@@ -1031,13 +1037,9 @@ async fn one_transaction_layer_commits_once_and_leaves_nothing_when_it_rolls_bac
 /// a run that rolls back shows claimed, released, and no `executed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_transaction_layer_journals_inside_its_transaction() {
-    use axum::body::Body;
-    use axum::http::{Request, StatusCode};
+    use axum::http::StatusCode;
     use idemgate::audit::{AuditEvent, AuditQuery, key_digest};
     use idemgate::journal::{JournalConfig, Journaled};
-    use idemgate_core::scope::Principal;
-    use idemgate_testkit::http::Answer;
-    use tower::ServiceExt;
 
     let db = TempDb::new();
     let store = db.store(4).await;
@@ -1067,20 +1069,7 @@ async fn one_transaction_layer_journals_inside_its_transaction() {
                 .expect("the journal keeps the store's one-transaction mode"),
         )
         .with_state(store.clone());
-    let send = |key: &'static str, fail: bool| {
-        let app = app.clone();
-        async move {
-            let mut request = Request::post("/notes").header("idempotency-key", key);
-            if fail {
-                request = request.header("x-fail", "1");
-            }
-            let mut request = request.body(Body::empty()).expect("request");
-            request
-                .extensions_mut()
-                .insert(Principal::new("user:notes"));
-            Answer::read(app.oneshot(request).await.expect("infallible")).await
-        }
-    };
+    let send = |key: &'static str, fail: bool| send_note(app.clone(), "/notes", key, fail);
     let events = |key: &'static str| {
         let store = store.clone();
         let digest = key_digest(&secret, key);

@@ -290,10 +290,12 @@ impl Journaled {
         }
     }
 
-    fn template(&self, request: &ClaimRequest, event: AuditEvent) -> AuditRecord {
+    /// What every entry of `request` carries: its scope, its key's digest and
+    /// its fingerprint. The event (and operation) is set by what the claim found.
+    fn request_entry(&self, request: &ClaimRequest) -> AuditRecord {
         let scope = request.identity.scope();
         AuditRecord {
-            event: Some(event),
+            event: None,
             operation_id: None,
             method: scope.method.clone(),
             route: request.route().to_owned(),
@@ -476,18 +478,16 @@ async fn append(store: &dyn Store, batch: &[AuditRecord]) {
 }
 
 impl Journaled {
-    /// A claim acquired: `claimed`, or `taken_over`, remembered for its run's
-    /// outcome, its entry starting out at `start`. The entry, for the claim
-    /// to wait on.
+    /// A claim acquired: `claimed`, or `taken_over`, made from the request's
+    /// `entry` and remembered for its run's outcome, starting out at `start`.
+    /// The entry, for the claim to wait on.
     fn claimed(
         &self,
-        request: &ClaimRequest,
+        entry: AuditRecord,
         lease: &Lease,
         start: ClaimEntryStart,
     ) -> Arc<ClaimEntry> {
-        let record = self
-            .template(request, AuditEvent::Claimed)
-            .of_claim(lease.origin, lease.operation_id);
+        let record = entry.of_claim(lease.origin, lease.operation_id);
         let claim = Arc::new(ClaimEntry::new(start));
         self.remember(lease, record.clone(), Arc::clone(&claim));
         if start == ClaimEntryStart::Queued {
@@ -517,14 +517,14 @@ impl Store for Journaled {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         // A store that writes the entry with the claim (SQLite's writer, in
         // the claim's batch) saves the wait for the journal's own batch.
-        let entry = self.template(request, AuditEvent::Claimed);
+        let entry = self.request_entry(request);
         let (claim, written) = self.inner.try_claim_journaled(request, &entry).await?;
         match &claim {
             Claim::Acquired(lease) if written => {
-                self.claimed(request, lease, ClaimEntryStart::WrittenWithClaim);
+                self.claimed(entry, lease, ClaimEntryStart::WrittenWithClaim);
             }
             Claim::Acquired(lease) => {
-                self.claimed(request, lease, ClaimEntryStart::Queued)
+                self.claimed(entry, lease, ClaimEntryStart::Queued)
                     .until_appended(CLAIM_APPEND_WAIT)
                     .await;
             }
@@ -547,21 +547,17 @@ impl Store for Journaled {
         lock_wait: Duration,
     ) -> Result<ClaimInTransaction, StoreError> {
         let claim = self.inner.claim_in_transaction(request, lock_wait).await?;
+        let entry = self.request_entry(request);
         match &claim {
             ClaimInTransaction::Acquired { lease, .. } => {
                 // Kept for the run's transaction (`transaction_journal_entries`),
                 // or queued before the run's outcome if it does not commit.
-                self.claimed(request, lease, ClaimEntryStart::KeptForTransaction);
+                self.claimed(entry, lease, ClaimEntryStart::KeptForTransaction);
             }
-            ClaimInTransaction::Existing(snapshot) => {
-                self.met(
-                    request,
-                    self.template(request, AuditEvent::Replayed),
-                    snapshot,
-                );
-            }
+            ClaimInTransaction::Existing(snapshot) => self.met(request, entry, snapshot),
             ClaimInTransaction::Locked => {
-                let mut record = self.template(request, AuditEvent::Conflict);
+                let mut record = entry;
+                record.event = Some(AuditEvent::Conflict);
                 record.status = Some(409);
                 self.queue(record);
             }

@@ -79,29 +79,39 @@ impl Probe {
     /// does: 409 (in progress) and 503 (store unavailable) are retried, anything
     /// else fails the test, and so does no final answer within `patience`.
     pub async fn settle(&self, base: &str, patience: Duration) -> Answer {
-        let deadline = Instant::now() + patience;
-        loop {
-            let answer = self.post(base).await.unwrap_or_else(|e| {
-                panic!("key {}: the live server did not answer: {e}", self.key)
-            });
-            match answer.status {
-                StatusCode::CREATED => return answer,
-                StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => {
-                    assert_retryable_problem(&answer);
-                }
-                _ => panic!("key {}: not a final success: {answer:?}", self.key),
-            }
-            assert!(
-                Instant::now() < deadline,
-                "key {}: no final answer within {patience:?}; last {answer:?}",
-                self.key
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        settle(&format!("key {}", self.key), patience, || self.post(base)).await
     }
 }
 
 /// A 409 or 503 must be problem+json with a `Retry-After` of at least 1 s.
+/// Sends (`send`) again until the final answer (201), as a client following
+/// the protocol does: 409 (in progress) and 503 (store unavailable) are
+/// retried, anything else fails the test, and so does no final answer within
+/// `patience`. `what` names the request in failures.
+pub async fn settle<F>(what: &str, patience: Duration, mut send: impl FnMut() -> F) -> Answer
+where
+    F: std::future::Future<Output = reqwest::Result<Answer>>,
+{
+    let deadline = Instant::now() + patience;
+    loop {
+        let answer = send()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: the live server did not answer: {e}"));
+        match answer.status {
+            StatusCode::CREATED => return answer,
+            StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => {
+                assert_retryable_problem(&answer);
+            }
+            _ => panic!("{what}: not a final success: {answer:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no final answer within {patience:?}; last {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 pub fn assert_retryable_problem(answer: &Answer) {
     let kind = answer.problem_type();
     let retry_after: u64 = answer

@@ -9,13 +9,13 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use sqlx::Connection;
 
 use super::budget::{Rng, count, report};
-use super::effects::assert_retryable_problem;
+use super::effects::{assert_retryable_problem, settle};
 use super::own_stores::{Fault, OwnPostgres, OwnStore, outages};
 use crate::support::client::{Answer, Client, new_key};
 use crate::support::server::{Options, Server};
@@ -51,25 +51,7 @@ impl Transfer {
 
     /// Sent again until it is a 201 (a 409 or 503 is retried as it asks).
     async fn settle(&self, client: &Client, base: &str) -> Answer {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let answer = self.send(client, base).await.unwrap_or_else(|e| {
-                panic!("{}: the live server did not answer: {e}", self.reference)
-            });
-            match answer.status {
-                StatusCode::CREATED => return answer,
-                StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => {
-                    assert_retryable_problem(&answer);
-                }
-                _ => panic!("{}: not a final success: {answer:?}", self.reference),
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{}: no final answer within {PATIENCE:?}; last {answer:?}",
-                self.reference
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        settle(&self.reference, PATIENCE, || self.send(client, base)).await
     }
 }
 
