@@ -249,6 +249,32 @@ impl ReplayCache {
         }
     }
 
+    /// A claim answered from the cache where it holds the record; otherwise
+    /// the store's claim (with the journal's `entry`, where the journal passes
+    /// one: the store may write it with the claim), whose answer fills the
+    /// cache or notes the new claim.
+    async fn claim(
+        &self,
+        request: &ClaimRequest,
+        entry: Option<&AuditRecord>,
+    ) -> Result<(Claim, bool), StoreError> {
+        let identity = request.identity.digest();
+        if let Some(snapshot) = self.lookup(identity) {
+            return Ok((Claim::Existing(snapshot), false));
+        }
+        let epoch = self.invalidations.load(Ordering::SeqCst);
+        let read_at = Instant::now();
+        let (claim, written) = match entry {
+            Some(entry) => self.inner.try_claim_journaled(request, entry).await?,
+            None => (self.inner.try_claim(request).await?, false),
+        };
+        match &claim {
+            Claim::Existing(snapshot) => self.fill(identity, snapshot, read_at, epoch),
+            Claim::Acquired(lease) => self.note_claim(request, lease, epoch),
+        }
+        Ok((claim, written))
+    }
+
     /// Caches the record `completion` just wrote for a new operation this cache saw
     /// claimed (see the [module docs](self)).
     /// Notes a new record's claim, so its completion can fill the cache without a
@@ -370,18 +396,15 @@ fn entry_bytes(record: &Record) -> u64 {
 #[async_trait]
 impl Store for ReplayCache {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        let identity = request.identity.digest();
-        if let Some(snapshot) = self.lookup(identity) {
-            return Ok(Claim::Existing(snapshot));
-        }
-        let epoch = self.invalidations.load(Ordering::SeqCst);
-        let read_at = Instant::now();
-        let claim = self.inner.try_claim(request).await?;
-        match &claim {
-            Claim::Existing(snapshot) => self.fill(identity, snapshot, read_at, epoch),
-            Claim::Acquired(lease) => self.note_claim(request, lease, epoch),
-        }
-        Ok(claim)
+        self.claim(request, None).await.map(|(claim, _)| claim)
+    }
+
+    async fn try_claim_journaled(
+        &self,
+        request: &ClaimRequest,
+        entry: &AuditRecord,
+    ) -> Result<(Claim, bool), StoreError> {
+        self.claim(request, Some(entry)).await
     }
 
     async fn complete(

@@ -106,6 +106,15 @@ impl Store for WithDeadline {
             .await
     }
 
+    async fn try_claim_journaled(
+        &self,
+        request: &ClaimRequest,
+        entry: &AuditRecord,
+    ) -> Result<(Claim, bool), StoreError> {
+        self.bounded("try_claim", self.inner.try_claim_journaled(request, entry))
+            .await
+    }
+
     async fn complete(
         &self,
         lease: &Lease,

@@ -185,8 +185,9 @@ pub(crate) fn chain_triggers(table: &str) -> Vec<String> {
     ]
 }
 
-/// An acquired claim's journal entry, appended by the writer right after the
-/// claim, in its batch (`Store::try_claim_journaled`).
+/// An acquired claim's journal entry, appended by the writer in the claim's
+/// batch (`Store::try_claim_journaled`): the entries of every claim of a
+/// batch in one statement, before its commit.
 #[derive(Debug)]
 pub(crate) struct ClaimJournal {
     names: AuditNames,
@@ -198,17 +199,12 @@ impl ClaimJournal {
         Self { names, entry }
     }
 
-    /// Appends the entry of `lease`'s claim at `now`: one statement.
-    pub(crate) async fn append(
-        self,
-        connection: &mut SqliteConnection,
-        lease: &Lease,
-        now: i64,
-    ) -> Result<(), sqlx::Error> {
-        let entry = self.entry.of_claim(lease.origin, lease.operation_id);
-        append(connection, &self.names, &[entry], now)
-            .await
-            .map(drop)
+    /// The entry of `lease`'s claim.
+    pub(crate) fn of(self, lease: &Lease) -> (AuditNames, AuditRecord) {
+        (
+            self.names,
+            self.entry.of_claim(lease.origin, lease.operation_id),
+        )
     }
 }
 

@@ -38,16 +38,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use idemgate_core::audit::AuditRecord;
 use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::scope::IdentityDigest;
-use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, StoreError};
-use idemgate_sqlx::{ErrorClass, millis};
+use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, Lease, StoreError};
+use idemgate_sqlx::{AUDIT_ROWS_PER_INSERT, ErrorClass, millis};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::audit::{AuditWrite, ClaimJournal};
+use crate::audit::{self, AuditNames, AuditWrite, ClaimJournal};
 use crate::error::{ClaimContended, classify, store_error};
 use crate::sql::{BEGIN_IMMEDIATE, Statements};
 
@@ -84,8 +85,9 @@ pub(crate) enum Op {
         reply: Reply<Option<SqliteRow>>,
     },
     /// The claim: the upsert, and if it changed nothing the record that blocked it.
-    /// With `journal`, an acquired claim's journal entry is appended right
-    /// after it, in the same batch; the answer says whether it was.
+    /// With `journal`, an acquired claim's journal entry is appended in the
+    /// same batch, with every other claim's of the batch, before its commit;
+    /// the answer says whether it was.
     Claim {
         request: ClaimRequest,
         // Boxed: the queue's slots stay small.
@@ -412,7 +414,18 @@ impl From<StoreError> for StepError {
 /// One open batch: its held answers and the clock reading its claims use.
 struct Batch {
     held: Vec<Box<dyn Held>>,
+    /// The acquired claims whose journal entries are appended before the
+    /// batch commits ([`Task::journal_claims`]), their answers held until then.
+    journaled: Vec<JournaledClaim>,
     now: i64,
+}
+
+/// An acquired claim whose journal entry the batch appends.
+struct JournaledClaim {
+    reply: Reply<(Claim, bool)>,
+    lease: Lease,
+    names: AuditNames,
+    entry: AuditRecord,
 }
 
 impl Batch {
@@ -424,6 +437,9 @@ impl Batch {
     fn fail(self, why: &BatchFailed) {
         for held in self.held {
             held.fail(StoreError::unavailable(why.clone()));
+        }
+        for claim in self.journaled {
+            drop(claim.reply.send(Err(StoreError::unavailable(why.clone()))));
         }
     }
 }
@@ -493,6 +509,7 @@ impl Task {
         };
         let mut batch = Batch {
             held: Vec::new(),
+            journaled: Vec::new(),
             now,
         };
         let mut next = Some(first);
@@ -529,6 +546,12 @@ impl Task {
             if count < MAX_BATCH {
                 next = self.next_queued();
             }
+        }
+        if let Err(why) = journal_claims(&mut connection, &mut batch).await {
+            drop(sqlx::query("ROLLBACK").execute(&mut connection).await);
+            drop(connection.close().await);
+            batch.fail(&why);
+            return;
         }
         match sqlx::query("COMMIT").execute(&mut connection).await {
             Ok(_) => {
@@ -603,21 +626,19 @@ impl Task {
                 reply,
             } => {
                 let claim = claim(connection, &self.sql, &request, batch.now).await;
-                let claim = match (claim, journal) {
+                match (claim, journal) {
                     (Ok(Claim::Acquired(lease)), Some(journal)) => {
-                        match journal.append(connection, &lease, batch.now).await {
-                            Ok(()) => Ok((Claim::Acquired(lease), true)),
-                            Err(err) => match StepError::from(err) {
-                                // Its one statement undone: the claim stands, and
-                                // the journal appends the entry on its own.
-                                StepError::Own(_) => Ok((Claim::Acquired(lease), false)),
-                                fails_the_batch => Err(fails_the_batch),
-                            },
-                        }
+                        let (names, entry) = journal.of(&lease);
+                        batch.journaled.push(JournaledClaim {
+                            reply,
+                            lease,
+                            names,
+                            entry,
+                        });
+                        Ok(())
                     }
-                    (claim, _) => claim.map(|claim| (claim, false)),
-                };
-                settle(batch, reply, claim)
+                    (claim, _) => settle(batch, reply, claim.map(|claim| (claim, false))),
+                }
             }
             Op::Evict {
                 identity,
@@ -723,6 +744,40 @@ fn settle<T: Send + 'static>(
     }
     Ok(())
 }
+
+/// Appends the journal entries of the batch's acquired claims, one statement
+/// for all (a batch holds fewer than [`AUDIT_ROWS_PER_INSERT`]), and holds
+/// their answers: written, or — the statement undone whole — not, and the
+/// journal appends them on its own. `Err` when the batch must fail.
+async fn journal_claims(
+    connection: &mut SqliteConnection,
+    batch: &mut Batch,
+) -> Result<(), BatchFailed> {
+    let journaled = std::mem::take(&mut batch.journaled);
+    let Some(first) = journaled.first() else {
+        return Ok(());
+    };
+    let entries: Vec<AuditRecord> = journaled.iter().map(|claim| claim.entry.clone()).collect();
+    let written = match audit::append(connection, &first.names, &entries, batch.now).await {
+        Ok(_) => true,
+        Err(err) => match StepError::from(err) {
+            StepError::Own(_) => false,
+            StepError::Batch(err) => {
+                let why = BatchFailed(err.to_string());
+                for claim in journaled {
+                    drop(claim.reply.send(Err(StoreError::unavailable(why.clone()))));
+                }
+                return Err(why);
+            }
+        },
+    };
+    for claim in journaled {
+        batch.hold(claim.reply, Ok((Claim::Acquired(claim.lease), written)));
+    }
+    Ok(())
+}
+
+const _: () = assert!(MAX_BATCH <= AUDIT_ROWS_PER_INSERT);
 
 /// `BEGIN IMMEDIATE` (the write lock, waiting up to the busy timeout for other
 /// processes) and the clock read under it.

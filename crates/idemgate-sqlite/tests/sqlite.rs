@@ -1111,48 +1111,133 @@ async fn one_transaction_layer_journals_inside_its_transaction() {
     );
 }
 
+/// Concurrent claims that share a writer batch share one append of their
+/// entries: each entry is written once, with its claim, and the chain holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_share_their_batchs_append() {
+    use idemgate::audit::{AuditEvent, AuditPartition, AuditQuery, Verifier};
+    use idemgate::journal::{JournalConfig, Journaled};
+
+    const CLAIMS: usize = 32;
+    let db = TempDb::new();
+    let store = db.store(2).await;
+    let secret = store.audit_secret().await.expect("secret");
+    let journaled = Arc::new(Journaled::new(
+        Arc::new(store.clone()),
+        JournalConfig {
+            instance: "journal-test".into(),
+            secret,
+        },
+    ));
+    let commits = store.writer_stats().commits;
+    let start = Arc::new(tokio::sync::Barrier::new(CLAIMS));
+    let claims: Vec<_> = (0..CLAIMS)
+        .map(|_| {
+            let (journaled, start) = (Arc::clone(&journaled), Arc::clone(&start));
+            tokio::spawn(async move {
+                start.wait().await;
+                match journaled.try_claim(&fresh_request()).await.expect("claim") {
+                    Claim::Acquired(lease) => lease.operation_id.to_string(),
+                    Claim::Existing(_) => panic!("every key is new"),
+                }
+            })
+        })
+        .collect();
+    let mut operations = Vec::new();
+    for claim in claims {
+        operations.push(claim.await.expect("task"));
+    }
+    let batches = store.writer_stats().commits - commits;
+    assert!(
+        batches < CLAIMS as u64,
+        "the claims shared batches: {batches}"
+    );
+    journaled.flush().await;
+    assert_eq!(
+        store.writer_stats().commits - commits,
+        batches,
+        "nothing was left for the journal's own writer"
+    );
+    let entries = store
+        .read_audit(&AuditQuery::all(CLAIMS * 2))
+        .await
+        .expect("read");
+    let mut journalled: Vec<String> = entries
+        .iter()
+        .map(|entry| {
+            assert_eq!(entry.record.event(), AuditEvent::Claimed);
+            entry.record.operation_id.clone().expect("an operation")
+        })
+        .collect();
+    journalled.sort();
+    operations.sort();
+    assert_eq!(journalled, operations, "each claim's entry, once");
+    let partitions: Vec<AuditPartition> = store.audit_partitions().await.expect("partitions");
+    let mut verifier = Verifier::new(&partitions);
+    for entry in &entries {
+        verifier.push(entry).unwrap_or_else(|e| panic!("{e}"));
+    }
+    verifier.finish().expect("the chain verifies");
+}
 /// With the journal on, a claim's `claimed` entry is appended in the claim's
 /// own batch: one commit for both, the entry in the journal when the claim
 /// returns, and none left for the journal's own writer to append.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claims_entry_commits_in_the_claims_batch() {
     use idemgate::audit::{AuditEvent, AuditQuery};
+    use idemgate::cache::{ReplayCache, ReplayCacheConfig};
+    use idemgate::deadline::WithDeadline;
     use idemgate::journal::{JournalConfig, Journaled};
 
-    let db = TempDb::new();
-    let store = db.store(2).await;
-    let secret = store.audit_secret().await.expect("secret");
-    let journaled = Journaled::new(
-        Arc::new(store.clone()),
-        JournalConfig {
-            instance: "journal-test".into(),
-            secret,
-        },
-    );
-    let commits = store.writer_stats().commits;
-    let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.expect("claim") else {
-        panic!("a new key is acquired");
-    };
-    assert_eq!(
-        store.writer_stats().commits - commits,
-        1,
-        "the claim and its entry in one commit"
-    );
-    let entries = store.read_audit(&AuditQuery::all(10)).await.expect("read");
-    assert_eq!(entries.len(), 1);
-    assert_eq!(entries[0].record.event(), AuditEvent::Claimed);
-    assert_eq!(
-        entries[0].record.operation_id.as_deref(),
-        Some(lease.operation_id.to_string().as_str())
-    );
-    journaled.flush().await;
-    assert_eq!(
-        store
-            .read_audit(&AuditQuery::all(10))
-            .await
-            .expect("read")
-            .len(),
-        1,
-        "written once"
-    );
+    // The store alone, and behind the wrappers the server puts between the
+    // journal and the store: each passes the entry on to the claim.
+    type Stack = fn(Arc<dyn Store>) -> Arc<dyn Store>;
+    let stacks: [(&str, Stack); 3] = [
+        ("the store", |store| store),
+        ("the replay cache", |store| {
+            Arc::new(ReplayCache::new(store, ReplayCacheConfig::default()))
+        }),
+        ("a deadline", |store| {
+            Arc::new(WithDeadline::new(store, Duration::from_secs(5)))
+        }),
+    ];
+    for (stack, wrap) in stacks {
+        let db = TempDb::new();
+        let store = db.store(2).await;
+        let secret = store.audit_secret().await.expect("secret");
+        let journaled = Journaled::new(
+            wrap(Arc::new(store.clone())),
+            JournalConfig {
+                instance: "journal-test".into(),
+                secret,
+            },
+        );
+        let commits = store.writer_stats().commits;
+        let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.expect("claim")
+        else {
+            panic!("a new key is acquired");
+        };
+        assert_eq!(
+            store.writer_stats().commits - commits,
+            1,
+            "through {stack}: the claim and its entry in one commit"
+        );
+        let entries = store.read_audit(&AuditQuery::all(10)).await.expect("read");
+        assert_eq!(entries.len(), 1, "through {stack}");
+        assert_eq!(entries[0].record.event(), AuditEvent::Claimed);
+        assert_eq!(
+            entries[0].record.operation_id.as_deref(),
+            Some(lease.operation_id.to_string().as_str())
+        );
+        journaled.flush().await;
+        assert_eq!(
+            store
+                .read_audit(&AuditQuery::all(10))
+                .await
+                .expect("read")
+                .len(),
+            1,
+            "through {stack}: written once"
+        );
+    }
 }
