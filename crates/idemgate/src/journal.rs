@@ -403,51 +403,100 @@ impl Journaled {
     }
 }
 
+/// How long the writer gathers a batch that nothing waits on before it
+/// appends it: replays and rejections come at tens of thousands a second, and
+/// each append is a commit (on SQLite, a few pages of its write-ahead log);
+/// batches of a few milliseconds' entries make those commits rare. A claim's
+/// entry or a flush ends the gathering at once: they are waited on.
+const LINGER: Duration = Duration::from_millis(5);
+
 /// The writer task: batches of whatever is queued, appended in one call each.
 async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
-    let mut batch: Vec<AuditRecord> = Vec::with_capacity(BATCH);
-    // The runs' first entries in `batch`: their transactions may be waiting.
-    let mut claims: Vec<Arc<ClaimEntry>> = Vec::new();
-    let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut batch = Batch::default();
     while let Some(first) = queue.recv().await {
-        let mut oldest = None;
-        let mut take = |message: Message, batch: &mut Vec<AuditRecord>| match message {
+        batch.take(first);
+        batch.take_ready(&mut queue);
+        let until = tokio::time::Instant::now() + LINGER;
+        while !batch.is_full() && !batch.is_awaited() {
+            match tokio::time::timeout_at(until, queue.recv()).await {
+                Ok(Some(message)) => {
+                    batch.take(message);
+                    batch.take_ready(&mut queue);
+                }
+                // Closed (the last entries are appended below) or gathered long enough.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        batch.append(store.as_ref()).await;
+    }
+}
+
+/// The entries the writer gathers for one append, and who waits on it.
+#[derive(Default)]
+struct Batch {
+    records: Vec<AuditRecord>,
+    /// The runs' first entries in `records`: their claims (and, should the
+    /// wait run out, their transactions) wait for them.
+    claims: Vec<Arc<ClaimEntry>>,
+    flushes: Vec<oneshot::Sender<()>>,
+    /// When the oldest entry was queued: the journal's lag.
+    oldest: Option<Instant>,
+}
+
+impl Batch {
+    fn take(&mut self, message: Message) {
+        match message {
             Message::Entry(queued) => {
-                oldest.get_or_insert(queued.at);
-                let Queued { record, claim, .. } = *queued;
+                let Queued { record, at, claim } = *queued;
                 match claim {
-                    None => batch.push(record),
-                    Some(claim) if claim.take(ClaimEntry::WRITER) => {
-                        batch.push(record);
-                        claims.push(claim);
-                    }
-                    Some(_) => {
+                    Some(claim) if !claim.take(ClaimEntry::WRITER) => {
                         // A run's first entry its transaction took: not written here.
                         metrics::gauge!("idemgate_audit_queue").decrement(1.0);
+                        return;
                     }
+                    Some(claim) => self.claims.push(claim),
+                    None => {}
                 }
+                self.oldest.get_or_insert(at);
+                self.records.push(record);
             }
-            Message::Flush(done) => flushes.push(done),
-        };
-        take(first, &mut batch);
-        while batch.len() < BATCH {
+            Message::Flush(done) => self.flushes.push(done),
+        }
+    }
+
+    /// Takes what is queued already, up to a full batch.
+    fn take_ready(&mut self, queue: &mut mpsc::Receiver<Message>) {
+        while !self.is_full() {
             match queue.try_recv() {
-                Ok(message) => take(message, &mut batch),
+                Ok(message) => self.take(message),
                 Err(_) => break,
             }
         }
-        if !batch.is_empty() {
-            metrics::gauge!("idemgate_audit_queue").decrement(batch.len() as f64);
-            append(store.as_ref(), &batch).await;
-            for claim in claims.drain(..) {
+    }
+
+    fn is_full(&self) -> bool {
+        self.records.len() >= BATCH
+    }
+
+    /// A claim or a flush waits on it: appended without gathering more.
+    fn is_awaited(&self) -> bool {
+        !self.claims.is_empty() || !self.flushes.is_empty()
+    }
+
+    /// Appends the entries and tells whoever waits; empties the batch.
+    async fn append(&mut self, store: &dyn Store) {
+        if !self.records.is_empty() {
+            metrics::gauge!("idemgate_audit_queue").decrement(self.records.len() as f64);
+            append(store, &self.records).await;
+            for claim in self.claims.drain(..) {
                 claim.appended();
             }
-            if let Some(oldest) = oldest {
+            if let Some(oldest) = self.oldest.take() {
                 metrics::gauge!("idemgate_audit_lag_seconds").set(oldest.elapsed().as_secs_f64());
             }
-            batch.clear();
+            self.records.clear();
         }
-        for done in flushes.drain(..) {
+        for done in self.flushes.drain(..) {
             let _ = done.send(());
         }
     }
