@@ -82,7 +82,8 @@ struct Inner {
 impl SqliteStore {
     /// The connect options this crate recommends for `path`: create the file if
     /// missing, WAL journal, `synchronous = FULL` (a completed record survives a power
-    /// loss), a [`DEFAULT_BUSY_TIMEOUT`] busy timeout, foreign keys on. Adjust and pass
+    /// loss), a [`DEFAULT_BUSY_TIMEOUT`] busy timeout, foreign keys on, temporary
+    /// data (statement journals) in memory. Adjust and pass
     /// to a pool of your own, then [`SqliteStore::new`].
     ///
     /// ```
@@ -98,6 +99,11 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(DEFAULT_BUSY_TIMEOUT)
             .foreign_keys(true)
+            // A statement that may fail halfway inside the writer's batch (a
+            // multi-row journal append, its chain trigger) first copies each
+            // page it changes into a statement journal; in memory that copy
+            // is not two more writes to a temporary file per page.
+            .pragma("temp_store", "memory")
     }
 
     /// Opens (or creates) the database file at `path` with
