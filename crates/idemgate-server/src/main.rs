@@ -7,6 +7,9 @@ use clap::Parser;
 use idemgate_server::cli::{Cli, Command};
 use idemgate_server::cmd;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match Cli::parse().command {
