@@ -110,10 +110,10 @@ impl SqlStore for PostgresStore {
     /// this append on.
     async fn append_audit_in(
         &self,
-        connection: &mut PgConnection,
+        transaction: &mut Self::Transaction,
         records: &[AuditRecord],
     ) -> Result<(), StoreError> {
-        self.append_audit_on(connection, records).await
+        self.append_audit_on(transaction, records).await
     }
 
     fn signals(&self) -> &ChangeSignals {

@@ -39,7 +39,9 @@
 //! `unixepoch('subsec')`, inside its statements (for a claim: once, after taking the
 //! write lock), in whole milliseconds. That is the clock of the machine the file is
 //! on: a WAL database is only shared by processes on one machine (not over a network
-//! filesystem), so all instances agree.
+//! filesystem), so all instances agree. Where a statement would cost the writer a
+//! hop of its own (after a transactional turn), the
+//! store reads the same clock in the process.
 //!
 //! # Schema
 //!

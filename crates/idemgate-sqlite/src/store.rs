@@ -356,20 +356,9 @@ impl SqliteStore {
         Ok(applied(done.rows_affected()))
     }
 
-    /// Journal entries appended on `connection` (a transactional turn), without
-    /// committing: an error rolls the turn back whole. Their time is read in
-    /// the process, not by a statement: SQLite's clock is this process's
-    /// clock, and a statement would hold the writer for one more hop.
-    pub(crate) async fn append_audit_on(
-        &self,
-        connection: &mut SqliteConnection,
-        records: &[AuditRecord],
-    ) -> Result<(), StoreError> {
-        let now = Timestamp::now().as_millis();
-        audit::append(connection, &self.inner.audit, records, now)
-            .await
-            .map(drop)
-            .map_err(store_error)
+    /// The journal's tables, for a turn's entries (`crate::Tx`).
+    pub(crate) fn audit_names(&self) -> &AuditNames {
+        &self.inner.audit
     }
 
     /// A transactional turn on the writer's connection (for [`crate::Tx`]).

@@ -87,12 +87,17 @@ impl SqlStore for SqliteStore {
         self.complete_on(connection, lease, completion).await
     }
 
+    /// Handed to the writer with the turn: it appends them with the rest of
+    /// its batch's entries, in one statement before the batch's commit —
+    /// so they commit exactly when the turn's writes do, and the turn holds
+    /// the writer for one statement less.
     async fn append_audit_in(
         &self,
-        connection: &mut SqliteConnection,
+        transaction: &mut WriterTransaction,
         records: &[AuditRecord],
     ) -> Result<(), StoreError> {
-        self.append_audit_on(connection, records).await
+        transaction.journal(self.audit_names(), records);
+        Ok(())
     }
 
     fn signals(&self) -> &ChangeSignals {

@@ -42,6 +42,7 @@ use idemgate_core::audit::AuditRecord;
 use idemgate_core::fingerprint::FieldDigests;
 use idemgate_core::record::{OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::scope::IdentityDigest;
+use idemgate_core::time::Timestamp;
 use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, Lease, StoreError};
 use idemgate_sqlx::{AUDIT_ROWS_PER_INSERT, ErrorClass, millis};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -196,13 +197,25 @@ pub struct WriterTransaction {
     back: Option<oneshot::Sender<Returned>>,
     /// The batch's commit, for a turn whose writes were kept.
     committed: oneshot::Receiver<Result<(), StoreError>>,
+    /// The turn's journal entries ([`WriterTransaction::journal`]).
+    journal: TurnJournal,
+}
+
+/// A turn's journal entries, appended by the writer before the batch commits
+/// if the turn's writes are kept.
+#[derive(Default)]
+struct TurnJournal {
+    names: Option<AuditNames>,
+    entries: Vec<AuditRecord>,
 }
 
 /// A lent connection on its way back to the writer.
 struct Returned {
     connection: SqliteConnection,
-    /// Keep the turn's writes (release its savepoint) or roll them back.
+    /// Keep the turn's writes (release its savepoint) and its journal
+    /// entries, or roll them back.
     keep: bool,
+    journal: TurnJournal,
 }
 
 impl WriterTransaction {
@@ -215,7 +228,16 @@ impl WriterTransaction {
             connection: Some(connection),
             back: Some(back),
             committed,
+            journal: TurnJournal::default(),
         }
+    }
+
+    /// Journals `records` with the turn: the writer appends them, with the
+    /// rest of its batch's entries, before the batch's commit, if the turn's
+    /// writes are kept — they commit exactly when those writes do.
+    pub(crate) fn journal(&mut self, names: &AuditNames, records: &[AuditRecord]) {
+        self.journal.names.get_or_insert_with(|| names.clone());
+        self.journal.entries.extend_from_slice(records);
     }
 
     /// Hands the connection back with the turn's writes kept (its savepoint
@@ -241,7 +263,13 @@ impl WriterTransaction {
     /// waiting for it (the connection then closes, rolling everything back).
     fn give_back(&mut self, keep: bool) -> bool {
         match (self.connection.take(), self.back.take()) {
-            (Some(connection), Some(back)) => back.send(Returned { connection, keep }).is_ok(),
+            (Some(connection), Some(back)) => back
+                .send(Returned {
+                    connection,
+                    keep,
+                    journal: std::mem::take(&mut self.journal),
+                })
+                .is_ok(),
             _ => false,
         }
     }
@@ -414,18 +442,39 @@ impl From<StoreError> for StepError {
 /// One open batch: its held answers and the clock reading its claims use.
 struct Batch {
     held: Vec<Box<dyn Held>>,
-    /// The acquired claims whose journal entries are appended before the
-    /// batch commits ([`Task::journal_claims`]), their answers held until then.
-    journaled: Vec<JournaledClaim>,
+    /// The journal entries of its claims and turns, appended before it
+    /// commits ([`append_journal`]).
+    journal: BatchJournal,
     now: i64,
 }
 
-/// An acquired claim whose journal entry the batch appends.
-struct JournaledClaim {
-    reply: Reply<(Claim, bool)>,
-    lease: Lease,
-    names: AuditNames,
-    entry: AuditRecord,
+/// The journal entries a batch appends before its commit, in one statement:
+/// its acquired claims' (their answers held until then) and its kept turns'.
+#[derive(Default)]
+struct BatchJournal {
+    names: Option<AuditNames>,
+    entries: Vec<AuditRecord>,
+    claims: Vec<(Reply<(Claim, bool)>, Lease)>,
+    /// Whether a turn's entries are among them: those must commit with the
+    /// turn's writes, so an append that fails fails the batch.
+    of_turns: bool,
+}
+
+impl BatchJournal {
+    fn claimed(&mut self, reply: Reply<(Claim, bool)>, lease: Lease, journal: ClaimJournal) {
+        let (names, entry) = journal.of(&lease);
+        self.names.get_or_insert(names);
+        self.entries.push(entry);
+        self.claims.push((reply, lease));
+    }
+
+    fn turn(&mut self, journal: TurnJournal) {
+        if let Some(names) = journal.names {
+            self.names.get_or_insert(names);
+            self.entries.extend(journal.entries);
+            self.of_turns = true;
+        }
+    }
 }
 
 impl Batch {
@@ -438,8 +487,8 @@ impl Batch {
         for held in self.held {
             held.fail(StoreError::unavailable(why.clone()));
         }
-        for claim in self.journaled {
-            drop(claim.reply.send(Err(StoreError::unavailable(why.clone()))));
+        for (reply, _) in self.journal.claims {
+            drop(reply.send(Err(StoreError::unavailable(why.clone()))));
         }
     }
 }
@@ -509,7 +558,7 @@ impl Task {
         };
         let mut batch = Batch {
             held: Vec::new(),
-            journaled: Vec::new(),
+            journal: BatchJournal::default(),
             now,
         };
         let mut next = Some(first);
@@ -547,7 +596,7 @@ impl Task {
                 next = self.next_queued();
             }
         }
-        if let Err(why) = journal_claims(&mut connection, &mut batch).await {
+        if let Err(why) = append_journal(&mut connection, &mut batch).await {
             drop(sqlx::query("ROLLBACK").execute(&mut connection).await);
             drop(connection.close().await);
             batch.fail(&why);
@@ -628,13 +677,7 @@ impl Task {
                 let claim = claim(connection, &self.sql, &request, batch.now).await;
                 match (claim, journal) {
                     (Ok(Claim::Acquired(lease)), Some(journal)) => {
-                        let (names, entry) = journal.of(&lease);
-                        batch.journaled.push(JournaledClaim {
-                            reply,
-                            lease,
-                            names,
-                            entry,
-                        });
+                        batch.journal.claimed(reply, lease, *journal);
                         Ok(())
                     }
                     (claim, _) => settle(batch, reply, claim.map(|claim| (claim, false))),
@@ -682,9 +725,14 @@ impl Task {
         // which hands the connection back (rolled back) all the same.
         drop(lend.send(Ok(WriterTransaction::new(connection, back, commit_answer))));
         match tokio::time::timeout(self.patience, returned).await {
-            Ok(Ok(Returned { connection, keep })) => {
+            Ok(Ok(Returned {
+                connection,
+                keep,
+                journal,
+            })) => {
                 let connection = self.take_back(connection, keep, batch).await?;
                 if keep {
+                    batch.journal.turn(journal);
                     batch.hold(committed, Ok(()));
                 }
                 Ok(connection)
@@ -697,7 +745,9 @@ impl Task {
     }
 
     /// Ends a turn's savepoint (`keep`: its writes stay in the batch) and reads
-    /// the clock again, since the handler took its time.
+    /// the clock again, since the handler took its time: in the process, not
+    /// by a statement (SQLite's clock is the machine's, [the crate docs](crate)),
+    /// so a turn holds the writer for one hop less.
     async fn take_back(
         &self,
         mut connection: SqliteConnection,
@@ -708,13 +758,12 @@ impl Task {
             if !keep {
                 savepoint(&mut connection, "ROLLBACK TO").await?;
             }
-            savepoint(&mut connection, "RELEASE").await?;
-            now(&mut connection, &self.sql).await
+            savepoint(&mut connection, "RELEASE").await
         }
         .await;
         match ended {
-            Ok(now) => {
-                batch.now = now;
+            Ok(_) => {
+                batch.now = batch.now.max(Timestamp::now().as_millis());
                 Ok(connection)
             }
             Err(err) => {
@@ -745,39 +794,48 @@ fn settle<T: Send + 'static>(
     Ok(())
 }
 
-/// Appends the journal entries of the batch's acquired claims, one statement
-/// for all (a batch holds fewer than [`AUDIT_ROWS_PER_INSERT`]), and holds
-/// their answers: written, or — the statement undone whole — not, and the
-/// journal appends them on its own. `Err` when the batch must fail.
-async fn journal_claims(
+/// Appends the journal entries of the batch's claims and kept turns, one
+/// statement for all (a batch's fewer than [`AUDIT_ROWS_PER_INSERT`]: one per
+/// claim, at most two per turn), and holds the claims' answers: written, or
+/// — the statement undone whole — not, and the journal appends them on its
+/// own. `Err` when the batch must fail: the store failed it, or the entries
+/// of a turn could not be written with it.
+async fn append_journal(
     connection: &mut SqliteConnection,
     batch: &mut Batch,
 ) -> Result<(), BatchFailed> {
-    let journaled = std::mem::take(&mut batch.journaled);
-    let Some(first) = journaled.first() else {
+    let BatchJournal {
+        names,
+        entries,
+        claims,
+        of_turns,
+    } = std::mem::take(&mut batch.journal);
+    let Some(names) = names else {
         return Ok(());
     };
-    let entries: Vec<AuditRecord> = journaled.iter().map(|claim| claim.entry.clone()).collect();
-    let written = match audit::append(connection, &first.names, &entries, batch.now).await {
+    let failed = |err: &dyn std::fmt::Display, claims: Vec<(Reply<(Claim, bool)>, Lease)>| {
+        let why = BatchFailed(err.to_string());
+        for (reply, _) in claims {
+            drop(reply.send(Err(StoreError::unavailable(why.clone()))));
+        }
+        why
+    };
+    let written = match audit::append(connection, &names, &entries, batch.now).await {
         Ok(_) => true,
         Err(err) => match StepError::from(err) {
-            StepError::Own(_) => false,
-            StepError::Batch(err) => {
-                let why = BatchFailed(err.to_string());
-                for claim in journaled {
-                    drop(claim.reply.send(Err(StoreError::unavailable(why.clone()))));
-                }
-                return Err(why);
-            }
+            // Only claims' entries, undone: the journal appends them itself.
+            StepError::Own(_) if !of_turns => false,
+            StepError::Own(err) => return Err(failed(&err, claims)),
+            StepError::Batch(err) => return Err(failed(&err, claims)),
         },
     };
-    for claim in journaled {
-        batch.hold(claim.reply, Ok((Claim::Acquired(claim.lease), written)));
+    for (reply, lease) in claims {
+        batch.hold(reply, Ok((Claim::Acquired(lease), written)));
     }
     Ok(())
 }
 
-const _: () = assert!(MAX_BATCH <= AUDIT_ROWS_PER_INSERT);
+const _: () = assert!(2 * MAX_BATCH <= AUDIT_ROWS_PER_INSERT);
 
 /// `BEGIN IMMEDIATE` (the write lock, waiting up to the busy timeout for other
 /// processes) and the clock read under it.

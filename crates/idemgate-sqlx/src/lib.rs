@@ -132,11 +132,12 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
         completion: &Completion,
     ) -> Result<FencedWrite, StoreError>;
 
-    /// Appends `records` to the store's journal on `connection` (the business
-    /// transaction), without committing: they commit or roll back with it.
+    /// Appends `records` to the store's journal in `transaction` (the
+    /// business transaction), without committing: they commit or roll back
+    /// with it. A store may write them then or with the commit.
     async fn append_audit_in(
         &self,
-        connection: &mut <Self::Database as Database>::Connection,
+        transaction: &mut Self::Transaction,
         records: &[AuditRecord],
     ) -> Result<(), StoreError>;
 

@@ -237,7 +237,7 @@ impl<S: SqlStore> PendingTransaction for Pending<S> {
             .complete_in(&mut *transaction, lease, completion)
             .await?;
         if write == FencedWrite::Applied && !journal.is_empty() {
-            store.append_audit_in(&mut *transaction, journal).await?;
+            store.append_audit_in(&mut transaction, journal).await?;
         }
         if write == FencedWrite::Refused {
             // The record moved on: the business writes go with the refused result.
