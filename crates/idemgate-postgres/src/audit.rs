@@ -21,10 +21,9 @@ use idemgate_core::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, ChainHash, ExpiredRecord, ExpiryJournal,
 };
 use idemgate_sqlx::{
-    AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
-    decode_audit_partition, push_audit_rows,
+    AUDIT_COLUMNS, AuditColumns, chain_hash_of, decode_audit_entry, decode_audit_partition,
 };
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, QueryBuilder, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
 use crate::error::store_error;
 use crate::sql::{Names, quote};
@@ -159,35 +158,118 @@ pub(crate) async fn append_on(
         rows.push(columns);
         *head = hash;
     }
-    let mut rows = rows.into_iter().peekable();
-    // The heads move in the first `INSERT`'s statement, as its `WITH`.
-    let mut moves = Some(heads);
-    while rows.peek().is_some() {
-        let mut statement = QueryBuilder::<Postgres>::new("");
-        if let Some(moves) = moves.take() {
-            statement.push("WITH ");
-            for (at, (instance, head)) in moves.into_iter().enumerate() {
-                if at > 0 {
-                    statement.push(", ");
-                }
-                statement.push(format!(
-                    "moved{at} AS (UPDATE {} SET head = ",
-                    names.partitions
-                ));
-                statement.push_bind(head.as_bytes().to_vec());
-                statement.push(" WHERE instance = ");
-                statement.push_bind(instance.to_owned());
-                statement.push(") ");
-            }
-        }
-        push_audit_rows(
-            &mut statement,
-            &names.entries,
-            rows.by_ref().take(AUDIT_ROWS_PER_INSERT),
-        );
-        statement.build().execute(&mut *connection).await?;
+    insert(connection, names, heads, rows).await
+}
+
+/// Inserts `rows` in their order and moves each partition to its new head,
+/// in one statement whose text is the same for every batch: the columns go
+/// as arrays, read back with `UNNEST`, so PostgreSQL parses and plans it once
+/// per connection, not once per batch size.
+async fn insert(
+    connection: &mut PgConnection,
+    names: &AuditNames,
+    heads: Vec<(&str, ChainHash)>,
+    rows: Vec<AuditColumns>,
+) -> Result<(), sqlx::Error> {
+    let (instances, moved_to): (Vec<String>, Vec<Vec<u8>>) = heads
+        .into_iter()
+        .map(|(instance, head)| (instance.to_owned(), head.as_bytes().to_vec()))
+        .unzip();
+    let mut columns = Columns::with_capacity(rows.len());
+    for row in rows {
+        columns.push(row);
     }
-    Ok(())
+    sqlx::query(AssertSqlSafe(format!(
+        "WITH moved AS ( \
+             UPDATE {partitions} AS p SET head = m.head \
+             FROM UNNEST($1::text[], $2::bytea[]) AS m(instance, head) \
+             WHERE p.instance = m.instance) \
+         INSERT INTO {entries} ({AUDIT_COLUMNS_WRITTEN}) \
+         SELECT {AUDIT_COLUMNS_WRITTEN} FROM UNNEST( \
+             $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
+             $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::text[], \
+             $14::bytea[], $15::bytea[]) \
+             WITH ORDINALITY AS r({AUDIT_COLUMNS_WRITTEN}, position) \
+         ORDER BY position",
+        partitions = names.partitions,
+        entries = names.entries,
+    )))
+    .bind(instances)
+    .bind(moved_to)
+    .bind(columns.at_ms)
+    .bind(columns.event)
+    .bind(columns.operation_id)
+    .bind(columns.method)
+    .bind(columns.route)
+    .bind(columns.principal)
+    .bind(columns.key_digest)
+    .bind(columns.fingerprint)
+    .bind(columns.status)
+    .bind(columns.duration_ms)
+    .bind(columns.instance)
+    .bind(columns.prev)
+    .bind(columns.hash)
+    .execute(connection)
+    .await
+    .map(drop)
+}
+
+/// The entries' columns written, in the order of [`insert`]'s arrays.
+const AUDIT_COLUMNS_WRITTEN: &str = "at_ms, event, operation_id, method, route, principal, \
+    key_digest, fingerprint, status, duration_ms, instance, prev, hash";
+
+/// [`AuditColumns`] of many rows, as one array per column.
+#[derive(Default)]
+struct Columns {
+    at_ms: Vec<i64>,
+    event: Vec<&'static str>,
+    operation_id: Vec<Option<String>>,
+    method: Vec<String>,
+    route: Vec<String>,
+    principal: Vec<String>,
+    key_digest: Vec<String>,
+    fingerprint: Vec<Option<String>>,
+    status: Vec<Option<i64>>,
+    duration_ms: Vec<Option<i64>>,
+    instance: Vec<String>,
+    prev: Vec<Vec<u8>>,
+    hash: Vec<Vec<u8>>,
+}
+
+impl Columns {
+    fn with_capacity(rows: usize) -> Self {
+        Self {
+            at_ms: Vec::with_capacity(rows),
+            event: Vec::with_capacity(rows),
+            operation_id: Vec::with_capacity(rows),
+            method: Vec::with_capacity(rows),
+            route: Vec::with_capacity(rows),
+            principal: Vec::with_capacity(rows),
+            key_digest: Vec::with_capacity(rows),
+            fingerprint: Vec::with_capacity(rows),
+            status: Vec::with_capacity(rows),
+            duration_ms: Vec::with_capacity(rows),
+            instance: Vec::with_capacity(rows),
+            prev: Vec::with_capacity(rows),
+            hash: Vec::with_capacity(rows),
+        }
+    }
+
+    fn push(&mut self, row: AuditColumns) {
+        self.at_ms.push(row.at_ms);
+        self.event.push(row.event);
+        self.operation_id.push(row.operation_id);
+        self.method.push(row.method);
+        self.route.push(row.route);
+        self.principal.push(row.principal);
+        self.key_digest.push(row.key_digest);
+        self.fingerprint.push(row.fingerprint);
+        self.status.push(row.status);
+        self.duration_ms.push(row.duration_ms);
+        self.instance.push(row.instance);
+        self.prev.push(row.prev);
+        self.hash.push(row.hash);
+    }
 }
 
 /// `Store::append_audit`: [`append_on`] in a transaction of its own.

@@ -8,7 +8,9 @@
 //! partition row `instance`, `head` and `anchor`.
 
 use idemgate_core::StoreError;
-use idemgate_core::audit::{AuditEntry, AuditEvent, AuditPartition, AuditRecord, ChainHash};
+use idemgate_core::audit::{
+    AuditEntry, AuditEvent, AuditPartition, AuditRecord, ChainHash, chain_hash,
+};
 use idemgate_core::time::Timestamp;
 use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
@@ -145,7 +147,7 @@ impl AuditColumns {
     /// `record` written at `at_ms`, linked after `prev`: its columns and its
     /// hash, which is the partition's next `prev`.
     pub fn seal(record: &AuditRecord, at_ms: i64, prev: ChainHash) -> (Self, ChainHash) {
-        let entry = AuditEntry::seal(0, Timestamp::from_millis(at_ms), record.clone(), prev);
+        let hash = chain_hash(&prev, Timestamp::from_millis(at_ms), record);
         let columns = Self {
             at_ms,
             event: record.event().as_str(),
@@ -161,21 +163,22 @@ impl AuditColumns {
                 .map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
             instance: record.instance.clone(),
             prev: prev.as_bytes().to_vec(),
-            hash: entry.hash.as_bytes().to_vec(),
+            hash: hash.as_bytes().to_vec(),
         };
-        (columns, entry.hash)
+        (columns, hash)
     }
 }
 
 /// At most this many entries per `INSERT` of [`push_audit_rows`]: 13 bound
-/// parameters each stays under SQLite's 32,766 and PostgreSQL's 65,535.
+/// parameters each stays under SQLite's 32,766.
 pub const AUDIT_ROWS_PER_INSERT: usize = 1024;
 
 /// One multi-row `INSERT` of `rows` into `table` (at most
 /// [`AUDIT_ROWS_PER_INSERT`]), in their order — so the store's `seq` follows
 /// the chain — pushed onto `builder` (after a `WITH` clause of the caller's,
 /// say). One statement per batch, not one per entry: on SQLite every statement
-/// is a trip to sqlx's worker thread, on PostgreSQL a round trip.
+/// is a trip to sqlx's worker thread. (PostgreSQL binds one array per column
+/// instead, so that one statement text serves every batch size.)
 pub fn push_audit_rows<DB>(
     builder: &mut QueryBuilder<DB>,
     table: &str,
