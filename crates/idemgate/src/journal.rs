@@ -270,7 +270,6 @@ impl Journaled {
     }
 
     fn enqueue(&self, record: AuditRecord, claim: Option<Arc<ClaimEntry>>) {
-        metrics::gauge!("idemgate_audit_queue").increment(1.0);
         let queued = Queued {
             record,
             at: Instant::now(),
@@ -281,7 +280,6 @@ impl Journaled {
             .try_send(Message::Entry(Box::new(queued)))
             .is_err()
         {
-            metrics::gauge!("idemgate_audit_queue").decrement(1.0);
             metrics::counter!("idemgate_audit_dropped_total").increment(1);
             if let Some(claim) = claim {
                 // Dropped: nothing to wait for.
@@ -427,6 +425,9 @@ async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
                 Ok(None) | Err(_) => break,
             }
         }
+        // What waits behind this batch: read here, not counted per entry on
+        // the request path.
+        metrics::gauge!("idemgate_audit_queue").set(queue.len() as f64);
         batch.append(store.as_ref()).await;
     }
 }
@@ -451,7 +452,6 @@ impl Batch {
                 match claim {
                     Some(claim) if !claim.take(ClaimEntry::WRITER) => {
                         // A run's first entry its transaction took: not written here.
-                        metrics::gauge!("idemgate_audit_queue").decrement(1.0);
                         return;
                     }
                     Some(claim) => self.claims.push(claim),
@@ -486,7 +486,6 @@ impl Batch {
     /// Appends the entries and tells whoever waits; empties the batch.
     async fn append(&mut self, store: &dyn Store) {
         if !self.records.is_empty() {
-            metrics::gauge!("idemgate_audit_queue").decrement(self.records.len() as f64);
             append(store, &self.records).await;
             for claim in self.claims.drain(..) {
                 claim.appended();
