@@ -7,7 +7,7 @@
 //! - `<prefix>{<prefix>audit}:stream:<instance>`: one stream per partition
 //!   (instance), its entries' IDs `0-<seq>`, so a stream is in `seq` order and
 //!   `XRANGE` pages by `seq`;
-//! - `…:seq`: the counter `seq` comes from (`INCR`), shared by the partitions;
+//! - `…:seq`: the counter `seq` comes from (`INCRBY`, once per append), shared by the partitions;
 //! - `…:heads` and `…:anchors`: hashes of each partition's head and anchor (hex);
 //! - `…:secret`: the key digest's secret, set once (`SET NX`).
 //!
@@ -64,12 +64,15 @@ for p = 1, n do
   i = i + 3
 end
 local m = tonumber(ARGV[i]); i = i + 1
+local seq = redis.call('INCRBY', KEYS[2], m) - m
+local args = { 'XADD' }
 for e = 1, m do
-  local stream = KEYS[2 + tonumber(ARGV[i])]
+  seq = seq + 1
+  args[2] = KEYS[2 + tonumber(ARGV[i])]
+  args[3] = '0-' .. string.format('%.0f', seq)
   local k = tonumber(ARGV[i + 1]); i = i + 2
-  local seq = redis.call('INCR', KEYS[2])
-  local args = { 'XADD', stream, '0-' .. string.format('%.0f', seq) }
-  for f = 1, 2 * k do args[#args + 1] = ARGV[i]; i = i + 1 end
+  for f = 1, 2 * k do args[3 + f] = ARGV[i]; i = i + 1 end
+  for f = 2 * k + 4, #args do args[f] = nil end
   redis.call(unpack(args))
 end
 i = 2
