@@ -175,7 +175,7 @@ async fn insert(
         .into_iter()
         .map(|(instance, head)| (instance.to_owned(), head.as_bytes().to_vec()))
         .unzip();
-    let mut columns = Columns::with_capacity(rows.len());
+    let mut columns = Columns::default();
     for row in rows {
         columns.push(row);
     }
@@ -237,24 +237,6 @@ struct Columns {
 }
 
 impl Columns {
-    fn with_capacity(rows: usize) -> Self {
-        Self {
-            at_ms: Vec::with_capacity(rows),
-            event: Vec::with_capacity(rows),
-            operation_id: Vec::with_capacity(rows),
-            method: Vec::with_capacity(rows),
-            route: Vec::with_capacity(rows),
-            principal: Vec::with_capacity(rows),
-            key_digest: Vec::with_capacity(rows),
-            fingerprint: Vec::with_capacity(rows),
-            status: Vec::with_capacity(rows),
-            duration_ms: Vec::with_capacity(rows),
-            instance: Vec::with_capacity(rows),
-            prev: Vec::with_capacity(rows),
-            hash: Vec::with_capacity(rows),
-        }
-    }
-
     fn push(&mut self, row: AuditColumns) {
         self.at_ms.push(row.at_ms);
         self.event.push(row.event);

@@ -26,10 +26,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use idemgate_core::StoreError;
 use idemgate_core::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, ChainHash, ExpiredRecord, ExpiryJournal,
 };
-use idemgate_core::{Lease, StoreError};
 use idemgate_sqlx::{
     AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
     decode_audit_partition, push_audit_rows,
@@ -44,7 +44,7 @@ use crate::sql::quote;
 const STALE_HEAD: &str = "idemgate: stale journal head";
 
 /// The journal's table names, quoted, and this process's hints of their heads.
-/// Cheap to clone (every claim's journal entry carries them to the writer).
+/// Cheap to clone (the store, its writer and every journal write share them).
 #[derive(Debug, Clone)]
 pub(crate) struct AuditNames {
     entries: Arc<str>,
@@ -183,29 +183,6 @@ pub(crate) fn chain_triggers(table: &str) -> Vec<String> {
             names.partitions
         ),
     ]
-}
-
-/// An acquired claim's journal entry, appended by the writer in the claim's
-/// batch (`Store::try_claim_journaled`): the entries of every claim of a
-/// batch in one statement, before its commit.
-#[derive(Debug)]
-pub(crate) struct ClaimJournal {
-    names: AuditNames,
-    entry: AuditRecord,
-}
-
-impl ClaimJournal {
-    pub(crate) fn new(names: AuditNames, entry: AuditRecord) -> Self {
-        Self { names, entry }
-    }
-
-    /// The entry of `lease`'s claim.
-    pub(crate) fn of(self, lease: &Lease) -> (AuditNames, AuditRecord) {
-        (
-            self.names,
-            self.entry.of_claim(lease.origin, lease.operation_id),
-        )
-    }
 }
 
 /// A journal write the writer runs in its batch.

@@ -23,7 +23,7 @@ use idemgate_sqlx::{CompletionColumns, PurgeTask, applied, millis, token_param};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, SqliteConnection, SqlitePool};
 
-use crate::audit::{self, AuditNames, AuditWrite, ClaimJournal};
+use crate::audit::{self, AuditNames, AuditWrite};
 use crate::durations::{self, DurationStatements};
 use crate::error::{Error, store_error};
 use crate::pieces::PieceStatements;
@@ -142,12 +142,18 @@ impl SqliteStore {
 
     fn build(pool: SqlitePool, table: String) -> Self {
         let sql = Arc::new(Statements::new(&table));
+        let audit = AuditNames::new(&table);
         Self {
             inner: Arc::new(Inner {
-                writer: Writer::new(pool.clone(), Arc::clone(&sql), DEFAULT_BUSY_TIMEOUT),
+                writer: Writer::new(
+                    pool.clone(),
+                    Arc::clone(&sql),
+                    audit.clone(),
+                    DEFAULT_BUSY_TIMEOUT,
+                ),
                 pool,
                 sql,
-                audit: AuditNames::new(&table),
+                audit,
                 durations: DurationStatements::new(&table),
                 pieces: PieceStatements::new(&table),
                 table,
@@ -270,13 +276,12 @@ impl SqliteStore {
             return Ok((Claim::Existing(snapshot), false));
         }
         let request = request.clone();
-        let journal =
-            entry.map(|entry| Box::new(ClaimJournal::new(self.inner.audit.clone(), entry.clone())));
+        let entry = entry.map(|entry| Box::new(entry.clone()));
         self.inner
             .writer
             .run(|reply| Op::Claim {
                 request,
-                journal,
+                entry,
                 reply,
             })
             .await
@@ -354,11 +359,6 @@ impl SqliteStore {
         };
         let done = statement.execute(connection).await.map_err(store_error)?;
         Ok(applied(done.rows_affected()))
-    }
-
-    /// The journal's tables, for a turn's entries (`crate::Tx`).
-    pub(crate) fn audit_names(&self) -> &AuditNames {
-        &self.inner.audit
     }
 
     /// A transactional turn on the writer's connection (for [`crate::Tx`]).

@@ -96,7 +96,7 @@ impl SqlStore for SqliteStore {
         transaction: &mut WriterTransaction,
         records: &[AuditRecord],
     ) -> Result<(), StoreError> {
-        transaction.journal(self.audit_names(), records);
+        transaction.journal(records);
         Ok(())
     }
 

@@ -49,7 +49,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::audit::{self, AuditNames, AuditWrite, ClaimJournal};
+use crate::audit::{self, AuditNames, AuditWrite};
 use crate::error::{ClaimContended, classify, store_error};
 use crate::sql::{BEGIN_IMMEDIATE, Statements};
 
@@ -86,13 +86,14 @@ pub(crate) enum Op {
         reply: Reply<Option<SqliteRow>>,
     },
     /// The claim: the upsert, and if it changed nothing the record that blocked it.
-    /// With `journal`, an acquired claim's journal entry is appended in the
-    /// same batch, with every other claim's of the batch, before its commit;
-    /// the answer says whether it was.
+    /// With `entry` (the request's journal entry), an acquired claim's entry
+    /// ([`AuditRecord::of_claim`]) is appended in the same batch, with every
+    /// other claim's of the batch, before its commit; the answer says whether
+    /// it was.
     Claim {
         request: ClaimRequest,
         // Boxed: the queue's slots stay small.
-        journal: Option<Box<ClaimJournal>>,
+        entry: Option<Box<AuditRecord>>,
         reply: Reply<(Claim, bool)>,
     },
     /// The operator's conditional delete, and if it deleted nothing, why.
@@ -170,6 +171,8 @@ pub(crate) struct Writer {
     queue: Mutex<Option<mpsc::Sender<Queued>>>,
     pool: SqlitePool,
     sql: Arc<Statements>,
+    /// The journal's tables, where a batch appends its claims' and turns' entries.
+    audit: AuditNames,
     counters: Arc<Counters>,
     /// How long a write may wait in the queue, and a turn hold the connection
     /// ([`DEFAULT_BUSY_TIMEOUT`](crate::DEFAULT_BUSY_TIMEOUT): sqlx does not tell a pool's own busy timeout).
@@ -198,15 +201,7 @@ pub struct WriterTransaction {
     /// The batch's commit, for a turn whose writes were kept.
     committed: oneshot::Receiver<Result<(), StoreError>>,
     /// The turn's journal entries ([`WriterTransaction::journal`]).
-    journal: TurnJournal,
-}
-
-/// A turn's journal entries, appended by the writer before the batch commits
-/// if the turn's writes are kept.
-#[derive(Default)]
-struct TurnJournal {
-    names: Option<AuditNames>,
-    entries: Vec<AuditRecord>,
+    journal: Vec<AuditRecord>,
 }
 
 /// A lent connection on its way back to the writer.
@@ -215,7 +210,7 @@ struct Returned {
     /// Keep the turn's writes (release its savepoint) and its journal
     /// entries, or roll them back.
     keep: bool,
-    journal: TurnJournal,
+    journal: Vec<AuditRecord>,
 }
 
 impl WriterTransaction {
@@ -228,16 +223,15 @@ impl WriterTransaction {
             connection: Some(connection),
             back: Some(back),
             committed,
-            journal: TurnJournal::default(),
+            journal: Vec::new(),
         }
     }
 
     /// Journals `records` with the turn: the writer appends them, with the
     /// rest of its batch's entries, before the batch's commit, if the turn's
     /// writes are kept — they commit exactly when those writes do.
-    pub(crate) fn journal(&mut self, names: &AuditNames, records: &[AuditRecord]) {
-        self.journal.names.get_or_insert_with(|| names.clone());
-        self.journal.entries.extend_from_slice(records);
+    pub(crate) fn journal(&mut self, records: &[AuditRecord]) {
+        self.journal.extend_from_slice(records);
     }
 
     /// Hands the connection back with the turn's writes kept (its savepoint
@@ -320,11 +314,17 @@ pub(crate) struct QueueTimeout(Duration);
 pub(crate) struct BatchFailed(String);
 
 impl Writer {
-    pub(crate) fn new(pool: SqlitePool, sql: Arc<Statements>, patience: Duration) -> Self {
+    pub(crate) fn new(
+        pool: SqlitePool,
+        sql: Arc<Statements>,
+        audit: AuditNames,
+        patience: Duration,
+    ) -> Self {
         Self {
             queue: Mutex::new(None),
             pool,
             sql,
+            audit,
             counters: Arc::default(),
             patience,
         }
@@ -367,6 +367,7 @@ impl Writer {
             queue: receiver,
             pool: self.pool.clone(),
             sql: Arc::clone(&self.sql),
+            audit: self.audit.clone(),
             counters: Arc::clone(&self.counters),
             patience: self.patience,
             connection: None,
@@ -383,6 +384,7 @@ struct Task {
     queue: mpsc::Receiver<Queued>,
     pool: SqlitePool,
     sql: Arc<Statements>,
+    audit: AuditNames,
     counters: Arc<Counters>,
     patience: Duration,
     connection: Option<SqliteConnection>,
@@ -452,7 +454,6 @@ struct Batch {
 /// its acquired claims' (their answers held until then) and its kept turns'.
 #[derive(Default)]
 struct BatchJournal {
-    names: Option<AuditNames>,
     entries: Vec<AuditRecord>,
     claims: Vec<(Reply<(Claim, bool)>, Lease)>,
     /// Whether a turn's entries are among them: those must commit with the
@@ -461,17 +462,15 @@ struct BatchJournal {
 }
 
 impl BatchJournal {
-    fn claimed(&mut self, reply: Reply<(Claim, bool)>, lease: Lease, journal: ClaimJournal) {
-        let (names, entry) = journal.of(&lease);
-        self.names.get_or_insert(names);
-        self.entries.push(entry);
+    fn claimed(&mut self, reply: Reply<(Claim, bool)>, lease: Lease, entry: AuditRecord) {
+        self.entries
+            .push(entry.of_claim(lease.origin, lease.operation_id));
         self.claims.push((reply, lease));
     }
 
-    fn turn(&mut self, journal: TurnJournal) {
-        if let Some(names) = journal.names {
-            self.names.get_or_insert(names);
-            self.entries.extend(journal.entries);
+    fn turn(&mut self, entries: Vec<AuditRecord>) {
+        if !entries.is_empty() {
+            self.entries.extend(entries);
             self.of_turns = true;
         }
     }
@@ -596,7 +595,7 @@ impl Task {
                 next = self.next_queued();
             }
         }
-        if let Err(why) = append_journal(&mut connection, &mut batch).await {
+        if let Err(why) = append_journal(&mut connection, &self.audit, &mut batch).await {
             drop(sqlx::query("ROLLBACK").execute(&mut connection).await);
             drop(connection.close().await);
             batch.fail(&why);
@@ -671,13 +670,13 @@ impl Task {
             }
             Op::Claim {
                 request,
-                journal,
+                entry,
                 reply,
             } => {
                 let claim = claim(connection, &self.sql, &request, batch.now).await;
-                match (claim, journal) {
-                    (Ok(Claim::Acquired(lease)), Some(journal)) => {
-                        batch.journal.claimed(reply, lease, *journal);
+                match (claim, entry) {
+                    (Ok(Claim::Acquired(lease)), Some(entry)) => {
+                        batch.journal.claimed(reply, lease, *entry);
                         Ok(())
                     }
                     (claim, _) => settle(batch, reply, claim.map(|claim| (claim, false))),
@@ -794,42 +793,32 @@ fn settle<T: Send + 'static>(
     Ok(())
 }
 
-/// Appends the journal entries of the batch's claims and kept turns, one
-/// statement for all (a batch's fewer than [`AUDIT_ROWS_PER_INSERT`]: one per
-/// claim, at most two per turn), and holds the claims' answers: written, or
-/// — the statement undone whole — not, and the journal appends them on its
-/// own. `Err` when the batch must fail: the store failed it, or the entries
-/// of a turn could not be written with it.
+/// Appends the journal entries of the batch's claims and kept turns into
+/// `names`' tables, one statement for all (a batch's fewer than
+/// [`AUDIT_ROWS_PER_INSERT`]: one per claim, at most two per turn), and holds
+/// the claims' answers: written, or — the statement undone whole — not, and
+/// the journal appends them on its own. `Err` when the batch must fail (its
+/// `fail` answers the claims): the store failed it, or the entries of a turn
+/// could not be written with it.
 async fn append_journal(
     connection: &mut SqliteConnection,
+    names: &AuditNames,
     batch: &mut Batch,
 ) -> Result<(), BatchFailed> {
-    let BatchJournal {
-        names,
-        entries,
-        claims,
-        of_turns,
-    } = std::mem::take(&mut batch.journal);
-    let Some(names) = names else {
+    if batch.journal.entries.is_empty() {
         return Ok(());
-    };
-    let failed = |err: &dyn std::fmt::Display, claims: Vec<(Reply<(Claim, bool)>, Lease)>| {
-        let why = BatchFailed(err.to_string());
-        for (reply, _) in claims {
-            drop(reply.send(Err(StoreError::unavailable(why.clone()))));
-        }
-        why
-    };
-    let written = match audit::append(connection, &names, &entries, batch.now).await {
+    }
+    let entries = std::mem::take(&mut batch.journal.entries);
+    let written = match audit::append(connection, names, &entries, batch.now).await {
         Ok(_) => true,
         Err(err) => match StepError::from(err) {
             // Only claims' entries, undone: the journal appends them itself.
-            StepError::Own(_) if !of_turns => false,
-            StepError::Own(err) => return Err(failed(&err, claims)),
-            StepError::Batch(err) => return Err(failed(&err, claims)),
+            StepError::Own(_) if !batch.journal.of_turns => false,
+            StepError::Own(err) => return Err(BatchFailed(err.to_string())),
+            StepError::Batch(err) => return Err(BatchFailed(err.to_string())),
         },
     };
-    for (reply, lease) in claims {
+    for (reply, lease) in std::mem::take(&mut batch.journal.claims) {
         batch.hold(reply, Ok((Claim::Acquired(lease), written)));
     }
     Ok(())

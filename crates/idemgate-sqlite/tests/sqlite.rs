@@ -1039,18 +1039,11 @@ async fn one_transaction_layer_commits_once_and_leaves_nothing_when_it_rolls_bac
 async fn one_transaction_layer_journals_inside_its_transaction() {
     use axum::http::StatusCode;
     use idemgate::audit::{AuditEvent, AuditQuery, key_digest};
-    use idemgate::journal::{JournalConfig, Journaled};
 
     let db = TempDb::new();
     let store = db.store(4).await;
     let secret = store.audit_secret().await.expect("secret");
-    let journaled = Arc::new(Journaled::new(
-        Arc::new(store.clone()),
-        JournalConfig {
-            instance: "journal-test".into(),
-            secret: secret.clone(),
-        },
-    ));
+    let journaled = Arc::new(journal_over(Arc::new(store.clone())).await);
     let answers = |mut tx: Tx, headers: axum::http::HeaderMap| async move {
         sqlx::query("SELECT 1")
             .execute(&mut *tx)
@@ -1116,19 +1109,11 @@ async fn one_transaction_layer_journals_inside_its_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_share_their_batchs_append() {
     use idemgate::audit::{AuditEvent, AuditPartition, AuditQuery, Verifier};
-    use idemgate::journal::{JournalConfig, Journaled};
 
     const CLAIMS: usize = 32;
     let db = TempDb::new();
     let store = db.store(2).await;
-    let secret = store.audit_secret().await.expect("secret");
-    let journaled = Arc::new(Journaled::new(
-        Arc::new(store.clone()),
-        JournalConfig {
-            instance: "journal-test".into(),
-            secret,
-        },
-    ));
+    let journaled = Arc::new(journal_over(Arc::new(store.clone())).await);
     let commits = store.writer_stats().commits;
     let start = Arc::new(tokio::sync::Barrier::new(CLAIMS));
     let claims: Vec<_> = (0..CLAIMS)
@@ -1187,7 +1172,6 @@ async fn a_claims_entry_commits_in_the_claims_batch() {
     use idemgate::audit::{AuditEvent, AuditQuery};
     use idemgate::cache::{ReplayCache, ReplayCacheConfig};
     use idemgate::deadline::WithDeadline;
-    use idemgate::journal::{JournalConfig, Journaled};
 
     // The store alone, and behind the wrappers the server puts between the
     // journal and the store: each passes the entry on to the claim.
@@ -1204,14 +1188,7 @@ async fn a_claims_entry_commits_in_the_claims_batch() {
     for (stack, wrap) in stacks {
         let db = TempDb::new();
         let store = db.store(2).await;
-        let secret = store.audit_secret().await.expect("secret");
-        let journaled = Journaled::new(
-            wrap(Arc::new(store.clone())),
-            JournalConfig {
-                instance: "journal-test".into(),
-                secret,
-            },
-        );
+        let journaled = journal_over(wrap(Arc::new(store.clone()))).await;
         let commits = store.writer_stats().commits;
         let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.expect("claim")
         else {
@@ -1240,4 +1217,16 @@ async fn a_claims_entry_commits_in_the_claims_batch() {
             "through {stack}: written once"
         );
     }
+}
+
+/// The journal, as instance `journal-test`, in front of `store`.
+async fn journal_over(store: Arc<dyn Store>) -> idemgate::journal::Journaled {
+    let secret = store.audit_secret().await.expect("secret");
+    idemgate::journal::Journaled::new(
+        store,
+        idemgate::journal::JournalConfig {
+            instance: "journal-test".into(),
+            secret,
+        },
+    )
 }
