@@ -348,6 +348,9 @@ impl Store for MemoryStore {
         index: u32,
         piece: &Bytes,
     ) -> Result<FencedWrite, StoreError> {
+        // Kept as its own copy: a piece may be a view into the buffer it was
+        // read into, which keeping it would pin ([`StoredResponse::detached`]).
+        let piece = Bytes::copy_from_slice(piece);
         let mut gap = false;
         let write = self.fenced(lease, |shard, _| {
             let stream = shard

@@ -117,3 +117,24 @@ async fn a_stream_piece_past_the_next_is_an_error() {
             .is_empty()
     );
 }
+
+/// A stream piece is kept as a copy of its own: a piece that is a view into a
+/// larger buffer (a proxied upstream's frame is a slice of hyper's read
+/// buffer) would otherwise pin the whole buffer as long as the record lives.
+#[tokio::test]
+async fn a_kept_stream_piece_pins_no_buffer_it_was_sliced_from() {
+    let store = MemoryStore::new();
+    let lease = idemgate_testkit::fixtures::acquire(&store, &fresh_request()).await;
+    let buffer = bytes::Bytes::from(vec![b'p'; 8192]);
+    let write = store
+        .append_stream_piece(&lease, 0, &buffer.slice(0..5))
+        .await
+        .unwrap();
+    assert_eq!(write, idemgate_core::FencedWrite::Applied);
+    assert!(buffer.is_unique(), "the store holds a view of the buffer");
+    let kept = store
+        .read_stream_pieces(&lease.stream(), 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(kept, vec![bytes::Bytes::from_static(b"ppppp")]);
+}

@@ -594,7 +594,8 @@ impl Execution {
         let completion = Completion {
             status: final_status,
             // Stored small: a body over the threshold is kept compressed, by
-            // the one codec every store shares.
+            // the one codec every store shares; and detached from the buffers
+            // it was read into, which a record kept in memory would pin.
             response: compress(
                 StoredResponse {
                     trailers,
@@ -607,7 +608,8 @@ impl Execution {
                     body: stored_body,
                 },
                 self.config.compression_threshold,
-            ),
+            )
+            .detached(),
             ttl: self.config.ttl,
         };
         match transaction {
