@@ -22,7 +22,7 @@ use idemgate_proxy::{
 
 use crate::config::{
     AdminToken, AuditSettings, ConfigError, LayerSettings, LogFormat, RedisPersistence,
-    RedisSafety, TelemetrySettings,
+    RedisSafety, ReplayCacheSettings, TelemetrySettings,
 };
 
 /// idemgate: `serve` runs the orders service (POST /api/v1/orders charges a payment
@@ -357,14 +357,10 @@ pub struct LayerArgs {
     pub replay_set_cookie: bool,
 
     /// How many completed records this process keeps in memory to answer replays
-    /// without a store round trip (0: no replay cache).
-    #[arg(
-        long,
-        env = "IDEMGATE_REPLAY_CACHE_ENTRIES",
-        default_value_t = ReplayCacheConfig::DEFAULT_ENTRIES,
-        value_name = "N"
-    )]
-    pub replay_cache_entries: usize,
+    /// without a store round trip (0: no replay cache). Default: 10000, and none
+    /// in front of the memory store, which keeps every record in this process.
+    #[arg(long, env = "IDEMGATE_REPLAY_CACHE_ENTRIES", value_name = "N")]
+    pub replay_cache_entries: Option<usize>,
 
     /// The replay cache's bound in bytes (bodies, headers and a fixed overhead per
     /// record).
@@ -442,14 +438,17 @@ impl LayerArgs {
                 ),
             ));
         }
-        if self.replay_cache_entries > 0 && self.replay_cache_bytes == 0 {
+        let replay_cache_entries = self
+            .replay_cache_entries
+            .unwrap_or(ReplayCacheConfig::DEFAULT_ENTRIES);
+        if replay_cache_entries > 0 && self.replay_cache_bytes == 0 {
             return Err(ConfigError::new(
                 "--replay-cache-bytes",
                 "IDEMGATE_REPLAY_CACHE_BYTES",
                 "must be at least 1 (turn the cache off with --replay-cache-entries 0)",
             ));
         }
-        if self.replay_cache_entries > 0 && self.replay_cache_max_age_ms == 0 {
+        if replay_cache_entries > 0 && self.replay_cache_max_age_ms == 0 {
             return Err(ConfigError::new(
                 "--replay-cache-max-age-ms",
                 "IDEMGATE_REPLAY_CACHE_MAX_AGE_MS",
@@ -496,11 +495,17 @@ impl LayerArgs {
             lease: Duration::from_secs(self.lease),
             wait: (self.wait_ms > 0).then(|| Duration::from_millis(self.wait_ms)),
             store_timeout: Duration::from_millis(self.store_timeout_ms),
-            replay_cache: (self.replay_cache_entries > 0).then(|| ReplayCacheConfig {
-                entries: self.replay_cache_entries,
-                bytes: self.replay_cache_bytes,
-                max_age: Duration::from_millis(self.replay_cache_max_age_ms),
-            }),
+            replay_cache: {
+                let config = (replay_cache_entries > 0).then(|| ReplayCacheConfig {
+                    entries: replay_cache_entries,
+                    bytes: self.replay_cache_bytes,
+                    max_age: Duration::from_millis(self.replay_cache_max_age_ms),
+                });
+                match (self.replay_cache_entries, config) {
+                    (None, Some(config)) => ReplayCacheSettings::Default(config),
+                    (_, config) => ReplayCacheSettings::Given(config),
+                }
+            },
         })
     }
 }

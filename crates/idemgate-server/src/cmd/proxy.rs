@@ -350,8 +350,8 @@ pub async fn run(settings: ProxySettings) -> Result<(), StartupError> {
         Arc::clone(&opened.store),
         settings.layer.store_timeout,
     ));
-    let store = with_replay_cache(opened.store, settings.layer.replay_cache);
     let memory = settings.store == crate::config::StoreUrl::Memory;
+    let store = with_replay_cache(opened.store, settings.layer.replay_cache.for_store(memory));
     let journal = crate::audit::journal(Arc::clone(&store), &settings.layer.audit, memory)
         .await
         .map_err(StartupError::Journal)?;

@@ -256,11 +256,11 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
         (store, OrderWrites::Direct, None)
     } else {
         let (store, writes, purge) = idempotency_store(&settings, &orders).await?;
-        let store = with_replay_cache(store, settings.layer.replay_cache);
         let memory = matches!(
             &settings.idempotency_store,
             RecordStore::Separate(StoreUrl::Memory)
         );
+        let store = with_replay_cache(store, settings.layer.replay_cache.for_store(memory));
         let store = match crate::audit::journal(Arc::clone(&store), &settings.layer.audit, memory)
             .await
             .map_err(StartupError::Journal)?
@@ -424,12 +424,17 @@ mod tests {
 
     #[test]
     fn the_replay_cache_is_on_by_default_and_zero_entries_turn_it_off() {
-        let on = args(&[])
-            .unwrap()
-            .layer
-            .replay_cache
-            .expect("on by default");
-        assert_eq!(on, ReplayCacheConfig::default());
+        let unset = args(&[]).unwrap().layer.replay_cache;
+        assert_eq!(
+            unset.for_store(false),
+            Some(ReplayCacheConfig::default()),
+            "on by default"
+        );
+        assert_eq!(
+            unset.for_store(true),
+            None,
+            "none in front of the memory store, unless asked for"
+        );
         let sized = args(&[
             "--replay-cache-entries",
             "5",
@@ -439,21 +444,22 @@ mod tests {
             "250",
         ])
         .unwrap();
+        let asked = Some(ReplayCacheConfig {
+            entries: 5,
+            bytes: 4096,
+            max_age: Duration::from_millis(250),
+        });
+        assert_eq!(sized.layer.replay_cache.for_store(false), asked);
         assert_eq!(
-            sized.layer.replay_cache,
-            Some(ReplayCacheConfig {
-                entries: 5,
-                bytes: 4096,
-                max_age: Duration::from_millis(250),
-            })
+            sized.layer.replay_cache.for_store(true),
+            asked,
+            "asked for: in front of the memory store too"
         );
-        assert_eq!(
-            args(&["--replay-cache-entries", "0"])
-                .unwrap()
-                .layer
-                .replay_cache,
-            None
-        );
+        let off = args(&["--replay-cache-entries", "0"])
+            .unwrap()
+            .layer
+            .replay_cache;
+        assert_eq!((off.for_store(false), off.for_store(true)), (None, None));
         let err = args(&["--replay-cache-bytes", "0"])
             .unwrap_err()
             .to_string();
