@@ -90,6 +90,9 @@ pub struct Journaled {
     inner: Arc<dyn Store>,
     config: JournalConfig,
     queue: mpsc::Sender<Message>,
+    /// Ends the writer's gathering early: an entry a claim waits on, or a
+    /// flush, was queued ([`write`]).
+    urgent: Arc<Notify>,
     runs: Mutex<Runs>,
 }
 
@@ -242,7 +245,8 @@ impl Journaled {
             secret: config.secret.clone(),
         });
         let (queue, receiver) = mpsc::channel(QUEUE);
-        tokio::spawn(write(Arc::clone(&inner), receiver));
+        let urgent = Arc::new(Notify::new());
+        tokio::spawn(write(Arc::clone(&inner), receiver, Arc::clone(&urgent)));
         metrics::counter!("idemgate_audit_entries_total").absolute(0);
         metrics::counter!("idemgate_audit_dropped_total").absolute(0);
         metrics::counter!("idemgate_audit_errors_total").absolute(0);
@@ -252,6 +256,7 @@ impl Journaled {
             inner,
             config,
             queue,
+            urgent,
             runs: Mutex::default(),
         }
     }
@@ -261,6 +266,7 @@ impl Journaled {
     pub async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
         if self.queue.send(Message::Flush(done)).await.is_ok() {
+            self.urgent.notify_one();
             let _ = flushed.await;
         }
     }
@@ -275,15 +281,16 @@ impl Journaled {
             at: Instant::now(),
             claim: claim.clone(),
         };
-        if self
-            .queue
-            .try_send(Message::Entry(Box::new(queued)))
-            .is_err()
-        {
-            metrics::counter!("idemgate_audit_dropped_total").increment(1);
-            if let Some(claim) = claim {
-                // Dropped: nothing to wait for.
-                claim.appended();
+        match (self.queue.try_send(Message::Entry(Box::new(queued))), claim) {
+            // Waited on: the writer's gathering ends now.
+            (Ok(()), Some(_)) => self.urgent.notify_one(),
+            (Ok(()), None) => {}
+            (Err(_), claim) => {
+                metrics::counter!("idemgate_audit_dropped_total").increment(1);
+                if let Some(claim) = claim {
+                    // Dropped: nothing to wait for.
+                    claim.appended();
+                }
             }
         }
     }
@@ -409,21 +416,22 @@ impl Journaled {
 const LINGER: Duration = Duration::from_millis(5);
 
 /// The writer task: batches of whatever is queued, appended in one call each.
-async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>) {
+///
+/// While it gathers, it sleeps instead of listening to the queue, so an entry
+/// queued meanwhile wakes nobody. Replays are queued from the proxy's worker
+/// threads, and waking this task on the shared runtime was a system call per
+/// replay. Only what somebody waits on wakes it early, through `urgent`: a
+/// claim's entry or a flush.
+async fn write(store: Arc<dyn Store>, mut queue: mpsc::Receiver<Message>, urgent: Arc<Notify>) {
     let mut batch = Batch::default();
     while let Some(first) = queue.recv().await {
         batch.take(first);
         batch.take_ready(&mut queue);
-        let until = tokio::time::Instant::now() + LINGER;
-        while !batch.is_full() && !batch.is_awaited() {
-            match tokio::time::timeout_at(until, queue.recv()).await {
-                Ok(Some(message)) => {
-                    batch.take(message);
-                    batch.take_ready(&mut queue);
-                }
-                // Closed (the last entries are appended below) or gathered long enough.
-                Ok(None) | Err(_) => break,
-            }
+        if !batch.is_full() && !batch.is_awaited() {
+            // Gathered long enough, or woken for a waited-on entry. A queue
+            // closed meanwhile is seen at the next `recv`, after this batch.
+            let _ = tokio::time::timeout(LINGER, urgent.notified()).await;
+            batch.take_ready(&mut queue);
         }
         // What waits behind this batch: read here, not counted per entry on
         // the request path.
