@@ -291,6 +291,64 @@ async fn a_stalled_journal_delays_claims_and_keeps_their_order() {
     );
 }
 
+/// The writer gathers what nobody waits on (outcomes, replays) for a few
+/// milliseconds, asleep: entries queued meanwhile do not wake it. A claim's
+/// entry does, so a claim made mid-gathering does not wait it out. On paused
+/// time the runtime jumps to the gathering's end only once nothing can run, so
+/// the claim's virtual wait is zero when the claim woke the writer and the
+/// whole gathering when it did not.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_claim_ends_the_writers_gathering_at_once() {
+    use idemgate::{Claim, Completion, FinalStatus};
+    use idemgate_testkit::fixtures::{awkward_response, fresh_request};
+
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let secret = memory.audit_secret().await.unwrap();
+    let journaled = Journaled::new(
+        Arc::clone(&memory),
+        JournalConfig {
+            instance: "test-instance".into(),
+            secret,
+        },
+    );
+    let first = fresh_request();
+    let Claim::Acquired(lease) = journaled.try_claim(&first).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    let completion = Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(60),
+    };
+    let _ = journaled.complete(&lease, &completion).await.unwrap();
+    assert!(matches!(
+        journaled.try_claim(&first).await.unwrap(),
+        Claim::Existing(_)
+    ));
+    // The writer takes the outcome and the replay, and starts gathering.
+    tokio::task::yield_now().await;
+
+    let start = tokio::time::Instant::now();
+    let Claim::Acquired(_) = journaled.try_claim(&fresh_request()).await.unwrap() else {
+        panic!("a new key is acquired");
+    };
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the claim waited out the writer's gathering"
+    );
+    assert_eq!(
+        written(memory.as_ref()).await,
+        [
+            AuditEvent::Claimed,
+            AuditEvent::Executed,
+            AuditEvent::Replayed,
+            AuditEvent::Claimed
+        ],
+        "the gathered entries went with the claim's, in order"
+    );
+}
+
 async fn written(store: &dyn Store) -> Vec<AuditEvent> {
     store
         .read_audit(&AuditQuery::all(100))
