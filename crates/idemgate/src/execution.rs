@@ -595,7 +595,8 @@ impl Execution {
             status: final_status,
             // Stored small: a body over the threshold is kept compressed, by
             // the one codec every store shares; and detached from the buffers
-            // it was read into, which a record kept in memory would pin.
+            // it was read into (or zstd's slack), which a record kept in
+            // memory would pin.
             response: compress(
                 StoredResponse {
                     trailers,

@@ -35,14 +35,7 @@ fn events(entries: &[AuditEntry]) -> Vec<(AuditEvent, Option<u16>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_answer_is_journalled_in_order() {
     let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let secret = memory.audit_secret().await.unwrap();
-    let journaled = Arc::new(Journaled::new(
-        Arc::clone(&memory),
-        JournalConfig {
-            instance: "test-instance".into(),
-            secret,
-        },
-    ));
+    let journaled = Arc::new(journal_over(Arc::clone(&memory)).await);
     let gateway = Arc::new(Gateway::default());
     gateway.delay_ms.store(300, Ordering::SeqCst);
     let layer = IdempotencyLayer::from_arc(Arc::clone(&journaled) as Arc<dyn Store>);
@@ -182,14 +175,7 @@ async fn a_claim_returns_once_its_entry_is_in_the_journal() {
     use idemgate_testkit::fixtures::{awkward_response, fresh_request};
 
     let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let secret = memory.audit_secret().await.unwrap();
-    let journaled = Journaled::new(
-        Arc::clone(&memory),
-        JournalConfig {
-            instance: "test-instance".into(),
-            secret,
-        },
-    );
+    let journaled = journal_over(Arc::clone(&memory)).await;
     let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.unwrap() else {
         panic!("a new key is acquired");
     };
@@ -227,14 +213,7 @@ async fn a_stalled_journal_delays_claims_and_keeps_their_order() {
 
     let faulty = Arc::new(FaultyStore::default());
     faulty.journal_held.store(true, Ordering::SeqCst);
-    let secret = faulty.audit_secret().await.unwrap();
-    let journaled = Journaled::new(
-        Arc::clone(&faulty) as Arc<dyn Store>,
-        JournalConfig {
-            instance: "test-instance".into(),
-            secret,
-        },
-    );
+    let journaled = journal_over(Arc::clone(&faulty) as Arc<dyn Store>).await;
     let completion = Completion {
         status: FinalStatus::Completed,
         response: awkward_response(),
@@ -299,28 +278,19 @@ async fn a_stalled_journal_delays_claims_and_keeps_their_order() {
 /// whole gathering when it did not.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_claim_ends_the_writers_gathering_at_once() {
-    use idemgate::{Claim, Completion, FinalStatus};
-    use idemgate_testkit::fixtures::{awkward_response, fresh_request};
+    use idemgate::Claim;
+    use idemgate_testkit::fixtures::{awkward_response, completion, fresh_request};
 
     let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let secret = memory.audit_secret().await.unwrap();
-    let journaled = Journaled::new(
-        Arc::clone(&memory),
-        JournalConfig {
-            instance: "test-instance".into(),
-            secret,
-        },
-    );
+    let journaled = journal_over(Arc::clone(&memory)).await;
     let first = fresh_request();
     let Claim::Acquired(lease) = journaled.try_claim(&first).await.unwrap() else {
         panic!("a new key is acquired");
     };
-    let completion = Completion {
-        status: FinalStatus::Completed,
-        response: awkward_response(),
-        ttl: Duration::from_secs(60),
-    };
-    let _ = journaled.complete(&lease, &completion).await.unwrap();
+    let _ = journaled
+        .complete(&lease, &completion(awkward_response()))
+        .await
+        .unwrap();
     assert!(matches!(
         journaled.try_claim(&first).await.unwrap(),
         Claim::Existing(_)
@@ -347,6 +317,18 @@ async fn a_claim_ends_the_writers_gathering_at_once() {
         ],
         "the gathered entries went with the claim's, in order"
     );
+}
+
+/// The journal, as instance `test-instance`, in front of `store`.
+async fn journal_over(store: Arc<dyn Store>) -> Journaled {
+    let secret = store.audit_secret().await.unwrap();
+    Journaled::new(
+        store,
+        JournalConfig {
+            instance: "test-instance".into(),
+            secret,
+        },
+    )
 }
 
 async fn written(store: &dyn Store) -> Vec<AuditEvent> {
