@@ -65,6 +65,7 @@ pub mod setup;
 pub mod sql_store;
 #[cfg(feature = "strategies")]
 pub mod strategies;
+pub mod tap;
 #[cfg(feature = "transactional")]
 pub mod transactional;
 #[cfg(feature = "upstreams")]
