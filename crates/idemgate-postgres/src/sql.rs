@@ -286,9 +286,12 @@ impl Statements {
                      expires_at = CASE WHEN {lapsed} THEN EXCLUDED.expires_at \
                          ELSE l.expires_at END \
                  RETURNING l.token, l.expires_at) \
-             SELECT up.token, {until} AS until_ms, {now_ms} AS now_ms FROM up, now",
+             SELECT up.token, {until} AS until_ms, {now_ms} AS now_ms FROM up",
             until = ms("up.expires_at"),
-            now_ms = ms("now.t"),
+            // Read once the insert is through: one that waited for a
+            // concurrent acquisition reports a time after it, not the moment
+            // it started (before the lease it found even began).
+            now_ms = ms("clock_timestamp()"),
         );
         // Fenced by the token, and only while live: a lapsed row stays until the
         // next acquisition replaces it.
