@@ -21,7 +21,8 @@ use idemgate_core::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, ChainHash, ExpiredRecord, ExpiryJournal,
 };
 use idemgate_sqlx::{
-    AUDIT_COLUMNS, AuditColumns, chain_hash_of, decode_audit_entry, decode_audit_partition,
+    AUDIT_COLUMNS, AuditColumns, begin_to_the_end, chain_hash_of, decode_audit_entry,
+    decode_audit_partition,
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
@@ -263,7 +264,7 @@ pub(crate) async fn append(
     if records.is_empty() {
         return Ok(());
     }
-    let mut tx = pool.begin().await.map_err(store_error)?;
+    let mut tx = begin_to_the_end(pool, None).await.map_err(store_error)?;
     append_on(&mut tx, names, records)
         .await
         .map_err(store_error)?;
@@ -278,7 +279,7 @@ pub(crate) async fn trim(
     before: i64,
     limit: usize,
 ) -> Result<u64, StoreError> {
-    let mut tx = pool.begin().await.map_err(store_error)?;
+    let mut tx = begin_to_the_end(pool, None).await.map_err(store_error)?;
     let removed = sqlx::query(AssertSqlSafe(format!(
         "DELETE FROM {t} WHERE seq IN ( \
              SELECT seq FROM {t} WHERE at_ms < $1 AND ($2::text IS NULL OR instance = $2) \
@@ -328,7 +329,7 @@ pub(crate) async fn expire(
     journal: &ExpiryJournal,
     limit: i64,
 ) -> Result<u64, StoreError> {
-    let mut tx = pool.begin().await.map_err(store_error)?;
+    let mut tx = begin_to_the_end(pool, None).await.map_err(store_error)?;
     let rows = sqlx::query(AssertSqlSafe(format!(
         "DELETE FROM {table} WHERE identity IN ( \
              SELECT identity FROM {table} WHERE expires_at <= clock_timestamp() \

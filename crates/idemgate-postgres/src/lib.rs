@@ -28,7 +28,9 @@
 //! use std::time::Duration;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let pool = sqlx::postgres::PgPoolOptions::new()
+//! // The store's settings (a checkout pings only a connection idle for a while)
+//! // with your own size and timeout:
+//! let pool = PostgresStore::pool_options()
 //!     .max_connections(20)
 //!     .acquire_timeout(Duration::from_secs(2))
 //!     .connect("postgres://app@127.0.0.1/app")
@@ -240,5 +242,5 @@ pub use idemgate_sqlx::{
     PROBLEM_ALREADY_LENT, PROBLEM_NOT_BEHIND_LAYER, PROBLEM_UNAVAILABLE, PurgeTask, TxRejection,
 };
 pub use sql::SCHEMA_VERSION;
-pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, PostgresStore};
+pub use store::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, IDLE_PING_AFTER, PostgresStore};
 pub use tx::Tx;

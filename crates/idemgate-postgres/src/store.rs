@@ -16,7 +16,7 @@ use idemgate_core::time::Timestamp;
 use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, FencedWrite, Lease, StoreError};
 use idemgate_sqlx::{PurgeTask, millis};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, Connection, PgPool, Row};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
@@ -33,6 +33,10 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 /// How long [`PostgresStore::connect`]'s pool waits for a free connection before a
 /// call fails with [`StoreError::Unavailable`] (the layer's 503).
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a pooled connection may sit idle before its checkout pings it
+/// ([`PostgresStore::pool_options`]).
+pub const IDLE_PING_AFTER: Duration = Duration::from_secs(1);
 
 /// How often one claim re-runs when the record changes between its statements.
 const CLAIM_ATTEMPTS: usize = 4;
@@ -112,15 +116,54 @@ impl PostgresStore {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let pool = PgPoolOptions::new()
-            .max_connections(DEFAULT_MAX_CONNECTIONS)
-            .acquire_timeout(DEFAULT_ACQUIRE_TIMEOUT)
+        let pool = Self::pool_options()
             .connect(url)
             .await
             .map_err(Error::Connect)?;
         let store = Self::new(pool);
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// The pool settings [`PostgresStore::connect`] uses, to start from when
+    /// building a pool of your own: [`DEFAULT_MAX_CONNECTIONS`],
+    /// [`DEFAULT_ACQUIRE_TIMEOUT`], and a checkout that pings only a connection
+    /// idle for [`IDLE_PING_AFTER`] or longer.
+    ///
+    /// sqlx's default pings every connection it hands out: one more round trip
+    /// before the first statement of every checkout, and a new key checks out
+    /// twice (the claim, then the business transaction). A connection used less
+    /// than a second ago is alive as far as a ping can tell; one that died since
+    /// fails its statement instead, as [`StoreError::Unavailable`] (the layer's
+    /// 503 with `Retry-After`, safe to retry), and sqlx does not pool it again.
+    ///
+    /// What the ping also did, bound a `BEGIN` on a frozen server by the acquire
+    /// timeout, the store does itself: every call of the layer is bounded by its
+    /// store timeout, and [`Tx`](crate::Tx) bounds its checkout and `BEGIN`
+    /// together by the pool's acquire timeout.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = idemgate_postgres::PostgresStore::pool_options()
+    ///     .max_connections(32)
+    ///     .connect("postgres://app@127.0.0.1/app")
+    ///     .await?;
+    /// let store = idemgate_postgres::PostgresStore::new(pool);
+    /// # Ok(()) }
+    /// ```
+    pub fn pool_options() -> PgPoolOptions {
+        PgPoolOptions::new()
+            .max_connections(DEFAULT_MAX_CONNECTIONS)
+            .acquire_timeout(DEFAULT_ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_PING_AFTER {
+                        connection.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
     }
 
     /// A store on `pool`, with its records in `idemgate_records` on the connection's

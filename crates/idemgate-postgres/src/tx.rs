@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemgate_core::audit::AuditRecord;
+use idemgate_core::deadline::DeadlineExceeded;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, Lease, StoreError};
-use idemgate_sqlx::{ErrorCodes, SqlStore};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres};
+use idemgate_sqlx::{ErrorCodes, SqlStore, begin_to_the_end};
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::{SQLSTATES, store_error};
 use crate::sql::OUTER_LOCK_TIMEOUT;
@@ -29,6 +30,11 @@ use crate::store::PostgresStore;
 /// layer rolls back. A handler that swallows the error and answers 2xx anyway has
 /// committed nothing: the completion in that transaction fails too, and the record
 /// is not completed.
+///
+/// Its checkout and `BEGIN` together are bounded by the pool's acquire timeout:
+/// a frozen or unreachable PostgreSQL makes it fail as unavailable (503) in
+/// that time. The handler's own statements are its own to bound (the server's
+/// `statement_timeout` does not help against a server that stopped answering).
 ///
 /// Holding a `Tx` holds a pooled connection until the layer finishes the request:
 /// size the pool for the transactional handlers that run at once plus the layer's
@@ -53,6 +59,29 @@ use crate::store::PostgresStore;
 /// ```
 pub type Tx = idemgate_sqlx::Tx<PostgresStore>;
 
+impl PostgresStore {
+    /// A checkout and its `BEGIN` (or `statement`), bounded by the pool's
+    /// acquire timeout. The checkout pings only a connection that sat idle
+    /// ([`PostgresStore::pool_options`]), so nothing else bounds a `BEGIN` sent
+    /// to a frozen server: `statement_timeout` is enforced by the server itself.
+    /// A `BEGIN` given up on is finished and rolled back in the background
+    /// ([`begin_to_the_end`]), never pooled halfway.
+    async fn within_acquire_timeout(
+        &self,
+        statement: Option<String>,
+    ) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {
+        let pool = PostgresStore::pool(self);
+        let timeout = pool.options().get_acquire_timeout();
+        match tokio::time::timeout(timeout, begin_to_the_end(pool, statement)).await {
+            Ok(begun) => begun.map_err(store_error),
+            Err(_elapsed) => Err(StoreError::unavailable(DeadlineExceeded {
+                operation: "begin",
+                timeout,
+            })),
+        }
+    }
+}
+
 #[async_trait]
 impl SqlStore for PostgresStore {
     type Database = Postgres;
@@ -65,7 +94,7 @@ impl SqlStore for PostgresStore {
     }
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        PostgresStore::pool(self).begin().await.map_err(store_error)
+        self.within_acquire_timeout(None).await
     }
 
     /// `BEGIN` with the transaction's `lock_timeout` in the same round trip (one
@@ -75,14 +104,12 @@ impl SqlStore for PostgresStore {
     /// to restore once it holds the record (`Statements::claim_in_transaction`).
     async fn begin_claim(&self, lock_wait: Duration) -> Result<Self::Transaction, StoreError> {
         let ms = lock_wait.as_millis().clamp(1, i32::MAX as u128);
-        PostgresStore::pool(self)
-            .begin_with(AssertSqlSafe(format!(
-                "BEGIN; \
-                 SELECT set_config('{OUTER_LOCK_TIMEOUT}', current_setting('lock_timeout'), true); \
-                 SET LOCAL lock_timeout = {ms}"
-            )))
-            .await
-            .map_err(store_error)
+        self.within_acquire_timeout(Some(format!(
+            "BEGIN; \
+             SELECT set_config('{OUTER_LOCK_TIMEOUT}', current_setting('lock_timeout'), true); \
+             SET LOCAL lock_timeout = {ms}"
+        )))
+        .await
     }
 
     async fn claim_in(

@@ -15,12 +15,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_core::record::OperationId;
 use idemgate_core::scope::IdentityDigest;
+use idemgate_core::transaction::{SlotContents, TransactionSlot};
 use idemgate_core::{Claim, FencedWrite, LeaseOrigin, Store, StoreError};
-use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx};
+use idemgate_postgres::{Error, PostgresStore, PurgeTask, Tx, TxRejection};
 use idemgate_testkit::fixtures::{
     acquire, awkward_response, claim_with_ttl, completion, fresh_request,
 };
 use idemgate_testkit::sql_store::{SqlHarness, StoredIdentity};
+use idemgate_testkit::tap::Tap;
 use idemgate_testkit::transactional::TransactionalHarness;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -478,6 +480,163 @@ async fn statement_timeout_is_unavailable() {
         .map(|c| c.into_owned());
     assert_eq!(code.as_deref(), Some("57014"));
     blocker.rollback().await.expect("rollback");
+}
+
+// --- round trips and a frozen server ---------------------------------------------
+
+/// A store on a pool of `pool_options()` (one connection, `acquire_timeout`)
+/// whose connections pass through a [`Tap`] in front of the test PostgreSQL.
+async fn tapped_store(acquire_timeout: Duration) -> (PostgresStore, Tap) {
+    let options: PgConnectOptions = url().parse().expect("url");
+    let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .expect("resolve PostgreSQL")
+        .next()
+        .expect("an address for PostgreSQL");
+    let tap = Tap::start(upstream).await;
+    let pool = PostgresStore::pool_options()
+        .max_connections(1)
+        .acquire_timeout(acquire_timeout)
+        .connect_with(options.host("127.0.0.1").port(tap.addr().port()))
+        .await
+        .expect("connect through the tap");
+    let store = PostgresStore::new(pool).with_schema(SHARED_SCHEMA);
+    store.migrate().await.expect("migrate");
+    (store, tap)
+}
+
+/// The sends `call` made through `tap`, once the pool took its connection back
+/// (sqlx pings a returned connection in a task of its own).
+async fn sends_of(tap: &Tap, store: &PostgresStore, call: impl Future<Output = ()>) -> usize {
+    let before = tap.client_sends();
+    call.await;
+    wait_until_idle(store).await;
+    tap.client_sends() - before
+}
+
+/// Until the pool's one connection is back, after the release's ping answered.
+async fn wait_until_idle(store: &PostgresStore) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.pool().num_idle() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the connection back in the pool");
+}
+
+/// `pool_options()` pings a connection at checkout only after it sat idle for
+/// `IDLE_PING_AFTER`: a store call on a connection used a moment ago is its
+/// statement and sqlx's release ping (2 round trips), one on a connection idle
+/// for longer adds the checkout's ping (3), as sqlx's default does for every
+/// checkout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkout_pings_only_a_connection_that_sat_idle() {
+    let (store, tap) = tapped_store(Duration::from_secs(5)).await;
+    let identity = *fresh_request().identity.digest();
+    let get = || async {
+        store.get(&identity).await.expect("get");
+    };
+    sends_of(&tap, &store, get()).await; // the statement's preparation
+    for _ in 0..5 {
+        assert_eq!(
+            sends_of(&tap, &store, get()).await,
+            2,
+            "a connection in use"
+        );
+    }
+    tokio::time::sleep(idemgate_postgres::IDLE_PING_AFTER + Duration::from_millis(100)).await;
+    assert_eq!(
+        sends_of(&tap, &store, get()).await,
+        3,
+        "a connection idle past IDLE_PING_AFTER is pinged first"
+    );
+}
+
+/// With no ping at checkout, a `BEGIN` sent to a frozen PostgreSQL is bounded on
+/// the client's side: `Tx::begin` fails as unavailable within the pool's acquire
+/// timeout (the handler's 503). Once the server answers again, the connection
+/// is pooled outside any transaction (the given-up `BEGIN` was finished and
+/// rolled back, not cut in half) and serves the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_on_a_frozen_server_fails_within_the_acquire_timeout() {
+    let acquire_timeout = Duration::from_millis(500);
+    let (store, tap) = tapped_store(acquire_timeout).await;
+    // The one connection, used a moment ago and back in the pool: its
+    // checkout sends no ping.
+    sqlx::query("SELECT 1")
+        .execute(store.pool())
+        .await
+        .expect("a statement while it answers");
+    wait_until_idle(&store).await;
+    tap.freeze();
+    let started = std::time::Instant::now();
+    let slot = TransactionSlot::new();
+    let begun = tokio::time::timeout(Duration::from_secs(10), Tx::begin(&store, &slot))
+        .await
+        .expect("Tx::begin held past 10 s on a frozen server");
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            begun,
+            Err(TxRejection::Unavailable(StoreError::Unavailable(_)))
+        ),
+        "{:?}",
+        begun.map(drop)
+    );
+    assert!(
+        took >= acquire_timeout && took < acquire_timeout * 4,
+        "answered after {took:?}"
+    );
+    tap.thaw();
+    // The `BEGIN` given up on reached the server once it thawed: the connection
+    // comes back outside any transaction. Inside the one a cut `BEGIN` leaves
+    // open, `now()` would stay the time of that `BEGIN`.
+    wait_until_idle(&store).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let inside_an_old_transaction: bool =
+        sqlx::query_scalar("SELECT clock_timestamp() - now() > interval '100 milliseconds'")
+            .fetch_one(store.pool())
+            .await
+            .expect("a statement after the thaw");
+    assert!(
+        !inside_an_old_transaction,
+        "the pooled connection was left inside the given-up transaction"
+    );
+    let slot = TransactionSlot::new();
+    let mut tx = tokio::time::timeout(Duration::from_secs(10), Tx::begin(&store, &slot))
+        .await
+        .expect("thawed")
+        .expect("begin after the thaw");
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("a statement in the new transaction");
+    assert_eq!(one, 1);
+}
+
+/// A `Tx::begin` given up on by a deadline of the caller's own (shorter than the
+/// pool's) while its `BEGIN` waits on a frozen server leaves an empty
+/// transaction in the slot: the layer sees that nothing was written, not a
+/// handler that kept its transaction (which it would answer 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_given_up_on_leaves_nothing_lent() {
+    let (store, tap) = tapped_store(Duration::from_secs(5)).await;
+    sqlx::query("SELECT 1")
+        .execute(store.pool())
+        .await
+        .expect("a statement while it answers");
+    wait_until_idle(&store).await;
+    tap.freeze();
+    let slot = TransactionSlot::new();
+    let given_up = tokio::time::timeout(Duration::from_millis(200), Tx::begin(&store, &slot)).await;
+    assert!(given_up.is_err(), "the BEGIN answered a frozen server");
+    assert!(
+        matches!(slot.take(), SlotContents::Returned(_)),
+        "the slot still counts the transaction as lent"
+    );
+    tap.thaw();
+    wait_until_idle(&store).await;
 }
 
 // --- a newcomer's setup -------------------------------------------------------------

@@ -32,6 +32,7 @@
 //! dialect-specific (the schema, the claim, the clock) stays in the store's own crate.
 
 mod audit;
+mod begin;
 mod error;
 mod problem;
 mod purge;
@@ -53,6 +54,7 @@ pub use audit::{
     AUDIT_COLUMNS, AUDIT_ROWS_PER_INSERT, AuditColumns, chain_hash_of, decode_audit_entry,
     decode_audit_partition, partitions_statement, push_audit_rows,
 };
+pub use begin::{BeginToTheEnd, begin_to_the_end};
 pub use error::{ErrorClass, ErrorCodes, Misconfiguration, classify, store_error};
 pub use purge::{PurgeTask, purge_in_batches};
 pub use record::{

@@ -71,22 +71,46 @@ impl<S: SqlStore> Tx<S> {
                 store: store.clone(),
             });
         }
+        // Until the transaction began, the slot gets an empty one back if this
+        // is given up on (a deadline around the handler cut it short): nothing
+        // was written, and the layer must not think the handler kept it.
+        let nothing_written = NothingWritten { slot, store };
         match store.begin().await {
-            Ok(transaction) => Ok(Self {
-                transaction: Some(transaction),
-                slot: slot.clone(),
-                store: store.clone(),
-            }),
-            Err(err) => {
-                // Nothing was written: hand back an empty transaction, so the layer
-                // knows no business write can be pending.
-                slot.give_back(Box::new(Pending {
-                    transaction: None,
+            Ok(transaction) => {
+                nothing_written.defuse();
+                Ok(Self {
+                    transaction: Some(transaction),
+                    slot: slot.clone(),
                     store: store.clone(),
-                }));
-                Err(TxRejection::Unavailable(err))
+                })
             }
+            // Dropped: the empty transaction goes back, so the layer knows no
+            // business write can be pending.
+            Err(err) => Err(TxRejection::Unavailable(err)),
         }
+    }
+}
+
+/// Gives an empty transaction back to the slot when dropped: a [`Tx::begin`]
+/// that failed, or that was given up on before its `BEGIN` answered.
+struct NothingWritten<'a, S: SqlStore> {
+    slot: &'a TransactionSlot,
+    store: &'a S,
+}
+
+impl<S: SqlStore> NothingWritten<'_, S> {
+    /// The transaction began: the `Tx` gives it back from now on.
+    fn defuse(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<S: SqlStore> Drop for NothingWritten<'_, S> {
+    fn drop(&mut self) {
+        self.slot.give_back(Box::new(Pending {
+            transaction: None,
+            store: self.store.clone(),
+        }));
     }
 }
 
