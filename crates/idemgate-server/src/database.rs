@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{PgPool, SqlitePool};
 
@@ -34,10 +34,17 @@ pub async fn connect_sqlite(url: &str, timeout: Duration) -> Result<SqlitePool, 
 
 /// A PostgreSQL pool on `url`, every statement and connection checkout bounded
 /// by `timeout`, so a frozen server answers an error instead of holding requests.
+///
+/// The store's pool settings: a checkout pings only a connection idle for a
+/// while ([`idemgate_postgres::PostgresStore::pool_options`]), for the orders
+/// too, and with `--no-idempotency` as well, so the benchmark's baseline pays
+/// the same per checkout. What bounds a `BEGIN` on a frozen server is then a
+/// deadline on the client's side: the store's `Tx`, and the orders service's
+/// writes (`OrdersDb::bounded`).
 pub async fn connect_postgres(url: &str, timeout: Duration) -> Result<PgPool, sqlx::Error> {
     let options = PgConnectOptions::from_str(url)?
         .options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
-    PgPoolOptions::new()
+    idemgate_postgres::PostgresStore::pool_options()
         .max_connections(32)
         .acquire_timeout(timeout)
         .connect_with(options)

@@ -31,6 +31,7 @@ mod e2e {
     mod replay_cache;
     mod require_key;
     mod retry_after;
+    mod round_trips;
     mod strategies;
     mod streams;
     mod strict_input;

@@ -148,53 +148,62 @@ fn database_failure(error: &sqlx::Error) -> Response {
 /// Runs `$body` with `$conn: &mut OrdersConn` in the layer's transaction when
 /// there is one (the layer commits it with the record, or rolls it back), else
 /// in a transaction of its own, committed when `$commit(&outcome)` says the
-/// outcome wrote. Evaluates to `Result<outcome, Response>`.
+/// outcome wrote. Evaluates to `Result<outcome, Response>`. On PostgreSQL the
+/// whole of it is bounded by the store timeout ([`OrdersDb::bounded`]).
 macro_rules! in_transaction {
     ($app:expr, $slot:expr, |$conn:ident| $body:expr, $commit:expr) => {{
         let app: &OrdersState = $app;
-        match (&app.writes, $slot) {
-            (OrderWrites::SqliteTransaction(store), Some(slot)) => {
-                match idemgate_sqlite::Tx::begin(store, slot).await {
-                    Ok(mut tx) => {
-                        let $conn = &mut OrdersConn::Sqlite(&mut tx);
-                        $body.await.map_err(|error| database_failure(&error))
-                    }
-                    Err(error) => Err(tx_failure(app, &error)),
-                }
-            }
-            (OrderWrites::PostgresTransaction(store), Some(slot)) => {
-                match idemgate_postgres::Tx::begin(store, slot).await {
-                    Ok(mut tx) => {
-                        let $conn = &mut OrdersConn::Postgres(&mut tx);
-                        $body.await.map_err(|error| database_failure(&error))
-                    }
-                    Err(error) => Err(tx_failure(app, &error)),
-                }
-            }
-            _ => match &app.orders {
-                // IMMEDIATE: the write lock from the start, so a read before
-                // the write cannot fail to upgrade under concurrent writers.
-                OrdersDb::Sqlite(pool) => match pool.begin_with("BEGIN IMMEDIATE").await {
-                    Ok(mut tx) => {
-                        let outcome = {
+        let run = async {
+            match (&app.writes, $slot) {
+                (OrderWrites::SqliteTransaction(store), Some(slot)) => {
+                    match idemgate_sqlite::Tx::begin(store, slot).await {
+                        Ok(mut tx) => {
                             let $conn = &mut OrdersConn::Sqlite(&mut tx);
-                            $body.await
-                        };
-                        finish(outcome, tx, $commit).await
+                            $body.await.map_err(|error| database_failure(&error))
+                        }
+                        Err(error) => Err(tx_failure(app, &error)),
                     }
-                    Err(error) => Err(database_failure(&error)),
-                },
-                OrdersDb::Postgres(pool) => match pool.begin().await {
-                    Ok(mut tx) => {
-                        let outcome = {
+                }
+                (OrderWrites::PostgresTransaction(store), Some(slot)) => {
+                    match idemgate_postgres::Tx::begin(store, slot).await {
+                        Ok(mut tx) => {
                             let $conn = &mut OrdersConn::Postgres(&mut tx);
-                            $body.await
-                        };
-                        finish(outcome, tx, $commit).await
+                            $body.await.map_err(|error| database_failure(&error))
+                        }
+                        Err(error) => Err(tx_failure(app, &error)),
                     }
-                    Err(error) => Err(database_failure(&error)),
+                }
+                _ => match &app.orders {
+                    // IMMEDIATE: the write lock from the start, so a read before
+                    // the write cannot fail to upgrade under concurrent writers.
+                    OrdersDb::Sqlite(pool) => match pool.begin_with("BEGIN IMMEDIATE").await {
+                        Ok(mut tx) => {
+                            let outcome = {
+                                let $conn = &mut OrdersConn::Sqlite(&mut tx);
+                                $body.await
+                            };
+                            finish(outcome, tx, $commit).await
+                        }
+                        Err(error) => Err(database_failure(&error)),
+                    },
+                    OrdersDb::Postgres(pool) => {
+                        match idemgate_sqlx::begin_to_the_end(pool, None).await {
+                            Ok(mut tx) => {
+                                let outcome = {
+                                    let $conn = &mut OrdersConn::Postgres(&mut tx);
+                                    $body.await
+                                };
+                                finish(outcome, tx, $commit).await
+                            }
+                            Err(error) => Err(database_failure(&error)),
+                        }
+                    }
                 },
-            },
+            }
+        };
+        match app.orders.bounded(run).await {
+            Ok(outcome) => outcome,
+            Err(timed_out) => Err(database_failure(&timed_out.into())),
         }
     }};
 }

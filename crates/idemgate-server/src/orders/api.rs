@@ -10,6 +10,7 @@ use axum::{Extension, Json};
 use idemgate::conditional::{EntityTag, Preconditions, Refusal, Validators};
 use idemgate::transaction::TransactionSlot;
 use idemgate::{Finality, OperationContext, Principal, ProblemDetails};
+use idemgate_sqlx::begin_to_the_end;
 use uuid::Uuid;
 
 use crate::orders::db::{OrdersConn, OrdersDb, Placement, insert_postgres, insert_sqlite};
@@ -189,7 +190,12 @@ async fn place_order(
     let slot = slot
         .map(|Extension(slot)| slot)
         .filter(|_| operation.is_some());
-    match store_order(app, slot.as_ref(), placement, order).await {
+    let stored = app
+        .orders
+        .bounded(store_order(app, slot.as_ref(), placement, order))
+        .await
+        .unwrap_or_else(|timed_out| Err(StoreOrderError::Insert(timed_out.into())));
+    match stored {
         Ok(order) => created(order),
         Err(error) => {
             tracing::error!(error = %error, cause = ?std::error::Error::source(&error), "storing the order failed");
@@ -237,11 +243,12 @@ async fn earlier_create(
     operation: Option<&OperationContext>,
 ) -> Option<Response> {
     let operation = operation.filter(|op| outcome::may_follow_a_run(Some(op)))?;
-    match app
+    let earlier = app
         .orders
-        .by_operation(operation.operation_id.as_uuid())
+        .bounded(app.orders.by_operation(operation.operation_id.as_uuid()))
         .await
-    {
+        .unwrap_or_else(|timed_out| Err(timed_out.into()));
+    match earlier {
         Ok(order) => order.map(|order| created(order.as_created())),
         Err(error) => {
             tracing::warn!(%error, "reading the order of an earlier run failed; running again");
@@ -501,39 +508,47 @@ async fn edit(
         record: operation_id.map(|operation_id| (operation_id, app.outcome_retention)),
     };
     let slot = slot.map(|Extension(slot)| slot);
-    let edited = match (&app.writes, slot.as_ref()) {
-        // The layer commits its transaction with the record.
-        (OrderWrites::SqliteTransaction(store), Some(slot)) => {
-            match idemgate_sqlite::Tx::begin(store, slot).await {
-                Ok(mut tx) => write.run(&mut OrdersConn::Sqlite(&mut tx)).await,
-                Err(error) => return tx_failure(app, &error),
-            }
-        }
-        (OrderWrites::PostgresTransaction(store), Some(slot)) => {
-            match idemgate_postgres::Tx::begin(store, slot).await {
-                Ok(mut tx) => write.run(&mut OrdersConn::Postgres(&mut tx)).await,
-                Err(error) => return tx_failure(app, &error),
-            }
-        }
-        // A transaction of the edit's own: the change and its recorded answer
-        // commit together. IMMEDIATE on SQLite: the write lock from the start,
-        // so the read before the write cannot fail to upgrade.
-        _ => match &app.orders {
-            OrdersDb::Sqlite(pool) => match pool.begin_with("BEGIN IMMEDIATE").await {
-                Ok(mut tx) => {
-                    let edited = write.run(&mut OrdersConn::Sqlite(&mut tx)).await;
-                    commit_if_done(edited, tx).await
+    // `Err(answer)`: the layer's transaction could not begin.
+    let edit = async {
+        match (&app.writes, slot.as_ref()) {
+            // The layer commits its transaction with the record.
+            (OrderWrites::SqliteTransaction(store), Some(slot)) => {
+                match idemgate_sqlite::Tx::begin(store, slot).await {
+                    Ok(mut tx) => Ok(write.run(&mut OrdersConn::Sqlite(&mut tx)).await),
+                    Err(error) => Err(tx_failure(app, &error)),
                 }
-                Err(error) => Err(error),
-            },
-            OrdersDb::Postgres(pool) => match pool.begin().await {
-                Ok(mut tx) => {
-                    let edited = write.run(&mut OrdersConn::Postgres(&mut tx)).await;
-                    commit_if_done(edited, tx).await
+            }
+            (OrderWrites::PostgresTransaction(store), Some(slot)) => {
+                match idemgate_postgres::Tx::begin(store, slot).await {
+                    Ok(mut tx) => Ok(write.run(&mut OrdersConn::Postgres(&mut tx)).await),
+                    Err(error) => Err(tx_failure(app, &error)),
                 }
-                Err(error) => Err(error),
-            },
-        },
+            }
+            // A transaction of the edit's own: the change and its recorded answer
+            // commit together. IMMEDIATE on SQLite: the write lock from the start,
+            // so the read before the write cannot fail to upgrade.
+            _ => Ok(match &app.orders {
+                OrdersDb::Sqlite(pool) => match pool.begin_with("BEGIN IMMEDIATE").await {
+                    Ok(mut tx) => {
+                        let edited = write.run(&mut OrdersConn::Sqlite(&mut tx)).await;
+                        commit_if_done(edited, tx).await
+                    }
+                    Err(error) => Err(error),
+                },
+                OrdersDb::Postgres(pool) => match begin_to_the_end(pool, None).await {
+                    Ok(mut tx) => {
+                        let edited = write.run(&mut OrdersConn::Postgres(&mut tx)).await;
+                        commit_if_done(edited, tx).await
+                    }
+                    Err(error) => Err(error),
+                },
+            }),
+        }
+    };
+    let edited = match app.orders.bounded(edit).await {
+        Ok(Ok(edited)) => edited,
+        Ok(Err(answer)) => return answer,
+        Err(timed_out) => Err(timed_out.into()),
     };
     if matches!(edited, Ok(Edited::Done(_)))
         && let Some(answer) = EditFault::strike(app.edit_fault).await

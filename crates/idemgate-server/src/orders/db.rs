@@ -223,6 +223,19 @@ pub enum OrdersDb {
     Postgres(PgPool),
 }
 
+/// The orders database did not finish a write within the store timeout
+/// ([`OrdersDb::bounded`]); it fails as a timed-out I/O error, which the
+/// handlers answer 503 with `Retry-After`.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the orders database did not answer within {0:?}")]
+pub struct TimedOut(pub Duration);
+
+impl From<TimedOut> for sqlx::Error {
+    fn from(timed_out: TimedOut) -> Self {
+        sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, timed_out))
+    }
+}
+
 /// Who placed an order and under which operation.
 #[derive(Debug, Clone, Copy)]
 pub struct Placement<'a> {
@@ -393,6 +406,25 @@ impl OrdersDb {
                 .transpose())
         })
         .await
+    }
+
+    /// `write` (a transaction and its statements), given the store timeout to
+    /// finish when the database is PostgreSQL. Its pool pings only connections
+    /// that sat idle (`crate::database::connect_postgres`), so nothing else
+    /// bounds a `BEGIN` or a statement sent to a frozen server:
+    /// `statement_timeout` is enforced by the server itself. Cut short, `write`
+    /// is dropped, which rolls its transaction back. SQLite runs in process and
+    /// its busy timeout bounds its waits: `write` runs as it is.
+    pub async fn bounded<F: Future>(&self, write: F) -> Result<F::Output, TimedOut> {
+        match self {
+            Self::Sqlite(_) => Ok(write.await),
+            Self::Postgres(pool) => {
+                let timeout = pool.options().get_acquire_timeout();
+                tokio::time::timeout(timeout, write)
+                    .await
+                    .map_err(|_elapsed| TimedOut(timeout))
+            }
+        }
     }
 
     /// `sqlite` or `postgres`, for logs.
