@@ -488,12 +488,7 @@ async fn statement_timeout_is_unavailable() {
 /// whose connections pass through a [`Tap`] in front of the test PostgreSQL.
 async fn tapped_store(acquire_timeout: Duration) -> (PostgresStore, Tap) {
     let options: PgConnectOptions = url().parse().expect("url");
-    let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
-        .await
-        .expect("resolve PostgreSQL")
-        .next()
-        .expect("an address for PostgreSQL");
-    let tap = Tap::start(upstream).await;
+    let tap = Tap::start_to(options.get_host(), options.get_port()).await;
     let pool = PostgresStore::pool_options()
         .max_connections(1)
         .acquire_timeout(acquire_timeout)
@@ -512,6 +507,18 @@ async fn sends_of(tap: &Tap, store: &PostgresStore, call: impl Future<Output = (
     call.await;
     wait_until_idle(store).await;
     tap.client_sends() - before
+}
+
+/// Runs a statement on the pool's one connection, waits until it is pooled
+/// again (used a moment ago: its next checkout sends no ping), then freezes the
+/// server behind `tap`.
+async fn freeze_after_a_statement(store: &PostgresStore, tap: &Tap) {
+    sqlx::query("SELECT 1")
+        .execute(store.pool())
+        .await
+        .expect("a statement while it answers");
+    wait_until_idle(store).await;
+    tap.freeze();
 }
 
 /// Until the pool's one connection is back, after the release's ping answered.
@@ -562,14 +569,7 @@ async fn a_checkout_pings_only_a_connection_that_sat_idle() {
 async fn a_begin_on_a_frozen_server_fails_within_the_acquire_timeout() {
     let acquire_timeout = Duration::from_millis(500);
     let (store, tap) = tapped_store(acquire_timeout).await;
-    // The one connection, used a moment ago and back in the pool: its
-    // checkout sends no ping.
-    sqlx::query("SELECT 1")
-        .execute(store.pool())
-        .await
-        .expect("a statement while it answers");
-    wait_until_idle(&store).await;
-    tap.freeze();
+    freeze_after_a_statement(&store, &tap).await;
     let started = std::time::Instant::now();
     let slot = TransactionSlot::new();
     let begun = tokio::time::timeout(Duration::from_secs(10), Tx::begin(&store, &slot))
@@ -622,12 +622,7 @@ async fn a_begin_on_a_frozen_server_fails_within_the_acquire_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_begin_given_up_on_leaves_nothing_lent() {
     let (store, tap) = tapped_store(Duration::from_secs(5)).await;
-    sqlx::query("SELECT 1")
-        .execute(store.pool())
-        .await
-        .expect("a statement while it answers");
-    wait_until_idle(&store).await;
-    tap.freeze();
+    freeze_after_a_statement(&store, &tap).await;
     let slot = TransactionSlot::new();
     let given_up = tokio::time::timeout(Duration::from_millis(200), Tx::begin(&store, &slot)).await;
     assert!(given_up.is_err(), "the BEGIN answered a frozen server");

@@ -64,6 +64,17 @@ impl Tap {
         }
     }
 
+    /// Starts a tap to the first address `host` resolves to (a database URL's
+    /// host and port).
+    pub async fn start_to(host: &str, port: u16) -> Self {
+        let upstream = tokio::net::lookup_host((host, port))
+            .await
+            .unwrap_or_else(|error| panic!("resolve {host}:{port}: {error}"))
+            .next()
+            .unwrap_or_else(|| panic!("{host}:{port} resolves to no address"));
+        Self::start(upstream).await
+    }
+
     /// The tap's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr

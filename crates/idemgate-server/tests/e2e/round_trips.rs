@@ -80,12 +80,7 @@ struct Counted {
 async fn count_orders(flags: impl FnOnce(Options) -> Options, keyed: bool) -> Counted {
     let database = OwnDatabase::create().await;
     let options: sqlx::postgres::PgConnectOptions = postgres_url().parse().expect("url");
-    let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
-        .await
-        .expect("resolve PostgreSQL")
-        .next()
-        .expect("an address");
-    let tap = Tap::start(upstream).await;
+    let tap = Tap::start_to(options.get_host(), options.get_port()).await;
     let server = Server::start(flags(Options::new(&database.url_through(&tap)))).await;
     let client = Client::new();
     let url = server.url("/api/v1/orders");
