@@ -221,14 +221,6 @@ impl Report {
         let cells = self.cells();
         let cell = |store, scenario| cells.get(&(store, scenario));
         let mut targets = Vec::new();
-        if let Some(c) = cell(StoreKind::Memory, Scenario::NewKey) {
-            targets.push(Target::at_least(
-                "memory new-key ≥ 0.85 × bare (req/s)",
-                c.rps.ratio,
-                0.85,
-                "×",
-            ));
-        }
         for store in StoreKind::ALL {
             if let Some(c) = cell(store, Scenario::Replay) {
                 targets.push(Target::at_least(
@@ -268,12 +260,16 @@ impl Report {
                 ));
             }
         }
-        // Issue 11 ("Faster stores"): new keys per store against bare, and every
-        // store's replay (the replay cache on) against the memory store's.
+        // New keys per store against bare: issue 39's floors ("At the
+        // ceiling"), stricter than issue 11's (memory 0.85, SQLite 0.7) except
+        // PostgreSQL's two-phase orders (0.55 then, 0.5 with at most 4 round
+        // trips now). Every store's replay (the replay cache on) is judged
+        // against the memory store's below.
         for (store, floor) in [
-            (StoreKind::Sqlite, 0.7),
+            (StoreKind::Memory, 0.95),
+            (StoreKind::Sqlite, 0.9),
             (StoreKind::Redis, 0.9),
-            (StoreKind::Postgres, 0.55),
+            (StoreKind::Postgres, 0.5),
         ] {
             if let Some(c) = cell(store, Scenario::NewKey) {
                 targets.push(Target::at_least(
