@@ -137,7 +137,8 @@ pub(crate) async fn redis(
         return Err(format!("SCRIPT LOAD answered {loaded:?}, expected {sha}").into());
     }
     // 32-byte fingerprint, 16-byte operation id, 30 s lease, 15 min TTL (the
-    // records expire by themselves), format version 1 — the store's arguments.
+    // records expire by themselves), format version 1, no field digests — the
+    // store's arguments.
     let args = |n: u64| -> Vec<String> {
         [
             "-u",
@@ -158,6 +159,9 @@ pub(crate) async fn redis(
             "30000",
             "900000",
             "1",
+            // No field digests (a body without them): the store sends an empty
+            // string, and the script writes no `fd` field.
+            "",
         ]
         .iter()
         .map(|s| (*s).to_owned())
@@ -332,9 +336,11 @@ pub(crate) async fn postgres(
 pub(crate) fn shell_words(argv: &[String]) -> String {
     argv.iter()
         .map(|arg| {
-            if arg
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,".contains(c))
+            // An empty argument must stay one: `''`.
+            if !arg.is_empty()
+                && arg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,".contains(c))
             {
                 arg.clone()
             } else {
@@ -366,5 +372,16 @@ mod tests {
         }
         assert!(script.contains("\\gset"));
         assert!(script.contains("operation_id = :op::uuid AND token = :tk::bigint"));
+    }
+
+    /// The printed command runs as it ran: an empty argument (the claim's
+    /// absent field digests) stays an argument, quoted words stay whole.
+    #[test]
+    fn printed_commands_keep_empty_and_spaced_arguments() {
+        let argv: Vec<String> = ["EVALSHA", "", "a b", "it's", "x:1"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        assert_eq!(shell_words(&argv), r"EVALSHA '' 'a b' 'it'\''s' x:1");
     }
 }
