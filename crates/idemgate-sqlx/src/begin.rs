@@ -21,15 +21,23 @@ use sqlx::{Database, Pool, Transaction};
 type Begin<DB> =
     Pin<Box<dyn Future<Output = Result<Transaction<'static, DB>, sqlx::Error>> + Send>>;
 
-/// A checkout and its `BEGIN` on a pool ([`begin_to_the_end`]).
+/// A checkout and its `BEGIN` on a pool ([`begin_to_the_end`]), safe to give
+/// up on.
+///
+/// sqlx counts a transaction only once the server has answered its `BEGIN`; a
+/// `pool.begin()` dropped in between leaves the connection inside the
+/// transaction the server opened, and sqlx pools it that way. Polled to the end,
+/// this is the begin; dropped before that, it finishes the begin in a task of
+/// its own and drops the transaction it gets, which rolls it back before the
+/// connection is pooled.
 #[must_use = "a begin does nothing unless awaited"]
 pub struct BeginToTheEnd<DB: Database> {
     /// `Some` until it answered.
     begin: Option<Begin<DB>>,
 }
 
-/// `pool.begin()`, or `pool.begin_with(statement)`, safe to give up on: see
-/// the [module](self).
+/// `pool.begin()`, or `pool.begin_with(statement)`, safe to give up on (any
+/// deadline may wrap it): see [`BeginToTheEnd`].
 pub fn begin_to_the_end<DB: Database>(
     pool: &Pool<DB>,
     statement: Option<String>,
