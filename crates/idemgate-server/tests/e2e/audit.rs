@@ -15,6 +15,7 @@ use serde_json::Value;
 use sqlx::Connection;
 
 use crate::support::client::{Client, ORDER, new_key};
+use crate::support::databases::OwnDatabase;
 use crate::support::gateway::{Fault, MockGateway};
 use crate::support::proxy::{Proxy, ProxyOptions, Upstream};
 use crate::support::server::{Options, Server, TempDir, postgres_url, redis_url, sqlite_url};
@@ -415,24 +416,10 @@ async fn the_journal_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_journal_on_postgres() {
-    let base = postgres_url();
-    let name = format!("idemgate_audit_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(&base)
-        .await
-        .expect("PostgreSQL");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
-    let url = format!("{prefix}/{name}");
+    let database = OwnDatabase::create("audit").await;
+    let url = database.url();
     scenario(Options::new(&url), &url, Journal::Sql(url.clone())).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {name} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await
-    .unwrap();
+    database.drop_it().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -10,60 +10,13 @@ use sqlx::Connection;
 use idemgate_testkit::tap::Tap;
 
 use crate::support::client::{Client, ORDER, new_key};
+use crate::support::databases::OwnDatabase;
 use crate::support::server::{Options, Server, postgres_url};
 
 /// Requests sent before counting (the pool's connections opened, statements
 /// prepared), then counted.
 const WARM_UP: usize = 100;
 const COUNTED: usize = 40;
-
-/// A database of the test's own on the test PostgreSQL, dropped at the end.
-struct OwnDatabase {
-    admin: sqlx::PgConnection,
-    name: String,
-}
-
-impl OwnDatabase {
-    async fn create() -> Self {
-        let mut admin = sqlx::PgConnection::connect(&postgres_url())
-            .await
-            .expect("PostgreSQL");
-        let name = format!("idemgate_trips_{}", uuid::Uuid::new_v4().simple());
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create the database");
-        Self { admin, name }
-    }
-
-    /// Its URL, direct.
-    fn url(&self) -> String {
-        let base = postgres_url();
-        let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
-        format!("{prefix}/{}", self.name)
-    }
-
-    /// Its URL through `tap`.
-    fn url_through(&self, tap: &Tap) -> String {
-        let options: sqlx::postgres::PgConnectOptions = postgres_url().parse().expect("url");
-        format!(
-            "postgres://{}@{}/{}",
-            options.get_username(),
-            tap.addr(),
-            self.name
-        )
-    }
-
-    async fn drop_it(mut self) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&mut self.admin)
-        .await
-        .expect("drop the database");
-    }
-}
 
 /// What the tap counted over `COUNTED` sequential orders, each under a new key
 /// (or none: `keyed` false), on one keep-alive connection.
@@ -78,10 +31,10 @@ struct Counted {
 }
 
 async fn count_orders(flags: impl FnOnce(Options) -> Options, keyed: bool) -> Counted {
-    let database = OwnDatabase::create().await;
+    let database = OwnDatabase::create("trips").await;
     let options: sqlx::postgres::PgConnectOptions = postgres_url().parse().expect("url");
     let tap = Tap::start_to(options.get_host(), options.get_port()).await;
-    let server = Server::start(flags(Options::new(&database.url_through(&tap)))).await;
+    let server = Server::start(flags(Options::new(&database.url_through(tap.addr())))).await;
     let client = Client::new();
     let url = server.url("/api/v1/orders");
     let order = async || {

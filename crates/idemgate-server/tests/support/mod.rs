@@ -3,13 +3,15 @@
 //! mocks of what is external to it (the payment gateway, [`gateway`]; an upstream
 //! API, [`proxy::Upstream`]), an HTTP client for the orders API ([`client`]), and
 //! sockets and waiting ([`net`], [`wait`]), webhook deliveries signed by the
-//! providers' own libraries ([`webhooks`]).
+//! providers' own libraries ([`webhooks`]), PostgreSQL databases of a test's
+//! own ([`databases`]).
 //!
 //! Each binary uses part of it, so unused items are allowed here.
 
 #![allow(dead_code, unreachable_pub)]
 
 pub mod client;
+pub mod databases;
 pub mod gateway;
 pub mod net;
 pub mod proxy;

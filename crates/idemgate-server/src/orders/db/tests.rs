@@ -1,6 +1,8 @@
 //! The orders database of every earlier release opens: each schema the
 //! hand-rolled migrations of a release before `sqlx::migrate!` left behind is
 //! built, holding an order, then opened the way a starting server opens it.
+//! And a write on PostgreSQL is bounded by the store timeout
+//! ([`OrdersDb::bounded`]) when the server stops answering.
 
 use std::time::Duration;
 
@@ -295,4 +297,70 @@ async fn a_postgres_database_of_each_earlier_release_opens() {
             .await
             .expect("drop schema");
     }
+}
+
+/// A write on PostgreSQL whose server stops answering after its `BEGIN` (a
+/// freezing tap between the pool and the server) is cut at the store timeout:
+/// `bounded` answers `TimedOut` in that time (the handlers' 503), where the
+/// statement alone would wait for the thaw. Once the server answers again the
+/// pool's one connection is back outside any transaction: dropping the write
+/// rolled it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_a_frozen_postgres_is_cut_at_the_store_timeout() {
+    let server = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let options: sqlx::postgres::PgConnectOptions = server.parse().expect("url");
+    let tap = idemgate_testkit::tap::Tap::start_to(options.get_host(), options.get_port()).await;
+    let url = format!(
+        "postgres://{}@{}/{}",
+        options.get_username(),
+        tap.addr(),
+        options.get_database().unwrap_or("test")
+    );
+    let store_timeout = Duration::from_millis(500);
+    let db = OrdersDb::Postgres(
+        connect_postgres(&url, store_timeout)
+            .await
+            .expect("connect"),
+    );
+    let OrdersDb::Postgres(pool) = &db else {
+        unreachable!("a PostgreSQL database")
+    };
+    let started = std::time::Instant::now();
+    let write = db.bounded(async {
+        let mut tx = idemgate_sqlx::begin_to_the_end(pool, None)
+            .await
+            .expect("BEGIN while it answers");
+        tap.freeze();
+        sqlx::query("SELECT 1").execute(&mut *tx).await.map(drop)
+    });
+    let cut = tokio::time::timeout(Duration::from_secs(10), write)
+        .await
+        .expect("the write held past 10 s on a frozen server");
+    let took = started.elapsed();
+    assert!(
+        matches!(cut, Err(TimedOut(timeout)) if timeout == store_timeout),
+        "{cut:?}"
+    );
+    assert!(took < store_timeout * 4, "cut after {took:?}");
+    tap.thaw();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while pool.num_idle() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the connection back in the pool");
+    assert_eq!(pool.size(), 1, "the one connection the write used");
+    // In the transaction the write left open, `now()` would stay its `BEGIN`.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let inside_an_old_transaction: bool =
+        sqlx::query_scalar("SELECT clock_timestamp() - now() > interval '100 milliseconds'")
+            .fetch_one(pool)
+            .await
+            .expect("a statement after the thaw");
+    assert!(
+        !inside_an_old_transaction,
+        "the cut write's transaction stayed open"
+    );
 }
