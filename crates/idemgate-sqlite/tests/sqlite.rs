@@ -424,6 +424,15 @@ impl TransactionalHarness for SqliteHarness {
 
 mod sql_store {
     idemgate_testkit::sql_store_conformance!(super::harness);
+
+    /// The claim's entry rides in the claim's batch of the writer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_journaled_claim_writes_its_entry_with_it() {
+        idemgate_testkit::sql_store::a_journaled_claim_writes_its_entry_with_it(
+            std::sync::Arc::new(super::harness().await),
+        )
+        .await;
+    }
 }
 
 mod transactional {

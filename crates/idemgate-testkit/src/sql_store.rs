@@ -451,3 +451,113 @@ pub async fn two_instances_append_to_one_partition_in_turn<H: SqlHarness>(harnes
         "one chain"
     );
 }
+
+/// For a store that writes a claim's journal entry with the claim
+/// ([`Store::try_claim_journaled`] answering `true`: SQLite, in the claim's
+/// batch of its writer): once the claim returns, the journal holds exactly
+/// the template made `claimed` — then `taken_over`, when the lease lapsed and
+/// the key is claimed again — with the record's operation id, and its
+/// partition verifies. A claim that meets the held record writes nothing.
+/// The first claim warms the store up (a store may leave an instance's first
+/// claim to the journal's writer).
+pub async fn a_journaled_claim_writes_its_entry_with_it<H: SqlHarness>(harness: Arc<H>) {
+    use crate::conformance::{audit_of, verify_partition};
+    use idemgate_core::audit::{AuditEntry, AuditRecord};
+    use idemgate_core::{Claim, ClaimRequest};
+
+    let store = harness.store(4).await;
+    let instance = format!("journaled-{}", uuid::Uuid::new_v4().simple());
+    let template = AuditRecord {
+        event: None,
+        operation_id: None,
+        method: "POST".into(),
+        route: "/orders/{id}".into(),
+        principal: "tenant:7/user:42".into(),
+        key_digest: "ab".repeat(32),
+        fingerprint: Some("cd".repeat(32)),
+        status: None,
+        duration_ms: None,
+        instance: instance.clone(),
+    };
+    let claim = |request: ClaimRequest| {
+        let (store, template) = (&store, &template);
+        async move {
+            store
+                .try_claim_journaled(&request, template)
+                .await
+                .expect("try_claim_journaled")
+        }
+    };
+    // The journal's entries of one operation, wherever the store put them.
+    let entries_of = |operation: OperationId| {
+        let store = &store;
+        async move {
+            let entries: Vec<AuditEntry> = store
+                .read_audit(&AuditQuery::all(100_000))
+                .await
+                .expect("read_audit")
+                .into_iter()
+                .filter(|e| e.record.operation_id == Some(operation.to_string()))
+                .collect();
+            entries
+        }
+    };
+    let (warm_up, _) = claim(fresh_request()).await;
+    assert!(matches!(warm_up, Claim::Acquired(_)), "a fresh key");
+
+    let request = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..fresh_request()
+    };
+    let (Claim::Acquired(first), written) = claim(request.clone()).await else {
+        panic!("a fresh key is claimed");
+    };
+    assert!(written, "the store wrote the claim's entry with it");
+    let (again, written) = claim(request.clone()).await;
+    assert!(matches!(again, Claim::Existing(_)), "a live lease is held");
+    assert!(!written, "meeting a held record writes no entry");
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (Claim::Acquired(second), written) = claim(ClaimRequest {
+        lease: DAY,
+        ..request
+    })
+    .await
+    else {
+        panic!("a lapsed lease is taken over");
+    };
+    assert_eq!(second.origin, LeaseOrigin::TakenOver);
+    assert!(written, "the takeover's entry was written with it");
+
+    let entries = entries_of(first.operation_id).await;
+    let events: Vec<AuditEvent> = entries.iter().map(|e| e.record.event()).collect();
+    assert_eq!(
+        events,
+        [AuditEvent::Claimed, AuditEvent::TakenOver],
+        "one entry per acquired claim, in order"
+    );
+    for entry in &entries {
+        let expected = AuditRecord {
+            event: Some(entry.record.event()),
+            operation_id: Some(first.operation_id.to_string()),
+            instance: entry.record.instance.clone(),
+            ..template.clone()
+        };
+        assert_eq!(
+            entry.record, expected,
+            "the template, made the claim's entry"
+        );
+        assert!(
+            entry.record.instance.starts_with(&instance),
+            "in a partition of the instance: {}",
+            entry.record.instance
+        );
+        let partition = audit_of(&store, &entry.record.instance).await;
+        assert_eq!(
+            verify_partition(&store, &entry.record.instance, &partition).await,
+            partition.len() as u64,
+            "the claim's partition verifies"
+        );
+    }
+    harness.finish().await;
+}
