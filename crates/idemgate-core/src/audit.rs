@@ -223,7 +223,7 @@ impl ChainHash {
 
     /// Lower-case hex, 64 characters.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        crate::hex_text::encode(&self.0)
     }
 
     /// Parses 64 hex characters.
@@ -359,7 +359,7 @@ pub fn key_digest(secret: &AuditSecret, key: &str) -> String {
         .expect("HMAC accepts keys of any length");
     mac.update(b"idemgate/audit/key/v1\0");
     mac.update(key.as_bytes());
-    hex::encode(mac.finalize().into_bytes())
+    crate::hex_text::encode(&mac.finalize().into_bytes())
 }
 
 /// What a store that deletes expired records itself needs to journal each as
@@ -413,7 +413,7 @@ impl ExpiryJournal {
             route: record.path.to_owned(),
             principal: record.principal.to_owned(),
             key_digest: key_digest(&self.secret, record.key),
-            fingerprint: Some(hex::encode(record.fingerprint)),
+            fingerprint: Some(crate::hex_text::encode(record.fingerprint)),
             status: record.status,
             duration_ms: None,
             instance: self.instance.clone(),

@@ -50,6 +50,7 @@ pub mod encoding;
 pub mod estimate;
 pub mod event_stream;
 pub mod fingerprint;
+pub mod hex_text;
 pub mod key;
 pub mod memory;
 pub mod path;

@@ -99,7 +99,7 @@ impl ResourceId {
 
     /// Lower-case hex, 64 characters.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        crate::hex_text::encode(&self.0)
     }
 }
 

@@ -57,7 +57,7 @@ impl IdentityDigest {
 
     /// Lower-case hex, 64 characters.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        crate::hex_text::encode(&self.0)
     }
 }
 

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_core::audit::{AuditEntry, AuditPartition, AuditQuery, AuditRecord, AuditSecret};
 use idemgate_core::fingerprint::FieldDigests;
+use idemgate_core::hex_text;
 use idemgate_core::record::{FencingToken, OperationId, RECORD_FORMAT_VERSION};
 use idemgate_core::resource_lease::{LeaseAcquisition, LeaseToken, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
@@ -400,7 +401,7 @@ impl RedisStore {
         format!(
             "{}:pieces:{}:{}",
             self.record_key(&stream.identity),
-            hex::encode(stream.operation_id.as_bytes()),
+            hex_text::encode(stream.operation_id.as_bytes()),
             stream.token.0
         )
     }

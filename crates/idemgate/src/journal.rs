@@ -51,6 +51,7 @@ use idemgate_core::audit::{
     AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ExpiryJournal,
     key_digest, transaction_partition,
 };
+use idemgate_core::hex_text;
 use idemgate_core::record::FencingToken;
 use idemgate_core::resource_lease::{LeaseAcquisition, ResourceId, ResourceLease};
 use idemgate_core::scope::IdentityDigest;
@@ -306,7 +307,7 @@ impl Journaled {
             route: request.route().to_owned(),
             principal: scope.principal.as_str().to_owned(),
             key_digest: key_digest(&self.config.secret, request.identity.key().as_str()),
-            fingerprint: Some(hex::encode(request.fingerprint.as_bytes())),
+            fingerprint: Some(hex_text::encode(request.fingerprint.as_bytes())),
             status: None,
             duration_ms: None,
             instance: self.config.instance.clone(),

@@ -129,7 +129,7 @@ fn hmac_hex(secret: &[u8], message: &[u8]) -> String {
     let mut mac =
         <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key length");
     mac.update(message);
-    hex::encode(mac.finalize().into_bytes())
+    idemgate_core::hex_text::encode(&mac.finalize().into_bytes())
 }
 
 #[cfg(test)]

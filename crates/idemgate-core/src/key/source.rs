@@ -406,7 +406,7 @@ impl ContentDedup {
     pub fn key(&self, request: &FingerprintInput<'_>) -> IdempotencyKey {
         let digest = Fingerprint::of_selected(*request, &self.selection());
         // Hex digits: always a valid key, whatever the configured maximum length.
-        IdempotencyKey(hex::encode(digest.as_bytes()))
+        IdempotencyKey(crate::hex_text::encode(digest.as_bytes()))
     }
 }
 
