@@ -44,7 +44,7 @@ impl Telemetry {
 
 /// Installs the global tracing subscriber: `RUST_LOG` filters (default `info`),
 /// `log_format` picks human or JSON lines on stderr (human lines colored only
-/// on a terminal, [`colored`]), and `otlp` adds the
+/// on a terminal, and never with `NO_COLOR` set), and `otlp` adds the
 /// OpenTelemetry layer. The OTLP endpoint, headers and timeout come from the
 /// standard `OTEL_EXPORTER_OTLP_*` variables (default endpoint
 /// `http://localhost:4318`, `/v1/traces` appended); the service name from
