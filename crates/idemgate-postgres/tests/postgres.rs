@@ -523,13 +523,12 @@ async fn freeze_after_a_statement(store: &PostgresStore, tap: &Tap) {
 
 /// Until the pool's one connection is back, after the release's ping answered.
 async fn wait_until_idle(store: &PostgresStore) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while store.pool().num_idle() == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .expect("the connection back in the pool");
+    idemgate_testkit::wait::wait_until(
+        "the connection back in the pool",
+        Duration::from_secs(5),
+        || store.pool().num_idle() > 0,
+    )
+    .await;
 }
 
 /// `pool_options()` pings a connection at checkout only after it sat idle for

@@ -27,6 +27,7 @@
 //!
 //! # Modules
 //!
+//! - [`wait`]: [`wait::wait_until`], a condition polled with a bound.
 //! - [`conformance`]: the store conformance suite; [`cache`]: the same behind the
 //!   replay cache; `sql_store` and `transactional`: the SQL stores' suites; `setup`:
 //!   a SQL store's first setup behind the layer (feature `transactional`).
@@ -70,6 +71,7 @@ pub mod tap;
 pub mod transactional;
 #[cfg(feature = "upstreams")]
 pub mod upstreams;
+pub mod wait;
 
 #[cfg(feature = "http")]
 pub use self::http::Answer;

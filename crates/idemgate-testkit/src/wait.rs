@@ -2,7 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-/// Polls `ready` every 100 ms until it holds, or panics naming `what` after `limit`.
+/// Polls `ready` every 10 ms until it holds, or panics naming `what` after
+/// `limit`.
 pub async fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !ready() {
@@ -10,6 +11,6 @@ pub async fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> 
             Instant::now() < deadline,
             "{what} not ready within {limit:?}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

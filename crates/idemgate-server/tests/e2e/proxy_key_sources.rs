@@ -12,7 +12,7 @@ use tokio::sync::Barrier;
 use crate::support::client::{Answer, Client};
 use crate::support::proxy::{Proxy, ProxyOptions, Upstream};
 use crate::support::server::{TempDir, postgres_url, redis_url};
-use crate::support::wait::wait_until;
+use idemgate_testkit::wait::wait_until;
 
 const ROUTES: &str = r#"
 [[route]]

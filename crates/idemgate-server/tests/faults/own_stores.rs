@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use super::budget::{Rng, span};
 use crate::support::server::{TempDir, send_signal};
-use crate::support::wait::wait_until;
 use idemgate_testkit::free_port;
+use idemgate_testkit::wait::wait_until;
 
 /// One child process and what it forks, killed when dropped.
 pub struct Tree {

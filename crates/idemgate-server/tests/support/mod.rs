@@ -16,5 +16,4 @@ pub mod gateway;
 pub mod net;
 pub mod proxy;
 pub mod server;
-pub mod wait;
 pub mod webhooks;

@@ -344,13 +344,12 @@ async fn a_write_on_a_frozen_postgres_is_cut_at_the_store_timeout() {
     );
     assert!(took < store_timeout * 4, "cut after {took:?}");
     tap.thaw();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while pool.num_idle() == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .expect("the connection back in the pool");
+    idemgate_testkit::wait::wait_until(
+        "the connection back in the pool",
+        Duration::from_secs(5),
+        || pool.num_idle() > 0,
+    )
+    .await;
     assert_eq!(pool.size(), 1, "the one connection the write used");
     // In the transaction the write left open, `now()` would stay its `BEGIN`.
     tokio::time::sleep(Duration::from_millis(200)).await;
