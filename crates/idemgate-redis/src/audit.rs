@@ -253,7 +253,8 @@ impl Journal {
                 };
                 heads.insert(instance, head);
             }
-            // Sealed after them.
+            // Sealed after them, at the clock just read.
+            let at = Timestamp::from_millis(now);
             let mut entries: Vec<(usize, Fields<'_>)> = Vec::with_capacity(records.len());
             for record in records {
                 let index = instances
@@ -261,7 +262,6 @@ impl Journal {
                     .position(|i| *i == record.instance)
                     .unwrap_or(0);
                 let prev = heads[record.instance.as_str()];
-                let at = Timestamp::from_millis(now);
                 let hash = chain_hash(&prev, at, record);
                 heads.insert(&record.instance, hash);
                 entries.push((index + 1, fields(record, at, prev, hash)));
