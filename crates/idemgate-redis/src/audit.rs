@@ -20,12 +20,20 @@
 //! the partitions' heads and the server's clock, the entries are sealed after
 //! them, and a second script writes them only if every head is still what was
 //! read (a compare-and-set), numbering them with `INCR`; a lost race reads again.
-//! Two round trips per batch, off the request path (the journal writer batches).
 //! One process's appends take turns (a lock), so only processes sharing an
 //! instance name ever race.
+//!
+//! The read is needed only once in a while ([`Hint`]): the heads an append
+//! wrote are the next append's expected heads, and the server's clock, read
+//! with them, is carried forward on this process's monotonic clock for
+//! [`CLOCK_TRUSTED_FOR`]. An append within that is one round trip, the
+//! compare-and-set; a refused one (another process wrote as the same instance,
+//! or the heads were edited) reads again. A claim waits for its entry's
+//! append, so this is a round trip off every new key's path.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use idemgate_core::StoreError;
 use idemgate_core::audit::{
@@ -41,6 +49,14 @@ use crate::error::RedisStoreError;
 /// How often an append reads the heads again after another writer of the same
 /// partition moved one (only instances sharing a name race).
 const APPEND_ATTEMPTS: usize = 8;
+
+/// How long the server's clock, read with the heads, stamps entries carried
+/// forward on this process's monotonic clock ([`Hint`]) before it is read
+/// again. The estimate is off by at most the read's one-way delay plus the
+/// two clocks' drift over this span — well under the millisecond `at` is
+/// kept in — and an entry's `at` already trails its event by the writer's
+/// gathering (a few milliseconds).
+const CLOCK_TRUSTED_FOR: Duration = Duration::from_secs(1);
 
 /// Reads the server's clock and the heads of `ARGV` (instances); an absent head
 /// is an empty string.
@@ -158,9 +174,49 @@ pub(crate) struct Journal {
     trim_script: Script,
     secret_script: Script,
     base: String,
-    /// This process's appends, one at a time: they would only lose the
-    /// compare-and-set to each other.
-    appending: tokio::sync::Mutex<()>,
+    /// This process's appends, one at a time (they would only lose the
+    /// compare-and-set to each other), and what the last one learned.
+    appending: tokio::sync::Mutex<Appending>,
+}
+
+/// What one process's appends carry from one to the next.
+#[derive(Default)]
+struct Appending {
+    /// The heads and the clock, while they can be trusted; `None` until the
+    /// first read, and again after a refused append.
+    hint: Option<Hint>,
+    /// The latest `at` written: a new read of the server's clock that is
+    /// behind the estimate (the clocks drifted) never moves `at` back.
+    last_at: i64,
+}
+
+/// The partitions' heads as this process last wrote or read them, and the
+/// server's clock as last read: enough to seal and append the next batch
+/// without reading either again.
+struct Hint {
+    /// Each partition's head, as the heads hash holds it (`""` for none yet).
+    heads: HashMap<String, String>,
+    /// The server's clock, in milliseconds, when it was read…
+    clock_ms: i64,
+    /// …at this instant of this process's monotonic clock.
+    read_at: Instant,
+}
+
+impl Hint {
+    /// The expected heads of `instances` and the server's clock now, if every
+    /// head is known and the clock was read recently enough.
+    fn covers(&self, instances: &[&str]) -> Option<(Vec<String>, i64)> {
+        let elapsed = self.read_at.elapsed();
+        if elapsed > CLOCK_TRUSTED_FOR {
+            return None;
+        }
+        let heads = instances
+            .iter()
+            .map(|instance| self.heads.get(*instance).cloned())
+            .collect::<Option<Vec<_>>>()?;
+        let elapsed_ms = i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX);
+        Some((heads, self.clock_ms.saturating_add(elapsed_ms)))
+    }
 }
 
 impl std::fmt::Debug for Journal {
@@ -192,7 +248,7 @@ impl Journal {
             trim_script: Script::new(TRIM),
             secret_script: Script::new(SECRET),
             base: format!("{prefix}{{{prefix}audit}}"),
-            appending: tokio::sync::Mutex::new(()),
+            appending: tokio::sync::Mutex::default(),
         }
     }
 
@@ -218,28 +274,31 @@ impl Journal {
                 instances.push(&record.instance);
             }
         }
-        let _turn = self.appending.lock().await;
+        let mut appending = self.appending.lock().await;
         for _ in 0..APPEND_ATTEMPTS {
-            // The heads and the clock.
-            let mut invocation = self.heads_script.key(self.key("heads"));
-            for instance in &instances {
-                invocation.arg(*instance);
-            }
-            let reply = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
-            let mut reply = reply.into_iter();
-            let now = int_of(
-                reply
-                    .next()
-                    .ok_or_else(|| short("a short journal heads reply"))?,
-            )
-            .map_err(StoreError::corrupt)?;
-            let mut read: Vec<String> = Vec::with_capacity(instances.len());
-            for value in reply {
-                read.push(text(value)?);
-            }
-            if read.len() != instances.len() {
-                return Err(short("a short journal heads reply"));
-            }
+            let known = appending
+                .hint
+                .as_ref()
+                .and_then(|hint| hint.covers(&instances));
+            let (read, now) = match known {
+                Some(known) => known,
+                None => {
+                    let (read, now) = self.read_heads(runner, &instances).await?;
+                    // The heads known of other partitions stay: a stale one
+                    // is refused by the compare-and-set, which forgets all.
+                    let hint = appending.hint.get_or_insert_with(|| Hint {
+                        heads: HashMap::new(),
+                        clock_ms: now,
+                        read_at: Instant::now(),
+                    });
+                    hint.clock_ms = now;
+                    hint.read_at = Instant::now();
+                    for (instance, head) in instances.iter().zip(&read) {
+                        hint.heads.insert((*instance).to_owned(), head.clone());
+                    }
+                    (read, now)
+                }
+            };
             let mut heads: HashMap<&str, ChainHash> = HashMap::new();
             for (instance, head) in instances.iter().zip(&read) {
                 let head = if head.is_empty() {
@@ -253,8 +312,9 @@ impl Journal {
                 };
                 heads.insert(instance, head);
             }
-            // Sealed after them, at the clock just read.
-            let at = Timestamp::from_millis(now);
+            // Sealed after them, at the server's clock.
+            let at_ms = now.max(appending.last_at);
+            let at = Timestamp::from_millis(at_ms);
             let mut entries: Vec<(usize, Fields<'_>)> = Vec::with_capacity(records.len());
             for record in records {
                 let index = instances
@@ -287,12 +347,50 @@ impl Journal {
             }
             let written = int_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
             if written == 1 {
+                appending.last_at = at_ms;
+                if let Some(hint) = appending.hint.as_mut() {
+                    for instance in &instances {
+                        hint.heads
+                            .insert((*instance).to_owned(), heads[instance].to_hex());
+                    }
+                }
                 return Ok(());
             }
+            // A head moved under us: what we knew is stale.
+            appending.hint = None;
         }
         Err(StoreError::unavailable(RedisStoreError::UnexpectedReply(
             "the journal's head kept moving: another process writes as the same instance",
         )))
+    }
+
+    /// The server's clock (milliseconds) and the heads of `instances`, as the
+    /// heads hash holds them (`""` for a partition without one).
+    async fn read_heads(
+        &self,
+        runner: &impl Runner,
+        instances: &[&str],
+    ) -> Result<(Vec<String>, i64), StoreError> {
+        let mut invocation = self.heads_script.key(self.key("heads"));
+        for instance in instances {
+            invocation.arg(*instance);
+        }
+        let reply = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+        let mut reply = reply.into_iter();
+        let now = int_of(
+            reply
+                .next()
+                .ok_or_else(|| short("a short journal heads reply"))?,
+        )
+        .map_err(StoreError::corrupt)?;
+        let mut read: Vec<String> = Vec::with_capacity(instances.len());
+        for value in reply {
+            read.push(text(value)?);
+        }
+        if read.len() != instances.len() {
+            return Err(short("a short journal heads reply"));
+        }
+        Ok((read, now))
     }
 
     pub(crate) async fn partitions(

@@ -789,3 +789,99 @@ async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acq
         "{err}"
     );
 }
+
+/// `EVALSHA` calls the server has run since its statistics were last reset.
+fn script_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.admin())
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| {
+            rest.split(',')
+                .next()
+                .and_then(|calls| calls.parse().ok())
+                .expect("a count of calls")
+        })
+}
+
+fn reset_statistics(server: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.admin())
+        .expect("CONFIG RESETSTAT");
+}
+
+fn journal_record(instance: &str) -> idemgate_core::audit::AuditRecord {
+    idemgate_core::audit::AuditRecord {
+        event: Some(idemgate_core::audit::AuditEvent::Replayed),
+        operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
+        method: "POST".into(),
+        route: "/orders".into(),
+        principal: "tenant:7".into(),
+        key_digest: "ab".repeat(32),
+        fingerprint: Some("cd".repeat(32)),
+        status: Some(201),
+        duration_ms: None,
+        instance: instance.into(),
+    }
+}
+
+/// A journal append is one round trip, the compare-and-set, once the store
+/// knows the heads it wrote and the server's clock; it reads them again only
+/// when the clock estimate is old or another process moved a head (counted
+/// in a server of our own: `INFO commandstats`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_append_is_one_round_trip_while_the_heads_are_known() {
+    let server = RedisServer::start(&["--save", "", "--appendonly", "no"]);
+    let one = RedisStore::connect(&server.url()).await.expect("connect");
+    let append = |store: &RedisStore| {
+        let store = store.clone();
+        async move {
+            store
+                .append_audit(&[journal_record("host-a"), journal_record("host-a")])
+                .await
+                .expect("append_audit");
+        }
+    };
+    append(&one).await; // loads the scripts, reads the heads
+    reset_statistics(&server);
+    for _ in 0..3 {
+        append(&one).await;
+    }
+    assert_eq!(
+        script_calls(&server),
+        3,
+        "three appends, one script call each"
+    );
+
+    // Another process writes as the same instance: the first's next append
+    // is refused, reads the heads again and appends (three calls), and the
+    // one after is one call again.
+    let two = RedisStore::connect(&server.url()).await.expect("connect");
+    append(&two).await;
+    reset_statistics(&server);
+    append(&one).await;
+    assert_eq!(script_calls(&server), 3, "refused, read, appended");
+    append(&one).await;
+    assert_eq!(script_calls(&server), 4);
+
+    // Past the clock's trust, the clock is read again with the heads.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    append(&one).await;
+    assert_eq!(script_calls(&server), 6, "read, appended");
+
+    let partitions = one.audit_partitions().await.expect("audit_partitions");
+    assert_eq!(partitions.len(), 1);
+    assert_eq!(partitions[0].entries, 2 * 8, "every entry, in one chain");
+    let entries = one
+        .read_audit(&idemgate_core::audit::AuditQuery::all(100))
+        .await
+        .expect("read_audit");
+    let mut verifier = idemgate_core::audit::Verifier::new(&partitions);
+    for entry in &entries {
+        verifier.push(entry).expect("the chain holds");
+    }
+    assert_eq!(verifier.finish().expect("the chain holds"), 16);
+}

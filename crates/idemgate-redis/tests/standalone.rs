@@ -563,3 +563,14 @@ async fn unreachable_servers_fail_the_constructor_quickly() {
         start.elapsed()
     );
 }
+
+/// Two processes writing the journal as one instance: each store appends
+/// from the heads it last wrote, and must notice the other's entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journal_appenders_of_one_instance_in_two_processes_keep_one_chain() {
+    idemgate_testkit::conformance::audit_appenders_of_one_instance_keep_one_chain(
+        store().await,
+        store().await,
+    )
+    .await;
+}

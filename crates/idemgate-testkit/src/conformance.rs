@@ -1191,6 +1191,51 @@ pub(crate) async fn verify_partition(
     verifier.finish().unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The journal, written as one instance by two processes (`one` and `two`,
+/// stores over the same backend): a store that keeps what it last wrote to
+/// append the next batch without reading (Redis's heads, SQLite's hint) must
+/// notice the other's entries in between, so the partition stays one chain
+/// with every entry in it, in the order the appends returned, and `at` never
+/// goes back.
+pub async fn audit_appenders_of_one_instance_keep_one_chain(
+    one: Arc<dyn Store>,
+    two: Arc<dyn Store>,
+) {
+    let instance = format!("conformance-{}", uuid::Uuid::new_v4());
+    let mut appended = Vec::new();
+    for (round, store) in [&one, &two, &one, &one, &two, &two, &one]
+        .into_iter()
+        .enumerate()
+    {
+        let round = u16::try_from(round).expect("a few rounds");
+        let batch = [
+            audit_record(&instance, AuditEvent::Replayed, 2 * round),
+            audit_record(&instance, AuditEvent::Conflict, 2 * round + 1),
+        ];
+        store.append_audit(&batch).await.expect("append_audit");
+        appended.extend(batch);
+    }
+    for store in [&one, &two] {
+        let entries = audit_of(store.as_ref(), &instance).await;
+        let read: Vec<AuditRecord> = entries.iter().map(|e| e.record.clone()).collect();
+        assert_eq!(read, appended, "every entry, in the order appended");
+        assert!(
+            entries.windows(2).all(|w| w[0].at <= w[1].at),
+            "at never goes back"
+        );
+        assert_eq!(
+            verify_partition(store.as_ref(), &instance, &entries).await,
+            appended.len() as u64,
+            "one chain"
+        );
+    }
+    // Leave the shared journal as small as found.
+    let later = idemgate_core::time::Timestamp::now().saturating_add(Duration::from_secs(60));
+    one.trim_audit(Some(&instance), later, 100_000)
+        .await
+        .expect("trim_audit");
+}
+
 /// The journal: appended batches come back field for field, in order, numbered
 /// by increasing `seq`, timestamped by the store and chained per instance —
 /// also when many tasks of two instances append at once (no chain forks, none
