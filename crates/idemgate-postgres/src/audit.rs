@@ -13,8 +13,15 @@
 //! ([`append_on`]), so it commits or rolls back with the business writes; the
 //! head row stays locked only from that append to the commit, and the append
 //! takes two round trips (lock and read the head; insert and move it).
+//!
+//! The journal writer's own appends ([`append`]) skip the lock and the read
+//! while they can ([`WriterHint`]): one autocommit statement moves the head
+//! only if it is still the one this process wrote, and inserts the entries
+//! only if it moved.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use idemgate_core::StoreError;
 use idemgate_core::audit::{
@@ -124,6 +131,19 @@ pub(crate) async fn append_on(
     names: &AuditNames,
     records: &[AuditRecord],
 ) -> Result<(), sqlx::Error> {
+    seal_and_insert(connection, names, records, 0)
+        .await
+        .map(drop)
+}
+
+/// What [`append_on`] does, the entries stamped no earlier than `floor_ms`;
+/// returns the partitions' new heads and the clock it read.
+async fn seal_and_insert(
+    connection: &mut PgConnection,
+    names: &AuditNames,
+    records: &[AuditRecord],
+    floor_ms: i64,
+) -> Result<(Vec<(String, ChainHash)>, i64), sqlx::Error> {
     let mut heads: Vec<(&str, ChainHash)> = Vec::new();
     let genesis = ChainHash::GENESIS.as_bytes().to_vec();
     // An entry's `at` is read after the lock: never before its predecessor's.
@@ -148,6 +168,7 @@ pub(crate) async fn append_on(
         now = row.try_get("now_ms")?;
         heads.push((instance, head));
     }
+    let at_ms = now.max(floor_ms);
     let mut rows = Vec::with_capacity(records.len());
     for record in records {
         let head = heads
@@ -155,11 +176,16 @@ pub(crate) async fn append_on(
             .find(|(instance, _)| *instance == record.instance)
             .map(|(_, head)| head)
             .expect("every record's partition was read above");
-        let (columns, hash) = AuditColumns::seal(record, now, *head);
+        let (columns, hash) = AuditColumns::seal(record, at_ms, *head);
         rows.push(columns);
         *head = hash;
     }
-    insert(connection, names, heads, rows).await
+    let moved: Vec<(String, ChainHash)> = heads
+        .iter()
+        .map(|(instance, head)| ((*instance).to_owned(), *head))
+        .collect();
+    insert(connection, names, heads, rows).await?;
+    Ok((moved, at_ms))
 }
 
 /// Inserts `rows` in their order and moves each partition to its new head,
@@ -255,20 +281,159 @@ impl Columns {
     }
 }
 
-/// `Store::append_audit`: [`append_on`] in a transaction of its own.
+/// How long the store's clock, read by an append, stamps the next ones
+/// carried forward on this process's monotonic clock ([`WriterHint`]). The
+/// estimate is off by at most the read's one-way delay plus the clocks'
+/// drift over this span, well under the millisecond `at` is kept in.
+const CLOCK_TRUSTED_FOR: Duration = Duration::from_secs(1);
+
+/// What one store's appends ([`append`]) carry from one to the next: the
+/// heads they wrote and the store's clock, so that the next batch of one
+/// partition is one autocommit statement — the head moved only if it is
+/// still the one known, and the entries inserted only if it moved — instead
+/// of a transaction that locks and reads the head first (four round trips and
+/// a second version of the head row). A claim waits for its entry's append,
+/// so this is on every new key's path. Another process writing as the same
+/// instance moves the head: the statement then changes nothing, and the
+/// append takes the locking path, which reads both again.
+#[derive(Debug, Default)]
+pub(crate) struct WriterHint(Mutex<Known>);
+
+#[derive(Debug, Default)]
+struct Known {
+    /// Each partition's head, as this process last wrote it.
+    heads: HashMap<String, ChainHash>,
+    /// The store's clock in milliseconds, and when (on this process's
+    /// monotonic clock) it was read.
+    clock: Option<(i64, Instant)>,
+    /// The latest `at` written: an estimate never moves `at` back.
+    last_at: i64,
+}
+
+impl WriterHint {
+    fn known(&self) -> MutexGuard<'_, Known> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The partition, its head and the `at` for `records`, when they are all
+    /// of one partition whose head is known and the clock is fresh.
+    fn one_statement<'a>(&self, records: &'a [AuditRecord]) -> Option<(&'a str, ChainHash, i64)> {
+        let instance = records.first()?.instance.as_str();
+        if records.iter().any(|record| record.instance != instance) {
+            return None;
+        }
+        let known = self.known();
+        let (clock_ms, read_at) = known.clock?;
+        let elapsed = read_at.elapsed();
+        if elapsed > CLOCK_TRUSTED_FOR {
+            return None;
+        }
+        let head = *known.heads.get(instance)?;
+        let elapsed_ms = i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX);
+        Some((
+            instance,
+            head,
+            clock_ms.saturating_add(elapsed_ms).max(known.last_at),
+        ))
+    }
+}
+
+/// `Store::append_audit`: one statement while the partition's head and the
+/// clock are known ([`WriterHint`]), else [`append_on`] in a transaction of
+/// its own.
 pub(crate) async fn append(
     pool: &PgPool,
     names: &AuditNames,
+    hint: &WriterHint,
     records: &[AuditRecord],
 ) -> Result<(), StoreError> {
     if records.is_empty() {
         return Ok(());
     }
+    if let Some((instance, expected, at_ms)) = hint.one_statement(records) {
+        let mut head = expected;
+        let mut rows = Vec::with_capacity(records.len());
+        for record in records {
+            let (columns, hash) = AuditColumns::seal(record, at_ms, head);
+            rows.push(columns);
+            head = hash;
+        }
+        let inserted = insert_if_head(pool, names, instance, expected, head, rows)
+            .await
+            .map_err(store_error)?;
+        let mut known = hint.known();
+        if inserted > 0 {
+            known.heads.insert(instance.to_owned(), head);
+            known.last_at = known.last_at.max(at_ms);
+            return Ok(());
+        }
+        // Another writer moved the head: read it again, under its lock.
+        known.heads.clear();
+        known.clock = None;
+    }
+    let floor_ms = hint.known().last_at;
     let mut tx = begin_to_the_end(pool, None).await.map_err(store_error)?;
-    append_on(&mut tx, names, records)
+    let (heads, at_ms) = seal_and_insert(&mut tx, names, records, floor_ms)
         .await
         .map_err(store_error)?;
-    tx.commit().await.map_err(store_error)
+    let read_at = Instant::now();
+    tx.commit().await.map_err(store_error)?;
+    let mut known = hint.known();
+    known.heads.extend(heads);
+    known.clock = Some((at_ms, read_at));
+    known.last_at = known.last_at.max(at_ms);
+    Ok(())
+}
+
+/// Inserts `rows` (all of `instance`) and moves its head from `expected` to
+/// `head` in one autocommit statement, only if the head is still `expected`;
+/// the number of entries inserted (0: the head had moved, nothing changed).
+async fn insert_if_head(
+    pool: &PgPool,
+    names: &AuditNames,
+    instance: &str,
+    expected: ChainHash,
+    head: ChainHash,
+    rows: Vec<AuditColumns>,
+) -> Result<u64, sqlx::Error> {
+    let mut columns = Columns::default();
+    for row in rows {
+        columns.push(row);
+    }
+    sqlx::query(AssertSqlSafe(format!(
+        "WITH moved AS ( \
+             UPDATE {partitions} SET head = $2 WHERE instance = $1 AND head = $3 \
+             RETURNING instance) \
+         INSERT INTO {entries} ({AUDIT_COLUMNS_WRITTEN}) \
+         SELECT {AUDIT_COLUMNS_WRITTEN} FROM UNNEST( \
+             $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
+             $10::text[], $11::text[], $12::bigint[], $13::bigint[], $14::text[], \
+             $15::bytea[], $16::bytea[]) \
+             WITH ORDINALITY AS r({AUDIT_COLUMNS_WRITTEN}, position) \
+         WHERE EXISTS (SELECT 1 FROM moved) \
+         ORDER BY position",
+        partitions = names.partitions,
+        entries = names.entries,
+    )))
+    .bind(instance.to_owned())
+    .bind(head.as_bytes().to_vec())
+    .bind(expected.as_bytes().to_vec())
+    .bind(columns.at_ms)
+    .bind(columns.event)
+    .bind(columns.operation_id)
+    .bind(columns.method)
+    .bind(columns.route)
+    .bind(columns.principal)
+    .bind(columns.key_digest)
+    .bind(columns.fingerprint)
+    .bind(columns.status)
+    .bind(columns.duration_ms)
+    .bind(columns.instance)
+    .bind(columns.prev)
+    .bind(columns.hash)
+    .execute(pool)
+    .await
+    .map(|done| done.rows_affected())
 }
 
 /// `Store::trim_audit`: the oldest entries and the anchors, in one transaction.

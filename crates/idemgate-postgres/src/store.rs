@@ -20,7 +20,7 @@ use sqlx::{AssertSqlSafe, Connection, PgPool, Row};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use crate::audit::{self, AuditNames};
+use crate::audit::{self, AuditNames, WriterHint};
 use crate::changes::{self, Announcements};
 use crate::durations::{self, DurationStatements};
 use crate::error::{ClaimContended, Error, store_error};
@@ -78,6 +78,8 @@ struct Inner {
     sql: Statements,
     /// The journal's tables (`crate::audit`).
     audit: AuditNames,
+    /// What this store's journal appends learned (`crate::audit::WriterHint`).
+    audit_hint: WriterHint,
     /// The routes' execution histories (`crate::durations`).
     durations: DurationStatements,
     /// The streams recorded in pieces (`crate::pieces`).
@@ -189,6 +191,7 @@ impl PostgresStore {
                 pool,
                 sql: Statements::new(&names),
                 audit: AuditNames::new(&names),
+                audit_hint: WriterHint::default(),
                 durations: DurationStatements::new(&names),
                 pieces: PieceStatements::new(&names),
                 names,
@@ -290,7 +293,13 @@ impl PostgresStore {
 
 impl PostgresStore {
     async fn audit_append(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
-        audit::append(&self.inner.pool, &self.inner.audit, records).await
+        audit::append(
+            &self.inner.pool,
+            &self.inner.audit,
+            &self.inner.audit_hint,
+            records,
+        )
+        .await
     }
 
     /// Journal entries appended on `connection` (a business transaction),

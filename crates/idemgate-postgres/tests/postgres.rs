@@ -572,6 +572,82 @@ async fn a_checkout_pings_only_a_connection_that_sat_idle() {
     );
 }
 
+/// A journal append whose partition's head this store wrote a moment ago is
+/// one statement (its send and the release ping: 2), not a transaction that
+/// locks and reads the head first (`BEGIN`, the lock, the insert, `COMMIT`
+/// and the ping: 5); a head another process moved sends it back to that
+/// transaction once (the refused statement and its ping, then 5), and the
+/// chain holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_append_is_one_statement_while_the_head_is_known() {
+    use idemgate_core::audit::{AuditEvent, AuditQuery, AuditRecord, Verifier};
+    let (store, tap) = tapped_store(Duration::from_secs(5)).await;
+    let instance = format!("tapped-{}", uuid::Uuid::new_v4().simple());
+    let record = || AuditRecord {
+        event: Some(AuditEvent::Replayed),
+        operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
+        method: "POST".into(),
+        route: "/orders".into(),
+        principal: "tenant:7".into(),
+        key_digest: "ab".repeat(32),
+        fingerprint: Some("cd".repeat(32)),
+        status: Some(201),
+        duration_ms: None,
+        instance: instance.clone(),
+    };
+    let append = |store: &PostgresStore| {
+        let (store, batch) = (store.clone(), [record(), record()]);
+        async move { store.append_audit(&batch).await.expect("append_audit") }
+    };
+    sends_of(&tap, &store, append(&store)).await; // learns the head, prepares
+    sends_of(&tap, &store, append(&store)).await; // prepares the one statement
+    for _ in 0..3 {
+        assert_eq!(sends_of(&tap, &store, append(&store)).await, 2);
+    }
+    let other = PostgresStore::new(pool(2).await).with_schema(SHARED_SCHEMA);
+    append(&other).await;
+    assert_eq!(
+        sends_of(&tap, &store, append(&store)).await,
+        2 + 5,
+        "refused, then the locking transaction"
+    );
+    assert_eq!(sends_of(&tap, &store, append(&store)).await, 2);
+
+    let partitions: Vec<_> = store
+        .audit_partitions()
+        .await
+        .expect("audit_partitions")
+        .into_iter()
+        .filter(|p| p.instance == instance)
+        .collect();
+    assert_eq!(partitions[0].entries, 2 * 8, "every entry");
+    let mut verifier = Verifier::new(&partitions);
+    let mut after = None;
+    loop {
+        let page = store
+            .read_audit(&AuditQuery {
+                after,
+                ..AuditQuery::all(500)
+            })
+            .await
+            .expect("read_audit");
+        let Some(last) = page.last() else { break };
+        after = Some(last.seq);
+        for entry in page.iter().filter(|e| e.record.instance == instance) {
+            verifier.push(entry).expect("one chain");
+        }
+    }
+    assert_eq!(verifier.finish().expect("one chain"), 16);
+    store
+        .trim_audit(
+            Some(&instance),
+            idemgate_core::time::Timestamp::now().saturating_add(Duration::from_secs(60)),
+            100,
+        )
+        .await
+        .expect("trim_audit");
+}
+
 /// With no ping at checkout, a `BEGIN` sent to a frozen PostgreSQL is bounded on
 /// the client's side: `Tx::begin` fails as unavailable within the pool's acquire
 /// timeout (the handler's 503). Once the server answers again, the connection
