@@ -169,6 +169,7 @@ async fn seal_and_insert(
         heads.push((instance, head));
     }
     let at_ms = now.max(floor_ms);
+    let read = heads.clone();
     let mut rows = Vec::with_capacity(records.len());
     for record in records {
         let head = heads
@@ -184,12 +185,26 @@ async fn seal_and_insert(
         .iter()
         .map(|(instance, head)| ((*instance).to_owned(), *head))
         .collect();
-    insert(connection, names, heads, rows).await?;
+    if let ([(instance, expected)], [(_, head)]) = (read.as_slice(), heads.as_slice()) {
+        // One partition, as nearly every batch is: the statement whose generic
+        // plan PostgreSQL keeps (the partitions joined with `UNNEST` of a
+        // parameter were planned anew at every execution: its generic plan
+        // guesses ten rows). Its head was read under the lock, so it matches.
+        let inserted =
+            insert_if_head(&mut *connection, names, instance, *expected, *head, rows).await?;
+        if inserted == 0 {
+            return Err(sqlx::Error::Protocol(
+                "a journal head moved while its row was locked".into(),
+            ));
+        }
+    } else {
+        insert(connection, names, heads, rows).await?;
+    }
     Ok((moved, at_ms))
 }
 
-/// Inserts `rows` in their order and moves each partition to its new head,
-/// in one statement whose text is the same for every batch: the columns go
+/// Inserts `rows` in their order and moves each of several partitions to its
+/// new head, in one statement whose text is the same for every batch: the columns go
 /// as arrays, read back with `UNNEST`, so PostgreSQL parses and plans it once
 /// per connection, not once per batch size.
 async fn insert(
@@ -386,10 +401,10 @@ pub(crate) async fn append(
 }
 
 /// Inserts `rows` (all of `instance`) and moves its head from `expected` to
-/// `head` in one autocommit statement, only if the head is still `expected`;
+/// `head` in one statement, only if the head is still `expected`;
 /// the number of entries inserted (0: the head had moved, nothing changed).
-async fn insert_if_head(
-    pool: &PgPool,
+async fn insert_if_head<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
     names: &AuditNames,
     instance: &str,
     expected: ChainHash,
@@ -431,7 +446,7 @@ async fn insert_if_head(
     .bind(columns.instance)
     .bind(columns.prev)
     .bind(columns.hash)
-    .execute(pool)
+    .execute(executor)
     .await
     .map(|done| done.rows_affected())
 }

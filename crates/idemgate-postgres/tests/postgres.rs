@@ -648,6 +648,63 @@ async fn a_journal_append_is_one_statement_while_the_head_is_known() {
         .expect("trim_audit");
 }
 
+/// The journal's locking append (a head another process moved, and every
+/// append inside a business transaction) runs statements PostgreSQL settles
+/// on a generic plan for, as it does for every statement of the store. Its
+/// insert used to join the partitions with `UNNEST` of a parameter, whose
+/// generic plan guesses ten rows: on a partitions table of some size (many
+/// instances over time, or one bloated by its heads' updates) PostgreSQL
+/// planned it anew at every execution — 14 % of its CPU per new key. Read
+/// back from `pg_prepared_statements` of the store's one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journals_statements_keep_a_generic_plan() {
+    use idemgate_core::audit::{AuditEvent, AuditRecord};
+    let schema = TempSchema::new().await;
+    let one = PostgresStore::new(pool(1).await).with_schema(schema.name.clone());
+    one.migrate().await.expect("migrate");
+    let two = PostgresStore::new(pool(1).await).with_schema(schema.name.clone());
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO \"{s}\".idemgate_records_audit_partitions (instance, head, anchor) \
+         SELECT 'other-' || i, '\\x00', '\\x00' FROM generate_series(1, 20000) AS i; \
+         ANALYZE \"{s}\".idemgate_records_audit_partitions",
+        s = schema.name
+    )))
+    .execute(&schema.pool)
+    .await
+    .expect("many partitions");
+    let instance = format!("planned-{}", uuid::Uuid::new_v4().simple());
+    let batch = || {
+        [AuditRecord {
+            event: Some(AuditEvent::Replayed),
+            operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
+            method: "POST".into(),
+            route: "/orders".into(),
+            principal: "tenant:7".into(),
+            key_digest: "ab".repeat(32),
+            fingerprint: None,
+            status: Some(201),
+            duration_ms: None,
+            instance: instance.clone(),
+        }]
+    };
+    for _ in 0..8 {
+        // `two` moves the head: `one` is refused and takes the locking path.
+        two.append_audit(&batch()).await.expect("append_audit");
+        one.append_audit(&batch()).await.expect("append_audit");
+    }
+    let replanned: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT statement, custom_plans FROM pg_prepared_statements WHERE custom_plans > 5",
+    )
+    .fetch_all(one.pool())
+    .await
+    .expect("pg_prepared_statements");
+    schema.drop_schema().await;
+    assert!(
+        replanned.is_empty(),
+        "planned anew at every execution: {replanned:#?}"
+    );
+}
+
 /// With no ping at checkout, a `BEGIN` sent to a frozen PostgreSQL is bounded on
 /// the client's side: `Tx::begin` fails as unavailable within the pool's acquire
 /// timeout (the handler's 503). Once the server answers again, the connection
