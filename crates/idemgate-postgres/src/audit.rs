@@ -33,6 +33,9 @@ use idemgate_sqlx::{
 };
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
+/// A statement with its arguments, as `sqlx::query` builds it.
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 use crate::error::store_error;
 use crate::sql::{Names, quote};
 
@@ -221,7 +224,7 @@ async fn insert(
     for row in rows {
         columns.push(row);
     }
-    sqlx::query(AssertSqlSafe(format!(
+    let query = sqlx::query(AssertSqlSafe(format!(
         "WITH moved AS ( \
              UPDATE {partitions} AS p SET head = m.head \
              FROM UNNEST($1::text[], $2::bytea[]) AS m(instance, head) \
@@ -237,23 +240,8 @@ async fn insert(
         entries = names.entries,
     )))
     .bind(instances)
-    .bind(moved_to)
-    .bind(columns.at_ms)
-    .bind(columns.event)
-    .bind(columns.operation_id)
-    .bind(columns.method)
-    .bind(columns.route)
-    .bind(columns.principal)
-    .bind(columns.key_digest)
-    .bind(columns.fingerprint)
-    .bind(columns.status)
-    .bind(columns.duration_ms)
-    .bind(columns.instance)
-    .bind(columns.prev)
-    .bind(columns.hash)
-    .execute(connection)
-    .await
-    .map(drop)
+    .bind(moved_to);
+    columns.bind(query).execute(connection).await.map(drop)
 }
 
 /// The entries' columns written, in the order of [`insert`]'s arrays.
@@ -279,6 +267,25 @@ struct Columns {
 }
 
 impl Columns {
+    /// Binds the thirteen arrays, in [`AUDIT_COLUMNS_WRITTEN`]'s order, after
+    /// what `query` bound already.
+    fn bind(self, query: PgQuery<'_>) -> PgQuery<'_> {
+        query
+            .bind(self.at_ms)
+            .bind(self.event)
+            .bind(self.operation_id)
+            .bind(self.method)
+            .bind(self.route)
+            .bind(self.principal)
+            .bind(self.key_digest)
+            .bind(self.fingerprint)
+            .bind(self.status)
+            .bind(self.duration_ms)
+            .bind(self.instance)
+            .bind(self.prev)
+            .bind(self.hash)
+    }
+
     fn push(&mut self, row: AuditColumns) {
         self.at_ms.push(row.at_ms);
         self.event.push(row.event);
@@ -415,7 +422,7 @@ async fn insert_if_head<'e>(
     for row in rows {
         columns.push(row);
     }
-    sqlx::query(AssertSqlSafe(format!(
+    let query = sqlx::query(AssertSqlSafe(format!(
         "WITH moved AS ( \
              UPDATE {partitions} SET head = $2 WHERE instance = $1 AND head = $3 \
              RETURNING instance) \
@@ -432,23 +439,12 @@ async fn insert_if_head<'e>(
     )))
     .bind(instance.to_owned())
     .bind(head.as_bytes().to_vec())
-    .bind(expected.as_bytes().to_vec())
-    .bind(columns.at_ms)
-    .bind(columns.event)
-    .bind(columns.operation_id)
-    .bind(columns.method)
-    .bind(columns.route)
-    .bind(columns.principal)
-    .bind(columns.key_digest)
-    .bind(columns.fingerprint)
-    .bind(columns.status)
-    .bind(columns.duration_ms)
-    .bind(columns.instance)
-    .bind(columns.prev)
-    .bind(columns.hash)
-    .execute(executor)
-    .await
-    .map(|done| done.rows_affected())
+    .bind(expected.as_bytes().to_vec());
+    columns
+        .bind(query)
+        .execute(executor)
+        .await
+        .map(|done| done.rows_affected())
 }
 
 /// `Store::trim_audit`: the oldest entries and the anchors, in one transaction.

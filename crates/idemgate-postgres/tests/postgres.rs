@@ -580,23 +580,16 @@ async fn a_checkout_pings_only_a_connection_that_sat_idle() {
 /// chain holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_append_is_one_statement_while_the_head_is_known() {
-    use idemgate_core::audit::{AuditEvent, AuditQuery, AuditRecord, Verifier};
+    use idemgate_core::audit::AuditEvent;
+    use idemgate_testkit::conformance::{audit_of, audit_record, verify_partition};
     let (store, tap) = tapped_store(Duration::from_secs(5)).await;
     let instance = format!("tapped-{}", uuid::Uuid::new_v4().simple());
-    let record = || AuditRecord {
-        event: Some(AuditEvent::Replayed),
-        operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
-        method: "POST".into(),
-        route: "/orders".into(),
-        principal: "tenant:7".into(),
-        key_digest: "ab".repeat(32),
-        fingerprint: Some("cd".repeat(32)),
-        status: Some(201),
-        duration_ms: None,
-        instance: instance.clone(),
-    };
     let append = |store: &PostgresStore| {
-        let (store, batch) = (store.clone(), [record(), record()]);
+        let store = store.clone();
+        let batch = [
+            audit_record(&instance, AuditEvent::Replayed, 1),
+            audit_record(&instance, AuditEvent::Conflict, 2),
+        ];
         async move { store.append_audit(&batch).await.expect("append_audit") }
     };
     sends_of(&tap, &store, append(&store)).await; // learns the head, prepares
@@ -613,31 +606,9 @@ async fn a_journal_append_is_one_statement_while_the_head_is_known() {
     );
     assert_eq!(sends_of(&tap, &store, append(&store)).await, 2);
 
-    let partitions: Vec<_> = store
-        .audit_partitions()
-        .await
-        .expect("audit_partitions")
-        .into_iter()
-        .filter(|p| p.instance == instance)
-        .collect();
-    assert_eq!(partitions[0].entries, 2 * 8, "every entry");
-    let mut verifier = Verifier::new(&partitions);
-    let mut after = None;
-    loop {
-        let page = store
-            .read_audit(&AuditQuery {
-                after,
-                ..AuditQuery::all(500)
-            })
-            .await
-            .expect("read_audit");
-        let Some(last) = page.last() else { break };
-        after = Some(last.seq);
-        for entry in page.iter().filter(|e| e.record.instance == instance) {
-            verifier.push(entry).expect("one chain");
-        }
-    }
-    assert_eq!(verifier.finish().expect("one chain"), 16);
+    let entries = audit_of(&store, &instance).await;
+    assert_eq!(entries.len(), 2 * 8, "every entry");
+    assert_eq!(verify_partition(&store, &instance, &entries).await, 16);
     store
         .trim_audit(
             Some(&instance),
@@ -658,7 +629,8 @@ async fn a_journal_append_is_one_statement_while_the_head_is_known() {
 /// back from `pg_prepared_statements` of the store's one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_journals_statements_keep_a_generic_plan() {
-    use idemgate_core::audit::{AuditEvent, AuditRecord};
+    use idemgate_core::audit::AuditEvent;
+    use idemgate_testkit::conformance::audit_record;
     let schema = TempSchema::new().await;
     let one = PostgresStore::new(pool(1).await).with_schema(schema.name.clone());
     one.migrate().await.expect("migrate");
@@ -673,20 +645,7 @@ async fn the_journals_statements_keep_a_generic_plan() {
     .await
     .expect("many partitions");
     let instance = format!("planned-{}", uuid::Uuid::new_v4().simple());
-    let batch = || {
-        [AuditRecord {
-            event: Some(AuditEvent::Replayed),
-            operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
-            method: "POST".into(),
-            route: "/orders".into(),
-            principal: "tenant:7".into(),
-            key_digest: "ab".repeat(32),
-            fingerprint: None,
-            status: Some(201),
-            duration_ms: None,
-            instance: instance.clone(),
-        }]
-    };
+    let batch = || [audit_record(&instance, AuditEvent::Replayed, 1)];
     for _ in 0..8 {
         // `two` moves the head: `one` is refused and takes the locking path.
         two.append_audit(&batch()).await.expect("append_audit");

@@ -813,37 +813,23 @@ fn reset_statistics(server: &RedisServer) {
         .expect("CONFIG RESETSTAT");
 }
 
-fn journal_record(instance: &str) -> idemgate_core::audit::AuditRecord {
-    idemgate_core::audit::AuditRecord {
-        event: Some(idemgate_core::audit::AuditEvent::Replayed),
-        operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
-        method: "POST".into(),
-        route: "/orders".into(),
-        principal: "tenant:7".into(),
-        key_digest: "ab".repeat(32),
-        fingerprint: Some("cd".repeat(32)),
-        status: Some(201),
-        duration_ms: None,
-        instance: instance.into(),
-    }
-}
-
 /// A journal append is one round trip, the compare-and-set, once the store
 /// knows the heads it wrote and the server's clock; it reads them again only
 /// when the clock estimate is old or another process moved a head (counted
 /// in a server of our own: `INFO commandstats`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_append_is_one_round_trip_while_the_heads_are_known() {
+    use idemgate_core::audit::AuditEvent;
+    use idemgate_testkit::conformance::{audit_of, audit_record, verify_partition};
     let server = RedisServer::start(&["--save", "", "--appendonly", "no"]);
     let one = RedisStore::connect(&server.url()).await.expect("connect");
     let append = |store: &RedisStore| {
         let store = store.clone();
-        async move {
-            store
-                .append_audit(&[journal_record("host-a"), journal_record("host-a")])
-                .await
-                .expect("append_audit");
-        }
+        let batch = [
+            audit_record("host-a", AuditEvent::Replayed, 1),
+            audit_record("host-a", AuditEvent::Conflict, 2),
+        ];
+        async move { store.append_audit(&batch).await.expect("append_audit") }
     };
     append(&one).await; // loads the scripts, reads the heads
     reset_statistics(&server);
@@ -872,16 +858,7 @@ async fn a_journal_append_is_one_round_trip_while_the_heads_are_known() {
     append(&one).await;
     assert_eq!(script_calls(&server), 6, "read, appended");
 
-    let partitions = one.audit_partitions().await.expect("audit_partitions");
-    assert_eq!(partitions.len(), 1);
-    assert_eq!(partitions[0].entries, 2 * 8, "every entry, in one chain");
-    let entries = one
-        .read_audit(&idemgate_core::audit::AuditQuery::all(100))
-        .await
-        .expect("read_audit");
-    let mut verifier = idemgate_core::audit::Verifier::new(&partitions);
-    for entry in &entries {
-        verifier.push(entry).expect("the chain holds");
-    }
-    assert_eq!(verifier.finish().expect("the chain holds"), 16);
+    let entries = audit_of(&one, "host-a").await;
+    assert_eq!(entries.len(), 2 * 8, "every entry");
+    assert_eq!(verify_partition(&one, "host-a", &entries).await, 16);
 }

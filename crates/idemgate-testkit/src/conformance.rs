@@ -1129,8 +1129,9 @@ async fn acquire_completed(store: &dyn Store, request: &ClaimRequest, ttl: Durat
     lease
 }
 
-/// One journal record of `instance`, numbered `n` in its status.
-pub(crate) fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRecord {
+/// One journal record of `instance`, numbered `n` in its status (and, by
+/// `n`, with or without its optional fields).
+pub fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRecord {
     AuditRecord {
         event: Some(event),
         operation_id: Some(idemgate_core::record::OperationId::generate().to_string()),
@@ -1146,7 +1147,7 @@ pub(crate) fn audit_record(instance: &str, event: AuditEvent, n: u16) -> AuditRe
 }
 
 /// `instance`'s entries in the whole journal, oldest first, read page by page.
-pub(crate) async fn audit_of(store: &dyn Store, instance: &str) -> Vec<AuditEntry> {
+pub async fn audit_of(store: &dyn Store, instance: &str) -> Vec<AuditEntry> {
     let mut mine = Vec::new();
     let mut after = None;
     loop {
@@ -1165,12 +1166,8 @@ pub(crate) async fn audit_of(store: &dyn Store, instance: &str) -> Vec<AuditEntr
 }
 
 /// Verifies `instance`'s partition alone (the suite shares its journal with
-/// other tests' partitions).
-pub(crate) async fn verify_partition(
-    store: &dyn Store,
-    instance: &str,
-    entries: &[AuditEntry],
-) -> u64 {
+/// other tests' partitions): the number of entries verified.
+pub async fn verify_partition(store: &dyn Store, instance: &str, entries: &[AuditEntry]) -> u64 {
     let partitions: Vec<AuditPartition> = store
         .audit_partitions()
         .await
