@@ -425,19 +425,6 @@ impl TransactionalHarness for SqliteHarness {
 mod sql_store {
     idemgate_testkit::sql_store_conformance!(super::harness);
 
-    /// Two stores over one database writing the journal as one instance, as
-    /// two processes would.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn journal_appenders_of_one_instance_in_two_processes_keep_one_chain() {
-        use idemgate_testkit::sql_store::SqlHarness;
-        let harness = super::harness().await;
-        idemgate_testkit::conformance::audit_appenders_of_one_instance_keep_one_chain(
-            std::sync::Arc::new(harness.store(4).await),
-            std::sync::Arc::new(harness.store(4).await),
-        )
-        .await;
-    }
-
     /// The claim's entry rides in the claim's batch of the writer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_journaled_claim_writes_its_entry_with_it() {

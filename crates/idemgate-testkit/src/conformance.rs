@@ -1190,7 +1190,8 @@ pub async fn verify_partition(store: &dyn Store, instance: &str, entries: &[Audi
 
 /// The journal, written as one instance by two processes (`one` and `two`,
 /// stores over the same backend): a store that keeps what it last wrote to
-/// append the next batch without reading (Redis's heads, SQLite's hint) must
+/// append the next batch without reading (the heads Redis's and PostgreSQL's
+/// writers remember, SQLite's hint) must
 /// notice the other's entries in between, so the partition stays one chain
 /// with every entry in it, in the order the appends returned, and `at` never
 /// goes back.

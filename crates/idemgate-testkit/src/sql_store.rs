@@ -425,31 +425,14 @@ pub async fn a_journalled_purge_records_each_expiry<H: SqlHarness>(harness: Arc<
 /// Two store instances on one database (two processes with one instance
 /// name, or an instance restarted beside its old self) append to one
 /// partition in turn: each append links to the entry the other just wrote,
-/// whatever either remembers of the head, and the chain verifies whole.
+/// whatever either remembers of the head, and the chain verifies whole
+/// ([`crate::conformance::audit_appenders_of_one_instance_keep_one_chain`]).
 pub async fn two_instances_append_to_one_partition_in_turn<H: SqlHarness>(harness: Arc<H>) {
-    use crate::conformance::{audit_of, audit_record, verify_partition};
-
-    let (one, two) = (harness.store(2).await, harness.store(2).await);
-    let partition = format!("shared-{}", uuid::Uuid::new_v4());
-    let turns = [&one, &two, &two, &one, &two, &one, &one];
-    for (turn, store) in turns.into_iter().enumerate() {
-        let n = u16::try_from(turn).expect("a few turns");
-        let batch = [
-            audit_record(&partition, AuditEvent::Claimed, n),
-            audit_record(&partition, AuditEvent::Executed, n),
-        ];
-        store
-            .append_audit(&batch)
-            .await
-            .unwrap_or_else(|e| panic!("turn {turn}: {e}"));
-    }
-    let entries = audit_of(&one, &partition).await;
-    assert_eq!(entries.len(), turns.len() * 2, "no entry lost");
-    assert_eq!(
-        verify_partition(&two, &partition, &entries).await,
-        entries.len() as u64,
-        "one chain"
-    );
+    crate::conformance::audit_appenders_of_one_instance_keep_one_chain(
+        Arc::new(harness.store(2).await),
+        Arc::new(harness.store(2).await),
+    )
+    .await;
 }
 
 /// For a store that writes a claim's journal entry with the claim
