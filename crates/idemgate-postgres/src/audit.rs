@@ -337,6 +337,27 @@ impl WriterHint {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// This process moved `instance`'s head to `head`, its entries at `at_ms`.
+    fn wrote(&self, instance: &str, head: ChainHash, at_ms: i64) {
+        let mut known = self.known();
+        known.heads.insert(instance.to_owned(), head);
+        known.last_at = known.last_at.max(at_ms);
+    }
+
+    /// What a locking append read and wrote: the heads it moved, and the
+    /// clock it read at `read_at`.
+    fn read(&self, heads: Vec<(String, ChainHash)>, at_ms: i64, read_at: Instant) {
+        let mut known = self.known();
+        known.heads.extend(heads);
+        known.clock = Some((at_ms, read_at));
+        known.last_at = known.last_at.max(at_ms);
+    }
+
+    /// `instance`'s head moved under another writer: no longer known.
+    fn refused(&self, instance: &str) {
+        self.known().heads.remove(instance);
+    }
+
     /// The partition, its head and the `at` for `records`, when they are all
     /// of one partition whose head is known and the clock is fresh.
     fn one_statement<'a>(&self, records: &'a [AuditRecord]) -> Option<(&'a str, ChainHash, i64)> {
@@ -383,15 +404,12 @@ pub(crate) async fn append(
         let inserted = insert_if_head(pool, names, instance, expected, head, rows)
             .await
             .map_err(store_error)?;
-        let mut known = hint.known();
         if inserted > 0 {
-            known.heads.insert(instance.to_owned(), head);
-            known.last_at = known.last_at.max(at_ms);
+            hint.wrote(instance, head, at_ms);
             return Ok(());
         }
         // Another writer moved the head: read it again, under its lock.
-        known.heads.clear();
-        known.clock = None;
+        hint.refused(instance);
     }
     let floor_ms = hint.known().last_at;
     let mut tx = begin_to_the_end(pool, None).await.map_err(store_error)?;
@@ -400,10 +418,41 @@ pub(crate) async fn append(
         .map_err(store_error)?;
     let read_at = Instant::now();
     tx.commit().await.map_err(store_error)?;
-    let mut known = hint.known();
-    known.heads.extend(heads);
-    known.clock = Some((at_ms, read_at));
-    known.last_at = known.last_at.max(at_ms);
+    hint.read(heads, at_ms, read_at);
+    Ok(())
+}
+
+/// Appends `records` inside a business transaction (the transactional mode's
+/// `executed` entry, and the one-transaction claim's): while the partition's
+/// head is known ([`WriterHint`]), one statement that moves it only if it is
+/// still that head — it waits on the head row as the locking read would, and
+/// then finds the head a concurrent transaction left — else [`append_on`].
+/// The head a transaction moved is remembered before it commits: should it
+/// roll back, the next append finds another head and takes the locking path.
+pub(crate) async fn append_in_transaction(
+    connection: &mut PgConnection,
+    names: &AuditNames,
+    hint: &WriterHint,
+    records: &[AuditRecord],
+) -> Result<(), sqlx::Error> {
+    if let Some((instance, expected, at_ms)) = hint.one_statement(records) {
+        let mut head = expected;
+        let mut rows = Vec::with_capacity(records.len());
+        for record in records {
+            let (columns, hash) = AuditColumns::seal(record, at_ms, head);
+            rows.push(columns);
+            head = hash;
+        }
+        if insert_if_head(&mut *connection, names, instance, expected, head, rows).await? > 0 {
+            hint.wrote(instance, head, at_ms);
+            return Ok(());
+        }
+        // Nothing changed: another transaction moved the head.
+        hint.refused(instance);
+    }
+    let floor_ms = hint.known().last_at;
+    let (heads, at_ms) = seal_and_insert(connection, names, records, floor_ms).await?;
+    hint.read(heads, at_ms, Instant::now());
     Ok(())
 }
 

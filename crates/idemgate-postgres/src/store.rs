@@ -309,9 +309,14 @@ impl PostgresStore {
         connection: &mut sqlx::PgConnection,
         records: &[AuditRecord],
     ) -> Result<(), StoreError> {
-        audit::append_on(connection, &self.inner.audit, records)
-            .await
-            .map_err(store_error)
+        audit::append_in_transaction(
+            connection,
+            &self.inner.audit,
+            &self.inner.audit_hint,
+            records,
+        )
+        .await
+        .map_err(store_error)
     }
 
     async fn audit_read(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
