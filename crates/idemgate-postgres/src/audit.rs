@@ -9,15 +9,16 @@
 //! transaction that inserts the entries and moves the head: two writers of one
 //! instance queue on that row and never fork its chain; writers of different
 //! instances never meet. In the transactional mode the `executed` entry is
-//! appended by the same code on the handler's transaction
-//! ([`append_on`]), so it commits or rolls back with the business writes; the
-//! head row stays locked only from that append to the commit, and the append
-//! takes two round trips (lock and read the head; insert and move it).
+//! appended on the handler's transaction ([`append_in_transaction`]), so it
+//! commits or rolls back with the business writes; the head row stays locked
+//! only from that append to the commit.
 //!
-//! The journal writer's own appends ([`append`]) skip the lock and the read
-//! while they can ([`WriterHint`]): one autocommit statement moves the head
-//! only if it is still the one this process wrote, and inserts the entries
-//! only if it moved.
+//! Both skip the locking read while they can ([`WriterHint`]): one statement
+//! moves the head only if it is still the one this process last wrote, and
+//! inserts the entries only if it moved (autocommit for the journal writer's
+//! batches ([`append`]); in the business transaction, where it waits on the
+//! head row as the read would). Otherwise the head is locked and read first
+//! ([`append_on`]: two round trips, which also read the clock).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
