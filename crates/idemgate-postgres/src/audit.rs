@@ -394,63 +394,73 @@ pub(crate) async fn append(
     if records.is_empty() {
         return Ok(());
     }
-    if let Some((instance, expected, at_ms)) = hint.one_statement(records) {
-        let mut head = expected;
-        let mut rows = Vec::with_capacity(records.len());
-        for record in records {
-            let (columns, hash) = AuditColumns::seal(record, at_ms, head);
-            rows.push(columns);
-            head = hash;
-        }
-        let inserted = insert_if_head(pool, names, instance, expected, head, rows)
-            .await
-            .map_err(store_error)?;
-        if inserted > 0 {
-            hint.wrote(instance, head, at_ms);
-            return Ok(());
-        }
-        // Another writer moved the head: read it again, under its lock.
-        hint.refused(instance);
+    if append_if_known(pool, names, hint, records)
+        .await
+        .map_err(store_error)?
+    {
+        return Ok(());
     }
-    let floor_ms = hint.known().last_at;
     let mut tx = begin_to_the_end(pool, None).await.map_err(store_error)?;
-    let (heads, at_ms) = seal_and_insert(&mut tx, names, records, floor_ms)
+    append_locking(&mut tx, names, hint, records)
         .await
         .map_err(store_error)?;
-    let read_at = Instant::now();
-    tx.commit().await.map_err(store_error)?;
-    hint.read(heads, at_ms, read_at);
-    Ok(())
+    tx.commit().await.map_err(store_error)
 }
 
 /// Appends `records` inside a business transaction (the transactional mode's
 /// `executed` entry, and the one-transaction claim's): while the partition's
 /// head is known ([`WriterHint`]), one statement that moves it only if it is
 /// still that head — it waits on the head row as the locking read would, and
-/// then finds the head a concurrent transaction left — else [`append_on`].
-/// The head a transaction moved is remembered before it commits: should it
-/// roll back, the next append finds another head and takes the locking path.
+/// then finds the head a concurrent transaction left — else the locking read.
 pub(crate) async fn append_in_transaction(
     connection: &mut PgConnection,
     names: &AuditNames,
     hint: &WriterHint,
     records: &[AuditRecord],
 ) -> Result<(), sqlx::Error> {
-    if let Some((instance, expected, at_ms)) = hint.one_statement(records) {
-        let mut head = expected;
-        let mut rows = Vec::with_capacity(records.len());
-        for record in records {
-            let (columns, hash) = AuditColumns::seal(record, at_ms, head);
-            rows.push(columns);
-            head = hash;
-        }
-        if insert_if_head(&mut *connection, names, instance, expected, head, rows).await? > 0 {
-            hint.wrote(instance, head, at_ms);
-            return Ok(());
-        }
-        // Nothing changed: another transaction moved the head.
-        hint.refused(instance);
+    if append_if_known(&mut *connection, names, hint, records).await? {
+        return Ok(());
     }
+    append_locking(connection, names, hint, records).await
+}
+
+/// The one statement, while `records` are of one partition whose head and
+/// the clock are known; whether it appended them. A refusal (another writer
+/// moved the head) changes nothing and forgets that head.
+async fn append_if_known<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    names: &AuditNames,
+    hint: &WriterHint,
+    records: &[AuditRecord],
+) -> Result<bool, sqlx::Error> {
+    let Some((instance, expected, at_ms)) = hint.one_statement(records) else {
+        return Ok(false);
+    };
+    let mut head = expected;
+    let mut rows = Vec::with_capacity(records.len());
+    for record in records {
+        let (columns, hash) = AuditColumns::seal(record, at_ms, head);
+        rows.push(columns);
+        head = hash;
+    }
+    if insert_if_head(executor, names, instance, expected, head, rows).await? > 0 {
+        hint.wrote(instance, head, at_ms);
+        Ok(true)
+    } else {
+        hint.refused(instance);
+        Ok(false)
+    }
+}
+
+/// [`append_on`], the entries no earlier than any this process wrote, and
+/// what it read and wrote remembered. Remembered before the transaction
+/// commits: should it not, the next append finds another head and locks again.
+async fn append_locking(
+    connection: &mut PgConnection,
+    names: &AuditNames,
+    hint: &WriterHint,
+    records: &[AuditRecord],
+) -> Result<(), sqlx::Error> {
     let floor_ms = hint.known().last_at;
     let (heads, at_ms) = seal_and_insert(connection, names, records, floor_ms).await?;
     hint.read(heads, at_ms, Instant::now());
