@@ -246,6 +246,69 @@ impl fmt::Display for ChainHash {
     }
 }
 
+/// The store's clock as a journal writer last read it, carried forward on
+/// this process's monotonic clock for [`StoreClock::TRUSTED_FOR`]: what lets
+/// a writer that knows its partition's head seal a batch and append it in one
+/// round trip, without reading the clock first (the Redis and PostgreSQL
+/// stores). The estimate is off by at most the reading's one-way delay plus
+/// the two clocks' drift over that span — well under the millisecond `at` is
+/// kept in — and an `at` it gives never goes back from one this writer
+/// already wrote.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use idemgate_core::audit::StoreClock;
+///
+/// let mut clock = StoreClock::default();
+/// assert_eq!(clock.estimate(), None, "never read");
+/// clock.read(1_000, Instant::now());
+/// assert!(clock.estimate().unwrap() >= 1_000);
+/// clock.wrote(5_000); // the store's clock had run ahead of this process's
+/// assert_eq!(clock.stamp(4_000), 5_000, "never back");
+/// clock.read(1_000, Instant::now() - StoreClock::TRUSTED_FOR - Duration::from_millis(1));
+/// assert_eq!(clock.estimate(), None, "too old a reading");
+/// ```
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StoreClock {
+    /// The store's clock in milliseconds, and when (on this process's
+    /// monotonic clock) it was read.
+    reading: Option<(i64, std::time::Instant)>,
+    /// The latest `at` written.
+    latest_written: i64,
+}
+
+impl StoreClock {
+    /// How long one reading stamps entries before the clock is read again.
+    pub const TRUSTED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// The `at` (milliseconds) for entries sealed now, from the last reading;
+    /// `None` without one recent enough.
+    pub fn estimate(&self) -> Option<i64> {
+        let (clock_ms, read_at) = self.reading?;
+        let elapsed = read_at.elapsed();
+        if elapsed > Self::TRUSTED_FOR {
+            return None;
+        }
+        let elapsed_ms = i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX);
+        Some(self.stamp(clock_ms.saturating_add(elapsed_ms)))
+    }
+
+    /// The `at` for entries sealed at `now_ms`, the store's clock just read.
+    pub fn stamp(&self, now_ms: i64) -> i64 {
+        now_ms.max(self.latest_written)
+    }
+
+    /// The store's clock read as `now_ms` at `read_at`.
+    pub fn read(&mut self, now_ms: i64, read_at: std::time::Instant) {
+        self.reading = Some((now_ms, read_at));
+    }
+
+    /// Entries stamped `at_ms` were written.
+    pub fn wrote(&mut self, at_ms: i64) {
+        self.latest_written = self.latest_written.max(at_ms);
+    }
+}
+
 /// The hash of an entry: SHA-256 over a domain tag, `prev`, `at` and every
 /// field of `record`, each length-prefixed so no two field splits collide;
 /// absent optional fields hash differently from empty ones. `seq` is not

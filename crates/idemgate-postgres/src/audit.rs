@@ -22,11 +22,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use idemgate_core::StoreError;
 use idemgate_core::audit::{
     AuditEntry, AuditPartition, AuditQuery, AuditRecord, ChainHash, ExpiredRecord, ExpiryJournal,
+    StoreClock,
 };
 use idemgate_sqlx::{
     AUDIT_COLUMNS, AuditColumns, begin_to_the_end, chain_hash_of, decode_audit_entry,
@@ -135,18 +136,18 @@ pub(crate) async fn append_on(
     names: &AuditNames,
     records: &[AuditRecord],
 ) -> Result<(), sqlx::Error> {
-    seal_and_insert(connection, names, records, 0)
+    seal_and_insert(connection, names, records, StoreClock::default())
         .await
         .map(drop)
 }
 
-/// What [`append_on`] does, the entries stamped no earlier than `floor_ms`;
-/// returns the partitions' new heads and the clock it read.
+/// What [`append_on`] does, the entries stamped by `clock` from the clock it
+/// reads; returns the partitions' new heads and that stamp.
 async fn seal_and_insert(
     connection: &mut PgConnection,
     names: &AuditNames,
     records: &[AuditRecord],
-    floor_ms: i64,
+    clock: StoreClock,
 ) -> Result<(Vec<(String, ChainHash)>, i64), sqlx::Error> {
     let mut heads: Vec<(&str, ChainHash)> = Vec::new();
     let genesis = ChainHash::GENESIS.as_bytes().to_vec();
@@ -172,7 +173,7 @@ async fn seal_and_insert(
         now = row.try_get("now_ms")?;
         heads.push((instance, head));
     }
-    let at_ms = now.max(floor_ms);
+    let at_ms = clock.stamp(now);
     let read = heads.clone();
     let mut rows = Vec::with_capacity(records.len());
     for record in records {
@@ -304,12 +305,6 @@ impl Columns {
     }
 }
 
-/// How long the store's clock, read by an append, stamps the next ones
-/// carried forward on this process's monotonic clock ([`WriterHint`]). The
-/// estimate is off by at most the read's one-way delay plus the clocks'
-/// drift over this span, well under the millisecond `at` is kept in.
-const CLOCK_TRUSTED_FOR: Duration = Duration::from_secs(1);
-
 /// What one store's appends ([`append`]) carry from one to the next: the
 /// heads they wrote and the store's clock, so that the next batch of one
 /// partition is one autocommit statement — the head moved only if it is
@@ -326,11 +321,8 @@ pub(crate) struct WriterHint(Mutex<Known>);
 struct Known {
     /// Each partition's head, as this process last wrote it.
     heads: HashMap<String, ChainHash>,
-    /// The store's clock in milliseconds, and when (on this process's
-    /// monotonic clock) it was read.
-    clock: Option<(i64, Instant)>,
-    /// The latest `at` written: an estimate never moves `at` back.
-    last_at: i64,
+    /// The store's clock, as the locking appends read it.
+    clock: StoreClock,
 }
 
 impl WriterHint {
@@ -342,16 +334,16 @@ impl WriterHint {
     fn wrote(&self, instance: &str, head: ChainHash, at_ms: i64) {
         let mut known = self.known();
         known.heads.insert(instance.to_owned(), head);
-        known.last_at = known.last_at.max(at_ms);
+        known.clock.wrote(at_ms);
     }
 
     /// What a locking append read and wrote: the heads it moved, and the
-    /// clock it read at `read_at`.
+    /// clock it read at `read_at` (its entries stamped `at_ms`).
     fn read(&self, heads: Vec<(String, ChainHash)>, at_ms: i64, read_at: Instant) {
         let mut known = self.known();
         known.heads.extend(heads);
-        known.clock = Some((at_ms, read_at));
-        known.last_at = known.last_at.max(at_ms);
+        known.clock.read(at_ms, read_at);
+        known.clock.wrote(at_ms);
     }
 
     /// `instance`'s head moved under another writer: no longer known.
@@ -367,18 +359,8 @@ impl WriterHint {
             return None;
         }
         let known = self.known();
-        let (clock_ms, read_at) = known.clock?;
-        let elapsed = read_at.elapsed();
-        if elapsed > CLOCK_TRUSTED_FOR {
-            return None;
-        }
-        let head = *known.heads.get(instance)?;
-        let elapsed_ms = i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX);
-        Some((
-            instance,
-            head,
-            clock_ms.saturating_add(elapsed_ms).max(known.last_at),
-        ))
+        let at_ms = known.clock.estimate()?;
+        Some((instance, *known.heads.get(instance)?, at_ms))
     }
 }
 
@@ -461,8 +443,8 @@ async fn append_locking(
     hint: &WriterHint,
     records: &[AuditRecord],
 ) -> Result<(), sqlx::Error> {
-    let floor_ms = hint.known().last_at;
-    let (heads, at_ms) = seal_and_insert(connection, names, records, floor_ms).await?;
+    let clock = hint.known().clock;
+    let (heads, at_ms) = seal_and_insert(connection, names, records, clock).await?;
     hint.read(heads, at_ms, Instant::now());
     Ok(())
 }

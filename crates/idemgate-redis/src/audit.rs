@@ -23,22 +23,22 @@
 //! One process's appends take turns (a lock), so only processes sharing an
 //! instance name ever race.
 //!
-//! The read is needed only once in a while ([`Hint`]): the heads an append
-//! wrote are the next append's expected heads, and the server's clock, read
-//! with them, is carried forward on this process's monotonic clock for
-//! [`CLOCK_TRUSTED_FOR`]. An append within that is one round trip, the
+//! The read is needed only once in a while ([`Appending`]): the heads an
+//! append wrote are the next append's expected heads, and the server's clock,
+//! read with them, is carried forward on this process's monotonic clock
+//! ([`StoreClock`], for a second). An append within that is one round trip, the
 //! compare-and-set; a refused one (another process wrote as the same instance,
 //! or the heads were edited) reads again. A claim waits for its entry's
 //! append, so this is a round trip off every new key's path.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use idemgate_core::StoreError;
 use idemgate_core::audit::{
     AuditEntry, AuditEvent, AuditPartition, AuditQuery, AuditRecord, AuditSecret, ChainHash,
-    chain_hash,
+    StoreClock, chain_hash,
 };
 use idemgate_core::time::Timestamp;
 use redis::{Script, Value};
@@ -49,14 +49,6 @@ use crate::error::RedisStoreError;
 /// How often an append reads the heads again after another writer of the same
 /// partition moved one (only instances sharing a name race).
 const APPEND_ATTEMPTS: usize = 8;
-
-/// How long the server's clock, read with the heads, stamps entries carried
-/// forward on this process's monotonic clock ([`Hint`]) before it is read
-/// again. The estimate is off by at most the read's one-way delay plus the
-/// two clocks' drift over this span — well under the millisecond `at` is
-/// kept in — and an entry's `at` already trails its event by the writer's
-/// gathering (a few milliseconds).
-const CLOCK_TRUSTED_FOR: Duration = Duration::from_secs(1);
 
 /// Reads the server's clock and the heads of `ARGV` (instances); an absent head
 /// is an empty string.
@@ -179,43 +171,28 @@ pub(crate) struct Journal {
     appending: tokio::sync::Mutex<Appending>,
 }
 
-/// What one process's appends carry from one to the next.
+/// What one process's appends carry from one to the next: the partitions'
+/// heads as it last wrote or read them, and the server's clock, enough to
+/// seal and append the next batch without reading either again.
 #[derive(Default)]
 struct Appending {
-    /// The heads and the clock, while they can be trusted; `None` until the
-    /// first read, and again after a refused append.
-    hint: Option<Hint>,
-    /// The latest `at` written: a new read of the server's clock that is
-    /// behind the estimate (the clocks drifted) never moves `at` back.
-    last_at: i64,
-}
-
-/// The partitions' heads as this process last wrote or read them, and the
-/// server's clock as last read: enough to seal and append the next batch
-/// without reading either again.
-struct Hint {
-    /// Each partition's head, as the heads hash holds it (`""` for none yet).
+    /// Each partition's head, as the heads hash holds it (`""` for none yet);
+    /// emptied by a refused append.
     heads: HashMap<String, String>,
-    /// The server's clock, in milliseconds, when it was read…
-    clock_ms: i64,
-    /// …at this instant of this process's monotonic clock.
-    read_at: Instant,
+    /// The server's clock, read with the heads.
+    clock: StoreClock,
 }
 
-impl Hint {
-    /// The expected heads of `instances` and the server's clock now, if every
+impl Appending {
+    /// The expected heads of `instances` and the `at` to seal with, if every
     /// head is known and the clock was read recently enough.
-    fn covers(&self, instances: &[&str]) -> Option<(Vec<String>, i64)> {
-        let elapsed = self.read_at.elapsed();
-        if elapsed > CLOCK_TRUSTED_FOR {
-            return None;
-        }
+    fn known(&self, instances: &[&str]) -> Option<(Vec<String>, i64)> {
+        let at_ms = self.clock.estimate()?;
         let heads = instances
             .iter()
             .map(|instance| self.heads.get(*instance).cloned())
             .collect::<Option<Vec<_>>>()?;
-        let elapsed_ms = i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX);
-        Some((heads, self.clock_ms.saturating_add(elapsed_ms)))
+        Some((heads, at_ms))
     }
 }
 
@@ -276,27 +253,17 @@ impl Journal {
         }
         let mut appending = self.appending.lock().await;
         for _ in 0..APPEND_ATTEMPTS {
-            let known = appending
-                .hint
-                .as_ref()
-                .and_then(|hint| hint.covers(&instances));
-            let (read, now) = match known {
+            let (read, at_ms) = match appending.known(&instances) {
                 Some(known) => known,
                 None => {
                     let (read, now) = self.read_heads(runner, &instances).await?;
+                    appending.clock.read(now, Instant::now());
                     // The heads known of other partitions stay: a stale one
                     // is refused by the compare-and-set, which forgets all.
-                    let hint = appending.hint.get_or_insert_with(|| Hint {
-                        heads: HashMap::new(),
-                        clock_ms: now,
-                        read_at: Instant::now(),
-                    });
-                    hint.clock_ms = now;
-                    hint.read_at = Instant::now();
                     for (instance, head) in instances.iter().zip(&read) {
-                        hint.heads.insert((*instance).to_owned(), head.clone());
+                        appending.heads.insert((*instance).to_owned(), head.clone());
                     }
-                    (read, now)
+                    (read, appending.clock.stamp(now))
                 }
             };
             let mut heads: HashMap<&str, ChainHash> = HashMap::new();
@@ -313,7 +280,6 @@ impl Journal {
                 heads.insert(instance, head);
             }
             // Sealed after them, at the server's clock.
-            let at_ms = now.max(appending.last_at);
             let at = Timestamp::from_millis(at_ms);
             let mut entries: Vec<(usize, Fields<'_>)> = Vec::with_capacity(records.len());
             for record in records {
@@ -347,17 +313,16 @@ impl Journal {
             }
             let written = int_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
             if written == 1 {
-                appending.last_at = at_ms;
-                if let Some(hint) = appending.hint.as_mut() {
-                    for instance in &instances {
-                        hint.heads
-                            .insert((*instance).to_owned(), heads[instance].to_hex());
-                    }
+                appending.clock.wrote(at_ms);
+                for instance in &instances {
+                    appending
+                        .heads
+                        .insert((*instance).to_owned(), heads[instance].to_hex());
                 }
                 return Ok(());
             }
             // A head moved under us: what we knew is stale.
-            appending.hint = None;
+            appending.heads.clear();
         }
         Err(StoreError::unavailable(RedisStoreError::UnexpectedReply(
             "the journal's head kept moving: another process writes as the same instance",
