@@ -12,7 +12,6 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
@@ -156,7 +155,6 @@ impl Listener {
         builder.http2().timer(TokioTimer::new());
         let connections = TaskTracker::new();
         let head_grace = head_grace(self.options.header_read_timeout);
-        let (stop_tx, stop_rx) = watch::channel(false);
         let mut accept_errors = AcceptErrors::default();
         tokio::pin!(shutdown);
         loop {
@@ -198,7 +196,6 @@ impl Listener {
                 router.clone(),
                 self.options.clone(),
                 Arc::clone(&self.refusals),
-                stop_rx.clone(),
                 activity,
             );
             connections.spawn(async move {
@@ -207,7 +204,7 @@ impl Listener {
             });
         }
         drop(tcp);
-        let _ = stop_tx.send(true);
+        live.stop_all();
         connections.close();
         connections.wait().await;
     }

@@ -21,7 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -42,7 +42,6 @@ pub(crate) async fn connection(
     router: Router,
     options: ListenerOptions,
     refusals: Arc<Refusals>,
-    stop: watch::Receiver<bool>,
     activity: Arc<Activity>,
 ) {
     let watched = Watched {
@@ -52,8 +51,7 @@ pub(crate) async fn connection(
     };
     let Some(tls) = tls else {
         let io = TokioIo::new(watched);
-        return serve_connection(io, activity, peer, builder, router, options, refusals, stop)
-            .await;
+        return serve_connection(io, activity, peer, builder, router, options, refusals).await;
     };
     let handshake = tokio::select! {
         handshake = tokio::time::timeout(options.header_read_timeout, tls.accept(watched)) => handshake,
@@ -66,7 +64,7 @@ pub(crate) async fn connection(
     match handshake {
         Ok(Ok(stream)) => {
             let io = TokioIo::new(stream);
-            serve_connection(io, activity, peer, builder, router, options, refusals, stop).await;
+            serve_connection(io, activity, peer, builder, router, options, refusals).await;
         }
         Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
         Err(_elapsed) => {
@@ -88,7 +86,6 @@ async fn serve_connection<I>(
     router: Router,
     options: ListenerOptions,
     refusals: Arc<Refusals>,
-    mut stop: watch::Receiver<bool>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -108,17 +105,43 @@ async fn serve_connection<I>(
     });
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
+    // The watchdog's futures live as long as the connection, each made anew
+    // only once it has fired: every request moves the phase twice, and a timer
+    // or a waiter registered and cancelled per move was a measurable part of
+    // a proxied request's cost. Every branch is polled at every turn of the
+    // connection's task, so the listener's stop comes as a change of the
+    // activity too, not as a branch of its own.
     let mut stopping = false;
+    let changed = activity.changed.notified();
+    tokio::pin!(changed);
+    let sleep = tokio::time::sleep_until(Instant::now());
+    tokio::pin!(sleep);
+    // When the timer is set for: it is moved earlier at once, never later. A
+    // deadline that moved later (the connection went idle, a request began)
+    // is found when the timer fires early, and the timer is set again.
+    let mut armed: Option<Instant> = None;
     loop {
-        let deadline = activity.deadline(&options);
+        if !stopping && activity.is_stopping() {
+            stopping = true;
+            conn.as_mut().graceful_shutdown();
+        }
+        if let Some(deadline) = activity.deadline(&options)
+            && armed.is_none_or(|armed| deadline < armed)
+        {
+            sleep.as_mut().reset(deadline);
+            armed = Some(deadline);
+        }
         tokio::select! {
+            biased;
             result = conn.as_mut() => {
                 if let Err(error) = result {
                     tracing::debug!(%error, "connection ended with an error");
                 }
                 return;
             }
-            () = sleep_until(deadline) => {
+            () = activity_changed(changed.as_mut(), &activity) => {}
+            () = sleep.as_mut(), if armed.is_some() => {
+                armed = None;
                 match activity.expired(&options) {
                     Some("evicted") => break,
                     Some(phase) => {
@@ -128,11 +151,6 @@ async fn serve_connection<I>(
                     }
                     None => {}
                 }
-            }
-            () = activity.changed.notified() => {}
-            _ = stop.wait_for(|stop| *stop), if !stopping => {
-                stopping = true;
-                conn.as_mut().graceful_shutdown();
             }
         }
     }
@@ -162,11 +180,13 @@ async fn serve_connection<I>(
 /// Short: eviction is there to free the connection for a new client.
 pub(crate) const EVICTION_GRACE: Duration = Duration::from_secs(1);
 
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
+/// Waits for the next change of `activity`'s phase, and waits anew after it.
+async fn activity_changed<'a>(
+    mut changed: Pin<&mut tokio::sync::futures::Notified<'a>>,
+    activity: &'a Activity,
+) {
+    changed.as_mut().await;
+    changed.set(activity.changed.notified());
 }
 
 /// One request, with the client's address as axum's `ConnectInfo` (the proxy's
@@ -240,6 +260,8 @@ pub(crate) struct Activity {
     /// being sent although hyper has dropped its body. Such a connection is not
     /// evicted (a slow reader is bounded by the idle timeout, as before).
     unflushed: AtomicBool,
+    /// The listener stopped: finish what is in flight, then close.
+    stopping: AtomicBool,
 }
 
 impl Activity {
@@ -249,6 +271,7 @@ impl Activity {
             changed: Notify::new(),
             lingers: AtomicBool::new(false),
             unflushed: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         }
     }
 
@@ -359,6 +382,17 @@ impl Activity {
             self.changed.notify_one();
         }
         evicted
+    }
+
+    /// Tells the connection that its listener stopped: it finishes the
+    /// request in flight (an idle one closes at once) and closes.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     fn is_evicted(&self) -> bool {
@@ -583,8 +617,8 @@ mod tests {
     use super::*;
 
     /// A head that completes as its connection is evicted is answered with the
-    /// 503 (nothing run), not dropped unanswered: repeated, since which of the
-    /// watchdog's branches wins the first turn is random.
+    /// 503 (nothing run), not dropped unanswered: repeated, since the head and
+    /// the eviction race.
     #[tokio::test]
     async fn a_head_completing_during_eviction_gets_its_503() {
         let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -601,7 +635,6 @@ mod tests {
         for round in 0..32 {
             let (mut client, server) = tokio::io::duplex(64 * 1024);
             let activity = Arc::new(Activity::new());
-            let (_stop_tx, stop) = watch::channel(false);
             let served = tokio::spawn(serve_connection(
                 TokioIo::new(server),
                 Arc::clone(&activity),
@@ -610,7 +643,6 @@ mod tests {
                 router.clone(),
                 ListenerOptions::default(),
                 Arc::new(Refusals::new(&ListenerOptions::default())),
-                stop,
             ));
             // The connection waits for its head; the head arrives as it is evicted.
             tokio::task::yield_now().await;

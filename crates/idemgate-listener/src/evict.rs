@@ -125,6 +125,14 @@ impl Connections {
         }
     }
 
+    /// Tells every live connection that the listener stopped
+    /// ([`Activity::stop`]); the evicted ones are closing already.
+    pub(crate) fn stop_all(&self) {
+        for activity in self.lock().by_id.values() {
+            activity.stop();
+        }
+    }
+
     /// Makes room for one connection: evicts the first by [`victim`]'s order.
     /// `false` when every connection is busy with a request or a response (the
     /// new one must then be refused).
