@@ -405,40 +405,9 @@ impl Forward {
 
 /// Marks the upstream's answer to a covered request: it was asked for identity
 /// (the one representation the record keeps), so the proxy encodes it — live, and
-/// every replay — by the client's own `Accept-Encoding` ([`covered_answer`]).
+/// every replay — by the client's own `Accept-Encoding` ([`crate::encoding`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CoveredAnswer;
-
-/// Whether the proxy's compression may encode `extensions`'s and `headers`'
-/// response: an answer to a covered request (live, [`CoveredAnswer`]) or a
-/// replay (`Idempotent-Replayed`). Everything else — what streams through
-/// uncovered, in whatever coding the upstream chose for the client's own
-/// `Accept-Encoding` — is passed on untouched.
-pub(crate) fn covered_answer(
-    _: StatusCode,
-    _: Version,
-    headers: &http::HeaderMap,
-    extensions: &http::Extensions,
-) -> bool {
-    extensions.get::<CoveredAnswer>().is_some()
-        || headers.contains_key(&idemgate::IDEMPOTENT_REPLAYED)
-}
-
-/// Whether the proxy's compression may encode a response of `headers`: not
-/// one a client reads as it comes (`text/event-stream`, NDJSON, JSON Lines,
-/// [`idemgate::is_streamed_media_type`]), whose events a compressor would hold
-/// back. tower-http's default predicate knows only `text/event-stream`.
-pub(crate) fn not_streamed(
-    _: StatusCode,
-    _: Version,
-    headers: &http::HeaderMap,
-    _: &http::Extensions,
-) -> bool {
-    !headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(idemgate::is_streamed_media_type)
-}
 
 /// The derived key a covered request was forwarded with, and the client's own
 /// key it stands for.

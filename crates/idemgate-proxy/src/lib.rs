@@ -35,6 +35,7 @@ use idemgate::path::PathPolicy;
 
 mod body;
 mod conditional;
+mod encoding;
 mod forward;
 mod guard;
 pub mod headers;
@@ -392,23 +393,5 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
         lock_store: config.lock_store,
     };
     let (table, dispatch) = RouteTable::new(builder, &config.routes, guard);
-    // Outside the layer (PROTOCOL §1): a covered request's upstream is asked for
-    // identity, so the record keeps one representation, and each attempt — the
-    // first run and every replay — gets it in a coding it accepts (gzip, br,
-    // zstd, or identity). Uncovered answers stream through as the upstream
-    // encoded them for the client's own Accept-Encoding.
-    let compression = {
-        use tower_http::compression::{CompressionLayer, Predicate as _, predicate};
-        type Covered =
-            fn(http::StatusCode, http::Version, &http::HeaderMap, &http::Extensions) -> bool;
-        CompressionLayer::new().compress_when(
-            predicate::DefaultPredicate::new()
-                .and(forward::covered_answer as Covered)
-                .and(forward::not_streamed as Covered),
-        )
-    };
-    (
-        Router::new().fallback_service(dispatch).layer(compression),
-        table,
-    )
+    (Router::new().fallback_service(dispatch), table)
 }

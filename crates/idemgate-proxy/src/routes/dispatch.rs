@@ -27,6 +27,7 @@ use super::file::Routes;
 use super::pattern::RoutePattern;
 use super::policy::{Conditional, Policy};
 use crate::conditional;
+use crate::encoding::Accepted;
 use crate::forward::Forward;
 use crate::guard::{self, Guard, MethodOverride, SafeMethodBodies};
 use crate::problem;
@@ -283,7 +284,13 @@ impl Service<Request<Body>> for Dispatch {
 
     fn call(&mut self, mut request: Request<Body>) -> Self::Future {
         match self.route(&mut request) {
-            Ok(service) => Box::pin(service.oneshot(request)),
+            Ok(service) => {
+                let accepted = Accepted::of(request.headers());
+                Box::pin(async move {
+                    let response = service.oneshot(request).await?;
+                    Ok(accepted.encode(response).await)
+                })
+            }
             Err(problem) => {
                 tracing::debug!(problem = %problem.type_uri, "request refused before the layer");
                 Box::pin(std::future::ready(Ok(self
