@@ -114,24 +114,39 @@ where
         // The service that was polled ready is the one that must be called; leave
         // a fresh clone behind for the next request.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        // Every problem leaving the layer in its style: its own, and what
+        // passed through it.
+        let style = config
+            .problem_style
+            .for_request(crate::grpc::is_grpc(request.headers()));
+        // A method the layer does not cover passes through, counted and timed,
+        // without the erasure and the state the covered paths need: most of
+        // a proxy's traffic takes this path.
+        if !config.methods.contains(request.method()) {
+            return Box::pin(async move {
+                let response = timed_request(async {
+                    count_outcome(Outcome::PassedThrough);
+                    inner.call(request.map(Body::new)).await
+                })
+                .await?;
+                Ok(style.restyle(response.map(Body::new)))
+            });
+        }
         // Erased once, here: the rest of the request path is not generic.
         let handler = Handler::new(inner);
-        let config = Arc::clone(&self.config);
         let variants = Arc::clone(&self.variants);
         Box::pin(async move {
-            let style = config
-                .problem_style
-                .for_request(crate::grpc::is_grpc(request.headers()));
             let response =
                 timed_request(handle(config, variants, handler, request.map(Body::new))).await?;
-            // Every problem leaving the layer in its style: its own, and what
-            // passed through it.
             Ok(style.restyle(response))
         })
     }
 }
 
+/// A request of a covered method: a webhook delivery, a keyed request, or one
+/// that passes through keyless.
 async fn handle<E>(
     config: Arc<Config>,
     variants: Arc<Variants>,
@@ -141,10 +156,6 @@ async fn handle<E>(
 where
     E: Into<BoxError> + Send + 'static,
 {
-    if !config.methods.contains(request.method()) {
-        count_outcome(Outcome::PassedThrough);
-        return handler.call(request).await;
-    }
     // A webhook receiver: verified before anything else, keyed by the delivery.
     if let Some(webhook) = &config.webhook {
         let webhook = Arc::clone(webhook);
