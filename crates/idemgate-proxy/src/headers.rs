@@ -35,23 +35,37 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 /// (RFC 9110 §7.6.1). They describe one connection, not the message; forwarding
 /// them would let a client steer the proxy's connection to the upstream.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names present, rather than a lookup per name that may
-    // be: most messages carry none of them, and then nothing is allocated.
-    let mut doomed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| is_hop_by_hop(name))
-        .cloned()
-        .collect();
-    if doomed.is_empty() {
-        return;
-    }
-    let listed = headers
+    let listed: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok());
-    doomed.extend(listed);
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    // One pass over the names present, rather than a lookup per name that may
+    // be: most requests carry none of them, and then nothing is allocated.
+    // Each with its place among the names.
+    let doomed: Vec<(usize, HeaderName)> = headers
+        .keys()
+        .enumerate()
+        .filter(|(_, name)| is_hop_by_hop(name) || listed.contains(name))
+        .map(|(place, name)| (place, name.clone()))
+        .collect();
+    let names = headers.keys_len();
+    let first_kept = names - doomed.len();
+    if doomed
+        .iter()
+        .enumerate()
+        .all(|(nth, (place, _))| *place == first_kept + nth)
+    {
+        // The last names (or none): a removal moves the last name into the
+        // hole, and from the end there is none to move. Most responses end
+        // with their `Connection` (and `Keep-Alive`).
+        for (_, name) in doomed.iter().rev() {
+            headers.remove(name);
+        }
+        return;
+    }
     // Rebuilt rather than removed from, which would move the last header into
     // each hole: the headers that stay keep the order they came in.
     let all = std::mem::replace(headers, HeaderMap::with_capacity(headers.len()));
@@ -62,7 +76,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
             current = name;
         }
         if let Some(name) = &current
-            && !doomed.contains(name)
+            && !doomed.iter().any(|(_, doomed)| doomed == name)
         {
             headers.append(name.clone(), value);
         }
@@ -184,6 +198,35 @@ mod tests {
                 ("x-kept", "2"),
                 ("content-type", "application/json"),
                 ("authorization", "Bearer t"),
+            ]
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_at_the_end_go_and_the_rest_keep_their_order() {
+        let mut headers = map(&[
+            ("server", "nginx"),
+            ("set-cookie", "a=1"),
+            ("content-type", "application/json"),
+            ("set-cookie", "b=2"),
+            ("content-length", "3"),
+            ("connection", "keep-alive, x-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-hop", "1"),
+        ]);
+        remove_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            left,
+            [
+                ("server", "nginx"),
+                ("set-cookie", "a=1"),
+                ("set-cookie", "b=2"),
+                ("content-type", "application/json"),
+                ("content-length", "3"),
             ]
         );
     }
