@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use http::header::Entry;
 use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -93,6 +94,8 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// (the `Host` the client sent), after whatever proxies in front appended: the
 /// first entry of each is the original client's.
 pub fn add_forwarded(headers: &mut HeaderMap, client: Option<IpAddr>, proto: &'static str) {
+    // Room for the three at once: the map grows (and rehashes) once at most.
+    headers.reserve(3);
     if let Some(client) = client.and_then(ip_header_value) {
         append(headers, X_FORWARDED_FOR, client);
     }
@@ -134,20 +137,24 @@ fn ip_header_value(ip: IpAddr) -> Option<HeaderValue> {
 }
 
 /// `name: earlier, value`, one line, as proxies write these lists. The usual
-/// case — no earlier value — inserts `value` as it is, without a copy.
+/// case — no earlier value — inserts `value` as it is, without a copy; either
+/// way the name is looked up once.
 fn append(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
-    if !headers.contains_key(&name) {
-        headers.insert(name, value);
-        return;
-    }
+    let mut earlier = match headers.entry(name) {
+        Entry::Vacant(vacant) => {
+            vacant.insert(value);
+            return;
+        }
+        Entry::Occupied(occupied) => occupied,
+    };
     let mut joined = Vec::new();
-    for earlier in headers.get_all(&name) {
+    for earlier in earlier.iter() {
         joined.extend_from_slice(earlier.as_bytes());
         joined.extend_from_slice(b", ");
     }
     joined.extend_from_slice(value.as_bytes());
     if let Ok(joined) = HeaderValue::from_bytes(&joined) {
-        headers.insert(name, joined);
+        earlier.insert(joined);
     }
 }
 
