@@ -222,24 +222,18 @@ async fn insert(
         .into_iter()
         .map(|(instance, head)| (instance.to_owned(), head.as_bytes().to_vec()))
         .unzip();
-    let mut columns = Columns::default();
-    for row in rows {
-        columns.push(row);
-    }
+    let columns = Columns::of(rows);
     let query = sqlx::query(AssertSqlSafe(format!(
         "WITH moved AS ( \
              UPDATE {partitions} AS p SET head = m.head \
              FROM UNNEST($1::text[], $2::bytea[]) AS m(instance, head) \
              WHERE p.instance = m.instance) \
          INSERT INTO {entries} ({AUDIT_COLUMNS_WRITTEN}) \
-         SELECT {AUDIT_COLUMNS_WRITTEN} FROM UNNEST( \
-             $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
-             $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::text[], \
-             $14::bytea[], $15::bytea[]) \
-             WITH ORDINALITY AS r({AUDIT_COLUMNS_WRITTEN}, position) \
+         {bound} \
          ORDER BY position",
         partitions = names.partitions,
         entries = names.entries,
+        bound = Columns::select_bound(3),
     )))
     .bind(instances)
     .bind(moved_to);
@@ -269,6 +263,36 @@ struct Columns {
 }
 
 impl Columns {
+    /// The SQL types of the arrays [`Columns::bind`] binds, in its order.
+    const ARRAY_TYPES: [&'static str; 13] = [
+        "bigint", "text", "text", "text", "text", "text", "text", "text", "bigint", "bigint",
+        "text", "bytea", "bytea",
+    ];
+
+    fn of(rows: Vec<AuditColumns>) -> Self {
+        let mut columns = Self::default();
+        for row in rows {
+            columns.push(row);
+        }
+        columns
+    }
+
+    /// The rows [`Columns::bind`] binds from parameter `$first` on, read back
+    /// as [`AUDIT_COLUMNS_WRITTEN`] in their order (`position`): the
+    /// `SELECT` an `INSERT` of them ends with.
+    fn select_bound(first: usize) -> String {
+        let arrays: Vec<String> = Self::ARRAY_TYPES
+            .iter()
+            .enumerate()
+            .map(|(offset, sql_type)| format!("${}::{sql_type}[]", first + offset))
+            .collect();
+        format!(
+            "SELECT {AUDIT_COLUMNS_WRITTEN} FROM UNNEST({}) \
+             WITH ORDINALITY AS r({AUDIT_COLUMNS_WRITTEN}, position)",
+            arrays.join(", ")
+        )
+    }
+
     /// Binds the thirteen arrays, in [`AUDIT_COLUMNS_WRITTEN`]'s order, after
     /// what `query` bound already.
     fn bind(self, query: PgQuery<'_>) -> PgQuery<'_> {
@@ -460,24 +484,18 @@ async fn insert_if_head<'e>(
     head: ChainHash,
     rows: Vec<AuditColumns>,
 ) -> Result<u64, sqlx::Error> {
-    let mut columns = Columns::default();
-    for row in rows {
-        columns.push(row);
-    }
+    let columns = Columns::of(rows);
     let query = sqlx::query(AssertSqlSafe(format!(
         "WITH moved AS ( \
              UPDATE {partitions} SET head = $2 WHERE instance = $1 AND head = $3 \
              RETURNING instance) \
          INSERT INTO {entries} ({AUDIT_COLUMNS_WRITTEN}) \
-         SELECT {AUDIT_COLUMNS_WRITTEN} FROM UNNEST( \
-             $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], \
-             $10::text[], $11::text[], $12::bigint[], $13::bigint[], $14::text[], \
-             $15::bytea[], $16::bytea[]) \
-             WITH ORDINALITY AS r({AUDIT_COLUMNS_WRITTEN}, position) \
+         {bound} \
          WHERE EXISTS (SELECT 1 FROM moved) \
          ORDER BY position",
         partitions = names.partitions,
         entries = names.entries,
+        bound = Columns::select_bound(4),
     )))
     .bind(instance.to_owned())
     .bind(head.as_bytes().to_vec())
