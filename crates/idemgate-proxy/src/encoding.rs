@@ -20,7 +20,7 @@ use crate::forward::CoveredAnswer;
 
 /// What a request's `Accept-Encoding` said, kept (without a copy of the rest of
 /// the request) for its answer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Accepted(Vec<HeaderValue>);
 
 impl Accepted {

@@ -61,6 +61,11 @@ async fn outcomes_and_store_latencies_are_recorded() {
     send(&app, post_json("/orders", Some("a"), Some("a,b"), ORDER)).await;
     send(&app, post_json("/orders", None, Some(&key), ORDER)).await;
     send(&app, post_json("/orders", Some("a"), None, ORDER)).await;
+    // A method the layer does not cover passes through, key or not: counted
+    // and timed all the same.
+    let mut read = post_json("/orders", Some("a"), Some(&key), "");
+    *read.method_mut() = http::Method::GET;
+    send(&app, read).await;
     let snapshot: Vec<_> = snapshotter
         .snapshot()
         .into_vec()
@@ -73,7 +78,7 @@ async fn outcomes_and_store_latencies_are_recorded() {
     assert_eq!(outcome("mismatch"), 1);
     assert_eq!(outcome("invalid_key"), 1);
     assert_eq!(outcome("unauthenticated"), 1);
-    assert_eq!(outcome("passed_through"), 1);
+    assert_eq!(outcome("passed_through"), 2);
     let claims = snapshot
         .iter()
         .find(|(key, _)| {
@@ -106,10 +111,14 @@ async fn outcomes_and_store_latencies_are_recorded() {
         "mismatch",
         "invalid_key",
         "unauthenticated",
-        "passed_through",
     ] {
         assert_eq!(durations(o), 1, "one request duration for {o}");
     }
+    assert_eq!(
+        durations("passed_through"),
+        2,
+        "the keyless POST and the GET"
+    );
     assert_eq!(durations("conflict"), 0);
     assert_eq!(
         duplicates(&snapshot, "header", "replayed"),
