@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
@@ -17,17 +16,17 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_util::task::TaskTracker;
 
-use crate::ListenerOptions;
 use crate::connection::{Activity, EVICTION_GRACE, connection};
 use crate::evict::{Connections, EVICTING_ALLOWANCE, head_grace};
 use crate::limits::{FD_RESERVE, fd_limit};
 use crate::refusal::Refusals;
+use crate::{HttpService, ListenerOptions};
 
 /// How long the accept loop pauses after an error that is not one connection's
 /// (out of descriptors, out of memory), so it neither spins nor dies.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// A bound TCP listener that serves a [`Router`] within its [`ListenerOptions`].
+/// A bound TCP listener that serves an [`HttpService`] within its [`ListenerOptions`].
 ///
 /// The socket is registered with a runtime only when [`Listener::serve`] runs,
 /// so a listener bound on one thread can be served by a worker's own runtime
@@ -130,12 +129,12 @@ impl Listener {
         self.max_connections
     }
 
-    /// Serves `router` (HTTP/1.1 and HTTP/2, upgrades allowed) until `shutdown`
+    /// Serves `service` (HTTP/1.1 and HTTP/2, upgrades allowed) until `shutdown`
     /// resolves, then stops accepting, lets open requests finish (idle
     /// connections close at once) and returns when every connection is closed.
     /// Put a deadline around it: a client still sending is bounded only by the
     /// timeouts.
-    pub async fn serve(self, router: Router, shutdown: impl Future<Output = ()>) {
+    pub async fn serve(self, service: impl HttpService, shutdown: impl Future<Output = ()>) {
         let tcp = match TcpListener::from_std(self.tcp) {
             Ok(tcp) => tcp,
             Err(error) => {
@@ -193,7 +192,7 @@ impl Listener {
                 peer,
                 self.tls.clone().map(TlsAcceptor::from),
                 builder.clone(),
-                router.clone(),
+                service.clone(),
                 self.options.clone(),
                 Arc::clone(&self.refusals),
                 activity,

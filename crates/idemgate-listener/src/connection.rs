@@ -1,4 +1,4 @@
-//! One accepted connection: the TLS handshake, hyper serving the router, the
+//! One accepted connection: the TLS handshake, hyper serving the service, the
 //! watchdog that times request heads and idle keep-alive by the bytes it sees, and
 //! the response body that keeps the connection busy until hyper has sent it.
 
@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
 use axum::http::{Request, Response};
@@ -26,12 +25,12 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::ListenerOptions;
 use crate::body::DeadlineBody;
 use crate::refusal::Refusals;
+use crate::{HttpService, ListenerOptions};
 
 /// One connection: the TLS handshake if any (within the header-read timeout,
-/// which runs from accept), then hyper serving the router. `activity` is the
+/// which runs from accept), then hyper serving `service`. `activity` is the
 /// connection's phase, registered with the listener so that it can evict it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn connection(
@@ -39,7 +38,7 @@ pub(crate) async fn connection(
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     builder: auto::Builder<TokioExecutor>,
-    router: Router,
+    service: impl HttpService,
     options: ListenerOptions,
     refusals: Arc<Refusals>,
     activity: Arc<Activity>,
@@ -51,7 +50,7 @@ pub(crate) async fn connection(
     };
     let Some(tls) = tls else {
         let io = TokioIo::new(watched);
-        return serve_connection(io, activity, peer, builder, router, options, refusals).await;
+        return serve_connection(io, activity, peer, builder, service, options, refusals).await;
     };
     let handshake = tokio::select! {
         handshake = tokio::time::timeout(options.header_read_timeout, tls.accept(watched)) => handshake,
@@ -64,7 +63,7 @@ pub(crate) async fn connection(
     match handshake {
         Ok(Ok(stream)) => {
             let io = TokioIo::new(stream);
-            serve_connection(io, activity, peer, builder, router, options, refusals).await;
+            serve_connection(io, activity, peer, builder, service, options, refusals).await;
         }
         Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
         Err(_elapsed) => {
@@ -75,7 +74,7 @@ pub(crate) async fn connection(
     }
 }
 
-/// hyper serving the router on one connection, watched for the header and idle
+/// hyper serving `service` on one connection, watched for the header and idle
 /// timeouts, told to finish when the listener stops.
 #[allow(clippy::too_many_arguments)]
 async fn serve_connection<I>(
@@ -83,7 +82,7 @@ async fn serve_connection<I>(
     activity: Arc<Activity>,
     peer: SocketAddr,
     builder: auto::Builder<TokioExecutor>,
-    router: Router,
+    service: impl HttpService,
     options: ListenerOptions,
     refusals: Arc<Refusals>,
 ) where
@@ -94,7 +93,7 @@ async fn serve_connection<I>(
         move |request: Request<Incoming>| {
             let guard = activity.begin_request();
             serve_request(
-                router.clone(),
+                service.clone(),
                 request,
                 peer,
                 options.body_read_timeout,
@@ -190,11 +189,11 @@ async fn activity_changed<'a>(
 }
 
 /// One request, with the client's address as axum's `ConnectInfo` (the proxy's
-/// `X-Forwarded-For`): its body under the body-read deadline, the router's answer
+/// `X-Forwarded-For`): its body under the body-read deadline, the service's answer
 /// replaced by 408 when that deadline passed, the response body holding the
 /// connection busy until hyper has taken it whole.
 async fn serve_request(
-    router: Router,
+    service: impl HttpService,
     mut request: Request<Incoming>,
     peer: SocketAddr,
     body_timeout: Duration,
@@ -218,7 +217,7 @@ async fn serve_request(
             Arc::clone(&timed_out),
         ))
     });
-    let response = match router.oneshot(request).await {
+    let response = match service.oneshot(request).await {
         Ok(response) => response,
         Err(never) => match never {},
     };
@@ -622,7 +621,7 @@ mod tests {
     #[tokio::test]
     async fn a_head_completing_during_eviction_gets_its_503() {
         let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let router = Router::new().route(
+        let router = axum::Router::new().route(
             "/",
             axum::routing::get({
                 let ran = Arc::clone(&ran);

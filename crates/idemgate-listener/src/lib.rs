@@ -46,6 +46,10 @@
 //! ([`ListenerOptions::with_problem_type_base`]), rendered here: the listener
 //! sits below any application and knows no idempotency layer.
 //!
+//! What a listener serves is any [`HttpService`]: an axum `Router`, or a
+//! service of the same shape with no router in front of it (the proxy's
+//! dispatcher, whose every path belongs to the upstream).
+//!
 //! The pieces, one module each: [`ListenerOptions`] (the limits), the accept loop
 //! and shedding ([`Listener`]), eviction at the bound, one connection and its
 //! watchdog, the refusals, the request and response bodies, the descriptor limit
@@ -71,6 +75,7 @@ mod evict;
 mod limits;
 mod options;
 mod refusal;
+mod service;
 pub mod tls;
 mod workers;
 
@@ -78,4 +83,5 @@ pub use accept::Listener;
 pub use body::BodyReadTimeout;
 pub use limits::raise_fd_limit;
 pub use options::ListenerOptions;
+pub use service::HttpService;
 pub use workers::Workers;

@@ -11,10 +11,9 @@
 //! turning until [`Workers::release`], so the tasks still settling records (and
 //! store connections a worker's runtime opened for others) finish first.
 
-use axum::Router;
 use tokio::sync::{oneshot, watch};
 
-use crate::Listener;
+use crate::{HttpService, Listener};
 
 /// The worker threads serving one listener group.
 #[derive(Debug)]
@@ -27,11 +26,11 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts one thread per listener, each serving `router` on its own
+    /// Starts one thread per listener, each serving `service` on its own
     /// current-thread runtime until `stop` turns true.
     pub fn start(
         listeners: Vec<Listener>,
-        router: Router,
+        service: impl HttpService,
         stop: watch::Receiver<bool>,
     ) -> std::io::Result<Self> {
         let (release, released) = watch::channel(false);
@@ -43,7 +42,7 @@ impl Workers {
                 .build()?;
             let (drained_tx, drained_rx) = oneshot::channel();
             let (exited_tx, exited_rx) = oneshot::channel();
-            let router = router.clone();
+            let service = service.clone();
             let stop = stop.clone();
             let released = released.clone();
             std::thread::Builder::new()
@@ -51,7 +50,7 @@ impl Workers {
                 // in top and /proc.
                 .name(format!("worker-{index}"))
                 .spawn(move || {
-                    runtime.block_on(serve(listener, router, stop, released, drained_tx));
+                    runtime.block_on(serve(listener, service, stop, released, drained_tx));
                     // Dropping the runtime cancels what is left: only past the
                     // shutdown deadline is anything left.
                     drop(runtime);
@@ -89,12 +88,12 @@ impl Workers {
 /// released (or released early, past the shutdown deadline).
 async fn serve(
     listener: Listener,
-    router: Router,
+    service: impl HttpService,
     mut stop: watch::Receiver<bool>,
     mut released: watch::Receiver<bool>,
     drained: oneshot::Sender<()>,
 ) {
-    let serve = listener.serve(router, async move {
+    let serve = listener.serve(service, async move {
         let _ = stop.wait_for(|stop| *stop).await;
     });
     let served = tokio::select! {

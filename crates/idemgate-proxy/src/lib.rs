@@ -54,7 +54,7 @@ pub use pool::UpstreamProtocol;
 pub use principal::HeaderPrincipal;
 pub use principal_source::PrincipalSource;
 pub use routes::{
-    Conditional, Policy, PolicyOverride, RoutePattern, RouteTable, Routes, RoutesError,
+    Conditional, Policy, PolicyOverride, Proxy, RoutePattern, RouteTable, Routes, RoutesError,
 };
 pub use upstream::{Upstream, UpstreamError};
 
@@ -349,25 +349,27 @@ impl ProxyConfig {
 /// store, principal (unless the config names one), store timeout and problem
 /// base; each route's [`Policy`] gives the rest.
 pub fn app(config: ProxyConfig, idempotency: IdempotencyLayer) -> Router {
-    reloadable_app(config, idempotency).0
+    Router::new().fallback_service(reloadable_app(config, idempotency).0)
 }
 
-/// [`app`], with the handle that replaces its routes while it serves
-/// (`idemgate proxy` on `SIGHUP`).
+/// [`app`] as the bare [`Proxy`] service (what `idemgate proxy`'s listener
+/// serves: no router in front of a service that owns every path), with the
+/// handle that replaces its routes while it serves (`idemgate proxy` on
+/// `SIGHUP`).
 ///
 /// ```
 /// use idemgate::{IdempotencyLayer, MemoryStore};
-/// use idemgate_proxy::{ProxyConfig, Routes, reloadable_app};
+/// use idemgate_proxy::{Proxy, ProxyConfig, Routes, reloadable_app};
 ///
 /// let config = ProxyConfig::new("http://127.0.0.1:3000".parse().unwrap());
-/// let (router, table): (axum::Router, _) =
+/// let (proxy, table): (Proxy, _) =
 ///     reloadable_app(config, IdempotencyLayer::new(MemoryStore::new()));
 /// let text = "[[route]]\nmethod = \"POST\"\npath = \"/pay\"\n";
 /// let routes = Routes::from_toml("routes.toml".as_ref(), text, table.defaults()).unwrap();
 /// table.replace(&routes);
 /// assert_eq!(table.len(), 1);
 /// ```
-pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Router, RouteTable) {
+pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Proxy, RouteTable) {
     let idempotency = match &config.principal {
         Some(source) => source.apply_to(idempotency),
         None => idempotency,
@@ -392,6 +394,6 @@ pub fn reloadable_app(config: ProxyConfig, idempotency: IdempotencyLayer) -> (Ro
         defaults: config.defaults,
         lock_store: config.lock_store,
     };
-    let (table, dispatch) = RouteTable::new(builder, &config.routes, guard);
-    (Router::new().fallback_service(dispatch), table)
+    let (table, proxy) = RouteTable::new(builder, &config.routes, guard);
+    (proxy, table)
 }

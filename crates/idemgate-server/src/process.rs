@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::Router;
 use idemgate::DetachedTasks;
-use idemgate_listener::{Listener, ListenerOptions, Workers};
+use idemgate_listener::{HttpService, Listener, ListenerOptions, Workers};
 
 use crate::config::{ConfigError, TelemetrySettings};
 use crate::store::OpenError;
@@ -60,22 +60,23 @@ pub async fn bind(
         .map_err(|source| StartupError::Listen { addr, source })
 }
 
-/// One listener and what it serves, and where.
+/// One listener and what it serves, and where: a router on the process's
+/// runtime, or `W` (the proxy serves its dispatcher bare) on worker threads.
 #[derive(Debug)]
-pub enum Served {
+pub enum Served<W = Router> {
     /// On the process's runtime.
     Here(Listener, Router),
     /// On worker threads, one per listener of a group
     /// (`Listener::bind_group`), each on its own runtime.
-    OnWorkers(Vec<Listener>, Router),
+    OnWorkers(Vec<Listener>, W),
 }
 
 /// Serves every listener until SIGINT or SIGTERM, then shuts down gracefully:
 /// stop accepting, let open requests finish, wait for detached handlers to store
 /// their results, all within `shutdown_timeout`. Worker threads keep running
 /// until then (the handlers they spawned run on them), and stop last.
-pub async fn serve_until_signal(
-    servers: Vec<Served>,
+pub async fn serve_until_signal<W: HttpService>(
+    servers: Vec<Served<W>>,
     tasks: DetachedTasks,
     shutdown_timeout: Duration,
 ) {
@@ -94,8 +95,8 @@ pub async fn serve_until_signal(
                         .await;
                 }));
             }
-            Served::OnWorkers(listeners, router) => {
-                match Workers::start(listeners, router, stop_rx.clone()) {
+            Served::OnWorkers(listeners, service) => {
+                match Workers::start(listeners, service, stop_rx.clone()) {
                     Ok(started) => workers.push(started),
                     Err(error) => {
                         tracing::error!(%error, "cannot start the worker threads");

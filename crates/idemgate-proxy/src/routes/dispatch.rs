@@ -145,12 +145,12 @@ impl fmt::Debug for RouteTable {
 impl RouteTable {
     /// The table of `routes` (with the default route last), and the dispatcher
     /// that reads it, admitting each request through `guard` first.
-    pub(crate) fn new(builder: RouteBuilder, routes: &Routes, guard: Guard) -> (Self, Dispatch) {
+    pub(crate) fn new(builder: RouteBuilder, routes: &Routes, guard: Guard) -> (Self, Proxy) {
         let table = Self {
             routes: Arc::new(ArcSwap::from_pointee(builder.build(routes))),
             builder: Arc::new(builder),
         };
-        let dispatch = Dispatch {
+        let dispatch = Proxy {
             style: table.builder.style(),
             guard: Arc::new(guard),
             routes: Arc::clone(&table.routes),
@@ -228,10 +228,14 @@ impl DispatchRoute {
     }
 }
 
-/// Brings each request to one reading (the guard), then sends it to the service
-/// of the first route that matches it: a file's route, else the default route.
+/// The proxy as one service: brings each request to one reading (the guard),
+/// then sends it to the service of the first route that matches it — a file's
+/// route, else the default route. It owns every path, so a listener serves it
+/// as it is ([`crate::reloadable_app`]); [`crate::app`] puts it behind an axum
+/// router for an application that nests it. Cloning it is three reference
+/// counts.
 #[derive(Clone, Debug)]
-pub(crate) struct Dispatch {
+pub struct Proxy {
     /// The default route's problem style, for the refusals made before the layer.
     style: ProblemStyle,
     guard: Arc<Guard>,
@@ -239,7 +243,7 @@ pub(crate) struct Dispatch {
     routes: Arc<ArcSwap<Table>>,
 }
 
-impl Dispatch {
+impl Proxy {
     /// The service for `request`, once it is in the spelling everyone reads; or
     /// the problem it is refused with.
     fn route(
@@ -272,7 +276,7 @@ impl Dispatch {
     }
 }
 
-impl Service<Request<Body>> for Dispatch {
+impl Service<Request<Body>> for Proxy {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;

@@ -19,7 +19,7 @@ mod file;
 mod pattern;
 mod policy;
 
-pub use dispatch::RouteTable;
+pub use dispatch::{Proxy, RouteTable};
 pub use file::{Routes, RoutesError};
 pub use pattern::RoutePattern;
 pub use policy::{Conditional, Policy, PolicyOverride};

@@ -346,7 +346,7 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
             confirmations.deliver_to(url);
         }
     }
-    let mut servers = Vec::new();
+    let mut servers: Vec<Served> = Vec::new();
     if let Some((admin_addr, admin_router)) = admin {
         let admin_listener = bind(admin_addr, settings.connections.clone()).await?;
         let admin_addr = admin_listener.local_addr().map_err(StartupError::Serve)?;
