@@ -445,7 +445,14 @@ struct WebSocketUpgrade {
 impl WebSocketUpgrade {
     /// The upgrade `request` asks for, if it is one this proxy tunnels.
     fn requested(request: &mut Request<Body>, covered: bool) -> Option<Self> {
+        // The request line first, then the key: most requests stop there,
+        // before any further header lookup.
+        if covered || request.version() != Version::HTTP_11 || request.method() != http::Method::GET
+        {
+            return None;
+        }
         let headers = request.headers();
+        let key = single(headers, &SEC_WEBSOCKET_KEY)?.clone();
         let connection_upgrade = headers
             .get_all(CONNECTION)
             .iter()
@@ -454,13 +461,7 @@ impl WebSocketUpgrade {
             .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
         let websocket = single(headers, &UPGRADE)
             .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"websocket"));
-        let key = single(headers, &SEC_WEBSOCKET_KEY)?.clone();
-        let asks = !covered
-            && request.version() == Version::HTTP_11
-            && request.method() == http::Method::GET
-            && connection_upgrade
-            && websocket;
-        asks.then(|| Self {
+        (connection_upgrade && websocket).then(|| Self {
             key,
             client: hyper::upgrade::on(request),
         })

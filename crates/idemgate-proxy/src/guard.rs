@@ -186,6 +186,14 @@ fn check_method_spelling(method: &Method) -> Result<(), ProblemDetails> {
 /// The method an override header names, upper-cased as frameworks do; an error
 /// when several lines or headers name one, or the value is not a method.
 fn method_override(headers: &HeaderMap) -> Result<Option<Method>, ProblemDetails> {
+    // One pass over the names first: nearly no request has one, and the pass
+    // costs less than a lookup of each of the three.
+    if !headers
+        .keys()
+        .any(|name| METHOD_OVERRIDE_HEADERS.contains(name))
+    {
+        return Ok(None);
+    }
     let values: Vec<&HeaderValue> = METHOD_OVERRIDE_HEADERS
         .iter()
         .flat_map(|name| headers.get_all(name))
@@ -239,6 +247,9 @@ pub(crate) fn has_safe_method_content<B: http_body::Body>(request: &Request<B>) 
 /// of an absolute-form target (or HTTP/2's `:authority`) becomes the `Host`, as
 /// RFC 9112 §3.2.2 has a server read it. axum's `OriginalUri` is replaced too, so
 /// the layer scopes and fingerprints this path, not the client's spelling.
+///
+/// A target already in that form (nearly every request) is left as it is:
+/// rebuilding it would parse and allocate the same URI again.
 pub(crate) fn rewrite_target<B>(request: &mut Request<B>, path: &CanonicalPath) {
     if let Some(host) = request
         .uri()
@@ -246,6 +257,22 @@ pub(crate) fn rewrite_target<B>(request: &mut Request<B>, path: &CanonicalPath) 
         .and_then(|authority| HeaderValue::try_from(authority.as_str()).ok())
     {
         request.headers_mut().insert(HOST, host);
+    }
+    let origin_form = request.uri().scheme().is_none() && request.uri().authority().is_none();
+    if origin_form && request.uri().path() == path.forwarded() {
+        // An outer router's `OriginalUri` (one that nested the proxy under a
+        // prefix) still gives way to the target the upstream gets.
+        let stale = request
+            .extensions()
+            .get::<axum::extract::OriginalUri>()
+            .is_some_and(|original| original.0 != *request.uri());
+        if stale {
+            let uri = request.uri().clone();
+            request
+                .extensions_mut()
+                .insert(axum::extract::OriginalUri(uri));
+        }
+        return;
     }
     let joined = match request.uri().query() {
         Some(query) => format!("{}?{query}", path.forwarded()),
@@ -300,6 +327,18 @@ mod tests {
             "api.example",
             "the target's authority wins"
         );
+        let original = r.extensions().get::<axum::extract::OriginalUri>().unwrap();
+        assert_eq!(original.0, "/payments/?a=%41");
+        // Already canonical and in origin form: kept as it is; an outer
+        // router's original URI (the proxy nested under a prefix) gives way.
+        let mut r = request("POST", "/payments/?a=%41", &[("host", "api.example")]);
+        r.extensions_mut().insert(axum::extract::OriginalUri(
+            "/api/payments/?a=%41".parse().unwrap(),
+        ));
+        let admitted = guard.admit(&mut r).unwrap();
+        rewrite_target(&mut r, &admitted.path);
+        assert_eq!(r.uri(), "/payments/?a=%41");
+        assert_eq!(r.headers()[HOST], "api.example");
         let original = r.extensions().get::<axum::extract::OriginalUri>().unwrap();
         assert_eq!(original.0, "/payments/?a=%41");
         for refused in ["/a%2Fb", "/..;/a", "/%2e%2e/a", "/../a"] {
