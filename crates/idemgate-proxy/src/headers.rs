@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use http::header::Entry;
-use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, HOST};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header the client's key arrives in, and the derived key leaves in.
@@ -17,58 +17,55 @@ pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-p
 /// The `Host` the client asked for.
 pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// The hop-by-hop headers every message loses at a proxy, besides those its
-/// `Connection` header lists and every `Proxy-*` header.
-const HOP_BY_HOP: [HeaderName; 6] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    TE,
-    TRAILER,
-    TRANSFER_ENCODING,
-    // The h2c upgrade's settings (RFC 9113 §3.2.1, hop-by-hop by definition):
-    // an upgrade this proxy never carries.
-    HeaderName::from_static("http2-settings"),
-];
-
 /// Removes the hop-by-hop headers: `Connection` and every header it names,
 /// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
 /// `HTTP2-Settings` and `Proxy-*`
 /// (RFC 9110 §7.6.1). They describe one connection, not the message; forwarding
 /// them would let a client steer the proxy's connection to the upstream.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    // One pass over the names present, rather than a lookup per name that may
-    // be: most requests carry none of them, and then nothing is allocated.
-    // Each with its place among the names.
-    let doomed: Vec<(usize, HeaderName)> = headers
-        .keys()
-        .enumerate()
-        .filter(|(_, name)| is_hop_by_hop(name) || listed.contains(name))
-        .map(|(place, name)| (place, name.clone()))
-        .collect();
-    let names = headers.keys_len();
-    let first_kept = names - doomed.len();
-    if doomed
-        .iter()
-        .enumerate()
-        .all(|(nth, (place, _))| *place == first_kept + nth)
-    {
-        // The last names (or none): a removal moves the last name into the
-        // hole, and from the end there is none to move. Most responses end
-        // with their `Connection` (and `Keep-Alive`).
-        for (_, name) in doomed.iter().rev() {
-            headers.remove(name);
+    // Which names go, and whether they are the last ones, from one pass over
+    // the names that allocates nothing: `Connection`'s tokens are read where
+    // they are (its values looked up once), not copied into names.
+    let connection = headers.get_all(CONNECTION);
+    let doomed = |name: &HeaderName| {
+        is_hop_by_hop(name)
+            || connection
+                .iter()
+                .filter_map(|value| value.to_str().ok())
+                .flat_map(|value| value.split(','))
+                .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
+    };
+    let mut count = 0;
+    let mut kept_after_one = false;
+    for name in headers.keys() {
+        if doomed(name) {
+            count += 1;
+        } else if count > 0 {
+            kept_after_one = true;
+        }
+    }
+    if count == 0 {
+        // Most requests: nothing to remove.
+        return;
+    }
+    if !kept_after_one {
+        // The last names: a removal moves the last name into the hole, and
+        // from the end there is none to move. Most responses end with their
+        // `Connection` (and `Keep-Alive`).
+        for _ in 0..count {
+            if let Some(last) = headers.keys().last().cloned() {
+                headers.remove(&last);
+            }
         }
         return;
     }
     // Rebuilt rather than removed from, which would move the last header into
     // each hole: the headers that stay keep the order they came in.
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| doomed(name))
+        .cloned()
+        .collect();
     let all = std::mem::replace(headers, HeaderMap::with_capacity(headers.len()));
     let mut current = None;
     for (name, value) in all {
@@ -77,16 +74,32 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
             current = name;
         }
         if let Some(name) = &current
-            && !doomed.iter().any(|(_, doomed)| doomed == name)
+            && !doomed.contains(name)
         {
             headers.append(name.clone(), value);
         }
     }
 }
 
-/// Whether `name` is hop-by-hop whatever `Connection` says.
+/// Whether `name` is hop-by-hop whatever `Connection` says: `Connection`,
+/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, every
+/// `Proxy-*`, and `HTTP2-Settings` — the h2c upgrade's settings (RFC 9113
+/// §3.2.1, hop-by-hop by definition), an upgrade this proxy never carries.
+///
+/// One match on the (lower-case) name: every name of every message goes
+/// through it, twice per request.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name) || name == UPGRADE || name.as_str().starts_with("proxy-")
+    let name = name.as_str();
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "http2-settings"
+    ) || name.starts_with("proxy-")
 }
 
 /// Appends what this hop saw to `X-Forwarded-For` (the client address),
