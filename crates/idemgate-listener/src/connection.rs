@@ -105,12 +105,8 @@ async fn serve_connection<I>(
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     // The watchdog's futures live as long as the connection, each made anew
-    // only once it has fired: every request moves the phase twice, and a timer
-    // or a waiter registered and cancelled per move was a measurable part of
-    // a proxied request's cost. Every branch is polled at every turn of the
-    // connection's task, so the listener's stop comes as a change of the
-    // activity too, not as a branch of its own.
-    let mut stopping = false;
+    // only once it has fired: a timer or a waiter registered and cancelled
+    // per request was a measurable part of a proxied request's cost.
     let changed = activity.changed.notified();
     tokio::pin!(changed);
     let sleep = tokio::time::sleep_until(Instant::now());
@@ -119,39 +115,62 @@ async fn serve_connection<I>(
     // deadline that moved later (the connection went idle, a request began)
     // is found when the timer fires early, and the timer is set again.
     let mut armed: Option<Instant> = None;
-    loop {
-        if !stopping && activity.is_stopping() {
-            stopping = true;
-            conn.as_mut().graceful_shutdown();
-        }
-        if let Some(deadline) = activity.deadline(&options)
-            && armed.is_none_or(|armed| deadline < armed)
-        {
-            sleep.as_mut().reset(deadline);
-            armed = Some(deadline);
-        }
-        tokio::select! {
-            biased;
-            result = conn.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%error, "connection ended with an error");
-                }
-                return;
+    let mut stopping = false;
+    let end = std::future::poll_fn(|cx| {
+        loop {
+            // The connection's turn. What it changes in the activity (bytes
+            // received, a request begun or ended) is read just below, so those
+            // changes wake nobody: a wake-up would only poll hyper again, twice
+            // per request for nothing.
+            activity.watching.store(true, Ordering::SeqCst);
+            let polled = conn.as_mut().poll(cx);
+            activity.watching.store(false, Ordering::SeqCst);
+            if let Poll::Ready(result) = polled {
+                return Poll::Ready(ConnectionEnd::Served(result));
             }
-            () = activity_changed(changed.as_mut(), &activity) => {}
-            () = sleep.as_mut(), if armed.is_some() => {
+            if !stopping && activity.is_stopping() {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+                // hyper acts on it when polled.
+                continue;
+            }
+            if let Some(deadline) = activity.deadline(&options)
+                && armed.is_none_or(|armed| deadline < armed)
+            {
+                sleep.as_mut().reset(deadline);
+                armed = Some(deadline);
+            }
+            if armed.is_some() && sleep.as_mut().poll(cx).is_ready() {
                 armed = None;
                 match activity.expired(&options) {
-                    Some("evicted") => break,
-                    Some(phase) => {
-                        metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => phase).increment(1);
-                        tracing::debug!(phase, "closing a connection past its timeout");
-                        return;
-                    }
-                    None => {}
+                    Some("evicted") => return Poll::Ready(ConnectionEnd::Evicted),
+                    Some(phase) => return Poll::Ready(ConnectionEnd::TimedOut(phase)),
+                    // Fired early (the deadline moved later): set again.
+                    None => continue,
                 }
             }
+            // What changes from elsewhere (eviction, the listener's stop, an
+            // HTTP/2 stream ending on another task) wakes the connection.
+            if changed.as_mut().poll(cx).is_ready() {
+                changed.set(activity.changed.notified());
+                continue;
+            }
+            return Poll::Pending;
         }
+    });
+    match end.await {
+        ConnectionEnd::Served(Ok(())) => return,
+        ConnectionEnd::Served(Err(error)) => {
+            tracing::debug!(%error, "connection ended with an error");
+            return;
+        }
+        ConnectionEnd::TimedOut(phase) => {
+            metrics::counter!("idemgate_http_connection_timeouts_total", "phase" => phase)
+                .increment(1);
+            tracing::debug!(phase, "closing a connection past its timeout");
+            return;
+        }
+        ConnectionEnd::Evicted => {}
     }
     metrics::counter!("idemgate_http_connections_evicted_total").increment(1);
     // hyper closes an idle HTTP/1 connection at once on a graceful shutdown and
@@ -174,19 +193,20 @@ async fn serve_connection<I>(
     }
 }
 
+/// Why the watchdog stopped watching a connection.
+enum ConnectionEnd {
+    /// hyper finished serving it (the client closed, or an error).
+    Served(Result<(), Box<dyn std::error::Error + Send + Sync>>),
+    /// Its header-read or idle timeout passed (the phase's name).
+    TimedOut(&'static str),
+    /// Chosen to make room at the connection bound.
+    Evicted,
+}
+
 /// How long an evicted connection may take to finish the response it is
 /// sending (or the 503 of a request refused by the eviction) before it is cut.
 /// Short: eviction is there to free the connection for a new client.
 pub(crate) const EVICTION_GRACE: Duration = Duration::from_secs(1);
-
-/// Waits for the next change of `activity`'s phase, and waits anew after it.
-async fn activity_changed<'a>(
-    mut changed: Pin<&mut tokio::sync::futures::Notified<'a>>,
-    activity: &'a Activity,
-) {
-    changed.as_mut().await;
-    changed.set(activity.changed.notified());
-}
 
 /// One request, with the client's address as axum's `ConnectInfo` (the proxy's
 /// `X-Forwarded-For`): its body under the body-read deadline, the service's answer
@@ -248,8 +268,15 @@ pub(crate) enum Phase {
 /// listener's eviction.
 pub(crate) struct Activity {
     phase: Mutex<Phase>,
-    /// Woken when the phase changes in a way that moves the deadline.
+    /// Woken when the phase changes in a way that moves the deadline, or the
+    /// listener stops — unless the watchdog is polling the connection, which
+    /// is where most changes come from ([`Activity::watching`]).
     changed: Notify,
+    /// The watchdog is polling the connection, and reads the activity once
+    /// that poll returns: a change made meanwhile needs no wake-up. Sequentially
+    /// consistent with the change's own write (the phase's lock, `stopping`),
+    /// so a change on another thread that sees it set is read by that read.
+    watching: AtomicBool,
     /// Evicted with something to finish: it was idle (its last response may
     /// still be in hyper's buffer), or a head completed as it was evicted and
     /// its 503 is to be written. Its close is then graceful, within
@@ -268,9 +295,19 @@ impl Activity {
         Self {
             phase: Mutex::new(Phase::Head(Instant::now())),
             changed: Notify::new(),
+            watching: AtomicBool::new(false),
             lingers: AtomicBool::new(false),
             unflushed: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+        }
+    }
+
+    /// Tells the watchdog that the deadline may have moved or the listener
+    /// stopped: a wake-up, unless it is polling the connection and so reads
+    /// the activity next anyway.
+    fn wake_watchdog(&self) {
+        if !self.watching.load(Ordering::SeqCst) {
+            self.changed.notify_one();
         }
     }
 
@@ -288,7 +325,7 @@ impl Activity {
             Phase::Head(_) | Phase::Busy(_) | Phase::Evicted => false,
         });
         if woke {
-            self.changed.notify_one();
+            self.wake_watchdog();
         }
     }
 
@@ -320,7 +357,7 @@ impl Activity {
             }
         });
         if idle {
-            self.changed.notify_one();
+            self.wake_watchdog();
         }
     }
 
@@ -378,7 +415,7 @@ impl Activity {
             Phase::Idle(_) | Phase::Busy(_) | Phase::Evicted => false,
         });
         if evicted {
-            self.changed.notify_one();
+            self.wake_watchdog();
         }
         evicted
     }
@@ -386,12 +423,12 @@ impl Activity {
     /// Tells the connection that its listener stopped: it finishes the
     /// request in flight (an idle one closes at once) and closes.
     pub(crate) fn stop(&self) {
-        self.stopping.store(true, Ordering::Release);
-        self.changed.notify_one();
+        self.stopping.store(true, Ordering::SeqCst);
+        self.wake_watchdog();
     }
 
     fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
+        self.stopping.load(Ordering::SeqCst)
     }
 
     fn is_evicted(&self) -> bool {

@@ -238,7 +238,7 @@ async fn health_on(stream: &mut TcpStream) -> String {
 async fn the_header_timeout_starts_at_accept_and_idle_keep_alive_has_its_own_timeout() {
     let (db, _dir) = sqlite_url();
     let header = Duration::from_millis(1_000);
-    let idle = Duration::from_millis(3_000);
+    let idle = Duration::from_millis(6_000);
     let server = Server::start(
         Options::new(&db)
             .arg("--header-read-timeout-ms", header.as_millis())
@@ -254,6 +254,28 @@ async fn the_header_timeout_starts_at_accept_and_idle_keep_alive_has_its_own_tim
         .await
         .expect("a silent connection outlived the header timeout");
     assert!(ending.received.is_empty());
+
+    // Served once, idle past the header timeout (the timer now waits for the
+    // idle one), then half of the next head: the header timeout runs again
+    // from its first byte, well before the idle timeout would have.
+    let mut halfway = TcpStream::connect(server.addr).await.unwrap();
+    let answer = health_on(&mut halfway).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    tokio::time::sleep(header + Duration::from_millis(300)).await;
+    halfway
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: idemgate\r\n")
+        .await
+        .unwrap();
+    let head_since = Instant::now();
+    let (reader, _writer) = halfway.into_split();
+    let ending = read_until_closed(reader, head_since, header + MARGIN)
+        .await
+        .expect("a half-sent head on a served connection outlived the header timeout");
+    assert!(
+        ending.after < idle / 2,
+        "closed after {:?}: at the idle timeout, not at the header timeout",
+        ending.after
+    );
 
     // Served once, then idle: still open past the header timeout (hyper's own
     // header timer would have closed it), closed after the idle timeout.
