@@ -23,18 +23,21 @@ pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-ho
 /// (RFC 9110 §7.6.1). They describe one connection, not the message; forwarding
 /// them would let a client steer the proxy's connection to the upstream.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // Which names go, and whether they are the last ones, from one pass over
-    // the names that allocates nothing: `Connection`'s tokens are read where
-    // they are (its values looked up once), not copied into names.
-    let connection = headers.get_all(CONNECTION);
-    let doomed = |name: &HeaderName| {
-        is_hop_by_hop(name)
-            || connection
-                .iter()
-                .filter_map(|value| value.to_str().ok())
-                .flat_map(|value| value.split(','))
-                .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
-    };
+    // The names `Connection` lists beyond the fixed ones that the message
+    // carries: nearly always none, and then nothing is allocated. Tokens are
+    // matched once here (a lookup of the text, in any case), not against
+    // every name.
+    let listed: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .filter(|token| !names_hop_by_hop(token) && headers.contains_key(*token))
+        .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+        .collect();
+    let doomed = |name: &HeaderName| is_hop_by_hop(name) || listed.contains(name);
+    // Which names go, and whether they are the last ones, from one pass.
     let mut count = 0;
     let mut kept_after_one = false;
     for name in headers.keys() {
@@ -81,25 +84,35 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Whether `name` is hop-by-hop whatever `Connection` says: `Connection`,
-/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, every
-/// `Proxy-*`, and `HTTP2-Settings` — the h2c upgrade's settings (RFC 9113
-/// §3.2.1, hop-by-hop by definition), an upgrade this proxy never carries.
-///
-/// One match on the (lower-case) name: every name of every message goes
-/// through it, twice per request.
+/// The headers hop-by-hop whatever `Connection` says, besides every `Proxy-*`
+/// (RFC 9110 §7.6.1), and `HTTP2-Settings` — the h2c upgrade's settings (RFC
+/// 9113 §3.2.1, hop-by-hop by definition), an upgrade this proxy never
+/// carries. Lower case, as header names are.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
+];
+
+/// Whether `name` is hop-by-hop whatever `Connection` says. Compared as text:
+/// every name of every message goes through it, twice per request.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     let name = name.as_str();
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "http2-settings"
-    ) || name.starts_with("proxy-")
+    HOP_BY_HOP.contains(&name) || name.starts_with("proxy-")
+}
+
+/// [`is_hop_by_hop`] for a token of `Connection`, in any case.
+fn names_hop_by_hop(token: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|name| token.eq_ignore_ascii_case(name))
+        || token
+            .get(..6)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case("proxy-"))
 }
 
 /// Appends what this hop saw to `X-Forwarded-For` (the client address),
