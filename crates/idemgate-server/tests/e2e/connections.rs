@@ -647,6 +647,61 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_does_not_wait_on_slow
     assert_eq!(gateway.calls().len(), 1);
 }
 
+/// An HTTP/2 request ends on the task of its stream, not the connection's,
+/// after the timer set at accept has fired: the connection's watchdog must
+/// still learn that it went idle (from the connection's own turn that writes
+/// the answer out, or from the wake-up of the stream's end) and close it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_http2_connection_idle_after_a_slow_request_is_closed_at_the_idle_timeout() {
+    let gateway = MockGateway::start().await;
+    let header = Duration::from_millis(1_000);
+    let idle = Duration::from_millis(3_000);
+    // Longer than the header timeout: the timer set at accept has fired and
+    // nothing is armed while the request runs.
+    gateway.set_delay(header + Duration::from_millis(500));
+    let (db, _dir) = sqlite_url();
+    let server = Server::start(
+        Options::new(&db)
+            .gateway(gateway.url())
+            .arg("--header-read-timeout-ms", header.as_millis())
+            .arg("--idle-timeout-ms", idle.as_millis()),
+    )
+    .await;
+    let stream = TcpStream::connect(server.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("an h2c connection with prior knowledge");
+    let closed = tokio::spawn(connection);
+    let request = http::Request::post(format!("http://{}/api/v1/orders", server.addr))
+        .header("authorization", "Bearer h2-idle")
+        .header("content-type", "application/json")
+        .header("idempotency-key", new_key())
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            ORDER.as_bytes(),
+        )))
+        .unwrap();
+    let response = sender.send_request(request).await.expect("an answer");
+    assert_eq!(response.status(), http::StatusCode::CREATED);
+    http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .expect("the whole body");
+    let idle_since = Instant::now();
+    tokio::time::timeout(idle + MARGIN, closed)
+        .await
+        .expect("an HTTP/2 connection idle after its request outlived the idle timeout")
+        .unwrap()
+        .ok();
+    assert!(
+        idle_since.elapsed() >= idle - Duration::from_millis(200),
+        "closed after {:?}, before the idle timeout",
+        idle_since.elapsed()
+    );
+    assert_eq!(gateway.distinct_charges(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_http2_connection_that_sends_no_request_is_closed_at_the_header_timeout() {
     let (db, _dir) = sqlite_url();
