@@ -33,10 +33,10 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .map(str::trim)
-        .filter(|token| !names_hop_by_hop(token) && headers.contains_key(*token))
+        .filter(|token| !is_hop_by_hop(token) && headers.contains_key(*token))
         .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
         .collect();
-    let doomed = |name: &HeaderName| is_hop_by_hop(name) || listed.contains(name);
+    let doomed = |name: &HeaderName| is_hop_by_hop(name.as_str()) || listed.contains(name);
     // Which names go, and whether they are the last ones, from one pass.
     let mut count = 0;
     let mut kept_after_one = false;
@@ -98,19 +98,14 @@ const HOP_BY_HOP: [&str; 7] = [
     "http2-settings",
 ];
 
-/// Whether `name` is hop-by-hop whatever `Connection` says. Compared as text:
-/// every name of every message goes through it, twice per request.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    let name = name.as_str();
-    HOP_BY_HOP.contains(&name) || name.starts_with("proxy-")
-}
-
-/// [`is_hop_by_hop`] for a token of `Connection`, in any case.
-fn names_hop_by_hop(token: &str) -> bool {
+/// Whether `name` — a header name, or a token of `Connection` in any case — is
+/// hop-by-hop whatever `Connection` says. Compared as text: every name of
+/// every message goes through it, twice per request.
+fn is_hop_by_hop(name: &str) -> bool {
     HOP_BY_HOP
         .iter()
-        .any(|name| token.eq_ignore_ascii_case(name))
-        || token
+        .any(|hop_by_hop| name.eq_ignore_ascii_case(hop_by_hop))
+        || name
             .get(..6)
             .is_some_and(|prefix| prefix.eq_ignore_ascii_case("proxy-"))
 }

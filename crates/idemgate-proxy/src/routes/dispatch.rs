@@ -150,12 +150,12 @@ impl RouteTable {
             routes: Arc::new(ArcSwap::from_pointee(builder.build(routes))),
             builder: Arc::new(builder),
         };
-        let dispatch = Proxy {
+        let proxy = Proxy {
             style: table.builder.style(),
             guard: Arc::new(guard),
             routes: Arc::clone(&table.routes),
         };
-        (table, dispatch)
+        (table, proxy)
     }
 
     /// Dispatches every request from now on by `routes`, each over the default
