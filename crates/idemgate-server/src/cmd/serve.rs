@@ -210,8 +210,8 @@ async fn idempotency_store(
     orders: &OrdersDb,
 ) -> Result<(Arc<dyn Store>, OrderWrites, Option<PurgeTask>), OpenError> {
     Ok(match (&settings.idempotency_store, orders) {
-        (RecordStore::OrdersDatabase, OrdersDb::Sqlite(pool)) => {
-            let (store, purge) = store::sqlite_on(pool.clone()).await?;
+        (RecordStore::OrdersDatabase, OrdersDb::Sqlite(db)) => {
+            let (store, purge) = store::sqlite_on(db.pool().clone()).await?;
             (
                 Arc::new(store.clone()),
                 OrderWrites::SqliteTransaction(store),

@@ -174,10 +174,9 @@ macro_rules! in_transaction {
                     }
                 }
                 _ => match &app.orders {
-                    // IMMEDIATE: the write lock from the start, so a read before
-                    // the write cannot fail to upgrade under concurrent writers.
-                    OrdersDb::Sqlite(pool) => match pool.begin_with("BEGIN IMMEDIATE").await {
-                        Ok(mut tx) => {
+                    // IMMEDIATE, in this process's turn (`SqliteOrders`).
+                    OrdersDb::Sqlite(db) => match db.begin_immediate().await {
+                        Ok((_turn, mut tx)) => {
                             let outcome = {
                                 let $conn = &mut OrdersConn::Sqlite(&mut tx);
                                 $body.await

@@ -528,8 +528,8 @@ async fn edit(
             // commit together. IMMEDIATE on SQLite: the write lock from the start,
             // so the read before the write cannot fail to upgrade.
             _ => Ok(match &app.orders {
-                OrdersDb::Sqlite(pool) => match pool.begin_with("BEGIN IMMEDIATE").await {
-                    Ok(mut tx) => {
+                OrdersDb::Sqlite(db) => match db.begin_immediate().await {
+                    Ok((_turn, mut tx)) => {
                         let edited = write.run(&mut OrdersConn::Sqlite(&mut tx)).await;
                         commit_if_done(edited, tx).await
                     }

@@ -127,7 +127,7 @@ async fn opens_and_works(url: &DatabaseUrl, release: &str, statements: Vec<&'sta
     let earlier = OrdersDb::connect(url, TIMEOUT).await.expect(release);
     for statement in statements.into_iter().chain([OLD_ORDER]) {
         let built = match &earlier {
-            OrdersDb::Sqlite(pool) => sqlx::raw_sql(statement).execute(pool).await.map(drop),
+            OrdersDb::Sqlite(db) => sqlx::raw_sql(statement).execute(db.pool()).await.map(drop),
             OrdersDb::Postgres(pool) => sqlx::raw_sql(statement).execute(pool).await.map(drop),
         };
         built.expect(release);
@@ -362,4 +362,68 @@ async fn a_write_on_a_frozen_postgres_is_cut_at_the_store_timeout() {
         !inside_an_old_transaction,
         "the cut write's transaction stayed open"
     );
+}
+
+/// This process's writes to the orders' SQLite file take turns
+/// ([`SqliteOrders`]). Opened with no busy timeout at all, so that a write
+/// finding the lock taken fails at once (`SQLITE_BUSY`) where it would
+/// otherwise sleep in SQLite's busy handler, thirty-two writers released
+/// together — orders inserted on their own and orders inserted in `IMMEDIATE`
+/// transactions — all commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sqlite_writes_take_turns_instead_of_meeting_the_lock() {
+    const WRITERS: usize = 32;
+    let dir = TempDir(std::env::temp_dir().join(format!("idemgate-orders-{}", Uuid::new_v4())));
+    std::fs::create_dir_all(&dir.0).expect("temp dir");
+    let url = format!("sqlite://{}", dir.0.join("orders.db").display());
+    // Created and migrated as a starting server does, then opened again
+    // without a busy timeout.
+    OrdersDb::open(&DatabaseUrl::Sqlite(url.clone()), TIMEOUT)
+        .await
+        .expect("open")
+        .close()
+        .await;
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(TIMEOUT)
+        .connect_with(
+            idemgate_sqlite::SqliteStore::connect_options(crate::database::sqlite_path(&url))
+                .busy_timeout(Duration::ZERO),
+        )
+        .await
+        .expect("pool");
+    let db = SqliteOrders::new(pool);
+    let order =
+        NewOrder::parse(br#"{"items":[{"id":7,"quantity":1}],"currency":"RUB","amount":900}"#)
+            .expect("an order");
+    let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let writers = (0..WRITERS).map(|writer| {
+        let (db, order, barrier) = (db.clone(), order.clone(), Arc::clone(&barrier));
+        tokio::spawn(async move {
+            let placement = Placement {
+                principal: "p",
+                operation_id: Uuid::new_v4(),
+                charge_id: None,
+                client_order_id: None,
+            };
+            barrier.wait().await;
+            if writer % 2 == 0 {
+                OrdersDb::Sqlite(db)
+                    .insert(placement, &order)
+                    .await
+                    .map(drop)
+            } else {
+                let (_turn, mut tx) = db.begin_immediate().await?;
+                insert_sqlite(&mut tx, placement, &order).await?;
+                tx.commit().await
+            }
+        })
+    });
+    for written in futures_util::future::join_all(writers).await {
+        written
+            .expect("a writer task")
+            .expect("a write in its turn");
+    }
+    let orders = OrdersDb::Sqlite(db).list("p").await.expect("list");
+    assert_eq!(orders.len(), WRITERS, "every writer's order committed");
 }
