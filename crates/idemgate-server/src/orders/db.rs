@@ -230,12 +230,13 @@ pub enum OrdersDb {
 /// lock taken waits in SQLite's busy handler, which sleeps (1, 2, 5, 10, …
 /// 100 ms) instead of waking when the lock is freed. Thirty-two concurrent
 /// orders on one pool spent most of their time asleep there, beside a free
-/// lock: 40–90 ms at p99 against a 140 µs `fsync`, and throughput that swung
-/// by 2× from run to run. So this process's own writes (an order, an edit, a
-/// ledger transaction) queue here for their turn, in arrival order, and reach
-/// SQLite one at a time; the busy handler is left to what this process cannot
-/// order: other processes on the file, and the idempotency store's writer when
-/// the records share it (its writes are group-committed, so it takes few turns).
+/// lock: a p99 of 40–500 ms against a 140 µs `fsync`, and throughput that
+/// swung by 2× from run to run (docs/benchmarks.md, "The SQLite orders file's
+/// busy handler"). So this process's own writes (an order, an edit, a ledger
+/// transaction) queue here for their turn, in arrival order, and reach SQLite
+/// one at a time; the busy handler is left to what this process cannot order:
+/// other processes on the file, and the idempotency store's writer when the
+/// records share it (it group-commits, so it takes the lock seldom).
 #[derive(Debug, Clone)]
 pub struct SqliteOrders {
     pool: SqlitePool,
