@@ -23,6 +23,7 @@ use http::uri::PathAndQuery;
 use idemgate::{IdempotencyLayer, Store};
 use idemgate_server::config::{RedisSafety, StoreUrl};
 use idemgate_server::store::{Opening, open};
+use idemgate_testkit::wait::wait_until;
 use shop::{CreateOrderRequest, Order, OrdersServer, Shop};
 use tonic::transport::Channel;
 
@@ -221,9 +222,10 @@ async fn a_lost_reply_is_replayed_and_the_order_created_once(store: Arc<dyn Stor
         let (channel, key) = (channel.clone(), key.clone());
         tokio::spawn(async move { create(&channel, Some(&key), order("pizza", 1500)).await })
     };
-    while shop.runs.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the shop runs the call", Duration::from_secs(10), || {
+        shop.runs.load(Ordering::SeqCst) > 0
+    })
+    .await;
     lost.abort(); // the caller goes; its call is reset
     assert!(lost.await.unwrap_err().is_cancelled());
     *shop.pause.lock().unwrap() = Duration::ZERO;
@@ -329,9 +331,12 @@ async fn the_rust_client_keeps_an_operation_s_key_across_its_retries(store: Arc<
         let (channel, key) = (channel.clone(), pay.key().to_owned());
         tokio::spawn(async move { create(&channel, Some(&key), order("pho", 800)).await })
     };
-    while shop.runs.load(Ordering::SeqCst) < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(
+        "the shop runs the first call",
+        Duration::from_secs(10),
+        || shop.runs.load(Ordering::SeqCst) >= 2,
+    )
+    .await;
     let attempts = std::sync::atomic::AtomicUsize::new(0);
     let attempt = |request| {
         attempts.fetch_add(1, Ordering::SeqCst);

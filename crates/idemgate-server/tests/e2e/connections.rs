@@ -624,7 +624,9 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_does_not_wait_on_slow
         let (client, url, key) = (client.clone(), url.clone(), key.clone());
         let arrived = gateway.next_arrival();
         let request = tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await });
-        arrived.await;
+        tokio::time::timeout(Duration::from_secs(20), arrived)
+            .await
+            .expect("a charge reaches the gateway");
         request
     };
     let stopping = Instant::now();

@@ -321,12 +321,17 @@ async fn serve_admin_key_api_refuses_a_live_lease_unless_forced() {
         &key,
         "/api/v1/orders",
     ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let view = loop {
         let (status, _, view) = admin_get(&query, Some(ADMIN_TOKEN)).await;
         if status == StatusCode::OK {
             break view;
         }
         assert_eq!(status, StatusCode::NOT_FOUND, "{view}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the running order's key was never claimed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(view["status"], "PROCESSING", "{view}");

@@ -167,6 +167,8 @@ async fn a_duplicate_on_another_instance_is_woken_by_the_completion(store: &str)
     }
     upstream.set_delay(Duration::from_millis(1_600));
     let key = new_key();
+    // Counted before the first is sent, so the wait cannot miss it.
+    let started = upstream.started();
     let first = {
         let (client, key, url) = (client.clone(), key.clone(), a.url("/orders"));
         tokio::spawn(async move {
@@ -174,7 +176,6 @@ async fn a_duplicate_on_another_instance_is_woken_by_the_completion(store: &str)
             (answer, std::time::Instant::now())
         })
     };
-    let started = upstream.started();
     tokio::time::timeout(Duration::from_secs(10), async {
         while upstream.started() == started {
             tokio::time::sleep(Duration::from_millis(5)).await;

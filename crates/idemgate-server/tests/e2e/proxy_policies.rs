@@ -15,6 +15,7 @@ use crate::support::client::{Answer, Client, ORDER, new_key};
 use crate::support::net::read_head;
 use crate::support::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command};
 use crate::support::server::TempDir;
+use idemgate_testkit::wait::wait_until;
 
 /// Writes `text` as `routes.toml` in `dir`; returns its path.
 fn routes_file(dir: &TempDir, text: &str) -> String {
@@ -340,14 +341,19 @@ async fn a_duplicate_waits_for_the_running_request_by_default_and_a_route_may_re
     let client = Client::new();
     let key = new_key();
     for path in ["/carts", "/impatient"] {
+        // Counted before the first is sent: read after, it may already include
+        // the first request, and the wait below would never end.
+        let started = upstream.started();
         let first = {
             let (client, key, url) = (client.clone(), key.clone(), proxy.url(path));
             tokio::spawn(async move { client.post(&url, Some(&key), ORDER).await })
         };
-        let started = upstream.started();
-        while upstream.started() == started {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        wait_until(
+            "the upstream runs the first request",
+            std::time::Duration::from_secs(10),
+            || upstream.started() > started,
+        )
+        .await;
         let duplicate = client.post(&proxy.url(path), Some(&key), ORDER).await;
         let first = first.await.unwrap();
         match path {

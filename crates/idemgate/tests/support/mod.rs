@@ -546,7 +546,10 @@ pub async fn send_until_charging(
 ) -> tokio::task::JoinHandle<Answer> {
     let charging = gateway.charging.notified();
     let answer = send_in_background(app, request);
-    charging.await;
+    // Bounded: a request answered before its handler runs never signals.
+    tokio::time::timeout(std::time::Duration::from_secs(10), charging)
+        .await
+        .expect("the handler starts charging within 10 s");
     answer
 }
 
@@ -572,8 +575,14 @@ pub async fn send_concurrently(app: &Router, n: usize, user: &str, key: &str) ->
 }
 
 /// Sends `request` to `app` and reads the answer whole.
+///
+/// Bounded (30 s), so that a request that should have ended and did not fails
+/// its test instead of hanging the suite.
 pub async fn send(app: &Router, request: Request) -> Answer {
-    Answer::read(app.clone().oneshot(request).await.unwrap()).await
+    let answer = async { Answer::read(app.clone().oneshot(request).await.unwrap()).await };
+    tokio::time::timeout(std::time::Duration::from_secs(30), answer)
+        .await
+        .expect("an answer within 30 s")
 }
 
 pub fn new_key() -> String {
