@@ -266,8 +266,12 @@ impl SqliteOrders {
     ///
     /// Taken before the write's connection, never while holding one: writers
     /// holding the pool's connections while they wait for the turn, and the
-    /// turn's holder waiting for a connection, would wait on each other.
-    pub async fn write_turn(&self) -> Result<WriteTurn, sqlx::Error> {
+    /// turn's holder waiting for a connection, would wait on each other. The
+    /// checkout that follows has its own acquire timeout, so a write may wait
+    /// up to twice the store timeout before it starts; the turn's holder needs
+    /// one connection of the pool, so the second wait is short unless readers
+    /// hold every connection.
+    async fn write_turn(&self) -> Result<WriteTurn, sqlx::Error> {
         let waits = self.pool.options().get_acquire_timeout();
         tokio::time::timeout(waits, Arc::clone(&self.turn).lock_owned())
             .await
@@ -361,13 +365,13 @@ impl OrdersDb {
     /// its orders table may lack are added first (`adopt_sqlite`).
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
         match self {
-            Self::Sqlite(SqliteOrders { pool, .. }) => {
+            Self::Sqlite(db) => {
                 // sqlx takes no lock on SQLite (its `lock` does nothing), so two
                 // servers on one fresh file would both apply a migration and the
                 // second would fail on the migrations table's key. One IMMEDIATE
                 // transaction takes the write lock first: they migrate in turn,
                 // and each migration's own transaction is a savepoint in it.
-                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                let mut tx = db.pool.begin_with("BEGIN IMMEDIATE").await?;
                 adopt_sqlite(&mut tx).await?;
                 migrator(sqlx::migrate!("migrations/orders/sqlite"))
                     .run(&mut *tx)
@@ -417,9 +421,9 @@ impl OrdersDb {
     pub async fn by_operation(&self, operation_id: Uuid) -> Result<Option<Order>, sqlx::Error> {
         // SQLite's column holds the id as text, PostgreSQL's as a UUID.
         let row = match self {
-            Self::Sqlite(SqliteOrders { pool, .. }) => sqlx::query(BY_OPERATION.sqlite)
+            Self::Sqlite(db) => sqlx::query(BY_OPERATION.sqlite)
                 .bind(operation_id.to_string())
-                .fetch_optional(pool)
+                .fetch_optional(&db.pool)
                 .await?
                 .as_ref()
                 .map(order_from),
