@@ -11,7 +11,7 @@ use reqwest::{Method, StatusCode};
 use tokio::sync::Barrier;
 
 use crate::support::client::{Answer, Client, ORDER, new_key};
-use crate::support::server::{Options, Server, postgres_url, redis_url, sqlite_url};
+use crate::support::server::{Options, Server, postgres_url, redis_url, run_to_exit, sqlite_url};
 
 const MERGE_PATCH: (&str, &str) = ("content-type", "application/merge-patch+json");
 
@@ -443,12 +443,12 @@ async fn released_edit_answers_its_first_run_with_redis_records_and_postgres_ord
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_test_fault_stops_serve_at_startup() {
     let (db, _dir) = sqlite_url();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--database", &db])
-        .env("IDEMGATE_TEST_FAULT_AFTER_EDIT", "sometimes")
-        .output()
-        .await
-        .expect("run idemgate");
+    let output = run_to_exit(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--database", &db])
+            .env("IDEMGATE_TEST_FAULT_AFTER_EDIT", "sometimes"),
+    )
+    .await;
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

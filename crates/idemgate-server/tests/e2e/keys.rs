@@ -215,7 +215,9 @@ pub(crate) async fn admin_call(
     url: &str,
     token: Option<&str>,
 ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
+    let mut request = reqwest::Client::new()
+        .request(method, url)
+        .timeout(Duration::from_secs(30));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }

@@ -226,7 +226,10 @@ fn dashboard_queries() -> Vec<(String, String)> {
 
 /// A metric of one server, read from its `/metrics`.
 async fn scraped(server: &Server, series: &str) -> f64 {
-    let text = reqwest::get(server.url("/metrics"))
+    let text = reqwest::Client::new()
+        .get(server.url("/metrics"))
+        .timeout(Duration::from_secs(30))
+        .send()
         .await
         .expect("GET /metrics")
         .text()

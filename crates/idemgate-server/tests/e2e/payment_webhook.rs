@@ -18,7 +18,7 @@ use tokio::sync::Barrier;
 
 use crate::support::client::{Answer, Client, ORDER, new_key};
 use crate::support::gateway::MockGateway;
-use crate::support::server::{Options, Server, TempDir, postgres_url, sqlite_url};
+use crate::support::server::{Options, Server, TempDir, postgres_url, run_to_exit, sqlite_url};
 use crate::support::webhooks::{Delivery, Signed, now, sign};
 
 /// A fresh Standard Webhooks secret.
@@ -387,13 +387,13 @@ async fn kill9_mid_handler_then_redelivery_confirms_once_on_postgres() {
 /// A secret with another record store is refused at startup, naming the flag.
 #[tokio::test]
 async fn a_payment_webhook_needs_the_records_in_the_orders_database() {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
-        .args(["serve", "--idempotency-store", "memory", "--database"])
-        .arg(sqlite_url().0)
-        .env("IDEMGATE_PAYMENT_WEBHOOK_SECRET", secret())
-        .output()
-        .await
-        .unwrap();
+    let output = run_to_exit(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(["serve", "--idempotency-store", "memory", "--database"])
+            .arg(sqlite_url().0)
+            .env("IDEMGATE_PAYMENT_WEBHOOK_SECRET", secret()),
+    )
+    .await;
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -13,7 +13,7 @@ use tokio::sync::Barrier;
 use crate::support::client::{Client, ORDER, new_key};
 use crate::support::net::read_head;
 use crate::support::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command};
-use crate::support::server::{TempDir, postgres_url};
+use crate::support::server::{TempDir, postgres_url, run_to_exit};
 
 /// A port nothing listens on, held (bound, not listening) so that no other
 /// test's listener takes it meanwhile: connecting to it is refused. With
@@ -423,11 +423,7 @@ async fn proxy_passes_gets_and_keyless_posts_through_to_run_every_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_refuses_to_start_without_a_principal_secret() {
     let options = ProxyOptions::new("http://127.0.0.1:9".to_owned());
-    let output = proxy_command(&options)
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .expect("run the binary");
+    let output = run_to_exit(proxy_command(&options).stderr(Stdio::piped())).await;
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("IDEMGATE_PRINCIPAL_SECRET"), "{stderr}");

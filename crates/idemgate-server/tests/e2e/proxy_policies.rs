@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::support::client::{Answer, Client, ORDER, new_key};
 use crate::support::net::read_head;
 use crate::support::proxy::{Proxy, ProxyOptions, Upstream, derived_key, proxy_command};
-use crate::support::server::TempDir;
+use crate::support::server::{TempDir, run_to_exit};
 use idemgate_testkit::wait::wait_until;
 
 /// Writes `text` as `routes.toml` in `dir`; returns its path.
@@ -464,11 +464,7 @@ async fn proxy_refuses_a_bad_config_file_naming_the_file_and_line() {
     let options = ProxyOptions::new("http://127.0.0.1:9".to_owned())
         .arg("--principal", "header:x-user")
         .arg("--config", &config);
-    let output = proxy_command(&options)
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .unwrap();
+    let output = run_to_exit(proxy_command(&options).stderr(Stdio::piped())).await;
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("IDEMGATE_CONFIG"), "{stderr}");
@@ -478,7 +474,7 @@ async fn proxy_refuses_a_bad_config_file_naming_the_file_and_line() {
     let options = ProxyOptions::new("http://127.0.0.1:9".to_owned())
         .arg("--principal", "header:x-user")
         .arg("--config", "/nonexistent/routes.toml");
-    let output = proxy_command(&options).output().await.unwrap();
+    let output = run_to_exit(&mut proxy_command(&options)).await;
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -368,3 +368,14 @@ pub fn send_signal(target: &str, signal: &str) {
         .expect("run kill");
     assert!(status.success(), "kill -{signal} -- {target} failed");
 }
+
+/// Runs `command` to its end and returns what it printed, failing the test
+/// after 30 s: a binary that should refuse to start and does not would
+/// otherwise serve forever, and hang the suite instead of failing it.
+pub async fn run_to_exit(command: &mut Command) -> std::process::Output {
+    let output = command.kill_on_drop(true).output();
+    tokio::time::timeout(Duration::from_secs(30), output)
+        .await
+        .expect("the command ends within 30 s")
+        .expect("run the binary")
+}

@@ -178,6 +178,7 @@ pub async fn sign(deliveries: &[Delivery]) -> Vec<Signed> {
 pub async fn deliver(proxy: &Proxy, signed: &Signed) -> Answer {
     let mut request = reqwest::Client::new()
         .post(proxy.url(&signed.path))
+        .timeout(std::time::Duration::from_secs(30))
         .body(signed.body.clone());
     for (name, value) in &signed.headers {
         request = request.header(name, value);
