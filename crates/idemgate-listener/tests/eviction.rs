@@ -69,7 +69,10 @@ async fn a_slow_reader_of_a_large_response_gets_every_byte_while_the_bound_is_hi
         .await
         .unwrap();
     let mut received = vec![0_u8; 16 * 1024];
-    let n = reader.read(&mut received).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(10), reader.read(&mut received))
+        .await
+        .expect("the large response starts")
+        .unwrap();
     received.truncate(n);
     assert!(received.starts_with(b"HTTP/1.1 200"));
     // A second, idle keep-alive connection fills the bound…
@@ -91,7 +94,10 @@ async fn a_slow_reader_of_a_large_response_gets_every_byte_while_the_bound_is_hi
         if let Some(at) = received.windows(4).position(|w| w == b"\r\n\r\n") {
             break at + 4;
         }
-        let n = reader.read(&mut buf).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), reader.read(&mut buf))
+            .await
+            .expect("the head's end arrives")
+            .unwrap();
         assert!(n > 0);
         received.extend_from_slice(&buf[..n]);
     };

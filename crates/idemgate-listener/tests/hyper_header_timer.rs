@@ -62,7 +62,10 @@ async fn it_starts_before_the_first_byte_and_covers_idle_keep_alive() {
         .await
         .unwrap();
     let mut buf = [0_u8; 256];
-    let n = kept.read(&mut buf).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(10), kept.read(&mut buf))
+        .await
+        .expect("an answer")
+        .unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
     let idle_since = Instant::now();
     // Idle after a complete exchange: hyper closes it at the header timeout.

@@ -44,7 +44,10 @@ async fn a_413_given_before_the_body_is_read_reaches_the_client() {
             writer.flush().await
         });
         // Waits until the client has sent everything (or was cut off).
-        let sent = sending.await.unwrap();
+        let sent = tokio::time::timeout(Duration::from_secs(20), sending)
+            .await
+            .expect("the upload ends (sent or cut off) within 20 s")
+            .unwrap();
         let mut received = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut received))
             .await

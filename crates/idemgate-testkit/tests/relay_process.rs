@@ -59,8 +59,7 @@ impl RelayProcess {
             .expect("start idemgate-relay");
         let stdin = child.stdin.take().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = stdout
-            .next_line()
+        let first = within("the listening line", stdout.next_line())
             .await
             .unwrap()
             .expect("the listening line");
@@ -82,7 +81,10 @@ impl RelayProcess {
             .write_all(format!("{line}\n").as_bytes())
             .await
             .unwrap();
-        self.stdout.next_line().await.unwrap().expect("an answer")
+        within("the relay's answer", self.stdout.next_line())
+            .await
+            .unwrap()
+            .expect("an answer")
     }
 }
 
@@ -94,7 +96,7 @@ async fn get(stream: &mut TcpStream, method: &str) -> Option<String> {
     let mut answer = Vec::new();
     let mut chunk = [0; 256];
     while !answer.ends_with(b"\r\n\r\nok") {
-        match stream.read(&mut chunk).await {
+        match within("an answer from the relay", stream.read(&mut chunk)).await {
             Ok(n @ 1..) => answer.extend_from_slice(&chunk[..n]),
             _ => return None,
         }
@@ -208,13 +210,22 @@ async fn a_cut_body_passes_the_head_and_one_byte_then_closes() {
     let head = "GET / HTTP/1.1\r\nhost: relay\r\ncontent-length: 0\r\n\r\n";
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut received = Vec::new();
-    let _ = stream.read_to_end(&mut received).await; // the end: a close (or a reset)
+    // The end: a close (or a reset).
+    let _ = within("the relay's close", stream.read_to_end(&mut received)).await;
     assert_eq!(
         received,
         &ANSWER[..ANSWER.len() - 1],
         "the head and the first byte of `ok`"
     );
     assert_eq!(answered.load(Ordering::SeqCst), 1, "the server answered it");
+}
+
+/// Awaits `io`, failing the test after 10 s: a relay that stops answering or
+/// closing fails the test instead of hanging the suite.
+async fn within<T>(what: &str, io: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), io)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within 10 s"))
 }
 
 /// What the upstream answers to every request.
@@ -225,7 +236,9 @@ async fn read_answer(stream: &mut TcpStream) -> usize {
     let (mut answer, mut reads) = (Vec::new(), 0);
     let mut chunk = [0; 256];
     while answer.len() < ANSWER.len() {
-        let n = stream.read(&mut chunk).await.unwrap();
+        let n = within("an answer from the relay", stream.read(&mut chunk))
+            .await
+            .unwrap();
         assert!(n > 0, "the connection ended after {answer:?}");
         answer.extend_from_slice(&chunk[..n]);
         reads += 1;
