@@ -273,6 +273,14 @@ pub async fn run(settings: ServeSettings) -> Result<(), StartupError> {
         };
         (store, writes, purge)
     };
+    // The records share the orders' SQLite file: every write of this process
+    // to it, keyless orders' too, queues on the store's one writer.
+    let orders = match (orders, &writes) {
+        (OrdersDb::Sqlite(db), OrderWrites::SqliteTransaction(store)) => {
+            OrdersDb::Sqlite(db.writing_through(store.clone()))
+        }
+        (orders, _) => orders,
+    };
     // The simulated gateway confirms its charges to the payment webhook.
     let confirmations = match &settings.payment_webhook {
         Some(webhook) if settings.gateway_url.is_none() && !settings.no_idempotency => {

@@ -32,7 +32,7 @@ use idemgate::{Finality, OperationContext, Principal, ProblemDetails};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use crate::orders::db::{OrdersConn, OrdersDb};
+use crate::orders::db::{OrdersConn, OrdersDb, OwnTransaction};
 use crate::orders::ledger::{self, TransferOutcome, TransferRequest};
 use crate::orders::outcome::{self, Outcome};
 use crate::orders::{OrderWrites, OrdersState};
@@ -174,9 +174,9 @@ macro_rules! in_transaction {
                     }
                 }
                 _ => match &app.orders {
-                    // IMMEDIATE, in this process's turn (`SqliteOrders`).
+                    // In this process's turn to write the file (`SqliteOrders`).
                     OrdersDb::Sqlite(db) => match db.begin_immediate().await {
-                        Ok((_turn, mut tx)) => {
+                        Ok(mut tx) => {
                             let outcome = {
                                 let $conn = &mut OrdersConn::Sqlite(&mut tx);
                                 $body.await
@@ -208,9 +208,9 @@ macro_rules! in_transaction {
 }
 
 /// Commits `tx` when the outcome wrote, else rolls it back (by dropping it).
-async fn finish<T, DB: sqlx::Database>(
+async fn finish<T>(
     outcome: Result<T, sqlx::Error>,
-    tx: sqlx::Transaction<'static, DB>,
+    tx: impl OwnTransaction,
     wrote: impl FnOnce(&T) -> bool,
 ) -> Result<T, Response> {
     match outcome {

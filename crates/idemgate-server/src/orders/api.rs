@@ -13,7 +13,9 @@ use idemgate::{Finality, OperationContext, Principal, ProblemDetails};
 use idemgate_sqlx::begin_to_the_end;
 use uuid::Uuid;
 
-use crate::orders::db::{OrdersConn, OrdersDb, Placement, insert_postgres, insert_sqlite};
+use crate::orders::db::{
+    OrdersConn, OrdersDb, OwnTransaction, Placement, insert_postgres, insert_sqlite,
+};
 use crate::orders::failure::{database_failure, tx_failure};
 use crate::orders::fault::EditFault;
 use crate::orders::order::{
@@ -529,7 +531,7 @@ async fn edit(
             // so the read before the write cannot fail to upgrade.
             _ => Ok(match &app.orders {
                 OrdersDb::Sqlite(db) => match db.begin_immediate().await {
-                    Ok((_turn, mut tx)) => {
+                    Ok(mut tx) => {
                         let edited = write.run(&mut OrdersConn::Sqlite(&mut tx)).await;
                         commit_if_done(edited, tx).await
                     }
@@ -616,9 +618,9 @@ fn recorded_order(outcome: &Outcome) -> Result<Response, sqlx::Error> {
 
 /// Commits the edit's own transaction when it changed the order, else rolls
 /// it back (by dropping it).
-async fn commit_if_done<DB: sqlx::Database>(
+async fn commit_if_done(
     edited: Result<Edited, sqlx::Error>,
-    tx: sqlx::Transaction<'static, DB>,
+    tx: impl OwnTransaction,
 ) -> Result<Edited, sqlx::Error> {
     match edited {
         Ok(Edited::Done(order)) => tx.commit().await.map(|()| Edited::Done(order)),

@@ -11,11 +11,17 @@
 //! [`ledger`](super::ledger) — each as one `Dialects`, SQLite's and
 //! PostgreSQL's text side by side, run with the same binds by `on_dialect!`.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate::StoreError;
+use idemgate_sqlite::{SqliteStore, WriterTransaction};
+use idemgate_sqlx::{BusinessTransaction, SqlStore};
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::{ColumnIndex, Decode, PgConnection, PgPool, Row, SqliteConnection, SqlitePool, Type};
+use sqlx::{
+    ColumnIndex, Decode, PgConnection, PgPool, Row, Sqlite, SqliteConnection, SqlitePool, Type,
+};
 use uuid::Uuid;
 
 use crate::config::DatabaseUrl;
@@ -224,7 +230,8 @@ pub enum OrdersDb {
     Postgres(PgPool),
 }
 
-/// The orders' SQLite file: its pool, and this process's turn to write.
+/// The orders' SQLite file: its pool, and how this process's writes take
+/// their turn on it.
 ///
 /// SQLite has one writer at a time, and a connection that finds the write
 /// lock taken waits in SQLite's busy handler, which sleeps (1, 2, 5, 10, …
@@ -232,26 +239,131 @@ pub enum OrdersDb {
 /// orders on one pool spent most of their time asleep there, beside a free
 /// lock: a p99 of 40–500 ms against a 140 µs `fsync`, and throughput that
 /// swung by 2× from run to run (docs/benchmarks.md, "The SQLite orders file's
-/// busy handler"). So this process's own writes (an order, an edit, a ledger
-/// transaction) queue here for their turn, in arrival order, and reach SQLite
-/// one at a time; the busy handler is left to what this process cannot order:
-/// other processes on the file, and the idempotency store's writer when the
-/// records share it (it group-commits, so it takes the lock seldom).
+/// busy handler"). And when the idempotency records share the file, the
+/// store's writer commits batch after batch, so a keyless order waiting in
+/// the busy handler between them starved: 9–50 req/s, a p99 of 1.7–2 s and
+/// failed requests beside keyed orders (docs/benchmarks.md, "Keyless and
+/// keyed orders on one file"). So every write of this process reaches SQLite
+/// through one queue — the store's writer where there is one, else a turn of
+/// the process — and the busy handler is left to other processes on the
+/// file.
 #[derive(Debug, Clone)]
 pub struct SqliteOrders {
     pool: SqlitePool,
-    turn: Arc<tokio::sync::Mutex<()>>,
+    writes: Writes,
+}
+
+/// Where this process's writes to the orders' file queue.
+#[derive(Debug, Clone)]
+enum Writes {
+    /// A FIFO turn of the process, taken before a pool connection: the
+    /// records live elsewhere (memory, Redis) or there are none
+    /// (`--no-idempotency`).
+    Turn(Arc<tokio::sync::Mutex<()>>),
+    /// The idempotency store's writer, which owns the file's writes when the
+    /// records share it: a write is a turn in its batch (a savepoint of its
+    /// transaction), committed with the batch's claims and completions in one
+    /// `fsync`.
+    StoreWriter(idemgate_sqlite::SqliteStore),
 }
 
 /// This process's turn to write the orders' SQLite file: held until the write
 /// (its transaction, committed or rolled back) is over.
-pub type WriteTurn = tokio::sync::OwnedMutexGuard<()>;
+type WriteTurn = tokio::sync::OwnedMutexGuard<()>;
+
+/// A write transaction on the orders' SQLite file, in this process's turn. It
+/// dereferences to its connection; [`SqliteWrite::commit`] commits it, and a
+/// drop rolls it back.
+#[derive(Debug)]
+pub struct SqliteWrite(WriteTransaction);
+
+#[derive(Debug)]
+enum WriteTransaction {
+    /// An `IMMEDIATE` transaction on a pool connection, in the process's turn.
+    Pooled {
+        tx: sqlx::Transaction<'static, Sqlite>,
+        _turn: WriteTurn,
+    },
+    /// A turn of the store's writer.
+    StoreWriter(WriterTransaction),
+}
+
+impl SqliteWrite {
+    /// Commits: `Ok` once the write is durable (for a turn of the store's
+    /// writer, once its batch committed).
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self.0 {
+            WriteTransaction::Pooled { tx, _turn } => tx.commit().await,
+            WriteTransaction::StoreWriter(turn) => BusinessTransaction::<SqliteStore>::commit(turn)
+                .await
+                .map_err(writer_failed),
+        }
+    }
+}
+
+impl Deref for SqliteWrite {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        match &self.0 {
+            WriteTransaction::Pooled { tx, .. } => tx,
+            WriteTransaction::StoreWriter(turn) => turn,
+        }
+    }
+}
+
+impl DerefMut for SqliteWrite {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match &mut self.0 {
+            WriteTransaction::Pooled { tx, .. } => tx,
+            WriteTransaction::StoreWriter(turn) => turn,
+        }
+    }
+}
+
+/// A write transaction a handler began itself (no idempotency layer lent it
+/// one), committed when its outcome wrote and rolled back when dropped: a
+/// write on the orders' SQLite file, or a PostgreSQL transaction.
+pub trait OwnTransaction {
+    /// Commits; `Ok` once the write is durable.
+    fn commit(self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+impl OwnTransaction for SqliteWrite {
+    fn commit(self) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        SqliteWrite::commit(self)
+    }
+}
+
+impl OwnTransaction for sqlx::Transaction<'_, sqlx::Postgres> {
+    fn commit(self) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        sqlx::Transaction::commit(self)
+    }
+}
+
+/// The store's writer could not lend its connection or commit its batch (it
+/// waited past its patience, or its batch failed): nothing of the write
+/// committed. Reported as a timed-out I/O error, which the handlers answer
+/// 503 with `Retry-After`, as for a busy database.
+fn writer_failed(error: StoreError) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, error))
+}
 
 impl SqliteOrders {
     fn new(pool: SqlitePool) -> Self {
         Self {
             pool,
-            turn: Arc::default(),
+            writes: Writes::Turn(Arc::default()),
+        }
+    }
+
+    /// The same file, its writes queued on `store`'s writer: the idempotency
+    /// records share the file, and every write of this process must reach it
+    /// through one queue.
+    pub fn writing_through(self, store: idemgate_sqlite::SqliteStore) -> Self {
+        Self {
+            writes: Writes::StoreWriter(store),
+            ..self
         }
     }
 
@@ -271,22 +383,52 @@ impl SqliteOrders {
     /// up to twice the store timeout before it starts; the turn's holder needs
     /// one connection of the pool, so the second wait is short unless readers
     /// hold every connection.
-    async fn write_turn(&self) -> Result<WriteTurn, sqlx::Error> {
-        let waits = self.pool.options().get_acquire_timeout();
-        tokio::time::timeout(waits, Arc::clone(&self.turn).lock_owned())
+    async fn write_turn(
+        turn: &Arc<tokio::sync::Mutex<()>>,
+        pool: &SqlitePool,
+    ) -> Result<WriteTurn, sqlx::Error> {
+        let waits = pool.options().get_acquire_timeout();
+        tokio::time::timeout(waits, Arc::clone(turn).lock_owned())
             .await
             .map_err(|_elapsed| sqlx::Error::PoolTimedOut)
     }
 
-    /// An `IMMEDIATE` transaction (the write lock from the start, so a read
-    /// before the write cannot fail to upgrade) in this process's turn; the
-    /// turn is to be dropped after the transaction ends.
-    pub async fn begin_immediate(
+    /// A write transaction in this process's turn: `IMMEDIATE` on a pool
+    /// connection (the write lock from the start, so a read before the write
+    /// cannot fail to upgrade), or a turn of the store's writer, whose batch
+    /// holds the write lock already.
+    pub async fn begin_immediate(&self) -> Result<SqliteWrite, sqlx::Error> {
+        Ok(SqliteWrite(match &self.writes {
+            Writes::Turn(turn) => {
+                let turn = Self::write_turn(turn, &self.pool).await?;
+                let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+                WriteTransaction::Pooled { tx, _turn: turn }
+            }
+            Writes::StoreWriter(store) => {
+                WriteTransaction::StoreWriter(SqlStore::begin(store).await.map_err(writer_failed)?)
+            }
+        }))
+    }
+
+    /// Inserts `order` (as [`OrdersDb::insert`]): one autocommitted statement in
+    /// the process's turn, or a turn of the store's writer.
+    async fn insert(
         &self,
-    ) -> Result<(WriteTurn, sqlx::Transaction<'static, sqlx::Sqlite>), sqlx::Error> {
-        let turn = self.write_turn().await?;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok((turn, tx))
+        placement: Placement<'_>,
+        order: &NewOrder,
+    ) -> Result<Order, sqlx::Error> {
+        match &self.writes {
+            Writes::Turn(turn) => {
+                let _turn = Self::write_turn(turn, &self.pool).await?;
+                insert_sqlite(&mut *self.pool.acquire().await?, placement, order).await
+            }
+            Writes::StoreWriter(_) => {
+                let mut write = self.begin_immediate().await?;
+                let inserted = insert_sqlite(&mut write, placement, order).await?;
+                write.commit().await?;
+                Ok(inserted)
+            }
+        }
     }
 }
 
@@ -407,10 +549,7 @@ impl OrdersDb {
         order: &NewOrder,
     ) -> Result<Order, sqlx::Error> {
         match self {
-            Self::Sqlite(db) => {
-                let _turn = db.write_turn().await?;
-                insert_sqlite(&mut *db.pool.acquire().await?, placement, order).await
-            }
+            Self::Sqlite(db) => db.insert(placement, order).await,
             Self::Postgres(pool) => {
                 insert_postgres(&mut *pool.acquire().await?, placement, order).await
             }

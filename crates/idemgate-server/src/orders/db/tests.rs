@@ -254,6 +254,14 @@ async fn opens_and_works(url: &DatabaseUrl, release: &str, statements: Vec<&'sta
 /// A directory of its own, removed at the end.
 struct TempDir(std::path::PathBuf);
 
+impl TempDir {
+    fn new() -> Self {
+        let dir = Self(std::env::temp_dir().join(format!("idemgate-orders-{}", Uuid::new_v4())));
+        std::fs::create_dir_all(&dir.0).expect("temp dir");
+        dir
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -263,8 +271,7 @@ impl Drop for TempDir {
 #[tokio::test]
 async fn a_sqlite_database_of_each_earlier_release_opens() {
     for (release, statements) in SQLITE.each() {
-        let dir = TempDir(std::env::temp_dir().join(format!("idemgate-orders-{}", Uuid::new_v4())));
-        std::fs::create_dir_all(&dir.0).expect("temp dir");
+        let dir = TempDir::new();
         let url = format!("sqlite://{}", dir.0.join("orders.db").display());
         opens_and_works(&DatabaseUrl::Sqlite(url), release, statements).await;
     }
@@ -373,50 +380,14 @@ async fn a_write_on_a_frozen_postgres_is_cut_at_the_store_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_sqlite_writes_take_turns_instead_of_meeting_the_lock() {
     const WRITERS: usize = 32;
-    let dir = TempDir(std::env::temp_dir().join(format!("idemgate-orders-{}", Uuid::new_v4())));
-    std::fs::create_dir_all(&dir.0).expect("temp dir");
-    let url = format!("sqlite://{}", dir.0.join("orders.db").display());
-    // Created and migrated as a starting server does, then opened again
-    // without a busy timeout.
-    OrdersDb::open(&DatabaseUrl::Sqlite(url.clone()), TIMEOUT)
-        .await
-        .expect("open")
-        .close()
-        .await;
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(TIMEOUT)
-        .connect_with(
-            idemgate_sqlite::SqliteStore::connect_options(crate::database::sqlite_path(&url))
-                .busy_timeout(Duration::ZERO),
-        )
-        .await
-        .expect("pool");
-    let db = SqliteOrders::new(pool);
-    let order =
-        NewOrder::parse(br#"{"items":[{"id":7,"quantity":1}],"currency":"RUB","amount":900}"#)
-            .expect("an order");
+    let dir = TempDir::new();
+    let db = SqliteOrders::new(without_busy_timeout(&dir).await);
     let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS));
     let writers = (0..WRITERS).map(|writer| {
-        let (db, order, barrier) = (db.clone(), order.clone(), Arc::clone(&barrier));
+        let (db, barrier) = (db.clone(), Arc::clone(&barrier));
         tokio::spawn(async move {
-            let placement = Placement {
-                principal: "p",
-                operation_id: Uuid::new_v4(),
-                charge_id: None,
-                client_order_id: None,
-            };
             barrier.wait().await;
-            if writer % 2 == 0 {
-                OrdersDb::Sqlite(db)
-                    .insert(placement, &order)
-                    .await
-                    .map(drop)
-            } else {
-                let (_turn, mut tx) = db.begin_immediate().await?;
-                insert_sqlite(&mut tx, placement, &order).await?;
-                tx.commit().await
-            }
+            write_an_order(&db, writer % 2 == 0).await
         })
     });
     for written in futures_util::future::join_all(writers).await {
@@ -426,4 +397,98 @@ async fn concurrent_sqlite_writes_take_turns_instead_of_meeting_the_lock() {
     }
     let orders = OrdersDb::Sqlite(db).list("p").await.expect("list");
     assert_eq!(orders.len(), WRITERS, "every writer's order committed");
+}
+
+/// When the idempotency records share the file, the orders' writes queue on
+/// the store's writer ([`SqliteOrders::writing_through`]): released together
+/// with the store's own claims, on a file with no busy timeout, every one
+/// commits. With the process's turn instead, the orders and the store's
+/// writer meet at SQLite's lock and some fail at once (`database is locked`);
+/// with a busy timeout they would sleep there instead, and a keyless order
+/// beside a stream of keyed ones starved (docs/benchmarks.md, "Keyless and
+/// keyed orders on one file").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_and_claims_on_one_file_queue_on_the_stores_writer() {
+    use idemgate::{Claim, Store};
+
+    const WRITERS: usize = 48;
+    let dir = TempDir::new();
+    let pool = without_busy_timeout(&dir).await;
+    let store = idemgate_sqlite::SqliteStore::new(pool.clone());
+    store.migrate().await.expect("the store's tables");
+    let db = SqliteOrders::new(pool).writing_through(store.clone());
+    let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let writers = (0..WRITERS).map(|writer| {
+        let (db, store, barrier) = (db.clone(), store.clone(), Arc::clone(&barrier));
+        tokio::spawn(async move {
+            barrier.wait().await;
+            match writer % 3 {
+                0 | 1 => write_an_order(&db, writer % 3 == 0)
+                    .await
+                    .map_err(|error| error.to_string()),
+                _ => match store
+                    .try_claim(&idemgate_testkit::fixtures::fresh_request())
+                    .await
+                {
+                    Ok(Claim::Acquired(_)) => Ok(()),
+                    other => Err(format!("a new key's claim: {other:?}")),
+                },
+            }
+        })
+    });
+    for written in futures_util::future::join_all(writers).await {
+        written
+            .expect("a writer task")
+            .expect("a write on the store's writer");
+    }
+    let orders = OrdersDb::Sqlite(db).list("p").await.expect("list");
+    assert_eq!(orders.len(), WRITERS / 3 * 2, "every order committed");
+    assert_eq!(
+        store.writer_stats().operations as usize,
+        WRITERS,
+        "the claims and the orders' writes went through the store's writer"
+    );
+}
+
+/// The orders' file in `dir`, created and migrated as a starting server
+/// does, then opened again with no busy timeout: a write that finds SQLite's
+/// lock taken fails at once (`SQLITE_BUSY`) instead of sleeping in the busy
+/// handler.
+async fn without_busy_timeout(dir: &TempDir) -> SqlitePool {
+    let url = format!("sqlite://{}", dir.0.join("orders.db").display());
+    OrdersDb::open(&DatabaseUrl::Sqlite(url.clone()), TIMEOUT)
+        .await
+        .expect("open")
+        .close()
+        .await;
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(TIMEOUT)
+        .connect_with(
+            idemgate_sqlite::SqliteStore::connect_options(crate::database::sqlite_path(&url))
+                .busy_timeout(Duration::ZERO),
+        )
+        .await
+        .expect("pool")
+}
+
+/// One order of principal `p`, inserted on its own (`alone`) or in a write
+/// transaction of its own, committed.
+async fn write_an_order(db: &SqliteOrders, alone: bool) -> Result<(), sqlx::Error> {
+    let order =
+        NewOrder::parse(br#"{"items":[{"id":7,"quantity":1}],"currency":"RUB","amount":900}"#)
+            .expect("an order");
+    let placement = Placement {
+        principal: "p",
+        operation_id: Uuid::new_v4(),
+        charge_id: None,
+        client_order_id: None,
+    };
+    if alone {
+        db.insert(placement, &order).await.map(drop)
+    } else {
+        let mut tx = db.begin_immediate().await?;
+        insert_sqlite(&mut tx, placement, &order).await?;
+        tx.commit().await
+    }
 }
