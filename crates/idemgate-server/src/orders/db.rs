@@ -264,7 +264,7 @@ enum Writes {
     /// records share it: a write is a turn in its batch (a savepoint of its
     /// transaction), committed with the batch's claims and completions in one
     /// `fsync`.
-    StoreWriter(idemgate_sqlite::SqliteStore),
+    StoreWriter(SqliteStore),
 }
 
 /// This process's turn to write the orders' SQLite file: held until the write
@@ -360,7 +360,7 @@ impl SqliteOrders {
     /// The same file, its writes queued on `store`'s writer: the idempotency
     /// records share the file, and every write of this process must reach it
     /// through one queue.
-    pub fn writing_through(self, store: idemgate_sqlite::SqliteStore) -> Self {
+    pub fn writing_through(self, store: SqliteStore) -> Self {
         Self {
             writes: Writes::StoreWriter(store),
             ..self
