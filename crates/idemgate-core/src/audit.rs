@@ -389,26 +389,30 @@ impl fmt::Debug for AuditSecret {
 
 /// How many chains one instance's transactional `executed` entries are spread
 /// over ([`transaction_partition`]).
-pub const TRANSACTION_PARTITIONS: u8 = 16;
+pub const TRANSACTION_PARTITIONS: u64 = 128;
 
-/// The partition — the chain, and the entry's `instance` — of an `executed`
-/// entry appended inside a business transaction: `{instance}/tx{n}`, `n` in
-/// `0..TRANSACTION_PARTITIONS` by the operation's identity.
+/// The partition — the chain, and the entry's `instance` — of the entries
+/// appended inside the `turn`th business transaction an instance journals:
+/// `{instance}/tx{n}`, `n` = `turn` modulo [`TRANSACTION_PARTITIONS`].
 ///
 /// Such an append locks its partition's head until the transaction commits.
 /// On one partition per instance, every business transaction of the instance
-/// would queue on that head, one commit (one fsync) at a time; spread over
-/// sixteen, concurrent transactions commit together, and one operation's
-/// entries still land on one chain.
+/// would queue on that head, one commit (one fsync) at a time. Taken in turn,
+/// a chain comes back to a transaction only after 127 others started, so
+/// concurrent transactions (at most the pool's connections) never meet on a
+/// head unless one outlives all 127; and the head each append expects is the
+/// one the chain's previous transaction committed, long before. Chosen by the
+/// operation's identity instead (sixteen chains, until 2026-12-06), two of 32
+/// concurrent transactions shared a chain most of the time: the second waited
+/// for the first's commit, and its compare-and-set of the head, read before
+/// that commit, failed and took the locking path.
 ///
 /// ```
 /// use idemgate_core::audit::transaction_partition;
-/// use idemgate_core::scope::IdentityDigest;
-/// let partition = transaction_partition("web-1", &IdentityDigest::from_bytes([0x2a; 32]));
-/// assert_eq!(partition, "web-1/tx10");
+/// assert_eq!(transaction_partition("web-1", 130), "web-1/tx2");
 /// ```
-pub fn transaction_partition(instance: &str, identity: &crate::scope::IdentityDigest) -> String {
-    let n = identity.as_bytes()[0] % TRANSACTION_PARTITIONS;
+pub fn transaction_partition(instance: &str, turn: u64) -> String {
+    let n = turn % TRANSACTION_PARTITIONS;
     format!("{instance}/tx{n}")
 }
 

@@ -41,7 +41,7 @@
 //! API), where the key is known; [`Journaled`] passes `evict` through.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,9 @@ pub struct Journaled {
     /// flush, was queued ([`write`]).
     urgent: Arc<Notify>,
     runs: Mutex<Runs>,
+    /// How many business transactions this instance journalled: the next
+    /// one's chain ([`transaction_partition`]).
+    transactions: AtomicU64,
 }
 
 impl std::fmt::Debug for Journaled {
@@ -259,6 +262,7 @@ impl Journaled {
             queue,
             urgent,
             runs: Mutex::default(),
+            transactions: AtomicU64::new(0),
         }
     }
 
@@ -770,9 +774,10 @@ impl Store for Journaled {
             .by_lease
             .get(&(lease.identity, lease.token))
             .cloned();
-        // One of the instance's transaction chains, so concurrent business
+        // The instance's next transaction chain, so concurrent business
         // transactions do not commit one at a time behind one head row.
-        let partition = transaction_partition(&self.config.instance, &lease.identity);
+        let turn = self.transactions.fetch_add(1, Ordering::Relaxed);
+        let partition = transaction_partition(&self.config.instance, turn);
         let mut entries = Vec::with_capacity(2);
         // The run's first entry, if the writer has not taken it (a claim in
         // this transaction, or a claim whose wait for the writer ran out).

@@ -319,6 +319,67 @@ async fn a_claim_ends_the_writers_gathering_at_once() {
     );
 }
 
+/// Business transactions take the instance's transaction chains in turn: as
+/// many transactions as there are chains, all open at once, never share one
+/// (sharing would make the second wait on the first's head until it commits),
+/// and the next one starts the round again. Chosen by the operation's
+/// identity, 32 open transactions shared a chain most of the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_transactions_take_the_chains_in_turn() {
+    use std::collections::HashSet;
+
+    use idemgate::audit::TRANSACTION_PARTITIONS;
+    use idemgate::{Claim, Completion, FinalStatus};
+    use idemgate_testkit::fixtures::{awkward_response, fresh_request};
+
+    let journaled = Arc::new(journal_over(Arc::new(MemoryStore::new())).await);
+    let completion = Arc::new(Completion {
+        status: FinalStatus::Completed,
+        response: awkward_response(),
+        ttl: Duration::from_secs(60),
+    });
+    let mut leases = Vec::new();
+    for _ in 0..=TRANSACTION_PARTITIONS {
+        let Claim::Acquired(lease) = journaled.try_claim(&fresh_request()).await.unwrap() else {
+            panic!("a new key is acquired");
+        };
+        leases.push(lease);
+    }
+    let last = leases.pop().expect("one more than the chains");
+    let tasks: Vec<_> = leases
+        .into_iter()
+        .map(|lease| {
+            let journaled = Arc::clone(&journaled);
+            let completion = Arc::clone(&completion);
+            tokio::spawn(async move {
+                let entries = journaled
+                    .transaction_journal_entries(&lease, &completion)
+                    .await;
+                assert_eq!(entries.len(), 1, "the claim's entry is the writer's");
+                entries[0].instance.clone()
+            })
+        })
+        .collect();
+    let mut chains = HashSet::new();
+    for task in tasks {
+        chains.insert(task.await.expect("a transaction's entries"));
+    }
+    assert_eq!(
+        chains.len() as u64,
+        TRANSACTION_PARTITIONS,
+        "one chain each: {chains:?}"
+    );
+    assert!(
+        chains
+            .iter()
+            .all(|chain| chain.starts_with("test-instance/tx"))
+    );
+    let next = journaled
+        .transaction_journal_entries(&last, &completion)
+        .await;
+    assert!(chains.contains(&next[0].instance), "the round starts again");
+}
+
 /// The journal, as instance `test-instance`, in front of `store`.
 async fn journal_over(store: Arc<dyn Store>) -> Journaled {
     let secret = store.audit_secret().await.unwrap();
