@@ -370,9 +370,15 @@ impl WriterHint {
         known.clock.wrote(at_ms);
     }
 
-    /// `instance`'s head moved under another writer: no longer known.
-    fn refused(&self, instance: &str) {
-        self.known().heads.remove(instance);
+    /// What a compare-and-set of `instance`'s head did: moved it to `head`,
+    /// its entries at `at_ms`; or found it moved under another writer, and
+    /// forgets it.
+    fn appended(&self, instance: &str, head: ChainHash, at_ms: i64, moved: bool) {
+        if moved {
+            self.wrote(instance, head, at_ms);
+        } else {
+            self.known().heads.remove(instance);
+        }
     }
 
     /// The partition, its head and the `at` for `records`, when they are all
@@ -439,23 +445,137 @@ async fn append_if_known<'e>(
     hint: &WriterHint,
     records: &[AuditRecord],
 ) -> Result<bool, sqlx::Error> {
-    let Some((instance, expected, at_ms)) = hint.one_statement(records) else {
+    let Some(sealed) = Sealed::after_known_head(hint, records) else {
         return Ok(false);
     };
-    let mut head = expected;
-    let mut rows = Vec::with_capacity(records.len());
-    for record in records {
-        let (columns, hash) = AuditColumns::seal(record, at_ms, head);
-        rows.push(columns);
-        head = hash;
+    let Sealed {
+        instance,
+        expected,
+        head,
+        at_ms,
+        rows,
+    } = sealed;
+    let inserted = insert_if_head(executor, names, instance, expected, head, rows).await? > 0;
+    hint.appended(instance, head, at_ms, inserted);
+    Ok(inserted)
+}
+
+/// Entries of one partition sealed after the head this process last wrote
+/// ([`WriterHint`]), for a statement that appends them only if that is still
+/// the head.
+pub(crate) struct Sealed<'a> {
+    instance: &'a str,
+    /// The head they follow.
+    expected: ChainHash,
+    /// The head they leave: the last one's hash.
+    head: ChainHash,
+    at_ms: i64,
+    rows: Vec<AuditColumns>,
+}
+
+impl<'a> Sealed<'a> {
+    /// `records` sealed, when they are all of one partition whose head and
+    /// the clock are known.
+    pub(crate) fn after_known_head(hint: &WriterHint, records: &'a [AuditRecord]) -> Option<Self> {
+        let (instance, expected, at_ms) = hint.one_statement(records)?;
+        let mut head = expected;
+        let mut rows = Vec::with_capacity(records.len());
+        for record in records {
+            let (columns, hash) = AuditColumns::seal(record, at_ms, head);
+            rows.push(columns);
+            head = hash;
+        }
+        Some(Self {
+            instance,
+            expected,
+            head,
+            at_ms,
+            rows,
+        })
     }
-    if insert_if_head(executor, names, instance, expected, head, rows).await? > 0 {
-        hint.wrote(instance, head, at_ms);
-        Ok(true)
+}
+
+/// The statement [`complete_and_append`] sends: the transactional
+/// completion `complete` (an `UPDATE` whose parameters are `$1` to `$9`,
+/// announced as `crate::sql`'s completion is) and, only if it applied, the
+/// entries of [`insert_if_head`] (`$10` the partition, `$11` its new head,
+/// `$12` the head expected, then the columns' arrays). One row when the
+/// completion applied, with `moved`: whether the entries went in.
+pub(crate) fn complete_and_append_statement(
+    names: &Names,
+    complete: &str,
+    channel: &str,
+) -> String {
+    let audit = AuditNames::new(names);
+    format!(
+        "WITH done AS ({complete} RETURNING identity, waited), \
+         moved AS ( \
+             UPDATE {partitions} SET head = $11 \
+             WHERE instance = $10 AND head = $12 AND EXISTS (SELECT 1 FROM done) \
+             RETURNING instance), \
+         appended AS ( \
+             INSERT INTO {entries} ({AUDIT_COLUMNS_WRITTEN}) \
+             {bound} \
+             WHERE EXISTS (SELECT 1 FROM moved) \
+             ORDER BY position) \
+         SELECT CASE WHEN done.waited \
+                    THEN pg_notify('{channel}', encode(done.identity, 'hex')) END AS announced, \
+                EXISTS (SELECT 1 FROM moved) AS moved \
+         FROM done",
+        partitions = audit.partitions,
+        entries = audit.entries,
+        bound = Columns::select_bound(13),
+    )
+}
+
+/// What [`complete_and_append`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CompletedAndAppended {
+    /// The record no longer holds the lease: nothing changed.
+    Refused,
+    /// Completed, and the entries appended.
+    Both,
+    /// Completed, but another writer moved the partition's head: the entries
+    /// are still to be appended ([`append_in_transaction`] then locks and
+    /// reads the head).
+    CompletedOnly,
+}
+
+/// Runs `completion` (the [`complete_and_append_statement`], its `$1` to
+/// `$9` bound) with `sealed`'s entries, in the business transaction on
+/// `connection`: the completion and the `executed` entry in one round trip
+/// instead of two.
+pub(crate) async fn complete_and_append(
+    connection: &mut PgConnection,
+    hint: &WriterHint,
+    completion: PgQuery<'_>,
+    sealed: Sealed<'_>,
+) -> Result<CompletedAndAppended, sqlx::Error> {
+    let Sealed {
+        instance,
+        expected,
+        head,
+        at_ms,
+        rows,
+    } = sealed;
+    let query = completion
+        .bind(instance.to_owned())
+        .bind(head.as_bytes().to_vec())
+        .bind(expected.as_bytes().to_vec());
+    let Some(row) = Columns::of(rows)
+        .bind(query)
+        .fetch_optional(connection)
+        .await?
+    else {
+        return Ok(CompletedAndAppended::Refused);
+    };
+    let moved: bool = row.try_get("moved")?;
+    hint.appended(instance, head, at_ms, moved);
+    Ok(if moved {
+        CompletedAndAppended::Both
     } else {
-        hint.refused(instance);
-        Ok(false)
-    }
+        CompletedAndAppended::CompletedOnly
+    })
 }
 
 /// [`append_on`], the entries no earlier than any this process wrote, and

@@ -86,6 +86,9 @@ pub(crate) struct Statements {
     pub(crate) claim_in_transaction: Arc<str>,
     pub(crate) read: Arc<str>,
     pub(crate) complete: Arc<str>,
+    /// `complete` and an append of journal entries to one partition, in one
+    /// statement (`crate::audit::complete_and_append_statement`).
+    pub(crate) complete_and_append: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) delete: Arc<str>,
@@ -210,12 +213,15 @@ impl Statements {
                  FROM done"
             )
         };
-        let complete = announced(&format!(
+        let complete_update = format!(
             "UPDATE {t} SET status = $4, locked_until = NULL, response_status = $5, \
                  response_headers = $6, response_body = $7, body_retained = $8, \
                  expires_at = clock_timestamp() + $9 * interval '1 millisecond' \
              WHERE {FENCE}"
-        ));
+        );
+        let complete = announced(&complete_update);
+        let complete_and_append =
+            crate::audit::complete_and_append_statement(names, &complete_update, &channel);
         let release = announced(&format!(
             "UPDATE {t} SET status = 'RELEASED', locked_until = NULL WHERE {FENCE}"
         ));
@@ -310,6 +316,7 @@ impl Statements {
             claim: claim_statement(",").into(),
             read: read.into(),
             complete: complete.into(),
+            complete_and_append: complete_and_append.into(),
             release: release.into(),
             renew: renew.into(),
             delete: delete.into(),

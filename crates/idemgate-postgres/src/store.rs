@@ -13,14 +13,16 @@ use idemgate_core::scope::IdentityDigest;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::stream::StreamId;
 use idemgate_core::time::Timestamp;
-use idemgate_core::{Claim, ClaimRequest, EvictMode, Eviction, FencedWrite, Lease, StoreError};
+use idemgate_core::{
+    Claim, ClaimRequest, Completion, EvictMode, Eviction, FencedWrite, Lease, StoreError,
+};
 use idemgate_sqlx::{PurgeTask, millis};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection, PgPool, Row};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use crate::audit::{self, AuditNames, WriterHint};
+use crate::audit::{self, AuditNames, CompletedAndAppended, WriterHint};
 use crate::changes::{self, Announcements};
 use crate::durations::{self, DurationStatements};
 use crate::error::{ClaimContended, Error, store_error};
@@ -317,6 +319,44 @@ impl PostgresStore {
         )
         .await
         .map_err(store_error)
+    }
+
+    /// The fenced completion of `lease` and, if it applied, `journal`
+    /// appended, on `connection` (a business transaction), without
+    /// committing: one statement while the entries' chain head is known
+    /// (`crate::audit::complete_and_append`); otherwise, or when another
+    /// writer moved that head, the completion and then the locking append.
+    pub(crate) async fn complete_and_append_on(
+        &self,
+        connection: &mut sqlx::PgConnection,
+        lease: &Lease,
+        completion: &Completion,
+        journal: &[AuditRecord],
+    ) -> Result<FencedWrite, StoreError> {
+        let hint = &self.inner.audit_hint;
+        let Some(sealed) = audit::Sealed::after_known_head(hint, journal) else {
+            let write = self.complete_on(connection, lease, completion).await?;
+            if write == FencedWrite::Applied && !journal.is_empty() {
+                self.append_audit_on(connection, journal).await?;
+            }
+            return Ok(write);
+        };
+        let Some(query) =
+            self.complete_query(&self.inner.sql.complete_and_append, lease, completion)
+        else {
+            return Ok(FencedWrite::Refused);
+        };
+        match audit::complete_and_append(connection, hint, query, sealed)
+            .await
+            .map_err(store_error)?
+        {
+            CompletedAndAppended::Refused => Ok(FencedWrite::Refused),
+            CompletedAndAppended::Both => Ok(FencedWrite::Applied),
+            CompletedAndAppended::CompletedOnly => {
+                self.append_audit_on(connection, journal).await?;
+                Ok(FencedWrite::Applied)
+            }
+        }
     }
 
     async fn audit_read(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {

@@ -132,8 +132,19 @@ impl SqlStore for PostgresStore {
         self.complete_on(connection, lease, completion).await
     }
 
-    /// Locks the instance's chain head until the commit (`crate::audit`): the
-    /// business transactions of one instance commit one after another from
+    async fn complete_and_append_in(
+        &self,
+        transaction: &mut Self::Transaction,
+        lease: &Lease,
+        completion: &Completion,
+        journal: &[AuditRecord],
+    ) -> Result<FencedWrite, StoreError> {
+        self.complete_and_append_on(transaction, lease, completion, journal)
+            .await
+    }
+
+    /// Holds the entries' chain head until the commit (`crate::audit`): the
+    /// business transactions of one chain commit one after another from
     /// this append on.
     async fn append_audit_in(
         &self,

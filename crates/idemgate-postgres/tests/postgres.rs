@@ -606,6 +606,98 @@ async fn a_journal_append_is_one_statement_while_the_head_is_known() {
         .expect("trim_audit");
 }
 
+/// One transactional run through `store` (a pool of one connection behind
+/// `tap`): a claim, a business transaction, the completion with one
+/// `executed` entry of `instance`, the same completion again (final once
+/// applied: refused, and it appends nothing), the commit. Answers what the
+/// first completion did, and the sends each completion took.
+async fn transactional_run(
+    store: &PostgresStore,
+    tap: &Tap,
+    instance: &str,
+) -> (FencedWrite, usize, usize) {
+    use idemgate_core::audit::AuditEvent;
+    use idemgate_sqlx::{BusinessTransaction, SqlStore};
+    use idemgate_testkit::conformance::audit_record;
+    let lease = acquire(store, &fresh_request()).await;
+    let mut transaction = SqlStore::begin(store).await.expect("begin");
+    let journal = [audit_record(instance, AuditEvent::Executed, 1)];
+    let mut complete = async || {
+        let before = tap.client_sends();
+        let write = store
+            .complete_and_append_in(
+                &mut transaction,
+                &lease,
+                &completion(awkward_response()),
+                &journal,
+            )
+            .await
+            .expect("complete_and_append_in");
+        (write, tap.client_sends() - before)
+    };
+    let (write, sends) = complete().await;
+    let (again, sends_again) = complete().await;
+    assert_eq!(again, FencedWrite::Refused, "a completed record's lease");
+    BusinessTransaction::<PostgresStore>::commit(transaction)
+        .await
+        .expect("commit");
+    wait_until_idle(store).await;
+    (write, sends, sends_again)
+}
+
+/// In a business transaction, the completion and its journal entries are one
+/// statement while their chain's head is known (1 send, against the
+/// completion's and the compare-and-set's 2). When another store moved that
+/// head, the statement completes and appends nothing, and the locking append
+/// follows (1 + 2). A refused completion is one send and appends nothing.
+/// Every entry lands, in one chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_completion_carries_its_entries_in_one_statement() {
+    use idemgate_core::audit::AuditEvent;
+    use idemgate_testkit::conformance::{audit_of, audit_record, verify_partition};
+    let (store, tap) = tapped_store(Duration::from_secs(5)).await;
+    let instance = format!("tx-tapped-{}", uuid::Uuid::new_v4().simple());
+    // The head learned, and the statements prepared.
+    for _ in 0..2 {
+        assert_eq!(
+            transactional_run(&store, &tap, &instance).await.0,
+            FencedWrite::Applied
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            transactional_run(&store, &tap, &instance).await,
+            (FencedWrite::Applied, 1, 1)
+        );
+    }
+    let other = PostgresStore::new(pool(2).await).with_schema(SHARED_SCHEMA);
+    other
+        .append_audit(&[audit_record(&instance, AuditEvent::Replayed, 2)])
+        .await
+        .expect("another store appends");
+    assert_eq!(
+        transactional_run(&store, &tap, &instance).await,
+        (FencedWrite::Applied, 1 + 2, 1),
+        "completed, then the locking append"
+    );
+    assert_eq!(
+        transactional_run(&store, &tap, &instance).await,
+        (FencedWrite::Applied, 1, 1)
+    );
+
+    let entries = audit_of(&store, &instance).await;
+    assert_eq!(entries.len(), 7 + 1, "every entry, the other store's too");
+    assert_eq!(verify_partition(&store, &instance, &entries).await, 8);
+    store
+        .trim_audit(
+            Some(&instance),
+            idemgate_core::time::Timestamp::now().saturating_add(Duration::from_secs(60)),
+            100,
+        )
+        .await
+        .expect("trim_audit");
+}
+
 /// The journal's locking append (a head another process moved, and every
 /// append inside a business transaction) runs statements PostgreSQL settles
 /// on a generic plan for, as it does for every statement of the store. Its

@@ -143,6 +143,27 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
         records: &[AuditRecord],
     ) -> Result<(), StoreError>;
 
+    /// The fenced completion of `lease` ([`SqlStore::complete_in`]) and, if it
+    /// applied, `journal` appended ([`SqlStore::append_audit_in`]), in
+    /// `transaction`, without committing. By default the two one after the
+    /// other; a store may send them as one statement (PostgreSQL: one round
+    /// trip less per transactional request).
+    async fn complete_and_append_in(
+        &self,
+        transaction: &mut Self::Transaction,
+        lease: &Lease,
+        completion: &Completion,
+        journal: &[AuditRecord],
+    ) -> Result<FencedWrite, StoreError> {
+        let write = self
+            .complete_in(&mut **transaction, lease, completion)
+            .await?;
+        if write == FencedWrite::Applied && !journal.is_empty() {
+            self.append_audit_in(transaction, journal).await?;
+        }
+        Ok(write)
+    }
+
     /// The in-process change signals the store's waiters listen on; a transactional
     /// completion notifies them once it has committed.
     fn signals(&self) -> &ChangeSignals;

@@ -47,9 +47,12 @@
 macro_rules! sql_store_methods {
     ($store:ty) => {
         impl $store {
-            /// The fenced completion, for the pool or a transaction.
-            fn complete_query(
+            /// The fenced completion, for the pool or a transaction: `sql`
+            /// (the store's completion statement, or one that begins with it)
+            /// with the completion's parameters, `$1` to `$9`, bound.
+            pub(crate) fn complete_query(
                 &self,
+                sql: &::std::sync::Arc<str>,
                 lease: &$crate::__private::idemgate_core::Lease,
                 completion: &$crate::__private::idemgate_core::Completion,
             ) -> ::std::option::Option<
@@ -63,7 +66,7 @@ macro_rules! sql_store_methods {
                 let columns = $crate::CompletionColumns::of(completion);
                 ::std::option::Option::Some(
                     $crate::__private::sqlx::query($crate::__private::sqlx::AssertSqlSafe(
-                        ::std::sync::Arc::clone(&self.inner.sql.complete),
+                        ::std::sync::Arc::clone(sql),
                     ))
                     .bind(lease.identity.as_bytes().to_vec())
                     .bind(lease.operation_id.as_uuid())
@@ -88,7 +91,7 @@ macro_rules! sql_store_methods {
                 $crate::__private::idemgate_core::FencedWrite,
                 $crate::__private::idemgate_core::StoreError,
             > {
-                let ::std::option::Option::Some(query) = self.complete_query(lease, completion)
+                let ::std::option::Option::Some(query) = self.complete_query(&self.inner.sql.complete, lease, completion)
                 else {
                     return ::std::result::Result::Ok(
                         $crate::__private::idemgate_core::FencedWrite::Refused,

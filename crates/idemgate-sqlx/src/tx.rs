@@ -258,11 +258,8 @@ impl<S: SqlStore> PendingTransaction for Pending<S> {
         };
         // An error drops the transaction, which rolls it back.
         let write = store
-            .complete_in(&mut *transaction, lease, completion)
+            .complete_and_append_in(&mut transaction, lease, completion, journal)
             .await?;
-        if write == FencedWrite::Applied && !journal.is_empty() {
-            store.append_audit_in(&mut transaction, journal).await?;
-        }
         if write == FencedWrite::Refused {
             // The record moved on: the business writes go with the refused result.
             // A failed rollback leaves nothing committed either (the connection
