@@ -86,9 +86,6 @@ pub(crate) struct Statements {
     pub(crate) claim_in_transaction: Arc<str>,
     pub(crate) read: Arc<str>,
     pub(crate) complete: Arc<str>,
-    /// `complete` and an append of journal entries to one partition, in one
-    /// statement (`crate::audit::complete_and_append_statement`).
-    pub(crate) complete_and_append: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) delete: Arc<str>,
@@ -213,15 +210,7 @@ impl Statements {
                  FROM done"
             )
         };
-        let complete_update = format!(
-            "UPDATE {t} SET status = $4, locked_until = NULL, response_status = $5, \
-                 response_headers = $6, response_body = $7, body_retained = $8, \
-                 expires_at = clock_timestamp() + $9 * interval '1 millisecond' \
-             WHERE {FENCE}"
-        );
-        let complete = announced(&complete_update);
-        let complete_and_append =
-            crate::audit::complete_and_append_statement(names, &complete_update, &channel);
+        let complete = announced(&complete_update(names));
         let release = announced(&format!(
             "UPDATE {t} SET status = 'RELEASED', locked_until = NULL WHERE {FENCE}"
         ));
@@ -316,7 +305,6 @@ impl Statements {
             claim: claim_statement(",").into(),
             read: read.into(),
             complete: complete.into(),
-            complete_and_append: complete_and_append.into(),
             release: release.into(),
             renew: renew.into(),
             delete: delete.into(),
@@ -325,6 +313,19 @@ impl Statements {
             purge: purge.into(),
         }
     }
+}
+
+/// The fenced completion's `UPDATE` (`$1` to `$3` the fence, `$4` to `$9` the
+/// outcome), unannounced: `Statements::complete` announces it, and
+/// `crate::audit::complete_and_append_statement` adds journal entries to it.
+pub(crate) fn complete_update(names: &Names) -> String {
+    format!(
+        "UPDATE {t} SET status = $4, locked_until = NULL, response_status = $5, \
+             response_headers = $6, response_body = $7, body_retained = $8, \
+             expires_at = clock_timestamp() + $9 * interval '1 millisecond' \
+         WHERE {FENCE}",
+        t = names.table()
+    )
 }
 
 /// The schema version this build writes: 1 the record table, 2 its resource

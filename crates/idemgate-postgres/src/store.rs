@@ -82,6 +82,9 @@ struct Inner {
     audit: AuditNames,
     /// What this store's journal appends learned (`crate::audit::WriterHint`).
     audit_hint: WriterHint,
+    /// The transactional completion with its journal entries, in one
+    /// statement (`crate::audit::complete_and_append_statement`).
+    complete_and_append: Arc<str>,
     /// The routes' execution histories (`crate::durations`).
     durations: DurationStatements,
     /// The streams recorded in pieces (`crate::pieces`).
@@ -194,6 +197,12 @@ impl PostgresStore {
                 sql: Statements::new(&names),
                 audit: AuditNames::new(&names),
                 audit_hint: WriterHint::default(),
+                complete_and_append: audit::complete_and_append_statement(
+                    &names,
+                    &sql::complete_update(&names),
+                    &changes::channel(&names.table()),
+                )
+                .into(),
                 durations: DurationStatements::new(&names),
                 pieces: PieceStatements::new(&names),
                 names,
@@ -341,8 +350,7 @@ impl PostgresStore {
             }
             return Ok(write);
         };
-        let Some(query) =
-            self.complete_query(&self.inner.sql.complete_and_append, lease, completion)
+        let Some(query) = self.complete_query(&self.inner.complete_and_append, lease, completion)
         else {
             return Ok(FencedWrite::Refused);
         };
