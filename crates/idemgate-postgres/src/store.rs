@@ -332,39 +332,37 @@ impl PostgresStore {
 
     /// The fenced completion of `lease` and, if it applied, `journal`
     /// appended, on `connection` (a business transaction), without
-    /// committing: one statement while the entries' chain head is known
-    /// (`crate::audit::complete_and_append`); otherwise, or when another
-    /// writer moved that head, the completion and then the locking append.
-    pub(crate) async fn complete_and_append_on(
+    /// committing, in one statement (`crate::audit::complete_and_append`);
+    /// `None`, having sent nothing, when the entries' chain head is not known.
+    /// When another writer moved that head, the statement completes only,
+    /// and the locking append follows.
+    pub(crate) async fn complete_with_known_head(
         &self,
         connection: &mut sqlx::PgConnection,
         lease: &Lease,
         completion: &Completion,
         journal: &[AuditRecord],
-    ) -> Result<FencedWrite, StoreError> {
+    ) -> Result<Option<FencedWrite>, StoreError> {
         let hint = &self.inner.audit_hint;
         let Some(sealed) = audit::Sealed::after_known_head(hint, journal) else {
-            let write = self.complete_on(connection, lease, completion).await?;
-            if write == FencedWrite::Applied && !journal.is_empty() {
-                self.append_audit_on(connection, journal).await?;
-            }
-            return Ok(write);
+            return Ok(None);
         };
         let Some(query) = self.complete_query(&self.inner.complete_and_append, lease, completion)
         else {
-            return Ok(FencedWrite::Refused);
+            return Ok(Some(FencedWrite::Refused));
         };
-        match audit::complete_and_append(connection, hint, query, sealed)
+        let write = match audit::complete_and_append(connection, hint, query, sealed)
             .await
             .map_err(store_error)?
         {
-            CompletedAndAppended::Refused => Ok(FencedWrite::Refused),
-            CompletedAndAppended::Both => Ok(FencedWrite::Applied),
+            CompletedAndAppended::Refused => FencedWrite::Refused,
+            CompletedAndAppended::Both => FencedWrite::Applied,
             CompletedAndAppended::CompletedOnly => {
                 self.append_audit_on(connection, journal).await?;
-                Ok(FencedWrite::Applied)
+                FencedWrite::Applied
             }
-        }
+        };
+        Ok(Some(write))
     }
 
     async fn audit_read(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {

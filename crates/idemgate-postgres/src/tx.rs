@@ -7,7 +7,7 @@ use idemgate_core::audit::AuditRecord;
 use idemgate_core::deadline::DeadlineExceeded;
 use idemgate_core::signals::ChangeSignals;
 use idemgate_core::{Claim, ClaimRequest, Completion, FencedWrite, Lease, StoreError};
-use idemgate_sqlx::{ErrorCodes, SqlStore, begin_to_the_end};
+use idemgate_sqlx::{ErrorCodes, SqlStore, begin_to_the_end, complete_then_append};
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::{SQLSTATES, store_error};
@@ -139,8 +139,13 @@ impl SqlStore for PostgresStore {
         completion: &Completion,
         journal: &[AuditRecord],
     ) -> Result<FencedWrite, StoreError> {
-        self.complete_and_append_on(transaction, lease, completion, journal)
-            .await
+        match self
+            .complete_with_known_head(transaction, lease, completion, journal)
+            .await?
+        {
+            Some(write) => Ok(write),
+            None => complete_then_append(self, transaction, lease, completion, journal).await,
+        }
     }
 
     /// Holds the entries' chain head until the commit (`crate::audit`): the

@@ -155,18 +155,31 @@ pub trait SqlStore: Store + Clone + Send + Sync + 'static {
         completion: &Completion,
         journal: &[AuditRecord],
     ) -> Result<FencedWrite, StoreError> {
-        let write = self
-            .complete_in(&mut **transaction, lease, completion)
-            .await?;
-        if write == FencedWrite::Applied && !journal.is_empty() {
-            self.append_audit_in(transaction, journal).await?;
-        }
-        Ok(write)
+        complete_then_append(self, transaction, lease, completion, journal).await
     }
 
     /// The in-process change signals the store's waiters listen on; a transactional
     /// completion notifies them once it has committed.
     fn signals(&self) -> &ChangeSignals;
+}
+
+/// [`SqlStore::complete_and_append_in`] as two statements: the fenced
+/// completion, then, if it applied, the journal's append. The trait's
+/// default, and a store's way when it cannot send them as one.
+pub async fn complete_then_append<S: SqlStore>(
+    store: &S,
+    transaction: &mut S::Transaction,
+    lease: &Lease,
+    completion: &Completion,
+    journal: &[AuditRecord],
+) -> Result<FencedWrite, StoreError> {
+    let write = store
+        .complete_in(&mut **transaction, lease, completion)
+        .await?;
+    if write == FencedWrite::Applied && !journal.is_empty() {
+        store.append_audit_in(transaction, journal).await?;
+    }
+    Ok(write)
 }
 
 /// How the layer finishes a [`SqlStore::Transaction`]: commit it, or roll it back.
