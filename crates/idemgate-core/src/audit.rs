@@ -416,6 +416,32 @@ pub fn transaction_partition(instance: &str, turn: u64) -> String {
     format!("{instance}/tx{n}")
 }
 
+/// How many chains one instance's claim entries are spread over where the
+/// store writes each in the claim's own atomic step, outside any transaction
+/// (one Redis server: [`claim_partition`]).
+pub const CLAIM_PARTITIONS: u64 = 128;
+
+/// The partition of the entry written with the `turn`th claim of an
+/// instance, where the store writes it in the claim's own step (one Redis
+/// server, the claim script): `{instance}/claim{n}`, `n` = `turn` modulo
+/// [`CLAIM_PARTITIONS`].
+///
+/// The entry is sealed before the claim is sent, after the head its chain
+/// will have, so one chain carries one claim at a time; a claim that finds
+/// its chain carried leaves its entry to the journal's writer. Taken in turn,
+/// a chain comes back to a claim after 127 others started: concurrent claims
+/// do not meet on it, as concurrent transactions do not on theirs
+/// ([`transaction_partition`]).
+///
+/// ```
+/// use idemgate_core::audit::claim_partition;
+/// assert_eq!(claim_partition("web-1", 129), "web-1/claim1");
+/// ```
+pub fn claim_partition(instance: &str, turn: u64) -> String {
+    let n = turn % CLAIM_PARTITIONS;
+    format!("{instance}/claim{n}")
+}
+
 /// The journal's `key_digest` of an idempotency key: HMAC-SHA256 under the
 /// store's [`AuditSecret`], hex. Equal keys give equal digests, so one key's
 /// events can be found (`idemgate audit export --key`), and the key cannot be

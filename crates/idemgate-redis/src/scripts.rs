@@ -4,14 +4,16 @@
 //! A record's scripts touch its hash, `KEYS[1]`, and at most the list of a run's
 //! stream pieces beside it (`KEYS[2]`, or built from the record's fields by
 //! `pieces_key` where the run is known only inside the script), whose key carries
-//! the record's hash tag: one slot, so they run unchanged on Redis Cluster. Times
+//! the record's hash tag: one slot, so they run unchanged on Redis Cluster. (The
+//! one exception, the journal's keys a claim may be given to append its entry
+//! with, is given only on one server.) Times
 //! come from the server's `TIME`, in milliseconds. Numbers are written with
 //! `%.0f`, which prints every integer below 2^53 exactly (Lua numbers are
 //! doubles; `tostring` could switch to exponent notation).
 //!
 //! Only Redis 7.0 commands: `HGET HGETALL HMGET HSET HDEL HINCRBY PEXPIREAT DEL
 //! PUBLISH TIME`, for stream pieces `LLEN LSET RPUSH LRANGE PEXPIRETIME`, and for
-//! resource leases `SET NX PXAT`, `GET`.
+//! resource leases `SET NX PXAT`, `GET`, for a claim's journal entry `INCR XADD`.
 //!
 //! # Announcements only when someone waits
 //!
@@ -69,6 +71,13 @@ end
 /// Returns `{origin, now, op, token, locked_until}` with origin `N` (created), `R`
 /// (released record claimed again) or `T` (lapsed lease taken over), or
 /// `{'E', now, {HGETALL…}}` for an existing record left as it was.
+///
+/// With the journal's `KEYS[2..4]` (heads, seq, the claim chain's stream; one
+/// Redis server only) and `ARGV[7..]` (the chain, the head the entry was
+/// sealed after, the entry's hash, its fields: `SealedClaim::add_to`), a new
+/// record's claim also appends its journal entry if the chain's head is still
+/// the expected one, and `N`'s reply gains a sixth item: 1 when it did, or
+/// the head as it is. The entry is the journal's `APPEND` of one entry, inlined.
 const CLAIM: &str = r"
 local key = KEYS[1]
 local fp, op, lease, ttl, version = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
@@ -81,7 +90,19 @@ if #fields == 0 then
     'lu', num(until_ms), 'ca', num(now), 'ea', num(expires))
   if fd ~= '' then redis.call('HSET', key, 'fd', fd) end
   redis.call('PEXPIREAT', key, num(expires))
-  return {'N', num(now), op, 1, num(until_ms)}
+  local journaled = nil
+  if #KEYS == 4 then
+    local head = redis.call('HGET', KEYS[2], ARGV[7]) or ''
+    if head == ARGV[8] then
+      local seq = redis.call('INCR', KEYS[3])
+      redis.call('XADD', KEYS[4], '0-' .. num(seq), unpack(ARGV, 10))
+      redis.call('HSET', KEYS[2], ARGV[7], ARGV[9])
+      journaled = 1
+    else
+      journaled = head
+    end
+  end
+  return {'N', num(now), op, 1, num(until_ms), journaled}
 end
 local h = {}
 for i = 1, #fields, 2 do h[fields[i]] = fields[i + 1] end

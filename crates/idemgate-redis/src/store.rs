@@ -22,7 +22,7 @@ use redis::{ScriptInvocation, Value};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use crate::audit::{Journal, Runner};
+use crate::audit::{ClaimEntryReply, Journal, Runner, SealedClaim};
 use crate::codec::{
     ResponseCodec, array_of, bytes_of, decode_record, int_of, parse_status, status_code,
 };
@@ -459,6 +459,60 @@ impl RedisStore {
         matches!(self.inner.connection, Connection::Cluster(_))
     }
 
+    /// One claim script call: `request` claimed, a record created under
+    /// `new_operation`, and with a new record `entry` appended to the journal
+    /// where one is given. A claim a failover may lose must not run: it is
+    /// released (and its entry, if written, followed by `released`), and the
+    /// answer is unavailable.
+    async fn claim(
+        &self,
+        request: &ClaimRequest,
+        new_operation: OperationId,
+        entry: Option<&SealedClaim<'_>>,
+    ) -> Result<ClaimReply, StoreError> {
+        let identity = *request.identity.digest();
+        let key = self.record_key(&identity);
+        let mut invocation = self.inner.scripts.claim.key(&key);
+        invocation
+            .arg(request.fingerprint.as_bytes())
+            .arg(new_operation.as_bytes())
+            .arg(millis(request.lease))
+            .arg(millis(request.ttl))
+            .arg(RECORD_FORMAT_VERSION)
+            .arg(
+                request
+                    .field_digests
+                    .as_ref()
+                    .map(FieldDigests::encode)
+                    .unwrap_or_default(),
+            );
+        if let Some(entry) = entry {
+            entry.add_to(&mut invocation);
+        }
+        let (reply, acknowledged) = self.run_replicated(&invocation, &key).await?;
+        let reply =
+            decode_claim(reply, identity, &self.inner.codec).map_err(StoreError::corrupt)?;
+        match (&reply.claim, acknowledged) {
+            (Claim::Acquired(lease), Some(acknowledged)) if acknowledged.is_short() => {
+                tracing::warn!(
+                    replicas = acknowledged.replicas,
+                    wanted = acknowledged.wanted,
+                    "claim not replicated in time; released, answering unavailable"
+                );
+                if let Err(error) = self.release(lease).await {
+                    tracing::warn!(%error, "releasing the unreplicated claim failed; a retry takes it over once the lease lapses");
+                }
+                if let (Some(entry), ClaimEntryReply::Written) = (entry, &reply.entry)
+                    && let Err(error) = self.inner.journal.append(self, &[entry.released()]).await
+                {
+                    tracing::warn!(%error, "journalling the unreplicated claim's release failed");
+                }
+                Err(not_replicated(acknowledged))
+            }
+            _ => Ok(reply),
+        }
+    }
+
     /// Runs one script, bounded by the operation deadline.
     async fn run(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let deadline = self.inner.deadline;
@@ -610,12 +664,21 @@ fn decode_lease_acquisition(
     })
 }
 
+/// The claim script's reply.
+struct ClaimReply {
+    claim: Claim,
+    /// The server's clock when the script ran.
+    now: Timestamp,
+    /// What it did with the journal entry it was given.
+    entry: ClaimEntryReply,
+}
+
 /// Decodes the claim script's reply.
 fn decode_claim(
     reply: Value,
     identity: IdentityDigest,
     codec: &ResponseCodec,
-) -> Result<Claim, RedisStoreError> {
+) -> Result<ClaimReply, RedisStoreError> {
     let mut items = array_of(reply)?.into_iter();
     let mut next = || {
         items
@@ -629,7 +692,11 @@ fn decode_claim(
             let record = decode_record(next()?, codec)?.ok_or(RedisStoreError::UnexpectedReply(
                 "existing record without fields",
             ))?;
-            return Ok(Claim::Existing(Snapshot { record, now }));
+            return Ok(ClaimReply {
+                claim: Claim::Existing(Snapshot { record, now }),
+                now,
+                entry: ClaimEntryReply::NoNewRecord,
+            });
         }
         b"N" => LeaseOrigin::New,
         b"R" => LeaseOrigin::Released,
@@ -642,13 +709,25 @@ fn decode_claim(
     let token = u64::try_from(int_of(next()?)?)
         .map_err(|_| RedisStoreError::UnexpectedReply("negative token"))?;
     let locked_until = Timestamp::from_millis(int_of(next()?)?);
-    Ok(Claim::Acquired(Lease {
-        identity,
-        operation_id,
-        token: FencingToken(token),
-        origin,
-        locked_until,
-    }))
+    let entry = match items.next() {
+        None => ClaimEntryReply::NoNewRecord,
+        Some(Value::Int(1)) => ClaimEntryReply::Written,
+        Some(head) => ClaimEntryReply::HeadMoved(
+            String::from_utf8(bytes_of(head)?)
+                .map_err(|_| RedisStoreError::UnexpectedReply("a journal head is not text"))?,
+        ),
+    };
+    Ok(ClaimReply {
+        claim: Claim::Acquired(Lease {
+            identity,
+            operation_id,
+            token: FencingToken(token),
+            origin,
+            locked_until,
+        }),
+        now,
+        entry,
+    })
 }
 
 /// Decodes the evict script's reply.
@@ -678,41 +757,31 @@ fn decode_eviction(reply: Value) -> Result<Eviction, RedisStoreError> {
 #[async_trait]
 impl Store for RedisStore {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
-        let identity = *request.identity.digest();
-        let key = self.record_key(&identity);
-        let new_operation = OperationId::generate();
-        let mut invocation = self.inner.scripts.claim.key(&key);
-        invocation
-            .arg(request.fingerprint.as_bytes())
-            .arg(new_operation.as_bytes())
-            .arg(millis(request.lease))
-            .arg(millis(request.ttl))
-            .arg(RECORD_FORMAT_VERSION)
-            .arg(
-                request
-                    .field_digests
-                    .as_ref()
-                    .map(FieldDigests::encode)
-                    .unwrap_or_default(),
-            );
-        let (reply, acknowledged) = self.run_replicated(&invocation, &key).await?;
-        let claim =
-            decode_claim(reply, identity, &self.inner.codec).map_err(StoreError::corrupt)?;
-        match (claim, acknowledged) {
-            (Claim::Acquired(lease), Some(acknowledged)) if acknowledged.is_short() => {
-                // A claim a failover may lose must not run: release it and say 503.
-                tracing::warn!(
-                    replicas = acknowledged.replicas,
-                    wanted = acknowledged.wanted,
-                    "claim not replicated in time; released, answering unavailable"
-                );
-                if let Err(error) = self.release(&lease).await {
-                    tracing::warn!(%error, "releasing the unreplicated claim failed; a retry takes it over once the lease lapses");
-                }
-                Err(not_replicated(acknowledged))
-            }
-            (claim, _) => Ok(claim),
+        let reply = self.claim(request, OperationId::generate(), None).await?;
+        Ok(reply.claim)
+    }
+
+    /// On one server, the entry goes into the claim script: a new key's claim
+    /// and its entry are one round trip, and the claim does not wait for the
+    /// journal's writer. On Cluster the record's slot is not the journal's, and
+    /// the writer appends it (the default).
+    async fn try_claim_journaled(
+        &self,
+        request: &ClaimRequest,
+        entry: &AuditRecord,
+    ) -> Result<(Claim, bool), StoreError> {
+        if self.is_cluster() {
+            return Ok((self.try_claim(request).await?, false));
         }
+        let new_operation = OperationId::generate();
+        let sealed = self
+            .inner
+            .journal
+            .seal_claim(entry.clone().of_claim(LeaseOrigin::New, new_operation));
+        let reply = self.claim(request, new_operation, sealed.as_ref()).await?;
+        self.inner.journal.claim_read_clock(reply.now);
+        let written = sealed.is_some_and(|sealed| sealed.settle(&reply.entry));
+        Ok((reply.claim, written))
     }
 
     async fn complete(

@@ -735,6 +735,38 @@ async fn with_a_replication_wait_an_unreplicated_claim_is_released_and_never_acq
         Claim::Existing(_)
     ));
 
+    // A claim that carried its journal entry (one server) and is released
+    // for want of a replica is followed by `released` in the journal.
+    let mut template = idemgate_testkit::conformance::audit_record(
+        "host-r",
+        idemgate_core::audit::AuditEvent::Claimed,
+        2,
+    );
+    (template.event, template.operation_id, template.status) = (None, None, None);
+    let (found, _) = waiting
+        .try_claim_journaled(&done, &template)
+        .await
+        .expect("a claim that finds a record waits for nothing");
+    assert!(matches!(found, Claim::Existing(_)), "and reads the clock");
+    waiting
+        .try_claim_journaled(&fresh_request(), &template)
+        .await
+        .expect_err("not replicated");
+    let journal = waiting
+        .read_audit(&idemgate_core::audit::AuditQuery::all(10))
+        .await
+        .expect("read_audit");
+    let events: Vec<_> = journal
+        .iter()
+        .map(|e| (e.record.event(), e.record.instance.as_str()))
+        .collect();
+    use idemgate_core::audit::AuditEvent::{Claimed, Released};
+    assert_eq!(events, [(Claimed, "host-r/claim0"), (Released, "host-r")]);
+    assert_eq!(
+        journal[0].record.operation_id,
+        journal[1].record.operation_id
+    );
+
     // With a replica, every acknowledged write is on the replica when the call returns.
     let port = primary.url().rsplit(':').next().unwrap().to_owned();
     let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &port]);
@@ -861,4 +893,160 @@ async fn a_journal_append_is_one_round_trip_while_the_heads_are_known() {
     let entries = audit_of(&one, "host-a").await;
     assert_eq!(entries.len(), 2 * 8, "every entry");
     assert_eq!(verify_partition(&one, "host-a", &entries).await, 16);
+}
+
+/// On one server a new key's claim carries its journal entry: one script
+/// call writes the record and appends `claimed` on one of the instance's
+/// claim chains (`{instance}/claimN`, taken in turn), so the claim does not
+/// wait for the journal's writer. Counted in a server of our own. A claim
+/// that finds a record writes nothing; a chain whose head another process
+/// moved gets its entry from the writer once and is learned from the reply;
+/// concurrent claims each carry their entry on a chain of their own; every
+/// chain verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_keys_claim_carries_its_journal_entry_in_one_round_trip() {
+    use idemgate_core::LeaseOrigin;
+    use idemgate_core::audit::{AuditEvent, AuditRecord, CLAIM_PARTITIONS, claim_partition};
+    use idemgate_testkit::conformance::{audit_of, audit_record, verify_partition};
+
+    let server = RedisServer::start(&["--save", "", "--appendonly", "no"]);
+    let store = RedisStore::connect(&server.url()).await.expect("connect");
+    let template = AuditRecord {
+        event: None,
+        operation_id: None,
+        method: "POST".into(),
+        route: "/orders".into(),
+        principal: "bearer:alice".into(),
+        key_digest: "ab".repeat(32),
+        fingerprint: Some("cd".repeat(32)),
+        status: None,
+        duration_ms: None,
+        instance: "host-c".into(),
+    };
+    let claim = |request: ClaimRequest| {
+        let (store, template) = (store.clone(), template.clone());
+        async move {
+            match store.try_claim_journaled(&request, &template).await {
+                Ok((Claim::Acquired(lease), written)) => (lease, written),
+                other => panic!("a fresh key is acquired: {other:?}"),
+            }
+        }
+    };
+    // The chains' entries, by chain, each verified whole.
+    let chains = |store: RedisStore| async move {
+        let mut all = Vec::new();
+        for n in 0..CLAIM_PARTITIONS {
+            let chain = claim_partition("host-c", n);
+            let entries = audit_of(&store, &chain).await;
+            if !entries.is_empty() {
+                verify_partition(&store, &chain, &entries).await;
+                all.extend(entries);
+            }
+        }
+        all.sort_by_key(|e| e.seq);
+        all
+    };
+
+    // An idle store's first claim has not read the server's clock: its entry
+    // is left to the writer. It loads the script, too.
+    let (_, written) = claim(fresh_request()).await;
+    assert!(!written, "no clock reading yet: the writer appends it");
+
+    reset_statistics(&server);
+    let mut leases = Vec::new();
+    for _ in 0..5 {
+        let (lease, written) = claim(fresh_request()).await;
+        assert!(written, "the entry went with the claim");
+        leases.push(lease);
+    }
+    assert_eq!(script_calls(&server), 5, "one script call per claim");
+    let entries = chains(store.clone()).await;
+    assert_eq!(entries.len(), 5);
+    for (n, (entry, lease)) in entries.iter().zip(&leases).enumerate() {
+        assert_eq!(entry.record.instance, claim_partition("host-c", n as u64));
+        assert_eq!(
+            entry.record,
+            AuditRecord {
+                event: Some(AuditEvent::Claimed),
+                operation_id: Some(lease.operation_id.to_string()),
+                instance: entry.record.instance.clone(),
+                ..template.clone()
+            },
+            "the claim's entry, under the operation the claim created"
+        );
+    }
+
+    // A claim that finds the record (held, then lapsed and taken over)
+    // appends nothing: a takeover's entry is the writer's.
+    let held = ClaimRequest {
+        lease: Duration::from_millis(100),
+        ..fresh_request()
+    };
+    let (_, written) = claim(held.clone()).await;
+    assert!(written);
+    let (again, written) = store
+        .try_claim_journaled(&held, &template)
+        .await
+        .expect("claim");
+    assert!(matches!(again, Claim::Existing(_)) && !written);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (taken, written) = claim(held).await;
+    assert_eq!(taken.origin, LeaseOrigin::TakenOver);
+    assert!(!written, "a takeover leaves its entry to the writer");
+    assert_eq!(chains(store.clone()).await.len(), 6);
+
+    // Another process moves the next chain's head: that claim's entry is
+    // refused (the writer's then), the head is learned, and the chain's next
+    // turn carries its entry again.
+    let next = claim_partition("host-c", 8);
+    let other = RedisStore::connect(&server.url()).await.expect("connect");
+    other
+        .append_audit(&[audit_record(&next, AuditEvent::Replayed, 1)])
+        .await
+        .expect("append");
+    let (_, written) = claim(fresh_request()).await;
+    assert!(!written, "the chain's head moved under it");
+    for turn in 9..CLAIM_PARTITIONS + 8 {
+        let (_, written) = claim(fresh_request()).await;
+        assert!(written, "turn {turn}");
+    }
+    let (_, written) = claim(fresh_request()).await;
+    assert!(written, "the moved chain, learned, carries its entry again");
+    assert_eq!(
+        audit_of(&store, &next).await.len(),
+        2,
+        "the replay, one claim"
+    );
+
+    // Concurrent claims: each carries its entry on a chain of its own. (The
+    // reads take a while: one claim reads the clock again first.)
+    let before = chains(store.clone()).await.len();
+    let (_, warm_up) = claim(fresh_request()).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (barrier, store, template) =
+                (Arc::clone(&barrier), store.clone(), template.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let (claim, written) = store
+                    .try_claim_journaled(&fresh_request(), &template)
+                    .await
+                    .expect("claim");
+                assert!(matches!(claim, Claim::Acquired(_)));
+                written
+            })
+        })
+        .collect();
+    let mut written = 0;
+    for task in tasks {
+        written += usize::from(task.await.expect("task"));
+    }
+    assert_eq!(written, 64, "64 claims on 128 chains never share one");
+    let after = chains(store.clone()).await;
+    assert_eq!(
+        after.len(),
+        before + usize::from(warm_up) + 64,
+        "one entry per claim, all chains verify"
+    );
 }

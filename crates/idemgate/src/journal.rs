@@ -21,7 +21,8 @@
 //! never shows a run executed, or a duplicate turned away, before it was
 //! claimed. A store that can, writes the entry with the claim itself
 //! ([`Store::try_claim_journaled`]: SQLite, in the claim's own batch of its
-//! writer); for the others the claim waits for the journal's writer. That
+//! writer; one Redis server, a new key's in the claim script); otherwise the
+//! claim waits for the journal's writer. That
 //! wait is bounded (500 ms): a journal that stopped answering
 //! slows new keys, it does not fail them; a claim's entry still queued when
 //! its transaction commits goes into that transaction, before `executed`, and
@@ -577,7 +578,8 @@ impl Journaled {
 impl Store for Journaled {
     async fn try_claim(&self, request: &ClaimRequest) -> Result<Claim, StoreError> {
         // A store that writes the entry with the claim (SQLite's writer, in
-        // the claim's batch) saves the wait for the journal's own batch.
+        // the claim's batch; one Redis server, in the claim script) saves the
+        // wait for the journal's own batch.
         let entry = self.request_entry(request);
         let (claim, written) = self.inner.try_claim_journaled(request, &entry).await?;
         match &claim {
