@@ -105,11 +105,43 @@ end
 return 1
 ";
 
-/// `KEYS`: streams. `ARGV`: first ID, count. Each stream's `XRANGE`.
+/// `KEYS`: streams. `ARGV`: first ID, count. The streams' first `count`
+/// entries from that ID, merged by `seq` (their IDs' sequence part): each
+/// stream is read 64 entries at a time as the merge reaches it, so a page
+/// costs about its own size however many streams there are (an instance has
+/// its own, 128 claim chains, and maybe others').
 const READ: &str = r"
+local count = tonumber(ARGV[2])
+local buffers, at, seqs = {}, {}, {}
+local function seq_of(entry)
+  return tonumber(string.match(entry[1], '%-(%d+)$'))
+end
+local function fill(s, from)
+  buffers[s] = redis.call('XRANGE', KEYS[s], from, '+', 'COUNT', 64)
+  at[s] = 1
+  local first = buffers[s][1]
+  seqs[s] = first and seq_of(first) or false
+end
+for s = 1, #KEYS do fill(s, ARGV[1]) end
 local out = {}
-for s = 1, #KEYS do
-  out[s] = redis.call('XRANGE', KEYS[s], ARGV[1], '+', 'COUNT', ARGV[2])
+while #out < count do
+  local best = nil
+  for s = 1, #KEYS do
+    if seqs[s] and (best == nil or seqs[s] < seqs[best]) then best = s end
+  end
+  if best == nil then break end
+  local buffer = buffers[best]
+  local entry = buffer[at[best]]
+  out[#out + 1] = entry
+  at[best] = at[best] + 1
+  local following = buffer[at[best]]
+  if following then
+    seqs[best] = seq_of(following)
+  elseif #buffer == 64 then
+    fill(best, '(' .. entry[1])
+  else
+    seqs[best] = false
+  end
 end
 return out
 ";
@@ -623,39 +655,20 @@ impl Journal {
             invocation
                 .arg(format!("0-{}", after.saturating_add(1)))
                 .arg(page);
-            let streams = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
-            let mut merged: Vec<AuditEntry> = Vec::new();
-            // A stream that filled its page may hold more past its last entry:
-            // the merge is complete only up to the smallest such last seq.
-            let mut complete_through = u64::MAX;
-            for stream in streams {
-                let items = array_of(stream).map_err(StoreError::corrupt)?;
-                let full = items.len() >= page;
-                let mut last = 0;
-                for item in items {
-                    let entry = decode(item)?;
-                    last = entry.seq;
-                    merged.push(entry);
-                }
-                if full {
-                    complete_through = complete_through.min(last);
-                }
-            }
-            if merged.is_empty() {
-                return Ok(out);
-            }
-            merged.retain(|e| e.seq <= complete_through);
-            merged.sort_by_key(|e| e.seq);
-            if let Some(last) = merged.last() {
-                after = last.seq;
-            }
-            for entry in merged {
+            let items = array_of(runner.run(&invocation).await?).map_err(StoreError::corrupt)?;
+            let complete = items.len() < page;
+            for item in items {
+                let entry = decode(item)?;
+                after = entry.seq;
                 if query.admits(&entry) {
                     out.push(entry);
                     if out.len() == query.limit {
                         return Ok(out);
                     }
                 }
+            }
+            if complete {
+                return Ok(out);
             }
         }
     }
