@@ -195,8 +195,14 @@ async fn seal_and_insert(
         // plan PostgreSQL keeps (the partitions joined with `UNNEST` of a
         // parameter were planned anew at every execution: its generic plan
         // guesses ten rows). Its head was read under the lock, so it matches.
-        let inserted =
-            insert_if_head(&mut *connection, names, instance, *expected, *head, rows).await?;
+        let sealed = Sealed {
+            instance,
+            expected: *expected,
+            head: *head,
+            at_ms,
+            rows,
+        };
+        let (inserted, _) = insert_if_head(&mut *connection, names, sealed).await?;
         if inserted == 0 {
             return Err(sqlx::Error::Protocol(
                 "a journal head moved while its row was locked".into(),
@@ -448,16 +454,9 @@ async fn append_if_known<'e>(
     let Some(sealed) = Sealed::after_known_head(hint, records) else {
         return Ok(false);
     };
-    let Sealed {
-        instance,
-        expected,
-        head,
-        at_ms,
-        rows,
-    } = sealed;
-    let inserted = insert_if_head(executor, names, instance, expected, head, rows).await? > 0;
-    hint.appended(instance, head, at_ms, inserted);
-    Ok(inserted)
+    let (inserted, moved_to) = insert_if_head(executor, names, sealed).await?;
+    moved_to.report(hint, inserted > 0);
+    Ok(inserted > 0)
 }
 
 /// Entries of one partition sealed after the head this process last wrote
@@ -492,6 +491,40 @@ impl<'a> Sealed<'a> {
             at_ms,
             rows,
         })
+    }
+
+    /// Binds, after what `query` bound, the parameters both statements of
+    /// sealed entries end with ([`insert_if_head`],
+    /// [`complete_and_append_statement`]): the partition, its new head, the
+    /// head expected, then the entries' arrays. With it, the head to report
+    /// once the statement says whether it moved.
+    fn bind<'q>(self, query: PgQuery<'q>) -> (PgQuery<'q>, SealedHead<'a>) {
+        let query = query
+            .bind(self.instance.to_owned())
+            .bind(self.head.as_bytes().to_vec())
+            .bind(self.expected.as_bytes().to_vec());
+        let head = SealedHead {
+            instance: self.instance,
+            head: self.head,
+            at_ms: self.at_ms,
+        };
+        (Columns::of(self.rows).bind(query), head)
+    }
+}
+
+/// The head a statement of [`Sealed`] entries moves its partition to, if the
+/// partition's head is still the one they were sealed after.
+struct SealedHead<'a> {
+    instance: &'a str,
+    head: ChainHash,
+    at_ms: i64,
+}
+
+impl SealedHead<'_> {
+    /// Tells `hint` whether the statement `moved` the head (else another
+    /// writer had, and the hint forgets it).
+    fn report(self, hint: &WriterHint, moved: bool) {
+        hint.appended(self.instance, self.head, self.at_ms, moved);
     }
 }
 
@@ -551,26 +584,12 @@ pub(crate) async fn complete_and_append(
     completion: PgQuery<'_>,
     sealed: Sealed<'_>,
 ) -> Result<CompletedAndAppended, sqlx::Error> {
-    let Sealed {
-        instance,
-        expected,
-        head,
-        at_ms,
-        rows,
-    } = sealed;
-    let query = completion
-        .bind(instance.to_owned())
-        .bind(head.as_bytes().to_vec())
-        .bind(expected.as_bytes().to_vec());
-    let Some(row) = Columns::of(rows)
-        .bind(query)
-        .fetch_optional(connection)
-        .await?
-    else {
+    let (query, moved_to) = sealed.bind(completion);
+    let Some(row) = query.fetch_optional(connection).await? else {
         return Ok(CompletedAndAppended::Refused);
     };
     let moved: bool = row.try_get("moved")?;
-    hint.appended(instance, head, at_ms, moved);
+    moved_to.report(hint, moved);
     Ok(if moved {
         CompletedAndAppended::Both
     } else {
@@ -593,19 +612,16 @@ async fn append_locking(
     Ok(())
 }
 
-/// Inserts `rows` (all of `instance`) and moves its head from `expected` to
-/// `head` in one statement, only if the head is still `expected`;
-/// the number of entries inserted (0: the head had moved, nothing changed).
-async fn insert_if_head<'e>(
+/// Inserts `sealed`'s entries and moves their partition's head to theirs in
+/// one statement, only if the head is still the one they were sealed after;
+/// the number of entries inserted (0: the head had moved, nothing changed),
+/// and the head to report.
+async fn insert_if_head<'e, 'a>(
     executor: impl sqlx::PgExecutor<'e>,
     names: &AuditNames,
-    instance: &str,
-    expected: ChainHash,
-    head: ChainHash,
-    rows: Vec<AuditColumns>,
-) -> Result<u64, sqlx::Error> {
-    let columns = Columns::of(rows);
-    let query = sqlx::query(AssertSqlSafe(format!(
+    sealed: Sealed<'a>,
+) -> Result<(u64, SealedHead<'a>), sqlx::Error> {
+    let (query, moved_to) = sealed.bind(sqlx::query(AssertSqlSafe(format!(
         "WITH moved AS ( \
              UPDATE {partitions} SET head = $2 WHERE instance = $1 AND head = $3 \
              RETURNING instance) \
@@ -616,15 +632,9 @@ async fn insert_if_head<'e>(
         partitions = names.partitions,
         entries = names.entries,
         bound = Columns::select_bound(4),
-    )))
-    .bind(instance.to_owned())
-    .bind(head.as_bytes().to_vec())
-    .bind(expected.as_bytes().to_vec());
-    columns
-        .bind(query)
-        .execute(executor)
-        .await
-        .map(|done| done.rows_affected())
+    ))));
+    let done = query.execute(executor).await?;
+    Ok((done.rows_affected(), moved_to))
 }
 
 /// `Store::trim_audit`: the oldest entries and the anchors, in one transaction.

@@ -596,9 +596,14 @@ async fn a_journal_append_is_one_statement_while_the_head_is_known() {
     let entries = audit_of(&store, &instance).await;
     assert_eq!(entries.len(), 2 * 8, "every entry");
     assert_eq!(verify_partition(&store, &instance, &entries).await, 16);
+    remove_partition(&store, &instance).await;
+}
+
+/// Removes the entries a test wrote on `instance` of the shared schema.
+async fn remove_partition(store: &PostgresStore, instance: &str) {
     store
         .trim_audit(
-            Some(&instance),
+            Some(instance),
             idemgate_core::time::Timestamp::now().saturating_add(Duration::from_secs(60)),
             100,
         )
@@ -688,14 +693,7 @@ async fn a_transactional_completion_carries_its_entries_in_one_statement() {
     let entries = audit_of(&store, &instance).await;
     assert_eq!(entries.len(), 7 + 1, "every entry, the other store's too");
     assert_eq!(verify_partition(&store, &instance, &entries).await, 8);
-    store
-        .trim_audit(
-            Some(&instance),
-            idemgate_core::time::Timestamp::now().saturating_add(Duration::from_secs(60)),
-            100,
-        )
-        .await
-        .expect("trim_audit");
+    remove_partition(&store, &instance).await;
 }
 
 /// The journal's locking append (a head another process moved, and every
