@@ -18,6 +18,15 @@ use crate::support::server::{Options, Server, postgres_url};
 const WARM_UP: usize = 100;
 const COUNTED: usize = 40;
 
+/// Pings the pool may send beside the counted requests' own round trips: for
+/// a pooled connection that sat idle past `IDLE_PING_AFTER` (the pool hands its
+/// idle connections out in turn, and on a machine loaded by the rest of the
+/// suite forty sequential orders can leave one idle that long: CI once counted
+/// four), or for the release of a record sent just before the count began.
+/// Fewer than one per four requests: one more round trip per request adds
+/// `COUNTED`, which these never hide.
+const STRAY_PINGS: usize = COUNTED / 4;
+
 /// What the tap counted over `COUNTED` sequential orders, each under a new key
 /// (or none: `keyed` false), on one keep-alive connection.
 struct Counted {
@@ -90,13 +99,13 @@ async fn count_orders(flags: impl FnOnce(Options) -> Options, keyed: bool) -> Co
 /// connection the pool opened meanwhile (its startup, and up to its four
 /// statements prepared again); a ping for a pooled connection that sat idle
 /// past `IDLE_PING_AFTER`, or for the release of a record sent just before the
-/// count began (a few at most).
+/// count began ([`STRAY_PINGS`] at most).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_key_on_postgres_is_seven_round_trips() {
     let counted = count_orders(|options| options.arg("--audit", "off"), true).await;
     assert!(counted.history_records < 32, "{}", counted.history_records);
     let orders = counted.sends - 2 * counted.history_records;
-    let beside = 3 + 5 * counted.opened;
+    let beside = STRAY_PINGS + 5 * counted.opened;
     assert!(
         (7 * COUNTED..=7 * COUNTED + beside).contains(&orders),
         "{orders} sends to PostgreSQL for {COUNTED} new keys (beside the {} of the route's history; {} connections opened): 7 each",
@@ -111,7 +120,7 @@ async fn a_new_key_on_postgres_is_seven_round_trips() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bare_order_on_postgres_is_two_round_trips() {
     let counted = count_orders(|options| options.switch("--no-idempotency"), false).await;
-    let beside = 3 + 5 * counted.opened;
+    let beside = STRAY_PINGS + 5 * counted.opened;
     assert!(
         (2 * COUNTED..=2 * COUNTED + beside).contains(&counted.sends),
         "{} sends to PostgreSQL for {COUNTED} bare orders ({} connections opened): 2 each",
